@@ -1,0 +1,50 @@
+// Package kafkatest starts in-process Kafka-protocol brokers (kfake) for
+// tests, with short group timeouts so rebalances happen quickly.
+package kafkatest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// NewCluster starts a kfake cluster with the given topics, each with
+// partitions partitions, and closes it when the test ends.
+func NewCluster(tb testing.TB, partitions int32, topics ...string) *kfake.Cluster {
+	tb.Helper()
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(partitions, topics...),
+		kfake.GroupMinSessionTimeout(500*time.Millisecond),
+	)
+	if err != nil {
+		tb.Fatalf("kafkatest: start kfake: %v", err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// Producer returns a client that produces to c, closed when the test ends.
+func Producer(tb testing.TB, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
+	tb.Helper()
+	opts = append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(5 * time.Millisecond)}, opts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		tb.Fatalf("kafkatest: producer: %v", err)
+	}
+	tb.Cleanup(cl.Close)
+	return cl
+}
+
+// Produce writes records synchronously and fails the test on any error.
+func Produce(tb testing.TB, cl *kgo.Client, records ...*kgo.Record) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, records...).FirstErr(); err != nil {
+		tb.Fatalf("kafkatest: produce: %v", err)
+	}
+}

@@ -1,0 +1,158 @@
+// Package pgtest gives tests a real PostgreSQL: one private server per test
+// binary, started on first use from the server binaries on the machine, and
+// a fresh database per test.
+//
+// Set TIDEMARK_TEST_DATABASE_URL to run against an existing server instead;
+// its role must be allowed to create databases. Test binaries that use this
+// package call Main from TestMain so the private server is stopped and its
+// directory removed when the tests end.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+)
+
+// EnvURL names the variable that points tests at an existing server.
+const EnvURL = "TIDEMARK_TEST_DATABASE_URL"
+
+var (
+	sharedOnce sync.Once
+	shared     *pgserver.Server
+	sharedErr  error
+)
+
+// Main runs the tests and then stops the shared server, if one was started.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared != nil {
+		if err := shared.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+// adminURL returns the URL of a database on the test server that new test
+// databases can be created from.
+func adminURL(tb testing.TB) string {
+	tb.Helper()
+	if u := os.Getenv(EnvURL); u != "" {
+		return u
+	}
+	sharedOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		shared, sharedErr = pgserver.Start(ctx, pgserver.Options{})
+	})
+	if sharedErr != nil {
+		tb.Fatalf("pgtest: start PostgreSQL: %v", sharedErr)
+	}
+	return shared.URL("postgres")
+}
+
+// NewDatabase creates an empty database for this test, dropped when the
+// test ends, and returns its connection URL.
+func NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	return createDatabase(tb, adminURL(tb))
+}
+
+// NewDatabaseOn creates an empty database on the given server.
+func NewDatabaseOn(tb testing.TB, srv *pgserver.Server) string {
+	tb.Helper()
+	return createDatabase(tb, srv.URL("postgres"))
+}
+
+func createDatabase(tb testing.TB, admin string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		tb.Fatalf("pgtest: connect %s: %v", redact(admin), err)
+	}
+	defer conn.Close(ctx)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "tidemark_test_" + hex.EncodeToString(b[:])
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
+		tb.Fatalf("pgtest: create database: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			tb.Logf("pgtest: drop %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			tb.Logf("pgtest: drop %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", redact(admin), err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// NewPool creates a fresh database and returns a pool connected to it,
+// closed when the test ends.
+func NewPool(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	dsn := NewDatabase(tb)
+	return Pool(tb, dsn), dsn
+}
+
+// Pool connects a pool to dsn, closed when the test ends.
+func Pool(tb testing.TB, dsn string) *pgxpool.Pool {
+	tb.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		tb.Fatalf("pgtest: pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// NewServer starts a private server for one test, for tests that restart or
+// reconfigure it. It is stopped when the test ends.
+func NewServer(tb testing.TB, opts pgserver.Options) *pgserver.Server {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := pgserver.Start(ctx, opts)
+	if err != nil {
+		tb.Fatalf("pgtest: start PostgreSQL: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			tb.Logf("pgtest: %v", err)
+		}
+	})
+	return srv
+}
+
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}
