@@ -1,0 +1,515 @@
+// Package config reads tidemark's one YAML configuration file.
+//
+// Values may refer to the environment as ${NAME} or ${NAME:-default}; "$$"
+// is a literal dollar sign. Expansion happens per value after parsing, so an
+// environment value never changes the structure of the file. Every problem
+// found (unknown keys, wrong types, invalid values, missing required keys)
+// is reported with the file, line and dotted key it concerns; Load returns
+// all of them at once as Errors.
+//
+// docs/configuration.md documents every key and its default.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.yaml.in/yaml/v3"
+)
+
+// EnvDatabaseURL is read when warehouse.dsn is not set.
+const EnvDatabaseURL = "TIDEMARK_DATABASE_URL"
+
+// Config is the whole configuration.
+type Config struct {
+	Warehouse Warehouse          `yaml:"warehouse"`
+	HTTP      HTTP               `yaml:"http"`
+	Log       Log                `yaml:"log"`
+	Kafka     Kafka              `yaml:"kafka"`
+	Ingest    Ingest             `yaml:"ingest"`
+	Sources   map[string]*Source `yaml:"sources"`
+
+	// File is the path the configuration was read from.
+	File string `yaml:"-"`
+}
+
+// Warehouse is the PostgreSQL database tidemark writes to.
+type Warehouse struct {
+	DSN      string `yaml:"dsn"`
+	Migrate  *bool  `yaml:"migrate"`   // apply migrations at start; default true
+	MaxConns int32  `yaml:"max_conns"` // pool size; default 8
+}
+
+// MigrateOnStart reports whether `tidemark run` applies migrations.
+func (w Warehouse) MigrateOnStart() bool { return w.Migrate == nil || *w.Migrate }
+
+// HTTP is the operator endpoint: /metrics, /healthz, /readyz, /status.
+type HTTP struct {
+	Listen string `yaml:"listen"` // host:port; "off" disables; default 127.0.0.1:9187
+}
+
+// Enabled reports whether the HTTP server runs.
+func (h HTTP) Enabled() bool { return h.Listen != "off" }
+
+// Log configures the process log.
+type Log struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error; default info
+	Format string `yaml:"format"` // text or json; default text
+}
+
+// Kafka is the connection to the brokers shared by all Kafka sources.
+type Kafka struct {
+	Brokers          []string `yaml:"brokers"`
+	Group            string   `yaml:"group"`     // consumer group; default tidemark
+	ClientID         string   `yaml:"client_id"` // default tidemark
+	StartOffset      string   `yaml:"start_offset"`
+	SessionTimeout   Duration `yaml:"session_timeout"`
+	RebalanceTimeout Duration `yaml:"rebalance_timeout"`
+	FetchMaxBytes    ByteSize `yaml:"fetch_max_bytes"`
+	TLS              *TLS     `yaml:"tls"`
+	SASL             *SASL    `yaml:"sasl"`
+}
+
+// TLS configures encrypted connections to the brokers.
+type TLS struct {
+	Enabled            *bool  `yaml:"enabled"` // default true when the tls block is present
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// On reports whether TLS is used.
+func (t *TLS) On() bool { return t != nil && (t.Enabled == nil || *t.Enabled) }
+
+// SASL configures broker authentication.
+type SASL struct {
+	Mechanism string `yaml:"mechanism"` // PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Username  string `yaml:"username"`
+	Password  string `yaml:"password"`
+}
+
+// Ingest tunes how records are batched into warehouse transactions.
+type Ingest struct {
+	BatchMaxRows  int      `yaml:"batch_max_rows"`  // default 10000
+	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"` // default 16MiB
+	BatchMaxAge   Duration `yaml:"batch_max_age"`   // default 1s
+}
+
+// Source is one stream of events loaded into raw.<name>.
+type Source struct {
+	Kafka *KafkaSource `yaml:"kafka"`
+
+	EventID           string   `yaml:"event_id"`            // JSON pointer
+	EventIDFallback   string   `yaml:"event_id_fallback"`   // "" or coordinates
+	EventTime         string   `yaml:"event_time"`          // JSON pointer
+	EventTimeFormat   string   `yaml:"event_time_format"`   // auto, rfc3339, unix_seconds, unix_millis
+	EventTimeFallback string   `yaml:"event_time_fallback"` // "" or record_timestamp
+	MaxAge            Duration `yaml:"max_age"`             // default 90d
+	MaxFutureSkew     Duration `yaml:"max_future_skew"`     // default 1h
+	RawPartition      string   `yaml:"raw_partition"`       // day or month; default day
+
+	Watermark Watermark `yaml:"watermark"`
+
+	// Name is the key under sources.
+	Name string `yaml:"-"`
+}
+
+// KafkaSource is a source fed by Kafka topics.
+type KafkaSource struct {
+	Topics []string `yaml:"topics"`
+}
+
+// Watermark tunes the event-time watermark of a source.
+type Watermark struct {
+	OutOfOrderness Duration `yaml:"out_of_orderness"` // default 0
+	IdleTimeout    Duration `yaml:"idle_timeout"`     // default 5m
+}
+
+// Fallback and format values.
+const (
+	FallbackCoordinates     = "coordinates"
+	FallbackRecordTimestamp = "record_timestamp"
+
+	TimeAuto        = "auto"
+	TimeRFC3339     = "rfc3339"
+	TimeUnixSeconds = "unix_seconds"
+	TimeUnixMillis  = "unix_millis"
+
+	PartitionDay   = "day"
+	PartitionMonth = "month"
+)
+
+// Load reads, expands, decodes, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(path, data, os.LookupEnv)
+}
+
+// Parse is Load for bytes already read; lookup resolves environment names.
+func Parse(file string, data []byte, lookup func(string) (string, bool)) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		ix := newIndex(file, nil)
+		ix.decodeError(err)
+		return nil, ix.sorted()
+	}
+	ix := newIndex(file, &root)
+	if root.Kind == 0 || len(root.Content) == 0 {
+		ix.add("", "the file is empty")
+		return nil, ix.sorted()
+	}
+	expandNode(ix, "", root.Content[0], lookup)
+
+	cfg := &Config{File: file}
+	unknownKeys(ix, data)
+	if err := root.Decode(cfg); err != nil {
+		ix.decodeError(err)
+	}
+	if len(ix.problems) > 0 {
+		return nil, ix.sorted()
+	}
+	cfg.applyDefaults(lookup)
+	cfg.validate(ix)
+	if len(ix.problems) > 0 {
+		return nil, ix.sorted()
+	}
+	return cfg, nil
+}
+
+var envRe = regexp.MustCompile(`\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}`)
+
+// expandNode replaces ${NAME} references in scalar values, recording an
+// error for each reference to an unset variable without a default.
+func expandNode(ix *index, path string, n *yaml.Node, lookup func(string) (string, bool)) {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			expandNode(ix, join(path, n.Content[i].Value), n.Content[i+1], lookup)
+		}
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			expandNode(ix, fmt.Sprintf("%s[%d]", path, i), item, lookup)
+		}
+	case yaml.ScalarNode:
+		if !strings.Contains(n.Value, "$") {
+			return
+		}
+		n.Value = envRe.ReplaceAllStringFunc(n.Value, func(m string) string {
+			if m == "$$" {
+				return "$"
+			}
+			sub := envRe.FindStringSubmatch(m)
+			if v, ok := lookup(sub[1]); ok && v != "" {
+				return v
+			}
+			if sub[2] != "" {
+				return sub[3]
+			}
+			ix.add(path, "environment variable %s is not set", sub[1])
+			return ""
+		})
+		if n.Style == 0 {
+			// A plain scalar is typed by its text: re-resolve after
+			// expansion so that "${PORT}" can fill an integer.
+			n.Tag = ""
+		}
+	}
+}
+
+// unknownKeys reports keys that match no configuration field. yaml.v3
+// checks field names only when decoding through a Decoder, so the original
+// bytes are decoded once more for that purpose alone; type errors from that
+// pass are ignored because values there are not yet expanded.
+func unknownKeys(ix *index, data []byte) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var scratch Config
+	err := dec.Decode(&scratch)
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return
+	}
+	var unknown []string
+	for _, m := range te.Errors {
+		if strings.Contains(m, " not found in type ") {
+			unknown = append(unknown, m)
+		}
+	}
+	if len(unknown) > 0 {
+		ix.decodeError(&yaml.TypeError{Errors: unknown})
+	}
+}
+
+func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
+	if c.Warehouse.DSN == "" {
+		if v, ok := lookup(EnvDatabaseURL); ok {
+			c.Warehouse.DSN = v
+		}
+	}
+	if c.Warehouse.MaxConns == 0 {
+		c.Warehouse.MaxConns = 8
+	}
+	if c.HTTP.Listen == "" {
+		c.HTTP.Listen = "127.0.0.1:9187"
+	}
+	if c.Log.Level == "" {
+		c.Log.Level = "info"
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = "text"
+	}
+	if c.Kafka.Group == "" {
+		c.Kafka.Group = "tidemark"
+	}
+	if c.Kafka.ClientID == "" {
+		c.Kafka.ClientID = "tidemark"
+	}
+	if c.Kafka.StartOffset == "" {
+		c.Kafka.StartOffset = "earliest"
+	}
+	if c.Kafka.SessionTimeout == 0 {
+		c.Kafka.SessionTimeout = Duration(45 * time.Second)
+	}
+	if c.Kafka.RebalanceTimeout == 0 {
+		c.Kafka.RebalanceTimeout = Duration(60 * time.Second)
+	}
+	if c.Kafka.FetchMaxBytes == 0 {
+		c.Kafka.FetchMaxBytes = 16 << 20
+	}
+	if c.Ingest.BatchMaxRows == 0 {
+		c.Ingest.BatchMaxRows = 10000
+	}
+	if c.Ingest.BatchMaxBytes == 0 {
+		c.Ingest.BatchMaxBytes = 16 << 20
+	}
+	if c.Ingest.BatchMaxAge == 0 {
+		c.Ingest.BatchMaxAge = Duration(time.Second)
+	}
+	for name, s := range c.Sources {
+		if s == nil {
+			continue
+		}
+		s.Name = name
+		if s.EventTimeFormat == "" {
+			s.EventTimeFormat = TimeAuto
+		}
+		if s.MaxAge == 0 {
+			s.MaxAge = Duration(90 * 24 * time.Hour)
+		}
+		if s.MaxFutureSkew == 0 {
+			s.MaxFutureSkew = Duration(time.Hour)
+		}
+		if s.RawPartition == "" {
+			s.RawPartition = PartitionDay
+		}
+		if s.Watermark.IdleTimeout == 0 {
+			s.Watermark.IdleTimeout = Duration(5 * time.Minute)
+		}
+	}
+}
+
+var (
+	sourceNameRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+	topicRe      = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+)
+
+func (c *Config) validate(ix *index) {
+	if c.Warehouse.DSN == "" {
+		ix.add("warehouse.dsn", "is required (or set %s)", EnvDatabaseURL)
+	} else if _, err := pgx.ParseConfig(c.Warehouse.DSN); err != nil {
+		ix.add("warehouse.dsn", "is not a valid PostgreSQL connection string: %s", redactErr(err))
+	}
+	if c.Warehouse.MaxConns < 2 {
+		ix.add("warehouse.max_conns", "must be at least 2")
+	}
+	if c.HTTP.Enabled() {
+		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
+			ix.add("http.listen", "must be host:port or off, got %q", c.HTTP.Listen)
+		}
+	}
+	oneOf(ix, "log.level", c.Log.Level, "debug", "info", "warn", "error")
+	oneOf(ix, "log.format", c.Log.Format, "text", "json")
+	if c.Ingest.BatchMaxRows < 1 || c.Ingest.BatchMaxRows > 1_000_000 {
+		ix.add("ingest.batch_max_rows", "must be between 1 and 1000000, got %d", c.Ingest.BatchMaxRows)
+	}
+	if c.Ingest.BatchMaxBytes < 1<<10 {
+		ix.add("ingest.batch_max_bytes", "must be at least 1KiB")
+	}
+	if c.Ingest.BatchMaxAge.D() < time.Millisecond {
+		ix.add("ingest.batch_max_age", "must be at least 1ms")
+	}
+
+	if len(c.Sources) == 0 {
+		ix.add("sources", "at least one source is required")
+	}
+	topics := map[string]string{}
+	usesKafka := false
+	for _, name := range c.SourceNames() {
+		s := c.Sources[name]
+		p := "sources." + name
+		if !sourceNameRe.MatchString(name) {
+			ix.add(p, "source names must match %s (they name the table raw.<source>)", sourceNameRe)
+		}
+		if s == nil {
+			ix.add(p, "is empty")
+			continue
+		}
+		if s.Kafka == nil {
+			ix.add(p, "needs a kafka block (kafka: {topics: [...]})")
+			continue
+		}
+		usesKafka = true
+		if len(s.Kafka.Topics) == 0 {
+			ix.add(p+".kafka.topics", "at least one topic is required")
+		}
+		for i, t := range s.Kafka.Topics {
+			tp := fmt.Sprintf("%s.kafka.topics[%d]", p, i)
+			switch {
+			case !topicRe.MatchString(t):
+				ix.add(tp, "%q is not a valid Kafka topic name", t)
+			case topics[t] != "":
+				ix.add(tp, "topic %q is already read by source %s", t, topics[t])
+			default:
+				topics[t] = name
+			}
+		}
+		oneOf(ix, p+".event_id_fallback", s.EventIDFallback, "", FallbackCoordinates)
+		oneOf(ix, p+".event_time_fallback", s.EventTimeFallback, "", FallbackRecordTimestamp)
+		oneOf(ix, p+".event_time_format", s.EventTimeFormat, TimeAuto, TimeRFC3339, TimeUnixSeconds, TimeUnixMillis)
+		oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
+		checkPointer(ix, p+".event_id", s.EventID, s.EventIDFallback != "")
+		checkPointer(ix, p+".event_time", s.EventTime, s.EventTimeFallback != "")
+		if s.MaxAge < 0 {
+			ix.add(p+".max_age", "must be positive")
+		}
+		if s.MaxFutureSkew < 0 {
+			ix.add(p+".max_future_skew", "must be positive")
+		}
+		if s.Watermark.OutOfOrderness < 0 {
+			ix.add(p+".watermark.out_of_orderness", "must not be negative")
+		}
+		if s.Watermark.IdleTimeout < 0 {
+			ix.add(p+".watermark.idle_timeout", "must be positive")
+		}
+	}
+	if usesKafka {
+		c.validateKafka(ix)
+	}
+}
+
+func (c *Config) validateKafka(ix *index) {
+	k := c.Kafka
+	if len(k.Brokers) == 0 {
+		ix.add("kafka.brokers", "at least one broker is required by the Kafka sources")
+	}
+	for i, b := range k.Brokers {
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			ix.add(fmt.Sprintf("kafka.brokers[%d]", i), "must be host:port, got %q", b)
+		}
+	}
+	oneOf(ix, "kafka.start_offset", k.StartOffset, "earliest", "latest")
+	if k.SessionTimeout.D() < 100*time.Millisecond {
+		ix.add("kafka.session_timeout", "must be at least 100ms")
+	}
+	if k.RebalanceTimeout.D() < 100*time.Millisecond {
+		ix.add("kafka.rebalance_timeout", "must be at least 100ms")
+	}
+	if k.FetchMaxBytes < 1<<10 || k.FetchMaxBytes > 1<<30 {
+		ix.add("kafka.fetch_max_bytes", "must be between 1KiB and 1GiB")
+	}
+	if t := k.TLS; t.On() {
+		for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
+			if f == "" {
+				continue
+			}
+			if _, err := os.Stat(f); err != nil {
+				ix.add("kafka.tls."+key, "cannot read %s: %v", f, errors.Unwrap(err))
+			}
+		}
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			ix.add("kafka.tls.cert_file", "cert_file and key_file must be given together")
+		}
+	}
+	if s := k.SASL; s != nil {
+		oneOf(ix, "kafka.sasl.mechanism", s.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+		if s.Username == "" {
+			ix.add("kafka.sasl.username", "is required with SASL")
+		}
+		if s.Password == "" {
+			ix.add("kafka.sasl.password", "is required with SASL")
+		}
+	}
+}
+
+// SourceNames returns the source names in sorted order.
+func (c *Config) SourceNames() []string {
+	names := make([]string, 0, len(c.Sources))
+	for n := range c.Sources {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func oneOf(ix *index, path, v string, allowed ...string) {
+	for _, a := range allowed {
+		if v == a {
+			return
+		}
+	}
+	var shown []string
+	for _, a := range allowed {
+		if a != "" {
+			shown = append(shown, a)
+		}
+	}
+	ix.add(path, "must be one of %s, got %q", strings.Join(shown, ", "), v)
+}
+
+func checkPointer(ix *index, path, ptr string, optional bool) {
+	if ptr == "" {
+		if !optional {
+			ix.add(path, "is required: a JSON pointer such as /event_id (RFC 6901)")
+		}
+		return
+	}
+	if err := ValidPointer(ptr); err != nil {
+		ix.add(path, "%v", err)
+	}
+}
+
+// ValidPointer checks JSON pointer syntax (RFC 6901). The empty pointer,
+// which names the whole document, is not accepted for event fields.
+func ValidPointer(ptr string) error {
+	if !strings.HasPrefix(ptr, "/") {
+		return fmt.Errorf("%q is not a JSON pointer: it must start with / (for example /event_id)", ptr)
+	}
+	for i := 0; i < len(ptr); i++ {
+		if ptr[i] == '~' && (i+1 >= len(ptr) || (ptr[i+1] != '0' && ptr[i+1] != '1')) {
+			return fmt.Errorf("%q is not a JSON pointer: ~ must be followed by 0 or 1", ptr)
+		}
+	}
+	return nil
+}
+
+// redactErr keeps a DSN parse error from echoing a password.
+func redactErr(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "("); i > 0 && strings.Contains(msg, "://") {
+		return strings.TrimSpace(msg[:i])
+	}
+	return msg
+}
