@@ -1,0 +1,696 @@
+package ingest
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/tidemark-dev/tidemark/config"
+)
+
+// Options customise an Ingester beyond its configuration.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer // nil: metrics are not registered anywhere
+	// Now is the service clock: it stamps ingested_at and bounds event
+	// times. Tests and the demo replace it; default time.Now.
+	Now func() time.Time
+	// KafkaOpts are appended to the client options (tests use them).
+	KafkaOpts []kgo.Opt
+	// ShutdownGrace bounds the final flush on shutdown; default 30s.
+	ShutdownGrace time.Duration
+}
+
+// source is one configured source as the ingester uses it.
+type source struct {
+	name string
+	idx  int16 // tag of its rows in the staging table
+	dec  *Decoder
+	raw  *RawTable
+}
+
+// Ingester consumes the configured Kafka sources as one member of the
+// consumer group and writes them to the warehouse. See the package
+// documentation for its guarantees.
+type Ingester struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	m       *metrics
+	now     func() time.Time
+	grace   time.Duration
+	byTopic map[string]*source
+	sources []*source
+	start   kgo.Offset
+	cl      *kgo.Client
+
+	// mu guards everything below; it is held while a batch is written so
+	// that the main loop and the rebalance callbacks never write at once.
+	mu        sync.Mutex
+	b         *batch
+	stored    map[topicPartition]position // what the warehouse holds for owned partitions
+	hwm       map[topicPartition]int64
+	w         *writer
+	checkRows bool // the last attempt hit a bad row: check each row
+	failures  int  // consecutive failed attempts, for backoff and readiness
+
+	rebalanceWaiting atomic.Bool
+	lastErr          atomic.Pointer[error]
+}
+
+// New builds an Ingester for the Kafka sources of cfg. It does not connect
+// to anything until Run.
+func New(cfg *config.Config, opts Options) (*Ingester, error) {
+	in := &Ingester{
+		cfg:     cfg,
+		log:     opts.Logger,
+		now:     opts.Now,
+		grace:   opts.ShutdownGrace,
+		byTopic: map[string]*source{},
+		b:       newBatch(),
+		stored:  map[topicPartition]position{},
+		hwm:     map[topicPartition]int64{},
+	}
+	if in.log == nil {
+		in.log = slog.New(slog.DiscardHandler)
+	}
+	in.log = in.log.With("component", "ingest")
+	if in.now == nil {
+		in.now = time.Now
+	}
+	if in.grace == 0 {
+		in.grace = 30 * time.Second
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var topics, names []string
+	for i, name := range cfg.SourceNames() {
+		sc := cfg.Sources[name]
+		if sc.Kafka == nil {
+			continue
+		}
+		dec, err := NewDecoder(sc)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
+		}
+		src := &source{name: name, idx: int16(i), dec: dec, raw: NewRawTable(name, sc.RawPartition)}
+		in.sources = append(in.sources, src)
+		names = append(names, name)
+		for _, t := range sc.Kafka.Topics {
+			in.byTopic[t] = src
+			topics = append(topics, t)
+		}
+	}
+	if len(in.sources) == 0 {
+		return nil, errors.New("ingest: no Kafka sources configured")
+	}
+	in.m = newMetrics(reg, names)
+	in.start = kgo.NewOffset().AtStart()
+	if cfg.Kafka.StartOffset == "latest" {
+		in.start = kgo.NewOffset().AtEnd()
+	}
+
+	kopts, err := clientOptions(cfg.Kafka)
+	if err != nil {
+		return nil, err
+	}
+	kopts = append(kopts,
+		kgo.ConsumeTopics(topics...),
+		kgo.ConsumerGroup(cfg.Kafka.Group),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(in.start),
+		kgo.SessionTimeout(cfg.Kafka.SessionTimeout.D()),
+		kgo.HeartbeatInterval(min(3*time.Second, cfg.Kafka.SessionTimeout.D()/3)),
+		kgo.RebalanceTimeout(cfg.Kafka.RebalanceTimeout.D()),
+		kgo.FetchMaxBytes(int32(cfg.Kafka.FetchMaxBytes)),
+		kgo.FetchMaxPartitionBytes(int32(min(int64(cfg.Kafka.FetchMaxBytes), 1<<20))),
+		kgo.AdjustFetchOffsetsFn(in.adjustOffsets),
+		kgo.OnPartitionsAssigned(in.onAssigned),
+		kgo.OnPartitionsRevoked(in.onRevoked),
+		kgo.OnPartitionsLost(in.onLost),
+		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { in.rebalanceWaiting.Store(true) }),
+		kgo.WithLogger(kafkaLogger{in.log}),
+	)
+	kopts = append(kopts, opts.KafkaOpts...)
+	in.cl, err = kgo.NewClient(kopts...)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: kafka client: %w", err)
+	}
+	return in, nil
+}
+
+// clientOptions turns the kafka block into connection options shared by
+// every client tidemark makes (the ingester, status, readiness).
+func clientOptions(k config.Kafka) ([]kgo.Opt, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID)}
+	if k.TLS.On() {
+		tc := &tls.Config{ServerName: k.TLS.ServerName, InsecureSkipVerify: k.TLS.InsecureSkipVerify, MinVersion: tls.VersionTLS12} //nolint:gosec // opt-in by config
+		if k.TLS.CAFile != "" {
+			pem, err := os.ReadFile(k.TLS.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("kafka.tls.ca_file: no PEM certificates in %s", k.TLS.CAFile)
+			}
+			tc.RootCAs = pool
+		}
+		if k.TLS.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(k.TLS.CertFile, k.TLS.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka.tls.cert_file: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	if s := k.SASL; s != nil {
+		switch s.Mechanism {
+		case "PLAIN":
+			opts = append(opts, kgo.SASL(plain.Auth{User: s.Username, Pass: s.Password}.AsMechanism()))
+		case "SCRAM-SHA-256":
+			opts = append(opts, kgo.SASL(scram.Auth{User: s.Username, Pass: s.Password}.AsSha256Mechanism()))
+		case "SCRAM-SHA-512":
+			opts = append(opts, kgo.SASL(scram.Auth{User: s.Username, Pass: s.Password}.AsSha512Mechanism()))
+		default:
+			return nil, fmt.Errorf("kafka.sasl.mechanism: unsupported %q", s.Mechanism)
+		}
+	}
+	return opts, nil
+}
+
+// ClientOptions returns the connection options for the configured brokers.
+func ClientOptions(k config.Kafka) ([]kgo.Opt, error) { return clientOptions(k) }
+
+// Ping checks that a broker answers.
+func (in *Ingester) Ping(ctx context.Context) error { return in.cl.Ping(ctx) }
+
+// LastError returns the last failed write attempt while writes are
+// failing, nil once a write succeeds.
+func (in *Ingester) LastError() error {
+	if p := in.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Run consumes until ctx is cancelled, then writes the batch in flight,
+// commits and leaves the group. It returns nil after a clean shutdown.
+func (in *Ingester) Run(ctx context.Context) error {
+	if err := in.prepare(ctx); err != nil {
+		in.cl.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	maxRows := in.cfg.Ingest.BatchMaxRows
+	for ctx.Err() == nil {
+		if in.flushDue() {
+			if err := in.flush(ctx); err != nil {
+				in.cl.AllowRebalance()
+				in.backoff(ctx)
+				continue
+			}
+		}
+		pollCtx, cancel := ctx, context.CancelFunc(func() {})
+		if deadline, ok := in.batchDeadline(); ok {
+			pollCtx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		fetches := in.cl.PollRecords(pollCtx, max(1, maxRows-in.batchLen()))
+		cancel()
+		in.absorb(fetches)
+		in.cl.AllowRebalance()
+	}
+	return in.shutdown()
+}
+
+// prepare creates the raw tables, retrying while the warehouse is down.
+func (in *Ingester) prepare(ctx context.Context) error {
+	for {
+		err := in.ensureTables(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		in.log.Warn("cannot prepare raw tables; retrying", "err", err)
+		in.mu.Lock()
+		in.failures++
+		in.mu.Unlock()
+		in.backoff(ctx)
+	}
+}
+
+func (in *Ingester) ensureTables(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	w, err := in.writerLocked(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range in.sources {
+		if err := s.raw.Ensure(ctx, w.conn); err != nil {
+			in.dropConnLocked()
+			return err
+		}
+	}
+	return nil
+}
+
+func (in *Ingester) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), in.grace)
+	defer cancel()
+	var err error
+	for {
+		in.mu.Lock()
+		err = in.flushLocked(ctx, true)
+		in.mu.Unlock()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		in.backoff(ctx)
+	}
+	if err != nil {
+		in.log.Error("could not write the last batch before shutdown; its records will be read again", "err", err)
+	}
+	in.cl.AllowRebalance()
+	in.cl.Close() // leaves the group; the revoke callback finds nothing left to write
+	in.mu.Lock()
+	in.dropConnLocked()
+	in.mu.Unlock()
+	in.log.Info("ingester stopped")
+	return nil
+}
+
+func (in *Ingester) batchLen() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.b.len()
+}
+
+func (in *Ingester) flushDue() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.b.empty() {
+		return false
+	}
+	return in.b.len() >= in.cfg.Ingest.BatchMaxRows ||
+		int64(in.b.bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) ||
+		!time.Now().Before(in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()))
+}
+
+func (in *Ingester) batchDeadline() (time.Time, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.b.empty() {
+		return time.Time{}, false
+	}
+	return in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()), true
+}
+
+// absorb decodes polled records into the batch.
+func (in *Ingester) absorb(fetches kgo.Fetches) {
+	fetches.EachError(func(topic string, partition int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+			return
+		}
+		in.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+	})
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	now := in.now()
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		tp := topicPartition{p.Topic, p.Partition}
+		in.hwm[tp] = p.HighWatermark
+		src := in.byTopic[p.Topic]
+		if src == nil {
+			return
+		}
+		floor, owned := in.stored[tp]
+		for _, r := range p.Records {
+			if owned && r.Offset < floor.Offset {
+				continue // already stored; never write a record twice
+			}
+			ev, rej := src.dec.Decode(r, now)
+			in.b.add(src, r, ev, rej, time.Now())
+			in.m.consumed.WithLabelValues(src.name).Inc()
+		}
+	})
+}
+
+// flush writes the batch in flight (one attempt, retrying at once only for
+// bad rows and vanished partitions).
+func (in *Ingester) flush(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.flushLocked(ctx, false)
+}
+
+// flushLocked writes the batch. final is set inside rebalance callbacks and
+// at shutdown: the Kafka commit is then synchronous, and partitions are not
+// repositioned since they are being given up.
+func (in *Ingester) flushLocked(ctx context.Context, final bool) error {
+	if in.b.empty() {
+		return nil
+	}
+	for attempt := 0; ; attempt++ {
+		err := in.writeOnceLocked(ctx, final)
+		switch {
+		case err == nil:
+			in.failures = 0
+			in.lastErr.Store(nil)
+			return nil
+		case errors.Is(err, errBadRow) && attempt < 2:
+			in.m.writeErrors.WithLabelValues("bad_row").Inc()
+			in.log.Warn("the warehouse rejected a row; checking the batch row by row", "err", err)
+			in.checkRows = true
+			continue
+		case errors.Is(err, errMissingPartition) && attempt < 2:
+			in.m.writeErrors.WithLabelValues("partition").Inc()
+			continue
+		}
+		in.failures++
+		in.lastErr.Store(&err)
+		in.m.writeErrors.WithLabelValues("retry").Inc()
+		if ctx.Err() == nil {
+			in.log.Warn("batch write failed; will retry", "err", err, "attempt", in.failures, "records", in.b.len())
+		}
+		return err
+	}
+}
+
+func (in *Ingester) writeOnceLocked(ctx context.Context, final bool) error {
+	w, err := in.writerLocked(ctx)
+	if err != nil {
+		return err
+	}
+	ingestedAt := in.now()
+	started := time.Now()
+	b := in.b
+	res, err := w.write(ctx, b, in.stored, ingestedAt, in.checkRows)
+	if err != nil {
+		if !errors.Is(err, errBadRow) && !errors.Is(err, errMissingPartition) {
+			in.dropConnLocked() // the connection state is unknown; start clean
+		}
+		return err
+	}
+	in.checkRows = false
+	if len(res.conflicts) > 0 {
+		reseek := map[string]map[int32]kgo.EpochOffset{}
+		for tp, pos := range res.conflicts {
+			in.m.conflicts.Inc()
+			in.log.Warn("partition was already written by another group member; dropping stale records",
+				"topic", tp.Topic, "partition", tp.Partition, "stored_offset", pos.Offset)
+			in.stored[tp] = pos
+			if pos.Offset >= 0 {
+				if reseek[tp.Topic] == nil {
+					reseek[tp.Topic] = map[int32]kgo.EpochOffset{}
+				}
+				reseek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: pos.Epoch, Offset: pos.Offset}
+			}
+		}
+		if !final && len(reseek) > 0 {
+			in.cl.SetOffsets(reseek)
+		}
+	}
+	if res.committed {
+		in.m.commitSeconds.Observe(time.Since(started).Seconds())
+		in.m.batchRows.Observe(float64(b.len()))
+		commit := map[string]map[int32]kgo.EpochOffset{}
+		written, dups := map[*source]int{}, map[*source]int{}
+		for tp, pb := range b.parts {
+			in.stored[tp] = pb.next
+			written[pb.source] += res.inserted[tp]
+			dups[pb.source] += pb.good - res.inserted[tp]
+			if commit[tp.Topic] == nil {
+				commit[tp.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			commit[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: pb.next.Epoch, Offset: pb.next.Offset}
+			if hwm, ok := in.hwm[tp]; ok {
+				in.m.lag.WithLabelValues(tp.Topic, partLabel(tp.Partition)).Set(float64(max(0, hwm-pb.next.Offset)))
+			}
+		}
+		for src, n := range written {
+			in.m.written.WithLabelValues(src.name).Add(float64(n))
+			in.m.duplicates.WithLabelValues(src.name).Add(float64(dups[src]))
+		}
+		for _, d := range b.dead {
+			in.m.deadLetters.WithLabelValues(d.src.name, d.rej.Reason).Inc()
+		}
+		in.commitKafka(ctx, commit, !final)
+	}
+	in.b = newBatch()
+	return nil
+}
+
+// commitKafka mirrors the stored offsets to Kafka so that ordinary lag
+// tools work. Failures are counted and otherwise ignored: on assignment the
+// ingester resumes from the warehouse, never from these commits.
+func (in *Ingester) commitKafka(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset, async bool) {
+	done := func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err == nil && resp != nil {
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if p.ErrorCode != 0 && err == nil {
+						err = fmt.Errorf("partition %s/%d: error code %d", t.Topic, p.Partition, p.ErrorCode)
+					}
+				}
+			}
+		}
+		if err != nil {
+			in.m.kafkaCommits.WithLabelValues("error").Inc()
+			in.log.Debug("kafka offset commit failed (informational only)", "err", err)
+			return
+		}
+		in.m.kafkaCommits.WithLabelValues("ok").Inc()
+	}
+	if async {
+		in.cl.CommitOffsets(context.WithoutCancel(ctx), offsets, done)
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	in.cl.CommitOffsetsSync(cctx, offsets, done)
+}
+
+func (in *Ingester) writerLocked(ctx context.Context) (*writer, error) {
+	if in.w != nil && !in.w.conn.IsClosed() {
+		return in.w, nil
+	}
+	cc, err := pgx.ParseConfig(in.cfg.Warehouse.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse.dsn: %w", err)
+	}
+	cc.RuntimeParams["application_name"] = "tidemark-ingest"
+	cc.RuntimeParams["timezone"] = "UTC"
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to warehouse: %w", err)
+	}
+	in.w = &writer{group: in.cfg.Kafka.Group, conn: conn}
+	return in.w, nil
+}
+
+func (in *Ingester) dropConnLocked() {
+	if in.w != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = in.w.conn.Close(ctx)
+		cancel()
+		in.w = nil
+	}
+}
+
+// backoff sleeps before the next attempt: exponential from 100ms to 5s with
+// jitter, cut short by ctx.
+func (in *Ingester) backoff(ctx context.Context) {
+	in.mu.Lock()
+	n := min(in.failures, 6)
+	in.mu.Unlock()
+	d := time.Duration(float64(100*time.Millisecond<<n) * (0.5 + rand.Float64()))
+	d = min(d, 5*time.Second)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// adjustOffsets replaces the offsets Kafka would start from with the ones
+// stored in the warehouse: the warehouse commit is the only truth.
+func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	var stored map[topicPartition]position
+	for {
+		var err error
+		stored, err = in.readStored(ctx, offsets)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		in.log.Warn("cannot read stored offsets; retrying", "err", err)
+		in.backoff(ctx)
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for topic, parts := range offsets {
+		for p := range parts {
+			tp := topicPartition{topic, p}
+			pos, ok := stored[tp]
+			if ok && pos.Offset >= 0 {
+				parts[p] = kgo.NewOffset().At(pos.Offset).WithEpoch(pos.Epoch)
+				in.stored[tp] = pos
+			} else {
+				parts[p] = in.start
+				in.stored[tp] = noPosition
+			}
+			in.log.Debug("resuming partition", "topic", topic, "partition", p, "offset", pos.Offset)
+		}
+	}
+	return offsets, nil
+}
+
+const readStoredSQL = `
+SELECT topic, partition, next_offset, leader_epoch
+FROM tidemark.kafka_offsets
+WHERE consumer_group = $1 AND topic = ANY($2)`
+
+func (in *Ingester) readStored(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[topicPartition]position, error) {
+	topics := make([]string, 0, len(offsets))
+	for t := range offsets {
+		topics = append(topics, t)
+	}
+	// A connection of its own: the writer's belongs to the main loop.
+	cc, err := pgx.ParseConfig(in.cfg.Warehouse.DSN)
+	if err != nil {
+		return nil, err
+	}
+	cc.RuntimeParams["application_name"] = "tidemark-ingest"
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(cctx, readStoredSQL, in.cfg.Kafka.Group, topics)
+	if err != nil {
+		return nil, err
+	}
+	out := map[topicPartition]position{}
+	for rows.Next() {
+		var tp topicPartition
+		var p position
+		if err := rows.Scan(&tp.Topic, &tp.Partition, &p.Offset, &p.Epoch); err != nil {
+			return nil, err
+		}
+		out[tp] = p
+	}
+	return out, rows.Err()
+}
+
+func (in *Ingester) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	n := 0
+	for _, ps := range assigned {
+		n += len(ps)
+	}
+	in.m.assigned.Add(float64(n))
+	in.log.Info("partitions assigned", "partitions", assigned)
+}
+
+// onRevoked writes the batch in flight before the partitions go to another
+// member. If the warehouse stays unreachable for half the rebalance
+// timeout, the revoked partitions' records are dropped from the batch
+// instead: nothing of them was stored, so their next owner reads them
+// again from the stored offsets.
+func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	in.rebalanceWaiting.Store(false)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	deadline := time.Now().Add(in.cfg.Kafka.RebalanceTimeout.D() / 2)
+	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	for !in.b.empty() {
+		if err := in.flushLocked(fctx, true); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			in.log.Warn("warehouse unavailable during rebalance; dropping the revoked partitions' unwritten records (they will be read again)")
+			break
+		}
+		t := time.NewTimer(min(time.Duration(in.failures)*200*time.Millisecond, 2*time.Second))
+		select {
+		case <-fctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	in.forgetLocked(revoked)
+	in.log.Info("partitions revoked", "partitions", revoked)
+}
+
+// onLost drops the lost partitions' unwritten records: another member may
+// already own them.
+func (in *Ingester) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	in.rebalanceWaiting.Store(false)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.forgetLocked(lost)
+	in.log.Warn("partitions lost", "partitions", lost)
+}
+
+func (in *Ingester) forgetLocked(tps map[string][]int32) {
+	drop := map[topicPartition]bool{}
+	for topic, ps := range tps {
+		for _, p := range ps {
+			tp := topicPartition{topic, p}
+			drop[tp] = true
+			delete(in.stored, tp)
+			delete(in.hwm, tp)
+			in.m.lag.DeleteLabelValues(topic, partLabel(p))
+			in.m.assigned.Dec()
+		}
+	}
+	in.b.drop(drop)
+}
+
+// kafkaLogger sends franz-go's log to slog at warn level and above.
+type kafkaLogger struct{ log *slog.Logger }
+
+func (l kafkaLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (l kafkaLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	switch level {
+	case kgo.LogLevelError:
+		l.log.Error(msg, keyvals...)
+	case kgo.LogLevelWarn:
+		l.log.Warn(msg, keyvals...)
+	default:
+		l.log.Debug(msg, keyvals...)
+	}
+}

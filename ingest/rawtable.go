@@ -1,0 +1,153 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// createRawTableSQL creates raw.<source>, range-partitioned by event time.
+// An event is identified by (event_id, event_time): PostgreSQL requires the
+// partition key in every unique constraint of a partitioned table, and a
+// producer's duplicates carry the same event time. %[1]s is the quoted
+// table name, %[2]s the quoted name of the load_xid index.
+const createRawTableSQL = `
+CREATE TABLE IF NOT EXISTS %[1]s (
+    event_id        text        NOT NULL,
+    event_time      timestamptz NOT NULL,
+    ingested_at     timestamptz NOT NULL,
+    payload         jsonb       NOT NULL,
+    kafka_topic     text,
+    kafka_partition integer,
+    kafka_offset    bigint,
+    load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    PRIMARY KEY (event_id, event_time)
+) PARTITION BY RANGE (event_time);
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (load_xid);
+`
+
+// createRawPartitionSQL creates one partition; %[1]s partition name, %[2]s
+// parent, bounds as parameters are not allowed in DDL so they are written
+// as literals produced by formatBound.
+const createRawPartitionSQL = `CREATE TABLE IF NOT EXISTS %[1]s PARTITION OF %[2]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`
+
+// lockRawDDLSQL serialises DDL on one source's raw table across processes.
+const lockRawDDLSQL = `SELECT pg_advisory_xact_lock(hashtext('tidemark.raw.' || $1))`
+
+// RawTable owns the DDL of raw.<source>: the partitioned parent and the
+// partitions created on demand as event times arrive.
+type RawTable struct {
+	Source string
+	By     string // day or month, in UTC
+
+	mu    sync.Mutex
+	known map[time.Time]bool
+}
+
+// NewRawTable returns the manager for raw.<source>.
+func NewRawTable(source, by string) *RawTable {
+	return &RawTable{Source: source, By: by, known: map[time.Time]bool{}}
+}
+
+// Ident is the quoted, schema-qualified table name.
+func (t *RawTable) Ident() string { return pgx.Identifier{"raw", t.Source}.Sanitize() }
+
+// Ensure creates the parent table and its indexes if missing.
+func (t *RawTable) Ensure(ctx context.Context, conn *pgx.Conn) error {
+	idx := pgx.Identifier{t.Source + "_load_xid"}.Sanitize()
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, fmt.Sprintf(createRawTableSQL, t.Ident(), idx))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("create raw table %s: %w", t.Ident(), err)
+	}
+	return nil
+}
+
+// partitionStart returns the start of the partition holding ts.
+func (t *RawTable) partitionStart(ts time.Time) time.Time {
+	ts = ts.UTC()
+	if t.By == "month" {
+		return time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)
+	}
+	return time.Date(ts.Year(), ts.Month(), ts.Day(), 0, 0, 0, 0, time.UTC)
+}
+
+func (t *RawTable) partitionEnd(start time.Time) time.Time {
+	if t.By == "month" {
+		return start.AddDate(0, 1, 0)
+	}
+	return start.AddDate(0, 0, 1)
+}
+
+func (t *RawTable) partitionName(start time.Time) string {
+	if t.By == "month" {
+		return t.Source + "_p" + start.Format("200601")
+	}
+	return t.Source + "_p" + start.Format("20060102")
+}
+
+// Missing returns the partition starts needed for times that this process
+// has not yet created or seen.
+func (t *RawTable) Missing(times []time.Time) []time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []time.Time
+	seen := map[time.Time]bool{}
+	for _, ts := range times {
+		s := t.partitionStart(ts)
+		if t.known[s] || seen[s] {
+			continue
+		}
+		seen[s] = true
+		out = append(out, s)
+	}
+	return out
+}
+
+// EnsurePartitions creates the partitions starting at starts, in their own
+// transaction under the source's DDL lock so that several ingesters creating
+// the same partition at once do not collide.
+func (t *RawTable) EnsurePartitions(ctx context.Context, conn *pgx.Conn, starts []time.Time) error {
+	if len(starts) == 0 {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
+			return err
+		}
+		for _, s := range starts {
+			name := pgx.Identifier{"raw", t.partitionName(s)}.Sanitize()
+			sql := fmt.Sprintf(createRawPartitionSQL, name, t.Ident(), formatBound(s), formatBound(t.partitionEnd(s)))
+			if _, err := tx.Exec(ctx, sql); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create partitions of %s: %w", t.Ident(), err)
+	}
+	t.mu.Lock()
+	for _, s := range starts {
+		t.known[s] = true
+	}
+	t.mu.Unlock()
+	return nil
+}
+
+// Forget drops the cache of known partitions, after one was found missing.
+func (t *RawTable) Forget() {
+	t.mu.Lock()
+	t.known = map[time.Time]bool{}
+	t.mu.Unlock()
+}
+
+func formatBound(ts time.Time) string { return ts.UTC().Format("2006-01-02 15:04:05+00") }
