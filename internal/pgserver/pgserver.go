@@ -113,6 +113,9 @@ func FindBinDir() (string, error) {
 		return dir, nil
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
 		return filepath.Dir(p), nil
 	}
 	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")

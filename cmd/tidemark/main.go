@@ -1,0 +1,267 @@
+// Command tidemark loads Kafka events into a PostgreSQL warehouse exactly
+// once and keeps its state there.
+//
+//	tidemark run     [-c tidemark.yaml] [--only ingest]
+//	tidemark migrate [-c tidemark.yaml]
+//	tidemark status  [-c tidemark.yaml] [--json]
+//	tidemark demo
+//	tidemark version
+//
+// Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
+// docs/operations.md documents every command and flag.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/demo"
+	"github.com/tidemark-dev/tidemark/internal/service"
+	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/status"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+const usage = `tidemark: load Kafka events into PostgreSQL exactly once.
+
+Usage:
+  tidemark run     [-c FILE] [--only ingest]   run the service until SIGINT/SIGTERM
+  tidemark migrate [-c FILE]                   apply the warehouse schema migrations
+  tidemark status  [-c FILE] [--json]          show offsets, lag, watermarks, dead letters
+  tidemark demo                                run a self-contained demonstration
+  tidemark version                             print the version
+
+The configuration file defaults to $TIDEMARK_CONFIG, then tidemark.yaml.
+Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return cmdRun(ctx, rest, stderr)
+	case "migrate":
+		return cmdMigrate(ctx, rest, stdout, stderr)
+	case "status":
+		return cmdStatus(ctx, rest, stdout, stderr)
+	case "demo":
+		return cmdDemo(ctx, rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "tidemark %s (%s)\n", service.VersionString(), runtime.Version())
+		return exitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "tidemark: unknown command %q\n\n%s", cmd, usage)
+	return exitUsage
+}
+
+// flags makes a command's flag set with the shared -c/--config flag.
+func flags(name string, stderr io.Writer) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("tidemark "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := os.Getenv("TIDEMARK_CONFIG")
+	if def == "" {
+		def = "tidemark.yaml"
+	}
+	path := new(string)
+	fs.StringVar(path, "config", def, "configuration file")
+	fs.StringVar(path, "c", def, "configuration file (shorthand)")
+	return fs, path
+}
+
+// parse parses flags; it returns false with the exit code when the command
+// must stop (help or a usage error).
+func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+// load reads the configuration; on failure it prints every problem and
+// returns false.
+func load(path string, stderr io.Writer) (*config.Config, bool) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		var errs config.Errors
+		if errors.As(err, &errs) {
+			fmt.Fprintf(stderr, "tidemark: invalid configuration (%d problem(s)):\n%s\n", len(errs), errs)
+		} else {
+			fmt.Fprintf(stderr, "tidemark: %v\n", err)
+		}
+		return nil, false
+	}
+	return cfg, true
+}
+
+func logger(cfg *config.Config, stderr io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.Log.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Log.Format == "json" {
+		return slog.New(slog.NewJSONHandler(stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(stderr, opts))
+}
+
+func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
+	fs, path := flags("run", stderr)
+	only := fs.String("only", "", "comma-separated components to run (available: "+strings.Join(service.Components, ", ")+"); default all")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	var comps []string
+	if *only != "" {
+		for _, c := range strings.Split(*only, ",") {
+			c = strings.TrimSpace(c)
+			if !slices.Contains(service.Components, c) {
+				fmt.Fprintf(stderr, "tidemark run: --only: unknown component %q (available: %s)\n", c, strings.Join(service.Components, ", "))
+				return exitUsage
+			}
+			comps = append(comps, c)
+		}
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	log := logger(cfg, stderr)
+	if err := service.Run(ctx, cfg, service.Options{Logger: log, Only: comps}); err != nil {
+		log.Error("tidemark stopped with an error", "err", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, path := flags("migrate", stderr)
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	res, err := migrate.Up(ctx, cfg.Warehouse.DSN, logger(cfg, stderr))
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark migrate: %v\n", err)
+		return exitFailure
+	}
+	for _, m := range res.Applied {
+		fmt.Fprintf(stdout, "applied %04d_%s\n", m.Version, m.Name)
+	}
+	fmt.Fprintf(stdout, "warehouse schema at version %d\n", res.Current)
+	return exitOK
+}
+
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, path := flags("status", stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := service.Pool(ctx, cfg, "tidemark-status")
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+		return exitFailure
+	}
+	defer pool.Close()
+	var adm *kadm.Client
+	if len(cfg.Kafka.Brokers) > 0 {
+		kopts, err := ingest.ClientOptions(cfg.Kafka)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+			return exitFailure
+		}
+		cl, err := kgo.NewClient(kopts...)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidemark status: kafka client: %v\n", err)
+			return exitFailure
+		}
+		defer cl.Close()
+		adm = kadm.NewClient(cl)
+	}
+	rep, err := status.Gather(ctx, pool, cfg, adm, time.Now())
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+		return exitFailure
+	}
+	if *asJSON {
+		err = rep.WriteJSON(stdout)
+	} else {
+		err = rep.WriteText(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("tidemark demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	verbose := fs.Bool("v", false, "show the service log")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	level := slog.LevelError + 4
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if err := demo.Run(ctx, stdout, log); err != nil {
+		fmt.Fprintf(stderr, "tidemark demo: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}

@@ -1,0 +1,330 @@
+// Package demo runs tidemark end to end with nothing installed but Go and
+// the PostgreSQL server binaries: an embedded Kafka-protocol broker
+// (kfake), a throwaway PostgreSQL, and the service itself with its clock
+// set to the ingestion times of a worked example, so that the output is the
+// same on every run.
+package demo
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/service"
+	"github.com/tidemark-dev/tidemark/status"
+)
+
+const topic = "app-events"
+
+// clock is the demo's settable service clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+func at(s string) time.Time {
+	t, err := time.Parse("2006-01-02 15:04", s)
+	if err != nil {
+		panic(err)
+	}
+	return t.UTC()
+}
+
+// Run runs the demonstration, writing what happens to out.
+func Run(ctx context.Context, out io.Writer, log *slog.Logger) error {
+	fmt.Fprintln(out, "tidemark demo: an embedded Kafka broker, a throwaway PostgreSQL, and the service in between.")
+	fmt.Fprintln(out)
+
+	bin, err := pgserver.FindBinDir()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "starting PostgreSQL from %s ... ", bin)
+	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		return err
+	}
+	defer pg.Stop()
+	fmt.Fprintf(out, "listening on %s:%d\n", pg.Host, pg.Port)
+
+	fmt.Fprint(out, "starting Kafka (kfake) ... ")
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("start kfake: %w", err)
+	}
+	defer kc.Close()
+	broker := kc.ListenAddrs()[0]
+	fmt.Fprintf(out, "listening on %s, topic %s with 2 partitions\n\n", broker, topic)
+
+	yaml := fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "127.0.0.1:0"}
+kafka:
+  brokers: [%q]
+  group: tidemark-demo
+  session_timeout: 2s
+ingest: {batch_max_age: 20ms}
+sources:
+  app_events:
+    kafka: {topics: [%s]}
+    event_id: /event_id
+    event_time: /event_time
+    max_age: 30d
+`, pg.URL("postgres"), broker, topic)
+	cfg, err := config.Parse("demo.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "configuration (demo.yaml):")
+	for _, line := range strings.Split(strings.TrimSpace(yaml), "\n") {
+		fmt.Fprintln(out, "  "+line)
+	}
+	fmt.Fprintln(out)
+
+	clk := &clock{t: at("2026-10-04 22:01")}
+	svcCtx, stopSvc := context.WithCancel(ctx)
+	defer stopSvc()
+	addrCh := make(chan string, 1)
+	svcErr := make(chan error, 1)
+	go func() {
+		svcErr <- service.Run(svcCtx, cfg, service.Options{Logger: log, Now: clk.now,
+			Listening: func(a string) { addrCh <- a }})
+	}()
+	var addr string
+	select {
+	case addr = <-addrCh:
+	case err := <-svcErr:
+		return fmt.Errorf("service: %w", err)
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("service did not start within 60s")
+	}
+
+	pool, err := pgxpool.New(ctx, pg.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return err
+	}
+	defer prod.Close()
+
+	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}}
+	fmt.Fprintln(out, "The service clock follows the ingestion times of the worked example (UTC):")
+	steps := []struct {
+		clock string
+		what  string
+		recs  []*kgo.Record
+	}{
+		{"2026-10-04 22:01", "e1 happened at 22:00 on 4 October (10.00)", []*kgo.Record{
+			event(0, "e1", "2026-10-04T22:00:00Z", "10.00")}},
+		{"2026-10-05 08:00", "e2 happened at 08:00 on 5 October (20.00), and the producer retried it", []*kgo.Record{
+			event(1, "e2", "2026-10-05T08:00:00Z", "20.00"), event(0, "e2", "2026-10-05T08:00:00Z", "20.00")}},
+		{"2026-10-05 09:15", "e3 happened at 23:30 on 4 October (5.00): it arrives late", []*kgo.Record{
+			event(1, "e3", "2026-10-04T23:30:00Z", "5.00")}},
+		{"2026-10-05 09:16", "three bad messages: truncated JSON, no event_id, an event time in 1970", []*kgo.Record{
+			{Topic: topic, Partition: 0, Key: []byte("bad-1"), Value: []byte(`{"event_id":"e4","event_ti`)},
+			{Topic: topic, Partition: 1, Key: []byte("bad-2"), Value: []byte(`{"id":"e5","event_time":"2026-10-05T09:00:00Z","amount":"1.00"}`)},
+			{Topic: topic, Partition: 0, Key: []byte("bad-3"), Value: []byte(`{"event_id":"e6","event_time":0,"amount":"1.00"}`)}}},
+	}
+	for _, s := range steps {
+		clk.set(at(s.clock))
+		fmt.Fprintf(out, "  [%s] %s\n", s.clock, s.what)
+		if err := d.produceAndWait(s.recs); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(out)
+
+	if err := d.show(); err != nil {
+		return err
+	}
+	rep, err := status.Gather(ctx, pool, cfg, nil, clk.now())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "`tidemark status` (without broker lag):")
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		return err
+	}
+	for _, line := range strings.Split(strings.TrimRight(text.String(), "\n"), "\n") {
+		fmt.Fprintln(out, "  "+line)
+	}
+	fmt.Fprintln(out)
+	if err := d.metrics(addr); err != nil {
+		return err
+	}
+	stopSvc()
+	if err := <-svcErr; err != nil {
+		return fmt.Errorf("service: %w", err)
+	}
+	fmt.Fprintln(out, "\ndone: the service committed its last batch, left the consumer group and stopped.")
+	return nil
+}
+
+func event(part int32, id, ts, amount string) *kgo.Record {
+	return &kgo.Record{Topic: topic, Partition: part, Key: []byte(id),
+		Value: []byte(fmt.Sprintf(`{"event_id":%q,"event_time":%q,"amount":%q}`, id, ts, amount))}
+}
+
+type run struct {
+	ctx  context.Context
+	out  io.Writer
+	pool *pgxpool.Pool
+	prod *kgo.Client
+	clk  *clock
+	end  map[int32]int64
+}
+
+// produceAndWait produces records and waits until the warehouse has stored
+// offsets past them.
+func (d *run) produceAndWait(recs []*kgo.Record) error {
+	res := d.prod.ProduceSync(d.ctx, recs...)
+	if err := res.FirstErr(); err != nil {
+		return fmt.Errorf("produce: %w", err)
+	}
+	for _, r := range res {
+		d.end[r.Record.Partition] = max(d.end[r.Record.Partition], r.Record.Offset+1)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		done := true
+		for part, end := range d.end {
+			var next int64
+			err := d.pool.QueryRow(d.ctx, `SELECT coalesce(max(next_offset), -1) FROM tidemark.kafka_offsets
+				WHERE consumer_group = 'tidemark-demo' AND topic = $1 AND partition = $2`, topic, part).Scan(&next)
+			if err != nil || next < end {
+				done = false
+			}
+		}
+		if done {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("records were not ingested within 60s")
+		}
+		select {
+		case <-d.ctx.Done():
+			return d.ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (d *run) table(title, sql string) error {
+	rows, err := d.pool.Query(d.ctx, sql)
+	if err != nil {
+		return fmt.Errorf("%s: %w", title, err)
+	}
+	defer rows.Close()
+	fmt.Fprintln(d.out, title)
+	tw := tabwriter.NewWriter(d.out, 0, 0, 2, ' ', 0)
+	var cols []string
+	for _, f := range rows.FieldDescriptions() {
+		cols = append(cols, f.Name)
+	}
+	fmt.Fprintln(tw, "  "+strings.Join(cols, "\t"))
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return err
+		}
+		cells := make([]string, len(vals))
+		for i, v := range vals {
+			cells[i] = fmt.Sprint(v)
+		}
+		fmt.Fprintln(tw, "  "+strings.Join(cells, "\t"))
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(d.out)
+	return nil
+}
+
+func (d *run) show() error {
+	for _, t := range []struct{ title, sql string }{
+		{"raw.app_events: one row per distinct event, stamped with the service clock; the retry of e2 was dropped", `
+SELECT event_id,
+       to_char(event_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS event_time,
+       to_char(ingested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS ingested_at,
+       (ingested_at - event_time)::text AS arrival_delay,
+       payload->>'amount' AS amount,
+       kafka_partition || '/' || kafka_offset AS "partition/offset"
+FROM raw.app_events ORDER BY event_id`},
+		{"raw partitions, created on demand by event date (UTC):", `
+SELECT c.relname AS partition, pg_get_expr(c.relpartbound, c.oid) AS bounds
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'raw.app_events'::regclass ORDER BY 1`},
+		{"tidemark.ingest_ledger: what each load transaction wrote, per UTC hour of event time (the reconciler reads this, not the raw rows)", `
+SELECT load_xid, to_char(bucket AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS bucket, rows,
+       to_char(ingested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS ingested_at
+FROM tidemark.ingest_ledger ORDER BY id`},
+		{"tidemark.dead_letters: bad input with its original bytes and the reason", `
+SELECT reason, topic || '/' || partition || '/' || "offset" AS coordinates,
+       convert_from(record_key, 'UTF8') AS key, convert_from(record_value, 'UTF8') AS value
+FROM tidemark.dead_letters ORDER BY id`},
+		{"tidemark.kafka_offsets: next offsets, stored in the same transactions as the rows", `
+SELECT topic || '/' || partition AS partition, next_offset, rows_written, duplicates, dead_letters,
+       to_char(max_event_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS max_event_time
+FROM tidemark.kafka_offsets ORDER BY topic, partition`},
+	} {
+		if err := d.table(t.title, t.sql); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// metrics prints the service's own series from /metrics.
+func (d *run) metrics(addr string) error {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return fmt.Errorf("fetch /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	fmt.Fprintf(d.out, "a few series from http://%s/metrics:\n", addr)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "tidemark_ingest_rows_written_total") ||
+			strings.HasPrefix(line, "tidemark_ingest_duplicates_total") ||
+			(strings.HasPrefix(line, "tidemark_ingest_dead_letters_total") && !strings.HasSuffix(line, " 0")) ||
+			strings.HasPrefix(line, "tidemark_source_event_time_watermark_seconds") ||
+			strings.HasPrefix(line, "tidemark_ingest_consumer_lag_records") {
+			fmt.Fprintln(d.out, "  "+line)
+		}
+	}
+	return sc.Err()
+}
+

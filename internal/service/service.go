@@ -1,0 +1,273 @@
+// Package service assembles a running tidemark process from its
+// configuration: migrations, the warehouse pool, the enabled components
+// (the Kafka ingester today) and the operator HTTP server with /metrics,
+// /healthz, /readyz and /status. `tidemark run` and the demo both use it.
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/status"
+)
+
+// Components that `tidemark run --only` can select.
+const (
+	ComponentIngest = "ingest"
+)
+
+// Components lists what this version can run.
+var Components = []string{ComponentIngest}
+
+// Options customise a service beyond its configuration.
+type Options struct {
+	Logger *slog.Logger
+	// Now is the service clock; default time.Now.
+	Now func() time.Time
+	// Only limits the components run; empty means all configured.
+	Only []string
+	// Registry receives the metrics; a fresh one when nil.
+	Registry *prometheus.Registry
+	// Listening, when set, is called with the HTTP server's address once
+	// it accepts connections.
+	Listening func(addr string)
+	// KafkaOpts are extra Kafka client options (tests).
+	KafkaOpts []kgo.Opt
+}
+
+// Version is the build's version, set by the linker or read from the
+// module build info.
+var Version = ""
+
+// VersionString describes this binary.
+func VersionString() string {
+	v := Version
+	if v == "" {
+		v = "(devel)"
+		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+	}
+	return v
+}
+
+// Pool opens the warehouse pool with tidemark's session settings.
+func Pool(ctx context.Context, cfg *config.Config, app string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(cfg.Warehouse.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse.dsn: %w", err)
+	}
+	pc.MaxConns = cfg.Warehouse.MaxConns
+	pc.ConnConfig.RuntimeParams["application_name"] = app
+	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse pool: %w", err)
+	}
+	return pool, nil
+}
+
+// Run runs the service until ctx is cancelled and every component has
+// stopped. Migrations are applied first unless disabled.
+func Run(ctx context.Context, cfg *config.Config, opts Options) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	want := map[string]bool{}
+	for _, c := range opts.Only {
+		want[c] = true
+	}
+	enabled := func(c string) bool { return len(want) == 0 || want[c] }
+
+	if cfg.Warehouse.MigrateOnStart() {
+		res, err := migrate.Up(ctx, cfg.Warehouse.DSN, log)
+		if err != nil {
+			return err
+		}
+		log.Info("warehouse schema ready", "version", res.Current, "applied", len(res.Applied))
+	}
+	pool, err := Pool(ctx, cfg, "tidemark")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_build_info", Help: "Always 1; labels describe the running binary.",
+	}, []string{"version"})
+	buildInfo.WithLabelValues(VersionString()).Set(1)
+	reg.MustRegister(buildInfo)
+	reg.MustRegister(ingest.NewWatermarkCollector(cfg, pool, now))
+
+	var in *ingest.Ingester
+	if enabled(ComponentIngest) {
+		in, err = ingest.New(cfg, ingest.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
+		if err != nil {
+			return err
+		}
+	}
+	var adm *kadm.Client
+	if len(cfg.Kafka.Brokers) > 0 {
+		kopts, err := ingest.ClientOptions(cfg.Kafka)
+		if err != nil {
+			return err
+		}
+		cl, err := kgo.NewClient(append(kopts, opts.KafkaOpts...)...)
+		if err != nil {
+			return fmt.Errorf("kafka admin client: %w", err)
+		}
+		defer cl.Close()
+		adm = kadm.NewClient(cl)
+	}
+
+	h := &handler{cfg: cfg, pool: pool, in: in, adm: adm, now: now, reg: reg}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	errs := make(chan error, 2)
+	if cfg.HTTP.Enabled() {
+		ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+		if err != nil {
+			return fmt.Errorf("http.listen %s: %w", cfg.HTTP.Listen, err)
+		}
+		srv := &http.Server{Handler: h.mux(), ReadHeaderTimeout: 10 * time.Second}
+		log.Info("http server listening", "addr", ln.Addr().String())
+		if opts.Listening != nil {
+			opts.Listening(ln.Addr().String())
+		}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errs <- fmt.Errorf("http server: %w", err)
+			}
+		}()
+		// Runs after the components have stopped, so /metrics and /healthz
+		// answer during the final flush.
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+			<-served
+		}()
+	}
+	var wg sync.WaitGroup
+	if in != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := in.Run(runCtx); err != nil {
+				errs <- err
+			}
+			stop()
+		}()
+	}
+	log.Info("tidemark running", "version", VersionString(), "components", opts.Only)
+	<-runCtx.Done()
+	h.stopping.Store(true)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	return nil
+}
+
+type handler struct {
+	cfg      *config.Config
+	pool     *pgxpool.Pool
+	in       *ingest.Ingester
+	adm      *kadm.Client
+	now      func() time.Time
+	reg      *prometheus.Registry
+	stopping atomic.Bool
+}
+
+func (h *handler) mux() *http.ServeMux {
+	m := http.NewServeMux()
+	m.Handle("GET /metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{Registry: h.reg}))
+	m.HandleFunc("GET /healthz", h.healthz)
+	m.HandleFunc("GET /readyz", h.readyz)
+	m.HandleFunc("GET /status", h.status)
+	return m
+}
+
+// healthz is liveness: the process serves requests and is not stopping.
+func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
+	if h.stopping.Load() {
+		http.Error(w, "stopping\n", http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+// readyz is readiness: the warehouse and the brokers answer, and the
+// ingester's last write did not fail.
+func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	checks := map[string]string{}
+	ok := true
+	check := func(name string, err error) {
+		if err != nil {
+			checks[name] = err.Error()
+			ok = false
+			return
+		}
+		checks[name] = "ok"
+	}
+	check("warehouse", h.pool.Ping(ctx))
+	if h.in != nil {
+		check("kafka", h.in.Ping(ctx))
+		check("ingest_writes", h.in.LastError())
+	}
+	if h.stopping.Load() {
+		check("process", errors.New("stopping"))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if !ok {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(checks)
+}
+
+func (h *handler) status(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	rep, err := status.Gather(ctx, h.pool, h.cfg, h.adm, h.now())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = rep.WriteJSON(w)
+}

@@ -1,0 +1,266 @@
+// Package status builds the operator's view of a tidemark deployment from
+// the warehouse (and, for lag, the Kafka brokers): per source the stored
+// offsets, end offsets and lag of each partition, the event-time
+// watermark, row, duplicate and dead-letter totals. `tidemark status` prints
+// it as text or JSON and the HTTP server serves it at /status.
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/migrate"
+)
+
+// Report is the whole view.
+type Report struct {
+	GeneratedAt   time.Time `json:"generated_at"`
+	SchemaVersion int       `json:"schema_version"`
+	Sources       []Source  `json:"sources"`
+}
+
+// Source is the view of one source.
+type Source struct {
+	Name                string           `json:"name"`
+	Kind                string           `json:"kind"`
+	Topics              []string         `json:"topics,omitempty"`
+	EventTimeWatermark  *time.Time       `json:"event_time_watermark"`
+	Records             int64            `json:"records"`
+	Rows                int64            `json:"rows"`
+	Duplicates          int64            `json:"duplicates"`
+	DeadLetters         int64            `json:"dead_letters"`
+	DeadLettersByReason map[string]int64 `json:"dead_letters_by_reason"`
+	Lag                 *int64           `json:"lag"`
+	KafkaError          string           `json:"kafka_error,omitempty"`
+	Partitions          []Partition      `json:"partitions"`
+}
+
+// Partition is the view of one Kafka partition of a source.
+type Partition struct {
+	Topic        string     `json:"topic"`
+	Partition    int32      `json:"partition"`
+	StoredOffset *int64     `json:"stored_offset"` // null: nothing stored yet
+	EndOffset    *int64     `json:"end_offset"`    // null: brokers unreachable
+	Lag          *int64     `json:"lag"`
+	MaxEventTime *time.Time `json:"max_event_time"`
+	UpdatedAt    *time.Time `json:"updated_at"`
+}
+
+// Querier reads from the warehouse.
+type Querier interface {
+	ingest.Querier
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Gather builds the report. adm may be nil (no brokers configured or
+// reachable); partitions then show no end offset or lag. now is the
+// service clock, used for the event-time watermark's idle timeout.
+func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client, now time.Time) (*Report, error) {
+	v, err := migrate.Version(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{GeneratedAt: now.UTC(), SchemaVersion: v}
+	parts, err := ingest.PartitionStates(ctx, q, cfg.Kafka.Group)
+	if err != nil {
+		return nil, err
+	}
+	reasons, err := deadLetterReasons(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	var ends kadm.ListedOffsets
+	var kafkaErr error
+	var topics []string
+	for _, name := range cfg.SourceNames() {
+		if s := cfg.Sources[name]; s.Kafka != nil {
+			topics = append(topics, s.Kafka.Topics...)
+		}
+	}
+	if adm != nil && len(topics) > 0 {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ends, kafkaErr = adm.ListEndOffsets(actx, topics...)
+		cancel()
+		if kafkaErr == nil {
+			kafkaErr = ends.Error()
+		}
+	}
+	for _, name := range cfg.SourceNames() {
+		sc := cfg.Sources[name]
+		s := Source{Name: name, Kind: "kafka", DeadLettersByReason: reasons[name]}
+		if s.DeadLettersByReason == nil {
+			s.DeadLettersByReason = map[string]int64{}
+		}
+		if sc.Kafka != nil {
+			s.Topics = sc.Kafka.Topics
+		}
+		if wm, ok := ingest.EventTimeWatermark(sc, parts, now); ok {
+			wm = wm.UTC()
+			s.EventTimeWatermark = &wm
+		}
+		if kafkaErr != nil {
+			s.KafkaError = kafkaErr.Error()
+		}
+		stored := map[string]bool{}
+		for _, p := range parts {
+			if p.Source != name {
+				continue
+			}
+			s.Records += p.Records
+			s.Rows += p.RowsWritten
+			s.Duplicates += p.Duplicates
+			s.DeadLetters += p.DeadLetters
+			vp := Partition{Topic: p.Topic, Partition: p.Partition, MaxEventTime: utc(p.MaxEventTime)}
+			if p.NextOffset >= 0 {
+				off := p.NextOffset
+				vp.StoredOffset = &off
+				upd := p.UpdatedAt.UTC()
+				vp.UpdatedAt = &upd
+			}
+			s.Partitions = append(s.Partitions, vp)
+			stored[key(p.Topic, p.Partition)] = true
+		}
+		if ends != nil && kafkaErr == nil {
+			// Partitions with nothing stored yet still appear, with their
+			// whole log as lag.
+			for _, t := range s.Topics {
+				for part := range ends[t] {
+					if !stored[key(t, part)] {
+						s.Partitions = append(s.Partitions, Partition{Topic: t, Partition: part})
+					}
+				}
+			}
+			var total int64
+			for i := range s.Partitions {
+				p := &s.Partitions[i]
+				lo, ok := ends.Lookup(p.Topic, p.Partition)
+				if !ok {
+					continue
+				}
+				end := lo.Offset
+				p.EndOffset = &end
+				lag := end
+				if p.StoredOffset != nil {
+					lag = max(0, end-*p.StoredOffset)
+				}
+				p.Lag = &lag
+				total += lag
+			}
+			s.Lag = &total
+		}
+		sort.Slice(s.Partitions, func(i, j int) bool {
+			a, b := s.Partitions[i], s.Partitions[j]
+			if a.Topic != b.Topic {
+				return a.Topic < b.Topic
+			}
+			return a.Partition < b.Partition
+		})
+		r.Sources = append(r.Sources, s)
+	}
+	return r, nil
+}
+
+func key(topic string, p int32) string { return fmt.Sprintf("%s/%d", topic, p) }
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+const deadLetterReasonsSQL = `SELECT source, reason, count(*) FROM tidemark.dead_letters GROUP BY source, reason`
+
+func deadLetterReasons(ctx context.Context, q Querier) (map[string]map[string]int64, error) {
+	rows, err := q.Query(ctx, deadLetterReasonsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]map[string]int64{}
+	for rows.Next() {
+		var src, reason string
+		var n int64
+		if err := rows.Scan(&src, &reason, &n); err != nil {
+			return nil, fmt.Errorf("read dead letters: %w", err)
+		}
+		if out[src] == nil {
+			out[src] = map[string]int64{}
+		}
+		out[src][reason] = n
+	}
+	return out, rows.Err()
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report for people.
+func (r *Report) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "tidemark status at %s (schema version %d)\n", r.GeneratedAt.Format(time.RFC3339), r.SchemaVersion)
+	for _, s := range r.Sources {
+		fmt.Fprintf(tw, "\nsource %s (%s: %s)\n", s.Name, s.Kind, strings.Join(s.Topics, ", "))
+		fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))
+		fmt.Fprintf(tw, "  records read\t%d\n", s.Records)
+		fmt.Fprintf(tw, "  rows\t%d\n", s.Rows)
+		fmt.Fprintf(tw, "  duplicates dropped\t%d\n", s.Duplicates)
+		fmt.Fprintf(tw, "  dead letters\t%d%s\n", s.DeadLetters, fmtReasons(s.DeadLettersByReason))
+		fmt.Fprintf(tw, "  lag\t%s\n", fmtInt(s.Lag))
+		if s.KafkaError != "" {
+			fmt.Fprintf(tw, "  kafka\tunavailable: %s\n", s.KafkaError)
+		}
+		fmt.Fprintf(tw, "  partition\tstored offset\tend offset\tlag\tmax event time\n")
+		for _, p := range s.Partitions {
+			fmt.Fprintf(tw, "  %s/%d\t%s\t%s\t%s\t%s\n", p.Topic, p.Partition, fmtInt(p.StoredOffset), fmtInt(p.EndOffset),
+				fmtInt(p.Lag), fmtTime(p.MaxEventTime))
+		}
+	}
+	return tw.Flush()
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func fmtInt(n *int64) string {
+	if n == nil {
+		return "-"
+	}
+	return fmt.Sprint(*n)
+}
+
+func fmtReasons(m map[string]int64) string {
+	if len(m) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
