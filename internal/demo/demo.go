@@ -327,4 +327,3 @@ func (d *run) metrics(addr string) error {
 	}
 	return sc.Err()
 }
-
