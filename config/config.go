@@ -45,7 +45,7 @@ type Config struct {
 type Warehouse struct {
 	DSN      string `yaml:"dsn"`
 	Migrate  *bool  `yaml:"migrate"`   // apply migrations at start; default true
-	MaxConns int32  `yaml:"max_conns"` // pool size; default 8
+	MaxConns Int    `yaml:"max_conns"` // pool size; default 8
 }
 
 // MigrateOnStart reports whether `tidemark run` applies migrations.
@@ -100,7 +100,7 @@ type SASL struct {
 
 // Ingest tunes how records are batched into warehouse transactions.
 type Ingest struct {
-	BatchMaxRows  int      `yaml:"batch_max_rows"`  // default 10000
+	BatchMaxRows  Int      `yaml:"batch_max_rows"`  // default 10000
 	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"` // default 16MiB
 	BatchMaxAge   Duration `yaml:"batch_max_age"`   // default 1s
 }
@@ -172,11 +172,14 @@ func Parse(file string, data []byte, lookup func(string) (string, bool)) (*Confi
 		return nil, ix.sorted()
 	}
 	expandNode(ix, "", root.Content[0], lookup)
-
-	cfg := &Config{File: file}
+	expanded := len(ix.problems) == 0
 	unknownKeys(ix, data)
-	if err := root.Decode(cfg); err != nil {
-		ix.decodeError(err)
+	cfg := &Config{File: file}
+	if expanded {
+		// Values of unset variables would only add confusing type errors.
+		if err := root.Decode(cfg); err != nil {
+			ix.decodeError(err)
+		}
 	}
 	if len(ix.problems) > 0 {
 		return nil, ix.sorted()
@@ -212,21 +215,41 @@ func expandNode(ix *index, path string, n *yaml.Node, lookup func(string) (strin
 				return "$"
 			}
 			sub := envRe.FindStringSubmatch(m)
-			if v, ok := lookup(sub[1]); ok && v != "" {
+			v, set := lookup(sub[1])
+			switch {
+			case sub[2] != "" && v == "":
+				return sub[3] // ${NAME:-default}: unset or empty
+			case set:
 				return v
-			}
-			if sub[2] != "" {
-				return sub[3]
 			}
 			ix.add(path, "environment variable %s is not set", sub[1])
 			return ""
 		})
 		if n.Style == 0 {
-			// A plain scalar is typed by its text: re-resolve after
-			// expansion so that "${PORT}" can fill an integer.
-			n.Tag = ""
+			// A plain scalar is typed by its text, so "${PORT}" can fill an
+			// integer; but an expanded "null" or "~" stays text.
+			n.Tag = resolveTag(n.Value)
 		}
 	}
+}
+
+var (
+	intRe   = regexp.MustCompile(`^[-+]?[0-9]+$`)
+	floatRe = regexp.MustCompile(`^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$`)
+)
+
+// resolveTag types an expanded plain scalar: integers, numbers and
+// booleans keep their type, everything else is a string.
+func resolveTag(v string) string {
+	switch {
+	case intRe.MatchString(v):
+		return "!!int"
+	case floatRe.MatchString(v):
+		return "!!float"
+	case v == "true" || v == "false":
+		return "!!bool"
+	}
+	return "!!str"
 }
 
 // unknownKeys reports keys that match no configuration field. yaml.v3
@@ -332,8 +355,8 @@ func (c *Config) validate(ix *index) {
 	} else if _, err := pgx.ParseConfig(c.Warehouse.DSN); err != nil {
 		ix.add("warehouse.dsn", "is not a valid PostgreSQL connection string: %s", redactErr(err))
 	}
-	if c.Warehouse.MaxConns < 2 {
-		ix.add("warehouse.max_conns", "must be at least 2")
+	if c.Warehouse.MaxConns < 2 || c.Warehouse.MaxConns > 1000 {
+		ix.add("warehouse.max_conns", "must be between 2 and 1000, got %d", c.Warehouse.MaxConns)
 	}
 	if c.HTTP.Enabled() {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {

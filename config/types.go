@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -25,9 +26,13 @@ func (d Duration) String() string {
 	return td.String()
 }
 
+// maxDays keeps durations inside time.Duration (about 292 years).
+const maxDays = 106751
+
 // ParseDuration parses Go duration text with an optional leading day part.
-func ParseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
+func ParseDuration(text string) (time.Duration, error) {
+	bad := fmt.Errorf("invalid duration %q (use e.g. 500ms, 30s, 5m, 72h, 3d)", text)
+	s := strings.TrimSpace(text)
 	if s == "0" {
 		return 0, nil
 	}
@@ -35,17 +40,26 @@ func ParseDuration(s string) (time.Duration, error) {
 	if i := strings.IndexByte(s, 'd'); i > 0 {
 		n, err := strconv.ParseInt(s[:i], 10, 32)
 		if err != nil || n < 0 {
-			return 0, fmt.Errorf("invalid duration %q (use e.g. 500ms, 30s, 5m, 72h, 3d)", s)
+			return 0, bad
+		}
+		if n > maxDays {
+			return 0, fmt.Errorf("duration %q is too long (at most %dd)", text, maxDays)
 		}
 		days = time.Duration(n) * 24 * time.Hour
 		s = s[i+1:]
 		if s == "" {
 			return days, nil
 		}
+		if s[0] == '-' || s[0] == '+' {
+			return 0, bad
+		}
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q (use e.g. 500ms, 30s, 5m, 72h, 3d)", s)
+		return 0, bad
+	}
+	if days > 0 && d > time.Duration(math.MaxInt64)-days {
+		return 0, fmt.Errorf("duration %q is too long (at most %dd)", text, maxDays)
 	}
 	return days + d, nil
 }
@@ -85,6 +99,9 @@ func ParseByteSize(s string) (int64, error) {
 			if err != nil || n < 0 {
 				break
 			}
+			if n > math.MaxInt64/u.mult {
+				return 0, fmt.Errorf("size %q is too large", s)
+			}
 			return n * u.mult, nil
 		}
 	}
@@ -108,8 +125,35 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// Int is an integer setting. Unlike a plain Go int it refuses fractions,
+// which yaml.v3 would silently truncate.
+type Int int
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (i *Int) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		return located(n, "expected an integer, got %s", describeNode(n))
+	}
+	var v int64
+	if err := n.Decode(&v); err != nil || v > math.MaxInt32 || v < math.MinInt32 {
+		return located(n, "integer %s is out of range", n.Value)
+	}
+	*i = Int(v)
+	return nil
+}
+
+func describeNode(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return describeTag(strings.TrimPrefix(n.ShortTag(), "!!")) + " " + strconv.Quote(n.Value)
+}
+
 // located returns an error that yaml.v3 collects with the others instead of
 // aborting the decode, carrying the node's line.
 func located(n *yaml.Node, format string, args ...any) error {
-	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %s", n.Line, fmt.Sprintf(format, args...))}}
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: column %d: %s", n.Line, n.Column, fmt.Sprintf(format, args...))}}
 }

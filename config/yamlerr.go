@@ -40,19 +40,27 @@ func (es Errors) Error() string {
 	return strings.Join(parts, "\n")
 }
 
-// index maps key paths to the lines they are written on, and lines back to
-// the deepest key path written there, so that both decode errors (which
-// know only a line) and validation errors (which know only a path) can name
-// key and line.
+// index maps key paths to the lines they are written on, and positions
+// back to key paths, so that both decode errors (which know a line, and for
+// tidemark's own types a column) and validation errors (which know a path)
+// can name key and line.
 type index struct {
 	file     string
 	lineOf   map[string]int
-	pathAt   map[int]string
+	entries  []entry
 	problems Errors
 }
 
+// entry is one key and its value node.
+type entry struct {
+	path  string
+	key   string
+	line  int // of the key
+	value *yaml.Node
+}
+
 func newIndex(file string, root *yaml.Node) *index {
-	ix := &index{file: file, lineOf: map[string]int{}, pathAt: map[int]string{}}
+	ix := &index{file: file, lineOf: map[string]int{}}
 	if root != nil && root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		ix.walk("", root.Content[0])
 	}
@@ -66,19 +74,28 @@ func (ix *index) walk(path string, n *yaml.Node) {
 			k, v := n.Content[i], n.Content[i+1]
 			p := join(path, k.Value)
 			ix.lineOf[p] = k.Line
-			ix.pathAt[k.Line] = p
+			ix.entries = append(ix.entries, entry{path: p, key: k.Value, line: k.Line, value: v})
 			ix.walk(p, v)
 		}
 	case yaml.SequenceNode:
 		for i, item := range n.Content {
 			p := path + "[" + strconv.Itoa(i) + "]"
 			ix.lineOf[p] = item.Line
-			if _, taken := ix.pathAt[item.Line]; !taken {
-				ix.pathAt[item.Line] = p
-			}
+			ix.entries = append(ix.entries, entry{path: p, line: item.Line, value: item})
 			ix.walk(p, item)
 		}
 	}
+}
+
+// find returns the deepest entry on line that satisfies match.
+func (ix *index) find(line int, match func(e entry) bool) string {
+	best := ""
+	for _, e := range ix.entries {
+		if (e.line == line || e.value.Line == line) && match(e) && len(e.path) >= len(best) {
+			best = e.path
+		}
+	}
+	return best
 }
 
 func join(path, key string) string {
@@ -108,9 +125,10 @@ func (ix *index) add(path, format string, args ...any) {
 }
 
 var (
-	yamlLineRe     = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+	yamlLineRe     = regexp.MustCompile(`^(?:yaml: )?line (\d+): (?:column (\d+): )?(.*)$`)
 	unknownFieldRe = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
 	cannotRe       = regexp.MustCompile("^cannot unmarshal !!(\\w+) `(.*)` into (\\S+)$")
+	cannotNodeRe   = regexp.MustCompile(`^cannot unmarshal !!(\w+) into (\S+)$`)
 )
 
 // decodeError turns a yaml.v3 decode error into located problems.
@@ -128,15 +146,28 @@ func (ix *index) decodeError(err error) {
 			continue
 		}
 		line, _ := strconv.Atoi(sub[1])
-		msg := sub[2]
-		path := ix.pathAt[line]
-		if u := unknownFieldRe.FindStringSubmatch(msg); u != nil {
+		col, _ := strconv.Atoi(sub[2])
+		msg := sub[3]
+		any := func(entry) bool { return true }
+		path := ix.find(line, any)
+		switch u, c, cn := unknownFieldRe.FindStringSubmatch(msg), cannotRe.FindStringSubmatch(msg), cannotNodeRe.FindStringSubmatch(msg); {
+		case col > 0:
+			path = ix.find(line, func(e entry) bool { return e.value.Line == line && e.value.Column == col })
+		case u != nil:
 			msg = "unknown key"
-			if path == "" {
-				path = u[1]
+			if p := ix.find(line, func(e entry) bool { return e.line == line && e.key == u[1] }); p != "" {
+				path = p
 			}
-		} else if c := cannotRe.FindStringSubmatch(msg); c != nil {
+		case c != nil:
 			msg = fmt.Sprintf("expected %s, got %s %q", describeGoType(c[3]), describeTag(c[1]), c[2])
+			if p := ix.find(line, func(e entry) bool { return e.value.ShortTag() == "!!"+c[1] && e.value.Value == c[2] }); p != "" {
+				path = p
+			}
+		case cn != nil:
+			msg = fmt.Sprintf("expected %s, got %s", describeGoType(cn[2]), describeTag(cn[1]))
+			if p := ix.find(line, func(e entry) bool { return e.value.ShortTag() == "!!"+cn[1] }); p != "" {
+				path = p
+			}
 		}
 		ix.problems = append(ix.problems, Error{File: ix.file, Line: line, Key: path, Msg: msg})
 	}

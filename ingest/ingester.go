@@ -224,7 +224,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	maxRows := in.cfg.Ingest.BatchMaxRows
+	maxRows := int(in.cfg.Ingest.BatchMaxRows)
 	for ctx.Err() == nil {
 		if in.flushDue() {
 			if err := in.flush(ctx); err != nil {
@@ -316,7 +316,7 @@ func (in *Ingester) flushDue() bool {
 	if in.b.empty() {
 		return false
 	}
-	return in.b.len() >= in.cfg.Ingest.BatchMaxRows ||
+	return in.b.len() >= int(in.cfg.Ingest.BatchMaxRows) ||
 		int64(in.b.bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) ||
 		!time.Now().Before(in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()))
 }

@@ -76,7 +76,7 @@ func Pool(ctx context.Context, cfg *config.Config, app string) (*pgxpool.Pool, e
 	if err != nil {
 		return nil, fmt.Errorf("warehouse.dsn: %w", err)
 	}
-	pc.MaxConns = cfg.Warehouse.MaxConns
+	pc.MaxConns = int32(cfg.Warehouse.MaxConns)
 	pc.ConnConfig.RuntimeParams["application_name"] = app
 	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
 	pool, err := pgxpool.NewWithConfig(ctx, pc)

@@ -1,0 +1,909 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+const file = "tidemark.yaml"
+
+// lines joins YAML lines so that a test can count them: the first is line 1.
+func lines(ls ...string) string { return strings.Join(ls, "\n") + "\n" }
+
+// base is a minimal valid file of ten lines; extra lines start at line 11.
+func base(extra ...string) string {
+	return lines(append([]string{
+		"warehouse:",                            // 1
+		"  dsn: postgres://localhost/warehouse", // 2
+		"kafka:",                                // 3
+		"  brokers: [localhost:9092]",           // 4
+		"sources:",                              // 5
+		"  app_events:",                         // 6
+		"    kafka:",                            // 7
+		"      topics: [app.events]",            // 8
+		"    event_id: /event_id",               // 9
+		"    event_time: /event_time",           // 10
+	}, extra...)...)
+}
+
+// envLookup returns a lookup function over env.
+func envLookup(env map[string]string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		v, ok := env[name]
+		return v, ok
+	}
+}
+
+// mustParse parses a file that must be valid.
+func mustParse(t *testing.T, data string, env map[string]string) *Config {
+	t.Helper()
+	cfg, err := Parse(file, []byte(data), envLookup(env))
+	if err != nil {
+		t.Fatalf("Parse: %v\n%s", err, data)
+	}
+	if cfg == nil {
+		t.Fatal("Parse returned a nil config and no error")
+	}
+	return cfg
+}
+
+// parseErrors parses a file that must be invalid and returns its problems.
+func parseErrors(t *testing.T, data string, env map[string]string) Errors {
+	t.Helper()
+	cfg, err := Parse(file, []byte(data), envLookup(env))
+	if err == nil {
+		t.Fatalf("Parse succeeded, want errors:\n%s", data)
+	}
+	if cfg != nil {
+		t.Errorf("Parse returned a config along with errors")
+	}
+	var errs Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("Parse error is %T, want config.Errors: %v", err, err)
+	}
+	if len(errs) == 0 {
+		t.Fatalf("Parse returned empty Errors")
+	}
+	return errs
+}
+
+// wantErr is one expected problem: its line, dotted key and a part of its
+// message.
+type wantErr struct {
+	line int
+	key  string
+	msg  string
+}
+
+// prefix is the exact start of the error text: "file:line: key: ".
+func (w wantErr) prefix() string {
+	loc := file
+	if w.line > 0 {
+		loc += fmt.Sprintf(":%d", w.line)
+	}
+	if w.key == "" {
+		return loc + ": "
+	}
+	return loc + ": " + w.key + ": "
+}
+
+// checkErrors compares problems with the expected ones, in order.
+func checkErrors(t *testing.T, errs Errors, want []wantErr) {
+	t.Helper()
+	if len(errs) != len(want) {
+		t.Errorf("got %d errors, want %d:\n%v", len(errs), len(want), errs)
+	}
+	for i := 0; i < len(errs) && i < len(want); i++ {
+		e, w := errs[i], want[i]
+		if !strings.HasPrefix(e.Error(), w.prefix()) {
+			t.Errorf("error %d = %q, want prefix %q", i, e.Error(), w.prefix())
+		}
+		if e.File != file || e.Line != w.line || e.Key != w.key {
+			t.Errorf("error %d = {File:%q Line:%d Key:%q}, want {%q %d %q}", i, e.File, e.Line, e.Key, file, w.line, w.key)
+		}
+		if !strings.Contains(e.Msg, w.msg) {
+			t.Errorf("error %d message %q does not contain %q", i, e.Msg, w.msg)
+		}
+	}
+	text := errs.Error()
+	for _, e := range errs {
+		if !strings.Contains(text, e.Error()) {
+			t.Errorf("Errors.Error() %q lacks %q", text, e.Error())
+		}
+	}
+}
+
+func TestParseFullFile(t *testing.T) {
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, []byte("not checked here"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := lines(
+		"# tidemark configuration",
+		"warehouse:",
+		"  dsn: postgres://tidemark@db.internal:5432/warehouse?sslmode=disable",
+		"  migrate: false",
+		"  max_conns: 16",
+		"http:",
+		"  listen: 0.0.0.0:9187",
+		"log:",
+		"  level: debug",
+		"  format: json",
+		"kafka:",
+		"  brokers:",
+		"    - kafka-1:9092",
+		"    - kafka-2:9092",
+		"  group: loaders",
+		"  client_id: tidemark-1",
+		"  start_offset: latest",
+		"  session_timeout: 30s",
+		"  rebalance_timeout: 2m",
+		"  fetch_max_bytes: 32MiB",
+		"  tls:",
+		"    ca_file: "+ca,
+		"    server_name: kafka.internal",
+		"    insecure_skip_verify: true",
+		"  sasl:",
+		"    mechanism: SCRAM-SHA-512",
+		"    username: loader",
+		"    password: s3cret",
+		"ingest:",
+		"  batch_max_rows: 5000",
+		"  batch_max_bytes: 8MiB",
+		"  batch_max_age: 250ms",
+		"sources:",
+		"  app_events:",
+		"    kafka:",
+		"      topics: [app.events, app.events.v2]",
+		"    event_id: /meta/id",
+		"    event_time: /meta/ts",
+		"    event_time_format: rfc3339",
+		"    max_age: 30d",
+		"    max_future_skew: 10m",
+		"    raw_partition: month",
+		"    watermark:",
+		"      out_of_orderness: 5m",
+		"      idle_timeout: 1m",
+		"  billing:",
+		"    kafka:",
+		"      topics:",
+		"        - billing",
+		"    event_id_fallback: coordinates",
+		"    event_time: /ts",
+		"    event_time_format: unix_millis",
+		"    event_time_fallback: record_timestamp",
+	)
+	cfg := mustParse(t, data, nil)
+	f := false
+	tr := true
+	want := &Config{
+		Warehouse: Warehouse{DSN: "postgres://tidemark@db.internal:5432/warehouse?sslmode=disable", Migrate: &f, MaxConns: 16},
+		HTTP:      HTTP{Listen: "0.0.0.0:9187"},
+		Log:       Log{Level: "debug", Format: "json"},
+		Kafka: Kafka{
+			Brokers:          []string{"kafka-1:9092", "kafka-2:9092"},
+			Group:            "loaders",
+			ClientID:         "tidemark-1",
+			StartOffset:      "latest",
+			SessionTimeout:   Duration(30 * time.Second),
+			RebalanceTimeout: Duration(2 * time.Minute),
+			FetchMaxBytes:    32 << 20,
+			TLS:              &TLS{CAFile: ca, ServerName: "kafka.internal", InsecureSkipVerify: tr},
+			SASL:             &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret"},
+		},
+		Ingest: Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
+		Sources: map[string]*Source{
+			"app_events": {
+				Kafka:             &KafkaSource{Topics: []string{"app.events", "app.events.v2"}},
+				EventID:           "/meta/id",
+				EventTime:         "/meta/ts",
+				EventTimeFormat:   TimeRFC3339,
+				MaxAge:            Duration(30 * 24 * time.Hour),
+				MaxFutureSkew:     Duration(10 * time.Minute),
+				RawPartition:      PartitionMonth,
+				Watermark:         Watermark{OutOfOrderness: Duration(5 * time.Minute), IdleTimeout: Duration(time.Minute)},
+				Name:              "app_events",
+				EventIDFallback:   "",
+				EventTimeFallback: "",
+			},
+			"billing": {
+				Kafka:             &KafkaSource{Topics: []string{"billing"}},
+				EventIDFallback:   FallbackCoordinates,
+				EventTime:         "/ts",
+				EventTimeFormat:   TimeUnixMillis,
+				EventTimeFallback: FallbackRecordTimestamp,
+				MaxAge:            Duration(90 * 24 * time.Hour),
+				MaxFutureSkew:     Duration(time.Hour),
+				RawPartition:      PartitionDay,
+				Watermark:         Watermark{IdleTimeout: Duration(5 * time.Minute)},
+				Name:              "billing",
+			},
+		},
+		File: file,
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("Parse:\n got %+v\nwant %+v", cfg, want)
+		for _, n := range cfg.SourceNames() {
+			t.Logf("source %s: %+v", n, cfg.Sources[n])
+		}
+	}
+	if cfg.Warehouse.MigrateOnStart() {
+		t.Error("MigrateOnStart() = true with migrate: false")
+	}
+	if !cfg.HTTP.Enabled() {
+		t.Error("HTTP.Enabled() = false")
+	}
+	if !cfg.Kafka.TLS.On() {
+		t.Error("TLS.On() = false for a tls block without enabled")
+	}
+	if got := cfg.SourceNames(); !reflect.DeepEqual(got, []string{"app_events", "billing"}) {
+		t.Errorf("SourceNames() = %q", got)
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	cfg := mustParse(t, base(), nil)
+	want := &Config{
+		Warehouse: Warehouse{DSN: "postgres://localhost/warehouse", MaxConns: 8},
+		HTTP:      HTTP{Listen: "127.0.0.1:9187"},
+		Log:       Log{Level: "info", Format: "text"},
+		Kafka: Kafka{
+			Brokers:          []string{"localhost:9092"},
+			Group:            "tidemark",
+			ClientID:         "tidemark",
+			StartOffset:      "earliest",
+			SessionTimeout:   Duration(45 * time.Second),
+			RebalanceTimeout: Duration(60 * time.Second),
+			FetchMaxBytes:    16 << 20,
+		},
+		Ingest: Ingest{BatchMaxRows: 10000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
+		Sources: map[string]*Source{
+			"app_events": {
+				Kafka:           &KafkaSource{Topics: []string{"app.events"}},
+				EventID:         "/event_id",
+				EventTime:       "/event_time",
+				EventTimeFormat: TimeAuto,
+				MaxAge:          Duration(90 * 24 * time.Hour),
+				MaxFutureSkew:   Duration(time.Hour),
+				RawPartition:    PartitionDay,
+				Watermark:       Watermark{OutOfOrderness: 0, IdleTimeout: Duration(5 * time.Minute)},
+				Name:            "app_events",
+			},
+		},
+		File: file,
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("Parse:\n got %+v\nwant %+v\nsource: %+v", cfg, want, cfg.Sources["app_events"])
+	}
+	if !cfg.Warehouse.MigrateOnStart() {
+		t.Error("MigrateOnStart() = false by default")
+	}
+	if cfg.Kafka.TLS.On() {
+		t.Error("TLS.On() = true without a tls block")
+	}
+}
+
+// replace returns base() with one line replaced (or, with a trailing
+// newline in new, extended in place); it fails loudly on a typo.
+func replace(t *testing.T, old, new string) string {
+	t.Helper()
+	b := base()
+	if !strings.Contains(b, old) {
+		t.Fatalf("base has no %q", old)
+	}
+	return strings.Replace(b, old, new, 1)
+}
+
+// TestParseSettings checks single settings and their effect.
+func TestParseSettings(t *testing.T) {
+	tests := []struct {
+		name  string
+		data  func(t *testing.T) string
+		env   map[string]string
+		check func(*Config) bool
+	}{
+		{"http off", func(*testing.T) string { return base("http:", "  listen: off") }, nil,
+			func(c *Config) bool { return c.HTTP.Listen == "off" && !c.HTTP.Enabled() }},
+		{"migrate true", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  migrate: true\n") }, nil,
+			func(c *Config) bool { return c.Warehouse.MigrateOnStart() }},
+		{"tls disabled", func(t *testing.T) string { return replace(t, "kafka:\n", "kafka:\n  tls:\n    enabled: false\n") }, nil,
+			func(c *Config) bool { return c.Kafka.TLS != nil && !c.Kafka.TLS.On() }},
+		{"plain byte size", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: 1048576") }, nil,
+			func(c *Config) bool { return c.Ingest.BatchMaxBytes == 1<<20 }},
+		{"decimal byte size", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: 10MB") }, nil,
+			func(c *Config) bool { return c.Ingest.BatchMaxBytes == 10_000_000 }},
+		{"day and hour duration", func(*testing.T) string { return base("    max_age: 1d12h") }, nil,
+			func(c *Config) bool { return c.Sources["app_events"].MaxAge == Duration(36*time.Hour) }},
+		{"quoted duration", func(*testing.T) string { return base(`    max_future_skew: "90m"`) }, nil,
+			func(c *Config) bool { return c.Sources["app_events"].MaxFutureSkew == Duration(90*time.Minute) }},
+		{"zero duration means the default", func(*testing.T) string { return base("    max_age: 0") }, nil,
+			func(c *Config) bool { return c.Sources["app_events"].MaxAge == Duration(90*24*time.Hour) }},
+		{"only the id fallback", func(t *testing.T) string {
+			return replace(t, "    event_id: /event_id\n", "    event_id_fallback: coordinates\n")
+		}, nil,
+			func(c *Config) bool {
+				s := c.Sources["app_events"]
+				return s.EventID == "" && s.EventIDFallback == FallbackCoordinates
+			}},
+		{"only the time fallback", func(t *testing.T) string {
+			return replace(t, "    event_time: /event_time\n", "    event_time_fallback: record_timestamp\n")
+		}, nil,
+			func(c *Config) bool {
+				s := c.Sources["app_events"]
+				return s.EventTime == "" && s.EventTimeFallback == FallbackRecordTimestamp
+			}},
+		{"pointer escapes", func(t *testing.T) string { return replace(t, "event_id: /event_id", "event_id: /a~1b/~0/0") }, nil,
+			func(c *Config) bool { return c.Sources["app_events"].EventID == "/a~1b/~0/0" }},
+		{"dsn from TIDEMARK_DATABASE_URL", func(t *testing.T) string {
+			return replace(t, "warehouse:\n  dsn: postgres://localhost/warehouse\n", "")
+		}, map[string]string{EnvDatabaseURL: "postgres://env/db"},
+			func(c *Config) bool { return c.Warehouse.DSN == "postgres://env/db" }},
+		{"dsn in the file wins over TIDEMARK_DATABASE_URL", func(*testing.T) string { return base() },
+			map[string]string{EnvDatabaseURL: "postgres://env/db"},
+			func(c *Config) bool { return c.Warehouse.DSN == "postgres://localhost/warehouse" }},
+		{"keyword dsn", func(t *testing.T) string {
+			return replace(t, "dsn: postgres://localhost/warehouse", "dsn: host=db port=5432 dbname=w user=u")
+		}, nil,
+			func(c *Config) bool { return c.Warehouse.DSN == "host=db port=5432 dbname=w user=u" }},
+		{"ipv6 broker", func(t *testing.T) string { return replace(t, "[localhost:9092]", "['[::1]:9092']") }, nil,
+			func(c *Config) bool { return c.Kafka.Brokers[0] == "[::1]:9092" }},
+		{"longest source name", func(t *testing.T) string { return replace(t, "  app_events:", "  "+strings.Repeat("s", 40)+":") }, nil,
+			func(c *Config) bool { return c.Sources[strings.Repeat("s", 40)] != nil }},
+		{"month partitions", func(*testing.T) string { return base("    raw_partition: month") }, nil,
+			func(c *Config) bool { return c.Sources["app_events"].RawPartition == PartitionMonth }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := mustParse(t, tt.data(t), tt.env)
+			if !tt.check(cfg) {
+				t.Errorf("unexpected config %+v", cfg)
+			}
+		})
+	}
+}
+
+func TestParseEnvExpansion(t *testing.T) {
+	env := map[string]string{
+		"DB_URL":  "postgres://loader@db/warehouse",
+		"HOST":    "0.0.0.0",
+		"PORT":    "12",
+		"EMPTY":   "",
+		"LEVEL":   "warn",
+		"MIGRATE": "false",
+		"AGE":     "45d",
+		"YAMLISH": "a: b\n- c # d",
+		"NULLISH": "~",
+		"NULLTXT": "null",
+		"BROKER":  "kafka-9:9092",
+		"NESTED":  "${HOST}",
+	}
+	dsn := func(t *testing.T, v string) string {
+		return replace(t, "dsn: postgres://localhost/warehouse", "dsn: "+v)
+	}
+	kafka := func(t *testing.T, ls ...string) string {
+		return replace(t, "kafka:\n", "kafka:\n"+lines(ls...))
+	}
+	tests := []struct {
+		name string
+		data func(t *testing.T) string
+		get  func(*Config) any
+		want any
+	}{
+		{"whole value", func(t *testing.T) string { return dsn(t, "${DB_URL}") },
+			func(c *Config) any { return c.Warehouse.DSN }, "postgres://loader@db/warehouse"},
+		{"inside text", func(t *testing.T) string { return dsn(t, "postgres://${HOST}/db") },
+			func(c *Config) any { return c.Warehouse.DSN }, "postgres://0.0.0.0/db"},
+		{"default unused", func(t *testing.T) string { return dsn(t, "${DB_URL:-postgres://fallback/db}") },
+			func(c *Config) any { return c.Warehouse.DSN }, "postgres://loader@db/warehouse"},
+		{"default used", func(t *testing.T) string { return dsn(t, "${NOPE:-postgres://fallback:5432/db?x=1}") },
+			func(c *Config) any { return c.Warehouse.DSN }, "postgres://fallback:5432/db?x=1"},
+		{"default used when empty", func(t *testing.T) string { return dsn(t, "${EMPTY:-postgres://fallback/db}") },
+			func(c *Config) any { return c.Warehouse.DSN }, "postgres://fallback/db"},
+		{"two references", func(*testing.T) string { return base("http:", "  listen: ${HOST}:${PORT}") },
+			func(c *Config) any { return c.HTTP.Listen }, "0.0.0.0:12"},
+		{"double quoted", func(*testing.T) string { return base("http:", `  listen: "${HOST}:9000"`) },
+			func(c *Config) any { return c.HTTP.Listen }, "0.0.0.0:9000"},
+		{"single quoted", func(*testing.T) string { return base("http:", `  listen: '${HOST}:9000'`) },
+			func(c *Config) any { return c.HTTP.Listen }, "0.0.0.0:9000"},
+		{"dollar dollar", func(t *testing.T) string {
+			return kafka(t, "  sasl:", "    mechanism: PLAIN", "    username: u$$er", "    password: $${NOT_A_VAR}$5$")
+		}, func(c *Config) any { return c.Kafka.SASL.Username + " " + c.Kafka.SASL.Password }, "u$er ${NOT_A_VAR}$5$"},
+		{"dollar dollar before a reference", func(*testing.T) string { return base("http:", "  listen: $$$${HOST}:${PORT}") },
+			func(c *Config) any { return c.HTTP.Listen }, "$${HOST}:12"},
+		{"PORT into an integer", func(*testing.T) string { return base("ingest:", "  batch_max_rows: ${PORT}") },
+			func(c *Config) any { return c.Ingest.BatchMaxRows }, Int(12)},
+		{"PORT into an int32", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  max_conns: ${PORT}\n") },
+			func(c *Config) any { return c.Warehouse.MaxConns }, Int(12)},
+		{"integer from a default", func(*testing.T) string { return base("ingest:", "  batch_max_rows: ${NOPE:-777}") },
+			func(c *Config) any { return c.Ingest.BatchMaxRows }, Int(777)},
+		{"bool", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  migrate: ${MIGRATE}\n") },
+			func(c *Config) any { return c.Warehouse.MigrateOnStart() }, false},
+		{"duration", func(*testing.T) string { return base("    max_age: ${AGE}") },
+			func(c *Config) any { return c.Sources["app_events"].MaxAge.D() }, 45 * 24 * time.Hour},
+		{"size from a default", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: ${NOPE:-4MiB}") },
+			func(c *Config) any { return c.Ingest.BatchMaxBytes }, ByteSize(4 << 20)},
+		{"choice", func(*testing.T) string { return base("log:", "  level: ${LEVEL}") },
+			func(c *Config) any { return c.Log.Level }, "warn"},
+		{"list items", func(t *testing.T) string {
+			return replace(t, "  brokers: [localhost:9092]\n", lines("  brokers:", "    - ${BROKER}", "    - ${NOPE:-kafka-10:9092}"))
+		}, func(c *Config) any { return c.Kafka.Brokers }, []string{"kafka-9:9092", "kafka-10:9092"}},
+		{"flow list items", func(t *testing.T) string { return replace(t, "[localhost:9092]", `["${BROKER}", '${HOST}:1']`) },
+			func(c *Config) any { return c.Kafka.Brokers }, []string{"kafka-9:9092", "0.0.0.0:1"}},
+		{"value does not change structure", func(t *testing.T) string { return kafka(t, "  client_id: ${YAMLISH}") },
+			func(c *Config) any { return c.Kafka.ClientID }, "a: b\n- c # d"},
+		{"no second round of expansion", func(*testing.T) string { return base("http:", "  listen: ${NESTED}:1") },
+			func(c *Config) any { return c.HTTP.Listen }, "${HOST}:1"},
+		{"null-looking values stay text", func(t *testing.T) string {
+			return kafka(t, "  sasl:", "    mechanism: PLAIN", "    username: ${NULLTXT}", "    password: ${NULLISH}")
+		}, func(c *Config) any { return c.Kafka.SASL.Username + " " + c.Kafka.SASL.Password }, "null ~"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			data := tt.data(t)
+			cfg := mustParse(t, data, env)
+			if got := tt.get(cfg); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %#v, want %#v\n%s", got, tt.want, data)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name string
+		data string
+		env  map[string]string
+		want []wantErr
+	}{
+		// The file as a whole.
+		{"empty file", "", nil, []wantErr{{0, "", "empty"}}},
+		{"only a comment", "# nothing here\n", nil, []wantErr{{0, "", "empty"}}},
+		{"yaml syntax error", base("log: level: debug"), nil,
+			[]wantErr{{11, "", "mapping values are not allowed"}}},
+		{"tab indentation", "warehouse:\n\tdsn: x\n", nil, []wantErr{{2, "", ""}}},
+		{"duplicate key", base("warehouse:", "  max_conns: 4"), nil,
+			[]wantErr{{11, "warehouse", "already defined"}}},
+
+		// Unknown keys.
+		{"unknown top-level key", base("bogus: 1"), nil, []wantErr{{11, "bogus", "unknown key"}}},
+		{"unknown nested key", base("ingest:", "  batch_max_row: 5"), nil, []wantErr{{12, "ingest.batch_max_row", "unknown key"}}},
+		{"unknown source key", base("    event_idd: /id"), nil, []wantErr{{11, "sources.app_events.event_idd", "unknown key"}}},
+		{"unknown source kafka key", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]",
+			"sources:", "  s:", "    kafka:", "      topics: [t]", "      partitions: 3", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{9, "sources.s.kafka.partitions", "unknown key"}}},
+		{"unknown watermark key", base("    watermark:", "      lateness: 5m"), nil,
+			[]wantErr{{12, "sources.app_events.watermark.lateness", "unknown key"}}},
+		{"unknown sasl key", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
+			"    mechanism: PLAIN", "    user: u", "    password: p"), nil,
+			[]wantErr{{7, "kafka.sasl.user", "unknown key"}}},
+		{"unknown keys everywhere", lines("warehouse:", "  dsn: postgres://h/db", "  pool: 3", "kafka:", "  brokers: [h:1]",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t", "    colour: red", "extra: true"), nil,
+			[]wantErr{{3, "warehouse.pool", "unknown key"}, {11, "sources.s.colour", "unknown key"}, {12, "extra", "unknown key"}}},
+		{"unknown key with unexpanded value", base("    tz: ${NOPE}"), nil,
+			[]wantErr{{11, "sources.app_events.tz", "environment variable NOPE is not set"}, {11, "sources.app_events.tz", "unknown key"}}},
+		{"unknown key and wrong type", base("ingest:", "  batch_max_rows: lots", "  flush: now"), nil,
+			[]wantErr{{12, "ingest.batch_max_rows", "expected an integer"}, {13, "ingest.flush", "unknown key"}}},
+		{"unknown key in a flow mapping", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]",
+			"sources:", "  s: {event_idd: /i, kafka: {topics: [t]}, event_time: /t}"), nil,
+			[]wantErr{{6, "sources.s.event_idd", "unknown key"}}},
+
+		// Wrong types.
+		{"string for an integer", base("ingest:", "  batch_max_rows: lots"), nil,
+			[]wantErr{{12, "ingest.batch_max_rows", `expected an integer, got the string "lots"`}}},
+		{"string for an int32", lines("warehouse:", "  dsn: postgres://h/db", "  max_conns: lots"), nil,
+			[]wantErr{{3, "warehouse.max_conns", `expected an integer, got the string "lots"`}}},
+		{"fraction for an integer", base("ingest:", "  batch_max_rows: 2500.5"), nil,
+			[]wantErr{{12, "ingest.batch_max_rows", "integer"}}},
+		{"quoted env reference stays a string", base("ingest:", `  batch_max_rows: "${PORT}"`), map[string]string{"PORT": "12"},
+			[]wantErr{{12, "ingest.batch_max_rows", `expected an integer, got the string "12"`}}},
+		{"string for a bool", lines("warehouse:", "  dsn: postgres://h/db", "  migrate: maybe"), nil,
+			[]wantErr{{3, "warehouse.migrate", `expected true or false, got the string "maybe"`}}},
+		{"string for a list", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: h:9092"), nil,
+			[]wantErr{{4, "kafka.brokers", `expected a list, got the string "h:9092"`}}},
+		{"list for a mapping", lines("warehouse:", "  dsn: postgres://h/db", "kafka: [h:9092]"), nil,
+			[]wantErr{{3, "kafka", "expected a mapping, got a list"}}},
+		{"list for a duration", base("ingest:", "  batch_max_age: [1s]"), nil,
+			[]wantErr{{12, "ingest.batch_max_age", "expected a duration"}}},
+		{"list for a size", base("ingest:", "  batch_max_bytes: [1MiB]"), nil,
+			[]wantErr{{12, "ingest.batch_max_bytes", "expected a size"}}},
+		{"mapping for a topic list", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "sources:", "  s:",
+			"    kafka:", "      topics: {t: 1}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{8, "sources.s.kafka.topics", "expected a list, got a mapping"}}},
+
+		// Environment references.
+		{"unset variable", base("log:", "  level: ${LOG_LEVEL}"), nil,
+			[]wantErr{{12, "log.level", "environment variable LOG_LEVEL is not set"}}},
+		{"unset variable in dsn", strings.Replace(base(), "postgres://localhost/warehouse", "postgres://${DB_HOST}/w", 1), nil,
+			[]wantErr{{2, "warehouse.dsn", "environment variable DB_HOST is not set"}}},
+		{"two unset variables", base("http:", "  listen: ${H}:${P}"), nil,
+			[]wantErr{{12, "http.listen", "environment variable H is not set"}, {12, "http.listen", "environment variable P is not set"}}},
+		{"unset variable in a flow list", strings.Replace(base(), "[localhost:9092]", "[localhost:9092, \"${BROKER2}\"]", 1), nil,
+			[]wantErr{{4, "kafka.brokers[1]", "environment variable BROKER2 is not set"}}},
+		{"unset variable in a block list", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers:", "    - h:1", "    - ${BROKER}",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{6, "kafka.brokers[1]", "environment variable BROKER is not set"}}},
+		{"unset variable in an integer", base("ingest:", "  batch_max_rows: ${ROWS}"), nil,
+			[]wantErr{{12, "ingest.batch_max_rows", "environment variable ROWS is not set"}}},
+
+		// warehouse.
+		{"missing dsn without warehouse block", lines("kafka:", "  brokers: [h:1]", "sources:", "  s:",
+			"    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{0, "warehouse.dsn", "is required (or set TIDEMARK_DATABASE_URL)"}}},
+		{"missing dsn in warehouse block", lines("warehouse:", "  max_conns: 4", "kafka:", "  brokers: [h:1]", "sources:", "  s:",
+			"    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{1, "warehouse.dsn", "is required"}}},
+		{"empty TIDEMARK_DATABASE_URL", lines("warehouse:", "  max_conns: 4", "kafka:", "  brokers: [h:1]", "sources:", "  s:",
+			"    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), map[string]string{EnvDatabaseURL: ""},
+			[]wantErr{{1, "warehouse.dsn", "is required"}}},
+		{"invalid dsn hides the password", strings.Replace(base(), "postgres://localhost/warehouse", "postgres://u:hunter2@h:notaport/w", 1), nil,
+			[]wantErr{{2, "warehouse.dsn", "is not a valid PostgreSQL connection string"}}},
+		{"max_conns too small", strings.Replace(base(), "warehouse:\n", "warehouse:\n  max_conns: 1\n", 1), nil,
+			[]wantErr{{2, "warehouse.max_conns", "must be between 2 and 1000"}}},
+
+		// http, log, ingest.
+		{"listen without port", base("http:", "  listen: 9187"), nil, []wantErr{{12, "http.listen", "must be host:port or off"}}},
+		{"log level", base("log:", "  level: verbose"), nil, []wantErr{{12, "log.level", `must be one of debug, info, warn, error, got "verbose"`}}},
+		{"log format", base("log:", "  format: xml"), nil, []wantErr{{12, "log.format", "must be one of text, json"}}},
+		{"batch_max_rows too big", base("ingest:", "  batch_max_rows: 1000001"), nil,
+			[]wantErr{{12, "ingest.batch_max_rows", "must be between 1 and 1000000, got 1000001"}}},
+		{"batch_max_rows negative", base("ingest:", "  batch_max_rows: -5"), nil,
+			[]wantErr{{12, "ingest.batch_max_rows", "must be between 1 and 1000000, got -5"}}},
+		{"batch_max_bytes too small", base("ingest:", "  batch_max_bytes: 1000B"), nil,
+			[]wantErr{{12, "ingest.batch_max_bytes", "must be at least 1KiB"}}},
+		{"batch_max_age too small", base("ingest:", "  batch_max_age: 500us"), nil,
+			[]wantErr{{12, "ingest.batch_max_age", "must be at least 1ms"}}},
+
+		// Durations and sizes.
+		{"bad duration 3x", base("    max_age: 3x"), nil, []wantErr{{11, "sources.app_events.max_age", `invalid duration "3x"`}}},
+		{"bad duration words", base("ingest:", "  batch_max_age: 5 minutes"), nil,
+			[]wantErr{{12, "ingest.batch_max_age", "invalid duration"}}},
+		{"bad duration weeks", base("    watermark:", "      idle_timeout: 1w"), nil,
+			[]wantErr{{12, "sources.app_events.watermark.idle_timeout", "invalid duration"}}},
+		{"bad duration in kafka", strings.Replace(base(), "kafka:\n", "kafka:\n  session_timeout: soon\n", 1), nil,
+			[]wantErr{{4, "kafka.session_timeout", "invalid duration"}}},
+		{"negative max_age", base("    max_age: -1h"), nil, []wantErr{{11, "sources.app_events.max_age", "must be positive"}}},
+		{"negative max_future_skew", base("    max_future_skew: -1s"), nil,
+			[]wantErr{{11, "sources.app_events.max_future_skew", "must be positive"}}},
+		{"negative out_of_orderness", base("    watermark:", "      out_of_orderness: -1m"), nil,
+			[]wantErr{{12, "sources.app_events.watermark.out_of_orderness", "must not be negative"}}},
+		{"session_timeout too small", strings.Replace(base(), "kafka:\n", "kafka:\n  session_timeout: 50ms\n", 1), nil,
+			[]wantErr{{4, "kafka.session_timeout", "must be at least 100ms"}}},
+		{"rebalance_timeout too small", strings.Replace(base(), "kafka:\n", "kafka:\n  rebalance_timeout: 1ms\n", 1), nil,
+			[]wantErr{{4, "kafka.rebalance_timeout", "must be at least 100ms"}}},
+		{"bad size unit", base("ingest:", "  batch_max_bytes: 12QB"), nil,
+			[]wantErr{{12, "ingest.batch_max_bytes", `invalid size "12QB"`}}},
+		{"negative size", base("ingest:", "  batch_max_bytes: -1"), nil,
+			[]wantErr{{12, "ingest.batch_max_bytes", "invalid size"}}},
+		{"fractional size", base("ingest:", "  batch_max_bytes: 1.5MiB"), nil,
+			[]wantErr{{12, "ingest.batch_max_bytes", "invalid size"}}},
+		{"bad size in kafka", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: lots\n", 1), nil,
+			[]wantErr{{4, "kafka.fetch_max_bytes", "invalid size"}}},
+		{"fetch_max_bytes too big", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: 2GiB\n", 1), nil,
+			[]wantErr{{4, "kafka.fetch_max_bytes", "must be between 1KiB and 1GiB"}}},
+		{"fetch_max_bytes too small", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: 1000\n", 1), nil,
+			[]wantErr{{4, "kafka.fetch_max_bytes", "must be between 1KiB and 1GiB"}}},
+
+		// kafka.
+		{"start_offset", strings.Replace(base(), "kafka:\n", "kafka:\n  start_offset: middle\n", 1), nil,
+			[]wantErr{{4, "kafka.start_offset", `must be one of earliest, latest, got "middle"`}}},
+		{"no brokers", lines("warehouse:", "  dsn: postgres://h/db", "sources:", "  s:",
+			"    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{0, "kafka.brokers", "at least one broker"}}},
+		{"empty broker list", strings.Replace(base(), "[localhost:9092]", "[]", 1), nil,
+			[]wantErr{{4, "kafka.brokers", "at least one broker"}}},
+		{"broker without port", strings.Replace(base(), "[localhost:9092]", "[localhost:9092, localhost]", 1), nil,
+			[]wantErr{{4, "kafka.brokers[1]", `must be host:port, got "localhost"`}}},
+		{"broker with empty port", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers:", "    - 'h:'",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{5, "kafka.brokers[0]", "must be host:port"}}},
+		{"sasl mechanism", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
+			"    mechanism: GSSAPI", "    username: u", "    password: p",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{6, "kafka.sasl.mechanism", `must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, got "GSSAPI"`}}},
+		{"sasl mechanism is case sensitive", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
+			"    mechanism: plain", "    username: u", "    password: p",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{6, "kafka.sasl.mechanism", "must be one of"}}},
+		{"sasl without mechanism and password", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
+			"    username: u",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{5, "kafka.sasl.mechanism", "must be one of"}, {5, "kafka.sasl.password", "is required with SASL"}}},
+		{"sasl without username", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
+			"    mechanism: PLAIN", "    password: p",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{5, "kafka.sasl.username", "is required with SASL"}}},
+		{"tls cert without key", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  tls:",
+			"    cert_file: "+filepath.Join(dir, "missing.pem"),
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{6, "kafka.tls.cert_file", "cannot read"}, {6, "kafka.tls.cert_file", "must be given together"}}},
+		{"tls missing ca file", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  tls:",
+			"    ca_file: "+filepath.Join(dir, "ca.pem"),
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{6, "kafka.tls.ca_file", "cannot read"}}},
+		{"tls disabled skips file checks", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  tls:",
+			"    enabled: false", "    ca_file: "+filepath.Join(dir, "ca.pem"), "  start_offset: none",
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
+			[]wantErr{{8, "kafka.start_offset", "must be one of"}}},
+
+		// sources.
+		{"no sources", lines("warehouse:", "  dsn: postgres://h/db"), nil, []wantErr{{0, "sources", "at least one source is required"}}},
+		{"empty sources", lines("warehouse:", "  dsn: postgres://h/db", "sources: {}"), nil,
+			[]wantErr{{3, "sources", "at least one source is required"}}},
+		{"null source", lines("warehouse:", "  dsn: postgres://h/db", "sources:", "  s:"), nil,
+			[]wantErr{{4, "sources.s", "is empty"}}},
+		{"source without kafka", lines("warehouse:", "  dsn: postgres://h/db", "sources:", "  s:", "    event_id: /i"), nil,
+			[]wantErr{{4, "sources.s", "needs a kafka block"}}},
+		{"source without topics", strings.Replace(base(), "      topics: [app.events]\n", "      topics: []\n", 1), nil,
+			[]wantErr{{8, "sources.app_events.kafka.topics", "at least one topic is required"}}},
+		{"bad source name", strings.Replace(base(), "  app_events:", "  App-Events:", 1), nil,
+			[]wantErr{{6, "sources.App-Events", "source names must match"}}},
+		{"source name starting with a digit", strings.Replace(base(), "  app_events:", "  9lives:", 1), nil,
+			[]wantErr{{6, "sources.9lives", "source names must match"}}},
+		{"source name too long", strings.Replace(base(), "  app_events:", "  "+strings.Repeat("s", 41)+":", 1), nil,
+			[]wantErr{{6, "sources." + strings.Repeat("s", 41), "source names must match"}}},
+		{"bad topic name", strings.Replace(base(), "[app.events]", "[app.events, 'bad topic']", 1), nil,
+			[]wantErr{{8, "sources.app_events.kafka.topics[1]", `"bad topic" is not a valid Kafka topic name`}}},
+		{"duplicate topic across sources", base(
+			"  billing:",
+			"    kafka:",
+			"      topics:",
+			"        - billing",
+			"        - app.events",
+			"    event_id: /i",
+			"    event_time: /t"), nil,
+			[]wantErr{{15, "sources.billing.kafka.topics[1]", `topic "app.events" is already read by source app_events`}}},
+		{"duplicate topic within a source", strings.Replace(base(), "[app.events]", "[app.events, other, app.events]", 1), nil,
+			[]wantErr{{8, "sources.app_events.kafka.topics[2]", "already read by source app_events"}}},
+		{"missing event_id", strings.Replace(base(), "    event_id: /event_id\n", "", 1), nil,
+			[]wantErr{{6, "sources.app_events.event_id", "is required: a JSON pointer"}}},
+		{"missing event_time", strings.Replace(base(), "    event_time: /event_time\n", "", 1), nil,
+			[]wantErr{{6, "sources.app_events.event_time", "is required: a JSON pointer"}}},
+		{"missing event_id with the other fallback", strings.Replace(base(), "    event_id: /event_id\n", "    event_time_fallback: record_timestamp\n", 1), nil,
+			[]wantErr{{6, "sources.app_events.event_id", "is required"}}},
+		{"event_id not a pointer", strings.Replace(base(), "event_id: /event_id", "event_id: event_id", 1), nil,
+			[]wantErr{{9, "sources.app_events.event_id", "must start with /"}}},
+		{"event_time bad escape", strings.Replace(base(), "event_time: /event_time", "event_time: /a~2", 1), nil,
+			[]wantErr{{10, "sources.app_events.event_time", "~ must be followed by 0 or 1"}}},
+		{"event_time trailing tilde", strings.Replace(base(), "event_time: /event_time", "event_time: /a~", 1), nil,
+			[]wantErr{{10, "sources.app_events.event_time", "~ must be followed by 0 or 1"}}},
+		{"event_id_fallback", base("    event_id_fallback: offset"), nil,
+			[]wantErr{{11, "sources.app_events.event_id_fallback", `must be one of coordinates, got "offset"`}}},
+		{"event_time_fallback", base("    event_time_fallback: now"), nil,
+			[]wantErr{{11, "sources.app_events.event_time_fallback", `must be one of record_timestamp, got "now"`}}},
+		{"event_time_format", base("    event_time_format: iso8601"), nil,
+			[]wantErr{{11, "sources.app_events.event_time_format", "must be one of auto, rfc3339, unix_seconds, unix_millis"}}},
+		{"raw_partition", base("    raw_partition: week"), nil,
+			[]wantErr{{11, "sources.app_events.raw_partition", "must be one of day, month"}}},
+
+		// Several problems, sorted by line.
+		{"several validation problems", lines(
+			"warehouse:",
+			"  max_conns: 1",
+			"log:",
+			"  level: loud",
+			"kafka:",
+			"  brokers: [h:1]",
+			"  start_offset: middle",
+			"sources:",
+			"  b:",
+			"    kafka: {topics: [t]}",
+			"    event_time: x",
+			"  a:",
+			"    kafka: {topics: [t]}",
+			"    event_id: /i",
+			"    event_time: /t",
+		), nil, []wantErr{
+			{1, "warehouse.dsn", "is required"},
+			{2, "warehouse.max_conns", "must be between 2 and 1000"},
+			{4, "log.level", "must be one of"},
+			{7, "kafka.start_offset", "must be one of"},
+			{9, "sources.b.event_id", "is required"},
+			{10, "sources.b.kafka.topics[0]", `topic "t" is already read by source a`},
+			{11, "sources.b.event_time", "must start with /"},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			errs := parseErrors(t, tt.data, tt.env)
+			checkErrors(t, errs, tt.want)
+			if strings.Contains(errs.Error(), "hunter2") {
+				t.Errorf("errors reveal the password: %v", errs)
+			}
+		})
+	}
+}
+
+func TestErrorText(t *testing.T) {
+	tests := []struct {
+		err  Error
+		want string
+	}{
+		{Error{File: "a.yaml", Line: 3, Key: "log.level", Msg: "bad"}, "a.yaml:3: log.level: bad"},
+		{Error{File: "a.yaml", Line: 0, Key: "warehouse.dsn", Msg: "is required"}, "a.yaml: warehouse.dsn: is required"},
+		{Error{File: "a.yaml", Line: 7, Msg: "syntax"}, "a.yaml:7: syntax"},
+		{Error{File: "a.yaml", Msg: "the file is empty"}, "a.yaml: the file is empty"},
+	}
+	for _, tt := range tests {
+		if got := tt.err.Error(); got != tt.want {
+			t.Errorf("%+v.Error() = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+	es := Errors{tests[0].err, tests[1].err}
+	if got, want := es.Error(), tests[0].want+"\n"+tests[1].want; got != want {
+		t.Errorf("Errors.Error() = %q, want %q", got, want)
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		bad  bool
+	}{
+		{in: "0", want: 0},
+		{in: "0s", want: 0},
+		{in: "0d", want: 0},
+		{in: "3d", want: 72 * time.Hour},
+		{in: "1d12h", want: 36 * time.Hour},
+		{in: "1d0s", want: 24 * time.Hour},
+		{in: "2d30m15s", want: 48*time.Hour + 30*time.Minute + 15*time.Second},
+		{in: "90m", want: 90 * time.Minute},
+		{in: "72h", want: 72 * time.Hour},
+		{in: "1m30s", want: 90 * time.Second},
+		{in: "250ms", want: 250 * time.Millisecond},
+		{in: "1.5h", want: 90 * time.Minute},
+		{in: "100us", want: 100 * time.Microsecond},
+		{in: " 5m ", want: 5 * time.Minute},
+		{in: "-5m", want: -5 * time.Minute},
+		{in: "106751d", want: 106751 * 24 * time.Hour},
+		{in: "", bad: true},
+		{in: "3", bad: true},
+		{in: "3x", bad: true},
+		{in: "d", bad: true},
+		{in: "d1h", bad: true},
+		{in: "1.5d", bad: true},
+		{in: "-1d", bad: true},
+		{in: "+1d", want: 24 * time.Hour},
+		{in: "1dd", bad: true},
+		{in: "1d1d", bad: true},
+		{in: "1 d", bad: true},
+		{in: "1d 2h", bad: true},
+		{in: "1w", bad: true},
+		{in: "1D", bad: true},
+		{in: "1d3x", bad: true},
+		{in: "five minutes", bad: true},
+		{in: "106752d", bad: true},     // beyond time.Duration
+		{in: "106751d24h", bad: true},  // the sum is beyond time.Duration
+		{in: "2147483647d", bad: true}, // fits the int32 day count, not a Duration
+		{in: "99999999999999999999d", bad: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseDuration(tt.in)
+			if tt.bad {
+				if err == nil {
+					t.Fatalf("ParseDuration(%q) = %v, want an error", tt.in, got)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Errorf("ParseDuration(%q) = %v, %v, want %v", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestParseDurationErrorQuotesInput checks that an error names the text
+// the user wrote, not a part of it.
+func TestParseDurationErrorQuotesInput(t *testing.T) {
+	for _, in := range []string{"3x", "1d3x", "-1d", "2d 4h"} {
+		_, err := ParseDuration(in)
+		if err == nil {
+			t.Errorf("ParseDuration(%q) = nil error", in)
+			continue
+		}
+		if !strings.Contains(err.Error(), fmt.Sprintf("%q", in)) {
+			t.Errorf("ParseDuration(%q) error %q does not quote the input", in, err)
+		}
+	}
+}
+
+func TestDurationString(t *testing.T) {
+	tests := []struct {
+		d    Duration
+		want string
+	}{
+		{0, "0s"},
+		{Duration(72 * time.Hour), "3d"},
+		{Duration(24 * time.Hour), "1d"},
+		{Duration(36 * time.Hour), "36h0m0s"},
+		{Duration(90 * time.Minute), "1h30m0s"},
+		{Duration(-24 * time.Hour), "-24h0m0s"},
+	}
+	for _, tt := range tests {
+		if got := tt.d.String(); got != tt.want {
+			t.Errorf("Duration(%d).String() = %q, want %q", int64(tt.d), got, tt.want)
+		}
+		if tt.d > 0 {
+			back, err := ParseDuration(tt.d.String())
+			if err != nil || back != tt.d.D() {
+				t.Errorf("ParseDuration(%q) = %v, %v, want %v", tt.d.String(), back, err, tt.d.D())
+			}
+		}
+	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{in: "0", want: 0},
+		{in: "1048576", want: 1 << 20},
+		{in: "100B", want: 100},
+		{in: "512KiB", want: 512 << 10},
+		{in: "16MiB", want: 16 << 20},
+		{in: "1GiB", want: 1 << 30},
+		{in: "1KB", want: 1000},
+		{in: "10MB", want: 10_000_000},
+		{in: "2GB", want: 2_000_000_000},
+		{in: "0MiB", want: 0},
+		{in: " 16 MiB ", want: 16 << 20},
+		{in: "9223372036854775807", want: 1<<63 - 1},
+		{in: "8589934591GiB", want: 8589934591 << 30},
+		{in: "", bad: true},
+		{in: "MiB", bad: true},
+		{in: "B", bad: true},
+		{in: "12QB", bad: true},
+		{in: "16mib", bad: true},
+		{in: "16M", bad: true},
+		{in: "16 M", bad: true},
+		{in: "1.5MiB", bad: true},
+		{in: "-1", bad: true},
+		{in: "-1KiB", bad: true},
+		{in: "0x10", bad: true},
+		{in: "1e3", bad: true},
+		{in: "lots", bad: true},
+		{in: "1KiBB", bad: true},
+		{in: "9223372036854775808", bad: true},
+		{in: "8589934592GiB", bad: true},  // 2^63: beyond int64
+		{in: "17179869185GiB", bad: true}, // wraps around to 1GiB
+		{in: "9223372036854775807KB", bad: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseByteSize(tt.in)
+			if tt.bad {
+				if err == nil {
+					t.Fatalf("ParseByteSize(%q) = %d, want an error", tt.in, got)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Errorf("ParseByteSize(%q) = %d, %v, want %d", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidPointer(t *testing.T) {
+	for _, p := range []string{"/", "/a", "/a/b", "/a~0~1", "/0", "//"} {
+		if err := ValidPointer(p); err != nil {
+			t.Errorf("ValidPointer(%q) = %v", p, err)
+		}
+	}
+	for _, p := range []string{"", "a", "a/b", "/~", "/~2", "/a~/b"} {
+		if err := ValidPointer(p); err == nil {
+			t.Errorf("ValidPointer(%q) = nil, want an error", p)
+		}
+	}
+}
