@@ -110,6 +110,9 @@ func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
 	switch raw := d.field(found, d.tsIdx); {
 	case raw != nil:
 		t, err := parseTime(raw, d.format)
+		if errors.Is(err, errTimeRange) {
+			return Event{}, &Rejection{ReasonTimeOutOfRange, err.Error()}
+		}
 		if err != nil {
 			return Event{}, &Rejection{ReasonInvalidTime, err.Error()}
 		}
@@ -119,6 +122,9 @@ func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
 	default:
 		return Event{}, &Rejection{ReasonMissingTime, "no value at " + d.ptrs[d.tsIdx].String()}
 	}
+	// PostgreSQL stores microseconds; round first so that the row, the
+	// ledger, the watermarks and the range check all see the same time.
+	ev.Time = ev.Time.Round(time.Microsecond)
 	if lo := now.Add(-d.maxAge); ev.Time.Before(lo) {
 		return Event{}, &Rejection{ReasonTimeOutOfRange, fmt.Sprintf("event time %s is older than max_age (%s before %s)",
 			ev.Time.UTC().Format(time.RFC3339Nano), d.maxAge, now.UTC().Format(time.RFC3339))}
@@ -127,9 +133,6 @@ func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
 		return Event{}, &Rejection{ReasonTimeOutOfRange, fmt.Sprintf("event time %s is more than max_future_skew (%s) after %s",
 			ev.Time.UTC().Format(time.RFC3339Nano), d.maxTS, now.UTC().Format(time.RFC3339))}
 	}
-	// PostgreSQL stores microseconds; round here so that the row, the
-	// ledger and the watermarks all agree.
-	ev.Time = ev.Time.Round(time.Microsecond)
 	return ev, nil
 }
 
@@ -178,7 +181,8 @@ func parseTime(raw []byte, format string) (time.Time, error) {
 		if err != nil {
 			return time.Time{}, fmt.Errorf("event time: %w", err)
 		}
-		t, err := time.Parse(time.RFC3339Nano, s)
+		// RFC 3339 allows lower-case t and z; Go's parser does not.
+		t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(s))
 		if err != nil {
 			return time.Time{}, fmt.Errorf("event time %q is not RFC 3339 (e.g. 2026-10-05T09:15:00Z)", truncate([]byte(s), 40))
 		}
@@ -191,15 +195,30 @@ func parseTime(raw []byte, format string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("event time %s is a number; event_time_format rfc3339 expects a string", raw)
 	}
 	v, err := strconv.ParseFloat(string(raw), 64)
-	if err != nil || math.IsInf(v, 0) || math.Abs(v) > 1e16 {
-		return time.Time{}, fmt.Errorf("event time %s is out of range", truncate(raw, 40))
+	if errors.Is(err, strconv.ErrRange) {
+		return time.Time{}, fmt.Errorf("%w: event time %s is outside the years -9999 to 9999", errTimeRange, truncate(raw, 40))
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("event time %s is not a number", truncate(raw, 40))
 	}
 	millis := format == config.TimeUnixMillis || (format == config.TimeAuto && math.Abs(v) >= 1e11)
+	micros := v * 1e6
 	if millis {
-		return time.UnixMicro(int64(math.Round(v * 1e3))).UTC(), nil
+		micros = v * 1e3
 	}
-	return time.UnixMicro(int64(math.Round(v * 1e6))).UTC(), nil
+	// Years beyond ±9999 are no event time; this also keeps the
+	// conversion below far from int64 overflow.
+	if math.IsInf(micros, 0) || math.Abs(micros) > maxUnixMicros {
+		return time.Time{}, fmt.Errorf("%w: event time %s is outside the years -9999 to 9999", errTimeRange, truncate(raw, 40))
+	}
+	return time.UnixMicro(int64(math.Round(micros))).UTC(), nil
 }
+
+// errTimeRange marks a well-formed time too far from any plausible date.
+var errTimeRange = errors.New("time out of range")
+
+// maxUnixMicros is the year 9999 in unix microseconds, rounded up.
+const maxUnixMicros = 2.6e17
 
 func truncate(b []byte, n int) string {
 	if len(b) <= n {

@@ -13,9 +13,15 @@ import (
 // maxDepth bounds object and array nesting.
 const maxDepth = 256
 
-// maxExponent bounds number exponents to what PostgreSQL's numeric type,
-// and therefore jsonb, accepts with room to spare.
-const maxExponent = 100000
+// Limits of PostgreSQL's numeric type, which jsonb uses for numbers: at
+// most 131072 decimal digits before the point (weight below 131072) and
+// 16383 after it (display scale).
+const (
+	maxNumericWeight = 131071
+	maxNumericScale  = 16383
+	// maxExponent bounds exponents before any arithmetic on them.
+	maxExponent = 1 << 20
+)
 
 // Pointer is a compiled JSON pointer (RFC 6901).
 type Pointer struct {
@@ -40,11 +46,27 @@ func ParsePointer(p string) (Pointer, error) {
 		tok := strings.ReplaceAll(strings.ReplaceAll(raw, "~1", "/"), "~0", "~")
 		ptr.tokens[i] = tok
 		ptr.index[i] = -1
-		if n, err := strconv.Atoi(tok); err == nil && n >= 0 && (tok == "0" || tok[0] != '0') {
-			ptr.index[i] = n
+		if isArrayIndex(tok) {
+			if n, err := strconv.Atoi(tok); err == nil {
+				ptr.index[i] = n
+			}
 		}
 	}
 	return ptr, nil
+}
+
+// isArrayIndex reports whether tok is an RFC 6901 array index: "0" or a
+// decimal number without leading zeros or sign.
+func isArrayIndex(tok string) bool {
+	if tok == "" || (len(tok) > 1 && tok[0] == '0') {
+		return false
+	}
+	for i := 0; i < len(tok); i++ {
+		if tok[i] < '0' || tok[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // String returns the pointer text.
@@ -344,10 +366,15 @@ func hex4(b []byte) (rune, bool) {
 	return r, true
 }
 
+// number parses a JSON number and checks that PostgreSQL's numeric type
+// can hold it: numeric_in scales the digits by the exponent and fails with
+// "value overflows numeric format" when the weight of the first
+// significant digit or the number of digits after the point is too large.
 func (s *scanner) number() error {
 	if s.b[s.i] == '-' {
 		s.i++
 	}
+	intStart := s.i
 	switch {
 	case s.i < len(s.b) && s.b[s.i] == '0':
 		s.i++
@@ -356,28 +383,55 @@ func (s *scanner) number() error {
 	default:
 		return s.fail("invalid number")
 	}
+	intPart := s.b[intStart:s.i]
+	var fracPart []byte
 	if s.i < len(s.b) && s.b[s.i] == '.' {
 		s.i++
+		start := s.i
 		if s.digits() == 0 {
 			return s.fail("invalid number: digits must follow '.'")
 		}
+		fracPart = s.b[start:s.i]
 	}
+	exp := 0
 	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
 		s.i++
+		neg := false
 		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
+			neg = s.b[s.i] == '-'
 			s.i++
 		}
 		start := s.i
 		if s.digits() == 0 {
 			return s.fail("invalid number: digits must follow the exponent")
 		}
-		exp := 0
 		for _, c := range s.b[start:s.i] {
 			exp = exp*10 + int(c-'0')
 			if exp > maxExponent {
-				return s.fail("number exponent out of range for PostgreSQL")
+				return s.fail("number out of range for PostgreSQL")
 			}
 		}
+		if neg {
+			exp = -exp
+		}
+	}
+	if len(fracPart)-exp > maxNumericScale {
+		return s.fail("number has more digits after the point than PostgreSQL can store")
+	}
+	// Weight of the first significant digit: its power of ten.
+	weight, zero := 0, true
+	if intPart[0] != '0' {
+		weight, zero = len(intPart)-1, false
+	} else {
+		for i, c := range fracPart {
+			if c != '0' {
+				weight, zero = -(i + 1), false
+				break
+			}
+		}
+	}
+	if !zero && weight+exp > maxNumericWeight {
+		return s.fail("number too large for PostgreSQL")
 	}
 	return nil
 }
@@ -405,7 +459,7 @@ func keyEquals(raw []byte, escaped bool, token string) bool {
 
 // unquote returns the text of a raw JSON string token.
 func unquote(raw []byte) (string, error) {
-	if len(raw) < 2 || raw[0] != '"' {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
 		return "", errors.New("not a string")
 	}
 	inner := raw[1 : len(raw)-1]
