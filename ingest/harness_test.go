@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
@@ -28,6 +28,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // testNow is the service clock of these tests: event times are generated
 // around it, never around today's date.
 var testNow = time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+
+// group is the consumer group of these tests.
+const group = "tidemark-test"
 
 // clock is a settable service clock.
 type clock struct {
@@ -62,7 +65,13 @@ type bundle struct {
 // with one topic, "events", of parts partitions.
 func setup(t *testing.T, parts int32) *bundle {
 	t.Helper()
-	pool, dsn := pgtest.NewPool(t)
+	return setupOn(t, parts, pgtest.NewDatabase(t))
+}
+
+// setupOn is setup with the warehouse database at dsn.
+func setupOn(t *testing.T, parts int32, dsn string) *bundle {
+	t.Helper()
+	pool := pgtest.Pool(t, dsn)
 	if _, err := migrate.Up(context.Background(), dsn, nil); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
@@ -81,7 +90,7 @@ warehouse: {dsn: "%s"}
 http: {listen: "off"}
 kafka:
   brokers: [%q]
-  group: tidemark-test
+  group: %s
   session_timeout: 1s
   rebalance_timeout: 5s
 ingest:
@@ -93,7 +102,7 @@ sources:
     event_id: /event_id
     event_time: /event_time
     max_age: 30d
-%s`, b.dsn, b.kafka.ListenAddrs()[0], b.topic, b.yaml)
+%s`, b.dsn, b.kafka.ListenAddrs()[0], group, b.topic, b.yaml)
 }
 
 func (b *bundle) config(t *testing.T) *config.Config {
@@ -155,10 +164,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// produced tracks what a test sent, to compute the expected outcome.
+// produced tracks the end offsets of what a test sent.
 type produced struct {
-	end  map[int32]int64 // next offset per partition
-	good map[string]bool // distinct good event ids
+	mu  sync.Mutex
+	end map[int32]int64 // next offset per partition
 }
 
 func (b *bundle) produce(t *testing.T, p *produced, recs []*kgo.Record) {
@@ -176,103 +185,57 @@ func (b *bundle) produce(t *testing.T, p *produced, recs []*kgo.Record) {
 	}
 }
 
-// waitStored waits until the stored offsets of the test group reach end.
-func (b *bundle) waitStored(t *testing.T, end map[int32]int64, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		stored := b.storedOffsets(t)
-		done := true
-		for p, e := range end {
-			if stored[p] < e {
-				done = false
+// produceStream produces recs in chunks with a pause between them, in the
+// background, recording end offsets in p; the returned channel yields the
+// outcome once everything is produced.
+func (b *bundle) produceStream(p *produced, recs []*kgo.Record, chunk int, pause time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		for i := 0; i < len(recs); i += chunk {
+			results := b.producer.ProduceSync(ctx, recs[i:min(i+chunk, len(recs))]...)
+			if err := results.FirstErr(); err != nil {
+				done <- fmt.Errorf("produce: %w", err)
+				return
 			}
+			p.mu.Lock()
+			for _, r := range results {
+				p.end[r.Record.Partition] = max(p.end[r.Record.Partition], r.Record.Offset+1)
+			}
+			p.mu.Unlock()
+			time.Sleep(pause)
 		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stored offsets %v did not reach %v within %s", stored, end, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		done <- nil
+	}()
+	return done
 }
 
-func (b *bundle) storedOffsets(t *testing.T) map[int32]int64 {
-	t.Helper()
-	rows, err := b.pool.Query(context.Background(),
-		"SELECT partition, next_offset FROM tidemark.kafka_offsets WHERE consumer_group = 'tidemark-test' AND topic = $1", b.topic)
-	if err != nil {
-		t.Fatalf("read offsets: %v", err)
-	}
-	defer rows.Close()
-	out := map[int32]int64{}
-	for rows.Next() {
-		var p int32
-		var o int64
-		if err := rows.Scan(&p, &o); err != nil {
-			t.Fatalf("read offsets: %v", err)
-		}
-		out[p] = o
-	}
-	return out
-}
-
-// assertRawEquals checks that raw.app_events holds exactly the ids in want,
-// each once.
-func (b *bundle) assertRawEquals(t *testing.T, want map[string]bool) {
-	t.Helper()
-	rows, err := b.pool.Query(context.Background(), "SELECT event_id FROM raw.app_events")
-	if err != nil {
-		t.Fatalf("read raw: %v", err)
-	}
-	defer rows.Close()
-	got := map[string]int{}
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatalf("read raw: %v", err)
-		}
-		got[id]++
-	}
-	var missing, doubled, extra []string
-	for id := range want {
-		switch got[id] {
-		case 0:
-			missing = append(missing, id)
-		case 1:
-		default:
-			doubled = append(doubled, id)
-		}
-	}
-	for id := range got {
-		if !want[id] {
-			extra = append(extra, id)
-		}
-	}
-	if len(missing)+len(doubled)+len(extra) > 0 {
-		sort.Strings(missing)
-		sort.Strings(doubled)
-		sort.Strings(extra)
-		t.Fatalf("raw table differs from the produced set: %d missing %v, %d doubled %v, %d unexpected %v",
-			len(missing), head(missing), len(doubled), head(doubled), len(extra), head(extra))
-	}
-}
-
-func head(s []string) []string {
-	if len(s) > 5 {
-		return s[:5]
-	}
-	return s
-}
-
-func (b *bundle) scalar(t *testing.T, sql string, args ...any) int64 {
+// storedTotal is the sum of the stored next offsets.
+func (b *bundle) storedTotal(t *testing.T) int64 {
 	t.Helper()
 	var n int64
-	if err := b.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
+	for _, o := range ingesttest.StoredOffsets(t, b.pool, group, b.topic) {
+		n += max(o, 0)
 	}
 	return n
+}
+
+// waitProgress waits until at least n records are stored.
+func (b *bundle) waitProgress(t *testing.T, n int64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for b.storedTotal(t) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d records stored after %s (have %d)", n, timeout, b.storedTotal(t))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (b *bundle) waitStored(t *testing.T, end map[int32]int64, timeout time.Duration) {
+	t.Helper()
+	ingesttest.WaitStored(t, b.pool, group, b.topic, end, timeout)
 }
 
 // counterSum adds up every series of a counter or gauge in r's registry.

@@ -1,4 +1,7 @@
-package ingest_test
+// Package ingesttest generates Kafka workloads with known outcomes and
+// checks what the warehouse holds against them. It is used by the tests of
+// the ingester and of the tidemark command.
+package ingesttest
 
 import (
 	"fmt"
@@ -11,43 +14,43 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest"
 )
 
-// badRecord is what a test expects to find in dead_letters for one record,
+// BadRecord is what a test expects to find in dead_letters for one record,
 // identified by its unique key.
-type badRecord struct {
-	reason string
-	value  []byte
+type BadRecord struct {
+	Reason string
+	Value  []byte
 }
 
-// workload is a generated stream and its expected outcome.
-type workload struct {
-	recs []*kgo.Record
-	good map[string]bool      // distinct good event ids
-	bad  map[string]badRecord // by record key
-	dups int                  // records repeating an earlier good event
+// Workload is a generated stream and its expected outcome.
+type Workload struct {
+	Records []*kgo.Record
+	Good    map[string]bool      // distinct good event ids
+	Bad     map[string]BadRecord // by record key
+	Dups    int                  // records repeating an earlier good event
 }
 
-// makeWorkload generates n records over parts partitions: a share badFrac
+// Make generates n records for topic over parts partitions: a share badFrac
 // of bad records cycling through four reasons, a share dupFrac of
 // re-sends of earlier good events (same id and time, new key, any
 // partition), and good events of about 200 bytes with event times in the
-// ten days before testNow.
-func makeWorkload(n int, parts int32, seed uint64, badFrac, dupFrac float64) *workload {
+// ten days before now.
+func Make(topic string, n int, parts int32, seed uint64, badFrac, dupFrac float64, now time.Time) *Workload {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	w := &workload{good: map[string]bool{}, bad: map[string]badRecord{}}
+	w := &Workload{Good: map[string]bool{}, Bad: map[string]BadRecord{}}
 	var goodVals [][]byte
 	reasons := []string{ingest.ReasonInvalidJSON, ingest.ReasonMissingID, ingest.ReasonInvalidTime, ingest.ReasonTimeOutOfRange}
 	pad := strings.Repeat("x", 60)
 	for i := 0; i < n; i++ {
 		key := fmt.Sprintf("k-%d-%d", seed, i)
-		r := &kgo.Record{Topic: "events", Key: []byte(key), Partition: int32(i) % parts,
+		r := &kgo.Record{Topic: topic, Key: []byte(key), Partition: int32(i) % parts,
 			Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("t-" + key)}}}
 		id := fmt.Sprintf("e-%d-%d", seed, i)
-		ts := testNow.Add(-time.Duration(rng.Int64N(int64(240 * time.Hour)))).Truncate(time.Millisecond)
+		ts := now.Add(-time.Duration(rng.Int64N(int64(240 * time.Hour)))).Truncate(time.Millisecond)
 		good := fmt.Sprintf(`{"event_id":%q,"event_time":%q,"user":"u-%d","amount":%d.%02d,"pad":%q}`,
 			id, ts.Format(time.RFC3339Nano), rng.IntN(5000), rng.IntN(500), rng.IntN(100), pad)
 		switch x := rng.Float64(); {
 		case x < badFrac:
-			reason := reasons[len(w.bad)%len(reasons)]
+			reason := reasons[len(w.Bad)%len(reasons)]
 			switch reason {
 			case ingest.ReasonInvalidJSON:
 				r.Value = []byte(good[:len(good)/2])
@@ -58,17 +61,17 @@ func makeWorkload(n int, parts int32, seed uint64, badFrac, dupFrac float64) *wo
 			case ingest.ReasonTimeOutOfRange:
 				r.Value = []byte(strings.Replace(good, ts.Format(time.RFC3339Nano), "2020-01-01T00:00:00Z", 1))
 			}
-			w.bad[key] = badRecord{reason: reason, value: r.Value}
+			w.Bad[key] = BadRecord{Reason: reason, Value: r.Value}
 		case x < badFrac+dupFrac && len(goodVals) > 0:
 			r.Value = goodVals[rng.IntN(len(goodVals))]
 			r.Partition = rng.Int32N(parts)
-			w.dups++
+			w.Dups++
 		default:
 			r.Value = []byte(good)
 			goodVals = append(goodVals, r.Value)
-			w.good[id] = true
+			w.Good[id] = true
 		}
-		w.recs = append(w.recs, r)
+		w.Records = append(w.Records, r)
 	}
 	return w
 }
