@@ -37,6 +37,10 @@ import (
 	"github.com/tidemark-dev/tidemark/status"
 )
 
+// serviceClock is the clock `tidemark run` gives the service. Tests of the
+// command replace it to run the service at a fixed date.
+var serviceClock = time.Now
+
 // Exit codes.
 const (
 	exitOK      = 0
@@ -169,7 +173,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := logger(cfg, stderr)
-	if err := service.Run(ctx, cfg, service.Options{Logger: log, Only: comps}); err != nil {
+	if err := service.Run(ctx, cfg, service.Options{Logger: log, Only: comps, Now: serviceClock}); err != nil {
 		log.Error("tidemark stopped with an error", "err", err)
 		return exitFailure
 	}

@@ -312,15 +312,24 @@ func (s *Server) Stop() error {
 // when crash is true) and starts it again on the same port with the same
 // data. Open connections are broken, as in a real restart.
 func (s *Server) Restart(ctx context.Context, crash bool) error {
+	if err := s.Halt(crash); err != nil {
+		return err
+	}
+	return s.Resume(ctx)
+}
+
+// Halt stops the server but keeps its data, for tests of an unavailable
+// warehouse; crash selects an immediate (crash-like) shutdown.
+func (s *Server) Halt(crash bool) error {
 	sig := syscall.SIGINT
 	if crash {
 		sig = syscall.SIGQUIT // immediate shutdown: crash recovery on start
 	}
-	if err := s.shutdown(sig, 30*time.Second); err != nil {
-		return err
-	}
-	return s.start(ctx)
+	return s.shutdown(sig, 30*time.Second)
 }
+
+// Resume starts a halted server again on the same port.
+func (s *Server) Resume(ctx context.Context) error { return s.start(ctx) }
 
 func (s *Server) shutdown(sig syscall.Signal, wait time.Duration) error {
 	if s.cmd == nil || s.cmd.Process == nil {

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+// syncBuffer is a bytes.Buffer safe for the subprocess's output copier and
+// the test reading it at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// process is `tidemark run` started as a subprocess.
+type process struct {
+	cmd    *exec.Cmd
+	output *syncBuffer
+	exited chan struct{}
+	err    error // valid once exited is closed
+}
+
+func startRun(t *testing.T, cfgPath string, clock time.Time) *process {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "run", "-c", cfgPath)
+	cmd.Env = append(os.Environ(), envMain+"=1", envClock+"="+clock.Format(time.RFC3339))
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start tidemark run: %v", err)
+	}
+	p := &process{cmd: cmd, output: out, exited: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() && out.String() != "" {
+			t.Logf("tidemark run output:\n%s", out.String())
+		}
+	})
+	return p
+}
+
+// TestCrashSafety is acceptance item 2: `tidemark run` is SIGKILLed at
+// random moments during a 100k-record stream and restarted each time; the
+// raw table ends up exactly the produced set.
+func TestCrashSafety(t *testing.T) {
+	n, kills := 100_000, 6
+	if testing.Short() {
+		n, kills = 20_000, 5
+	}
+	const group, topic = "tidemark-crash", "events"
+	pool, dsn := pgtest.NewPool(t)
+	kc := kafkatest.NewCluster(t, 4, topic)
+	cfgPath := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+log: {level: info}
+kafka:
+  brokers: [%q]
+  group: %s
+  session_timeout: 1s
+  rebalance_timeout: 5s
+ingest: {batch_max_rows: 2000, batch_max_age: 20ms}
+sources:
+  app_events:
+    kafka: {topics: [%s]}
+    event_id: /event_id
+    event_time: /event_time
+    max_age: 30d
+`, dsn, kc.ListenAddrs()[0], group, topic))
+
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	w := ingesttest.Make(topic, n, 4, 7, 0.005, 0.01, now)
+	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	var mu sync.Mutex
+	end := map[int32]int64{}
+	streamed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		chunk := n / 60
+		for i := 0; i < n; i += chunk {
+			res := producer.ProduceSync(ctx, w.Records[i:min(i+chunk, n)]...)
+			if err := res.FirstErr(); err != nil {
+				streamed <- err
+				return
+			}
+			mu.Lock()
+			for _, r := range res {
+				end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
+			}
+			mu.Unlock()
+			time.Sleep(150 * time.Millisecond)
+		}
+		streamed <- nil
+	}()
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	working := 0
+	for i := 0; i < kills; i++ {
+		before := storedTotal(t, pool, group, topic)
+		p := startRun(t, cfgPath, now)
+		// Let it start, join the group and write for a while.
+		time.Sleep(time.Duration(800+rng.IntN(1200)) * time.Millisecond)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatalf("kill: %v", err)
+		}
+		<-p.exited
+		after := storedTotal(t, pool, group, topic)
+		if after > before {
+			working++
+		}
+		t.Logf("kill %d: stored records %d -> %d", i+1, before, after)
+	}
+	if err := <-streamed; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	if working < 3 {
+		t.Fatalf("only %d of %d killed processes had written anything; the kills did not interrupt ingestion", working, kills)
+	}
+
+	final := startRun(t, cfgPath, now)
+	ingesttest.WaitStored(t, pool, group, topic, end, 5*time.Minute)
+	// SIGTERM must find the service running, not still starting up.
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(final.output.String(), "partitions assigned"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the final tidemark run was never assigned partitions")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := final.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-final.exited:
+		if final.err != nil {
+			t.Errorf("tidemark run after SIGTERM: %v (want exit code 0)", final.err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("tidemark run did not stop within a minute of SIGTERM")
+	}
+
+	ingesttest.AssertRaw(t, pool, "app_events", w.Good)
+	ingesttest.AssertDeadLetters(t, pool, w)
+	ingesttest.AssertStoredEqual(t, pool, group, topic, end)
+	ingesttest.AssertLedger(t, pool, "app_events")
+}
+
+func storedTotal(t *testing.T, pool *pgxpool.Pool, group, topic string) int64 {
+	t.Helper()
+	var exists bool
+	if err := pool.QueryRow(context.Background(), "SELECT to_regclass('tidemark.kafka_offsets') IS NOT NULL").Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if !exists { // the first process has not migrated yet
+		return 0
+	}
+	var sum int64
+	for _, o := range ingesttest.StoredOffsets(t, pool, group, topic) {
+		sum += max(o, 0)
+	}
+	return sum
+}

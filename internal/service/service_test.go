@@ -1,0 +1,211 @@
+package service_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/service"
+	"github.com/tidemark-dev/tidemark/status"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var testNow = time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+
+type bundle struct {
+	srv  *pgserver.Server
+	addr string
+	reg  *prometheus.Registry
+	prod *kgo.Client
+	stop func()
+}
+
+// start runs the whole service against a private PostgreSQL (so that it
+// can be halted) and a kfake cluster, with the HTTP server on a free port.
+func start(t *testing.T) *bundle {
+	t.Helper()
+	srv := pgtest.NewServer(t, pgserver.Options{})
+	dsn := pgtest.NewDatabaseOn(t, srv)
+	kc := kafkatest.NewCluster(t, 2, "events")
+	cfg, err := config.Parse("test.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "127.0.0.1:0"}
+kafka: {brokers: [%q], group: svc-test, session_timeout: 1s}
+ingest: {batch_max_age: 10ms}
+sources:
+  app_events:
+    kafka: {topics: [events]}
+    event_id: /id
+    event_time: /ts
+    watermark: {out_of_orderness: 1m}
+`, dsn, kc.ListenAddrs()[0])), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{srv: srv, reg: prometheus.NewRegistry(), prod: kafkatest.Producer(t, kc)}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- service.Run(ctx, cfg, service.Options{Registry: b.reg, Now: func() time.Time { return testNow },
+			Listening: func(a string) { addr <- a }})
+	}()
+	select {
+	case b.addr = <-addr:
+	case err := <-done:
+		t.Fatalf("service.Run: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("service did not start")
+	}
+	stopped := false
+	b.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("service.Run: %v", err)
+		}
+	}
+	t.Cleanup(b.stop)
+	return b
+}
+
+func (b *bundle) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + b.addr + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func (b *bundle) waitStatus(t *testing.T, cond func(*status.Report) bool) *status.Report {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		code, body := b.get(t, "/status")
+		if code == http.StatusOK {
+			var rep status.Report
+			if err := json.Unmarshal([]byte(body), &rep); err != nil {
+				t.Fatalf("/status is not JSON: %v\n%s", err, body)
+			}
+			if cond(&rep) {
+				return &rep
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/status never reached the expected state; last: %d %s", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestEndpoints checks /healthz, /readyz, /status and /metrics of a running
+// service, and /readyz failing while the warehouse is down.
+func TestEndpoints(t *testing.T) {
+	b := start(t)
+	kafkatest.Produce(t, b.prod,
+		&kgo.Record{Topic: "events", Value: []byte(`{"id":"a","ts":"2026-10-05T11:00:00Z"}`)},
+		&kgo.Record{Topic: "events", Value: []byte(`{"id":"b","ts":"2026-10-05T11:30:00Z"}`)},
+		&kgo.Record{Topic: "events", Value: []byte(`{"id":"c"}`)})
+
+	rep := b.waitStatus(t, func(r *status.Report) bool { return len(r.Sources) == 1 && r.Sources[0].Records == 3 })
+	src := rep.Sources[0]
+	if src.Rows != 2 || src.DeadLetters != 1 || src.DeadLettersByReason["missing_time"] != 1 {
+		t.Errorf("status: rows %d, dead letters %d %v", src.Rows, src.DeadLetters, src.DeadLettersByReason)
+	}
+	if src.Lag == nil || *src.Lag != 0 {
+		t.Errorf("status lag = %v, want 0", src.Lag)
+	}
+	// Both events landed on one partition or two; either way the group's
+	// watermark is at most the newest event minus the out-of-orderness.
+	if src.EventTimeWatermark == nil || src.EventTimeWatermark.After(time.Date(2026, 10, 5, 11, 29, 0, 0, time.UTC)) {
+		t.Errorf("status watermark = %v", src.EventTimeWatermark)
+	}
+
+	if code, body := b.get(t, "/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	code, body := b.get(t, "/readyz")
+	if code != http.StatusOK || !strings.Contains(body, `"warehouse":"ok"`) || !strings.Contains(body, `"kafka":"ok"`) {
+		t.Errorf("/readyz = %d %s", code, body)
+	}
+
+	code, body = b.get(t, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
+	for _, want := range []string{
+		`tidemark_ingest_rows_written_total{source="app_events"} 2`,
+		`tidemark_ingest_dead_letters_total{reason="missing_time",source="app_events"} 1`,
+		`tidemark_source_event_time_watermark_seconds{source="app_events"}`,
+		`tidemark_build_info{version=`,
+		`go_goroutines`, `process_resident_memory_bytes`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// Acceptance item 7: promlint finds nothing, in the registry or in
+	// what /metrics serves.
+	problems, err := testutil.GatherAndLint(b.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, err := promlint.New(bytes.NewReader([]byte(body))).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range append(problems, served...) {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+
+	// With the warehouse down, the service is alive but not ready.
+	if err := b.srv.Halt(false); err != nil {
+		t.Fatal(err)
+	}
+	code, body = b.get(t, "/readyz")
+	if code != http.StatusServiceUnavailable || strings.Contains(body, `"warehouse":"ok"`) {
+		t.Errorf("/readyz with the warehouse down = %d %s", code, body)
+	}
+	if code, _ := b.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz with the warehouse down = %d", code)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.srv.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Ready again once the pool reconnects.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if code, _ := b.get(t, "/readyz"); code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz did not recover after the warehouse came back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.stop()
+}
