@@ -390,6 +390,9 @@ func (in *Ingester) flushLocked(ctx context.Context, final bool) error {
 		case errors.Is(err, errMissingPartition) && attempt < 2:
 			in.m.writeErrors.WithLabelValues("partition").Inc()
 			continue
+		case errors.Is(err, errConcurrentInsert) && attempt < 5:
+			in.m.writeErrors.WithLabelValues("concurrent").Inc()
+			continue
 		}
 		in.failures++
 		in.lastErr.Store(&err)
@@ -411,7 +414,7 @@ func (in *Ingester) writeOnceLocked(ctx context.Context, final bool) error {
 	b := in.b
 	res, err := w.write(ctx, b, in.stored, ingestedAt, in.checkRows)
 	if err != nil {
-		if !errors.Is(err, errBadRow) && !errors.Is(err, errMissingPartition) {
+		if !errors.Is(err, errBadRow) && !errors.Is(err, errMissingPartition) && !errors.Is(err, errConcurrentInsert) {
 			in.dropConnLocked() // the connection state is unknown; start clean
 		}
 		return err

@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		}),
 		writeErrors: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_write_errors_total",
-			Help: "Failed batch transaction attempts by kind (retry: transient, retried as is; bad_row: retried checking each row; partition: raw partition recreated).",
+			Help: "Failed batch transaction attempts by kind (retry: transient, retried with backoff; bad_row: retried checking each row; partition: raw partition recreated; concurrent: an event was stored by another ingester meanwhile, retried at once).",
 		}, []string{"kind"}),
 		conflicts: f.NewCounter(prometheus.CounterOpts{
 			Name: "tidemark_ingest_offset_conflicts_total",
@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 			m.deadLetters.WithLabelValues(s, r)
 		}
 	}
-	for _, k := range []string{"retry", "bad_row", "partition"} {
+	for _, k := range []string{"retry", "bad_row", "partition", "concurrent"} {
 		m.writeErrors.WithLabelValues(k)
 	}
 	for _, r := range []string{"ok", "error"} {

@@ -13,20 +13,26 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// createStageSQL creates the per-connection staging table that each batch
-// is copied into before one set-based insert into the raw tables.
-const createStageSQL = `
-CREATE TEMP TABLE IF NOT EXISTS tidemark_stage (
-    src             smallint    NOT NULL,
-    event_id        text        NOT NULL,
-    event_time      timestamptz NOT NULL,
-    payload         jsonb       NOT NULL,
-    kafka_topic     text        NOT NULL,
-    kafka_partition integer     NOT NULL,
-    kafka_offset    bigint      NOT NULL
-) ON COMMIT DELETE ROWS`
+// rawColumns are the columns the ingester writes; load_xid takes its
+// default, the id of the writing transaction.
+var rawColumns = []string{"event_id", "event_time", "ingested_at", "payload", "kafka_topic", "kafka_partition", "kafka_offset"}
 
-var stageColumns = []string{"src", "event_id", "event_time", "payload", "kafka_topic", "kafka_partition", "kafka_offset"}
+// probeRawSQL finds which of a batch's event ids one raw partition already
+// holds; %s is the quoted partition. The primary key (event_id, event_time)
+// serves the lookup.
+const probeRawSQL = `SELECT event_id, event_time FROM %s WHERE event_id = ANY($1::text[])`
+
+// insertRowSQL stores one row; used only when rows are checked one by one.
+// %s is the quoted raw table.
+const insertRowSQL = `INSERT INTO %s (event_id, event_time, ingested_at, payload, kafka_topic, kafka_partition, kafka_offset)
+VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
+// insertLedgerSQL writes the ledger rows of one load transaction.
+const insertLedgerSQL = `
+INSERT INTO tidemark.ingest_ledger (source, load_xid, bucket, rows, min_event_time, max_event_time, ingested_at)
+SELECT u.source, pg_current_xact_id(), u.bucket, u.rows, u.min_event_time, u.max_event_time, $1
+FROM unnest($2::text[], $3::timestamptz[], $4::bigint[], $5::timestamptz[], $6::timestamptz[])
+     AS u (source, bucket, rows, min_event_time, max_event_time)`
 
 // claimOffsetsSQL makes sure each partition of the batch has an offsets row
 // (so that it can be locked), in a fixed order to avoid deadlocks between
@@ -49,28 +55,6 @@ WHERE consumer_group = $1
   AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::integer[]))
 ORDER BY topic, partition
 FOR UPDATE`
-
-// insertRawSQL moves one source's staged rows into its raw table, dropping
-// duplicates, and writes one ledger row per UTC hour of event time that
-// the inserted rows touch. It returns the inserted count per partition.
-// %s is the quoted raw table. $1 source index in the stage, $2 ingested_at,
-// $3 source name.
-const insertRawSQL = `
-WITH ins AS (
-    INSERT INTO %s (event_id, event_time, ingested_at, payload, kafka_topic, kafka_partition, kafka_offset)
-    SELECT event_id, event_time, $2, payload, kafka_topic, kafka_partition, kafka_offset
-    FROM pg_temp.tidemark_stage
-    WHERE src = $1
-    ON CONFLICT (event_id, event_time) DO NOTHING
-    RETURNING event_time, kafka_topic, kafka_partition
-), ledger AS (
-    INSERT INTO tidemark.ingest_ledger (source, load_xid, bucket, rows, min_event_time, max_event_time, ingested_at)
-    SELECT $3, pg_current_xact_id(), date_bin('1 hour', event_time, timestamptz '2000-01-01 00:00:00+00'),
-           count(*), min(event_time), max(event_time), $2
-    FROM ins
-    GROUP BY 3
-)
-SELECT kafka_topic, kafka_partition, count(*) FROM ins GROUP BY 1, 2`
 
 var deadLetterColumns = []string{"source", "reason", "detail", "topic", "partition", "offset", "record_key",
 	"record_value", "header_keys", "header_values", "record_timestamp", "ingested_at"}
@@ -120,6 +104,10 @@ var errBadRow = errors.New("the warehouse rejected a row")
 // errMissingPartition means a raw partition disappeared after it was seen.
 var errMissingPartition = errors.New("raw partition missing")
 
+// errConcurrentInsert means another transaction stored one of the batch's
+// events after the batch looked for it; a retry finds it stored.
+var errConcurrentInsert = errors.New("event stored concurrently")
+
 // write runs one attempt of the batch transaction. expected holds the
 // positions this ingester believes are stored. When checkRows is set,
 // every row is staged on its own and rows the warehouse refuses become
@@ -155,15 +143,22 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		return res, nil
 	}
 
-	if checkRows {
-		if res.rejected, err = w.stageCheckingRows(ctx, tx, b); err != nil {
-			return res, err
-		}
-	} else if err := w.stage(ctx, tx, b); err != nil {
+	fresh, err := w.newRows(ctx, tx, b)
+	if err != nil {
 		return res, err
 	}
-	if err := w.insertRaw(ctx, tx, b, ingestedAt, res.inserted); err != nil {
+	if checkRows {
+		if fresh, res.rejected, err = w.insertCheckingRows(ctx, tx, b, fresh, ingestedAt); err != nil {
+			return res, err
+		}
+	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
 		return res, err
+	}
+	if err := w.insertLedger(ctx, tx, fresh, ingestedAt); err != nil {
+		return res, err
+	}
+	for _, r := range fresh {
+		res.inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
 	}
 	if err := w.copyDeadLetters(ctx, tx, b, ingestedAt); err != nil {
 		return res, err
@@ -240,50 +235,121 @@ func (w *writer) lockOffsets(ctx context.Context, tx pgx.Tx, b *batch) (map[topi
 	return stored, br.Close()
 }
 
-func (w *writer) stage(ctx context.Context, tx pgx.Tx, b *batch) error {
-	if _, err := tx.Exec(ctx, createStageSQL); err != nil {
-		return fmt.Errorf("create staging table: %w", err)
+// eventKey identifies an event: (event_id, event_time).
+type eventKey struct {
+	id string
+	us int64 // event time in unix microseconds
+}
+
+// newRows returns the batch's rows that are not yet stored: the first of
+// each (event_id, event_time) within the batch, minus those a raw
+// partition already holds. Another ingester may store one of them before
+// this transaction commits; the primary key then fails the COPY and the
+// batch is retried.
+func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch) ([]*row, error) {
+	seen := make(map[eventKey]bool, len(b.rows))
+	fresh := make([]*row, 0, len(b.rows))
+	type part struct {
+		src   *source
+		start time.Time
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark_stage"}, stageColumns, pgx.CopyFromSlice(len(b.rows), func(i int) ([]any, error) {
+	ids := map[part][]string{}
+	for i := range b.rows {
 		r := &b.rows[i]
-		return []any{r.src.idx, r.ev.ID, r.ev.Time, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset}, nil
-	}))
-	if err != nil {
-		if isBadRow(err) {
-			return fmt.Errorf("%w: %w", errBadRow, err)
+		k := eventKey{r.ev.ID, r.ev.Time.UnixMicro()}
+		if seen[k] {
+			continue
 		}
-		return fmt.Errorf("copy into staging: %w", err)
+		seen[k] = true
+		fresh = append(fresh, r)
+		p := part{r.src, r.src.raw.partitionStart(r.ev.Time)}
+		ids[p] = append(ids[p], r.ev.ID)
+	}
+	qb := &pgx.Batch{}
+	for p, list := range ids {
+		name := pgx.Identifier{"raw", p.src.raw.partitionName(p.start)}.Sanitize()
+		qb.Queue(fmt.Sprintf(probeRawSQL, name), list)
+	}
+	br := tx.SendBatch(ctx, qb)
+	defer br.Close()
+	stored := map[eventKey]bool{}
+	for range ids {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("probe raw partitions: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			var t time.Time
+			if err := rows.Scan(&id, &t); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("probe raw partitions: %w", err)
+			}
+			stored[eventKey{id, t.UnixMicro()}] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("probe raw partitions: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("probe raw partitions: %w", err)
+	}
+	if len(stored) == 0 {
+		return fresh, nil
+	}
+	kept := fresh[:0]
+	for _, r := range fresh {
+		if !stored[eventKey{r.ev.ID, r.ev.Time.UnixMicro()}] {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+// copyRows writes the new rows into their raw tables with COPY.
+func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) error {
+	bySource := map[*source][]*row{}
+	for _, r := range fresh {
+		bySource[r.src] = append(bySource[r.src], r)
+	}
+	for src, rows := range bySource {
+		_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", src.name}, rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+			r := rows[i]
+			return []any{r.ev.ID, r.ev.Time, ingestedAt, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset}, nil
+		}))
+		if err != nil {
+			return classifyRowError(fmt.Errorf("copy into %s: %w", src.raw.Ident(), err), src)
+		}
 	}
 	return nil
 }
 
-// stageCheckingRows stages rows one at a time, each under a savepoint, and
-// turns the rows the warehouse refuses into dead letters.
-func (w *writer) stageCheckingRows(ctx context.Context, tx pgx.Tx, b *batch) (int, error) {
-	if _, err := tx.Exec(ctx, createStageSQL); err != nil {
-		return 0, fmt.Errorf("create staging table: %w", err)
-	}
-	insert := "INSERT INTO pg_temp.tidemark_stage (" + strings.Join(stageColumns, ", ") + ") VALUES ($1, $2, $3, $4, $5, $6, $7)"
-	kept := b.rows[:0]
+// insertCheckingRows stores rows one at a time, each under a savepoint,
+// and turns the rows the warehouse refuses into dead letters (changing the
+// batch accordingly). It returns the rows stored.
+func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, b *batch, fresh []*row, ingestedAt time.Time) ([]*row, int, error) {
+	kept := make([]*row, 0, len(fresh))
 	rejected := 0
-	for _, r := range b.rows {
+	for _, r := range fresh {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
-			return rejected, err
+			return nil, rejected, err
 		}
-		_, err = sp.Exec(ctx, insert, r.src.idx, r.ev.ID, r.ev.Time, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset)
+		_, err = sp.Exec(ctx, fmt.Sprintf(insertRowSQL, r.src.raw.Ident()),
+			r.ev.ID, r.ev.Time, ingestedAt, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset)
 		if err == nil {
 			if err := sp.Commit(ctx); err != nil {
-				return rejected, err
+				return nil, rejected, err
 			}
 			kept = append(kept, r)
 			continue
 		}
 		if rbErr := sp.Rollback(ctx); rbErr != nil {
-			return rejected, rbErr
+			return nil, rejected, rbErr
 		}
 		if !isBadRow(err) {
-			return rejected, err
+			return nil, rejected, classifyRowError(err, r.src)
 		}
 		rejected++
 		pb := b.parts[topicPartition{r.rec.Topic, r.rec.Partition}]
@@ -291,40 +357,70 @@ func (w *writer) stageCheckingRows(ctx context.Context, tx pgx.Tx, b *batch) (in
 		pb.dead++
 		b.dead = append(b.dead, deadLetter{src: r.src, rej: Rejection{ReasonRejectedByStore, err.Error()}, rec: r.rec})
 	}
-	clear(b.rows[len(kept):])
-	b.rows = kept
-	return rejected, nil
+	return kept, rejected, nil
 }
 
-func (w *writer) insertRaw(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time, inserted map[topicPartition]int) error {
-	seen := map[*source]bool{}
-	for _, r := range b.rows {
-		if seen[r.src] {
-			continue
+// classifyRowError marks errors that a retry of the same batch can fix.
+func classifyRowError(err error, src *source) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch {
+	case pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition"):
+		src.raw.Forget()
+		return fmt.Errorf("%w: %w", errMissingPartition, err)
+	case pgErr.Code == "23505":
+		return fmt.Errorf("%w: %w", errConcurrentInsert, err)
+	case isBadRow(err):
+		return fmt.Errorf("%w: %w", errBadRow, err)
+	}
+	return err
+}
+
+// insertLedger writes one ledger row per source and UTC hour of event time
+// among the new rows.
+func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) error {
+	type bucketKey struct {
+		source string
+		hour   time.Time
+	}
+	type bucket struct {
+		rows     int64
+		min, max time.Time
+	}
+	buckets := map[bucketKey]*bucket{}
+	for _, r := range fresh {
+		k := bucketKey{r.src.name, r.ev.Time.UTC().Truncate(time.Hour)}
+		bk := buckets[k]
+		if bk == nil {
+			bk = &bucket{min: r.ev.Time, max: r.ev.Time}
+			buckets[k] = bk
 		}
-		seen[r.src] = true
-		rows, err := tx.Query(ctx, fmt.Sprintf(insertRawSQL, r.src.raw.Ident()), r.src.idx, ingestedAt, r.src.name)
-		if err != nil {
-			return fmt.Errorf("insert into %s: %w", r.src.raw.Ident(), err)
+		bk.rows++
+		if r.ev.Time.Before(bk.min) {
+			bk.min = r.ev.Time
 		}
-		for rows.Next() {
-			var tp topicPartition
-			var n int
-			if err := rows.Scan(&tp.Topic, &tp.Partition, &n); err != nil {
-				rows.Close()
-				return fmt.Errorf("insert into %s: %w", r.src.raw.Ident(), err)
-			}
-			inserted[tp] += n
+		if r.ev.Time.After(bk.max) {
+			bk.max = r.ev.Time
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition") {
-				r.src.raw.Forget()
-				return fmt.Errorf("%w: %w", errMissingPartition, err)
-			}
-			return fmt.Errorf("insert into %s: %w", r.src.raw.Ident(), err)
-		}
+	}
+	if len(buckets) == 0 {
+		return nil
+	}
+	var (
+		sources []string
+		hours   []time.Time
+		counts  []int64
+		mins    []time.Time
+		maxs    []time.Time
+	)
+	for k, bk := range buckets {
+		sources, hours, counts = append(sources, k.source), append(hours, k.hour), append(counts, bk.rows)
+		mins, maxs = append(mins, bk.min), append(maxs, bk.max)
+	}
+	if _, err := tx.Exec(ctx, insertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxs); err != nil {
+		return fmt.Errorf("write ledger: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,151 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+)
+
+// writerHarness is a writer on a fresh warehouse with raw.app_events.
+type writerHarness struct {
+	w   *writer
+	src *source
+	dsn string
+}
+
+func newWriterHarness(t *testing.T) *writerHarness {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	src := &source{name: "app_events", raw: NewRawTable("app_events", config.PartitionDay)}
+	if err := src.raw.Ensure(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	return &writerHarness{w: &writer{group: "g", conn: conn}, src: src, dsn: dsn}
+}
+
+// batchOf builds a batch of good events ids on events/0 from offset first.
+func (h *writerHarness) batchOf(first int64, ids ...string) *batch {
+	b := newBatch()
+	at := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
+	for i, id := range ids {
+		r := &kgo.Record{Topic: "events", Partition: 0, Offset: first + int64(i), LeaderEpoch: 0,
+			Value: []byte(fmt.Sprintf(`{"event_id":%q}`, id))}
+		b.add(h.src, r, Event{ID: id, Time: at, Payload: r.Value}, nil, time.Now())
+	}
+	return b
+}
+
+func (h *writerHarness) count(t *testing.T, sql string) int {
+	t.Helper()
+	var n int
+	if err := h.w.conn.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var tp0 = topicPartition{"events", 0}
+
+// TestWriterFencesStalePartitions: a batch whose partition another member
+// has advanced since this one last stored it is dropped, and the stored
+// position is reported so the consumer can seek there.
+func TestWriterFencesStalePartitions(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+
+	// This member stores offsets 0..2.
+	res, err := h.w.write(ctx, h.batchOf(0, "a", "b", "c"), map[topicPartition]position{}, now, false)
+	if err != nil || !res.committed {
+		t.Fatalf("first write: %v %+v", err, res)
+	}
+	// Another member then stores 3..5.
+	res, err = h.w.write(ctx, h.batchOf(3, "d", "e", "f"), map[topicPartition]position{tp0: {3, 0}}, now, false)
+	if err != nil || !res.committed {
+		t.Fatalf("second member's write: %v %+v", err, res)
+	}
+	// The first member, unaware, writes 3..5 again expecting 3 stored.
+	b := h.batchOf(3, "d", "e", "f")
+	res, err = h.w.write(ctx, b, map[topicPartition]position{tp0: {3, 0}}, now, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.committed || res.conflicts[tp0].Offset != 6 || !b.empty() {
+		t.Fatalf("stale write: committed=%v conflicts=%v batch empty=%v", res.committed, res.conflicts, b.empty())
+	}
+	// A member that never stored this partition is fenced as well.
+	res, err = h.w.write(ctx, h.batchOf(0, "a"), map[topicPartition]position{}, now, false)
+	if err != nil || res.committed || res.conflicts[tp0].Offset != 6 {
+		t.Fatalf("write without a stored position: %v %+v", err, res)
+	}
+	if n := h.count(t, "SELECT count(*) FROM raw.app_events"); n != 6 {
+		t.Errorf("raw rows %d, want 6", n)
+	}
+	if n := h.count(t, "SELECT next_offset FROM tidemark.kafka_offsets"); n != 6 {
+		t.Errorf("stored offset %d, want 6", n)
+	}
+}
+
+// TestWriterConcurrentInsert: an event stored by another transaction after
+// the batch probed for it makes the COPY fail on the primary key; the
+// write reports it as retryable, and the retry counts it as a duplicate.
+func TestWriterConcurrentInsert(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+
+	other, err := pgx.Connect(ctx, h.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.src.raw.EnsurePartitions(ctx, h.w.conn, []time.Time{time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO raw.app_events (event_id, event_time, ingested_at, payload)
+		VALUES ('b', '2026-10-05 10:00+00', now(), '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	// Commit the other insert while the writer's COPY waits on it.
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = tx.Commit(ctx)
+	}()
+	b := h.batchOf(0, "a", "b", "c")
+	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, false)
+	if !errors.Is(err, errConcurrentInsert) {
+		t.Fatalf("write = %v, want errConcurrentInsert", err)
+	}
+	res, err := h.w.write(ctx, b, map[topicPartition]position{}, now, false)
+	if err != nil || !res.committed || res.inserted[tp0] != 2 {
+		t.Fatalf("retry: %v %+v", err, res)
+	}
+	if n := h.count(t, "SELECT duplicates FROM tidemark.kafka_offsets"); n != 1 {
+		t.Errorf("duplicates %d, want 1", n)
+	}
+	if n := h.count(t, "SELECT count(*) FROM raw.app_events"); n != 3 {
+		t.Errorf("raw rows %d, want 3", n)
+	}
+}
