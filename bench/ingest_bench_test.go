@@ -1,0 +1,390 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+)
+
+const (
+	topic  = "events"
+	source = "app_events"
+	parts  = 4
+)
+
+var benchNow = time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is one benchmark's durable PostgreSQL server and kfake cluster.
+type env struct {
+	srv *pgserver.Server
+	kc  *kfake.Cluster
+}
+
+func newEnv(b *testing.B) *env {
+	b.Helper()
+	// fsync and synchronous_commit on: the numbers are those of a server
+	// that keeps its promises.
+	srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
+		"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min"}})
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(parts, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(kc.Close)
+	return &env{srv: srv, kc: kc}
+}
+
+// database creates a migrated warehouse database with raw.app_events.
+func (e *env) database(b *testing.B) (string, *pgx.Conn) {
+	b.Helper()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabaseOn(b, e.srv)
+	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
+		b.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close(context.Background()) })
+	if err := ingest.NewRawTable(source, config.PartitionDay).Ensure(ctx, conn); err != nil {
+		b.Fatal(err)
+	}
+	return dsn, conn
+}
+
+// produce writes the records to the topic and returns the end offsets.
+func (e *env) produce(b *testing.B, recs []*kgo.Record) map[int32]int64 {
+	b.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kc.ListenAddrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchMaxBytes(1<<20), kgo.MaxBufferedRecords(100_000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	end := map[int32]int64{}
+	for i := 0; i < len(recs); i += 50_000 {
+		res := cl.ProduceSync(ctx, recs[i:min(i+50_000, len(recs))]...)
+		if err := res.FirstErr(); err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range res {
+			end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
+		}
+	}
+	return end
+}
+
+func configFor(dsn, broker, group string) string {
+	return fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+log: {level: warn}
+kafka: {brokers: [%q], group: %s}
+sources:
+  %s:
+    kafka: {topics: [%s]}
+    event_id: /event_id
+    event_time: /event_time
+    max_age: 30d
+%s
+`, dsn, broker, group, source, topic, os.Getenv("TIDEMARK_BENCH_EXTRA"))
+}
+
+// workload returns n good events of about 200 bytes.
+func workload(n int) ([]*kgo.Record, float64) {
+	w := ingesttest.Make(topic, n, parts, 42, 0, 0, benchNow)
+	short, long := `"pad":"`+strings.Repeat("x", 60), `"pad":"`+strings.Repeat("x", 95)
+	var bytes int
+	for _, r := range w.Records {
+		r.Value = []byte(strings.Replace(string(r.Value), short, long, 1))
+		bytes += len(r.Value)
+	}
+	return w.Records, float64(bytes) / float64(n)
+}
+
+// BenchmarkIngest compares, in one run and on the same rows: (a) COPY
+// straight into the raw table, the physical limit; (b) tidemark end to end
+// from Kafka; (c) a consumer that INSERTs record by record, the common
+// hand-written approach (on a subset: it is slow).
+func BenchmarkIngest(b *testing.B) {
+	n := envInt("TIDEMARK_BENCH_EVENTS", 1_000_000)
+	perRecordN := envInt("TIDEMARK_BENCH_PER_RECORD_EVENTS", 20_000)
+	recs, avg := workload(n)
+	e := newEnv(b)
+	end := e.produce(b, recs)
+	b.Logf("%d events, %.0f bytes of JSON each on average, %d partitions, PostgreSQL with fsync on", n, avg, parts)
+
+	for i := 0; i < b.N; i++ {
+		copyRate := e.measureCopy(b, recs)
+		tmRate, firstCommit := e.measureTidemark(b, end, n)
+		perRate := e.measurePerRecord(b, perRecordN)
+
+		b.ReportMetric(copyRate, "copy_rows/s")
+		b.ReportMetric(tmRate, "tidemark_rows/s")
+		b.ReportMetric(perRate, "insert_rows/s")
+		b.ReportMetric(tmRate/copyRate, "tidemark/copy")
+		b.ReportMetric(tmRate/perRate, "tidemark/insert")
+		fmt.Fprintf(os.Stderr, `
+ingest throughput, %d events of ~%.0f bytes (GOMAXPROCS=%d)
+  (a) COPY into raw.%s (the limit)         %9.0f rows/s
+  (b) tidemark end to end from Kafka         %9.0f rows/s   (group join and first commit took %s)
+  (c) per-record INSERT consumer (%d events) %9.0f rows/s
+  ratios: (b)/(a) = %.2f (target >= 0.50), (b)/(c) = %.1fx (target >= 10x)
+`, n, avg, runtime.GOMAXPROCS(0), source, copyRate, tmRate, firstCommit.Round(time.Millisecond), perRecordN, perRate,
+			tmRate/copyRate, tmRate/perRate)
+	}
+}
+
+// measureCopy copies the rows, as the ingester would store them, into an
+// empty raw table in one COPY.
+func (e *env) measureCopy(b *testing.B, recs []*kgo.Record) float64 {
+	b.Helper()
+	ctx := context.Background()
+	_, conn := e.database(b)
+	dec, err := ingest.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
+		MaxAge: config.Duration(30 * 24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rows := make([][]any, len(recs))
+	raw := ingest.NewRawTable(source, config.PartitionDay)
+	var times []time.Time
+	for i, r := range recs {
+		r.Offset = int64(i)
+		ev, rej := dec.Decode(r, benchNow)
+		if rej != nil {
+			b.Fatalf("record %d: %s", i, rej.Detail)
+		}
+		rows[i] = []any{ev.ID, ev.Time, benchNow, ev.Payload, r.Topic, r.Partition, r.Offset}
+		times = append(times, ev.Time)
+	}
+	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(times)); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	n, err := conn.CopyFrom(ctx, pgx.Identifier{"raw", source},
+		[]string{"event_id", "event_time", "ingested_at", "payload", "kafka_topic", "kafka_partition", "kafka_offset"},
+		pgx.CopyFromRows(rows))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// measureTidemark drains the topic with one ingester, from start until
+// every offset is stored. The rate excludes the group join and the first
+// batch, reported separately.
+func (e *env) measureTidemark(b *testing.B, end map[int32]int64, n int) (float64, time.Duration) {
+	b.Helper()
+	dsn, conn := e.database(b)
+	cfg, err := config.Parse("bench.yaml", []byte(configFor(dsn, e.kc.ListenAddrs()[0], "bench-tidemark")), func(string) (string, bool) { return "", false })
+	if err != nil {
+		b.Fatal(err)
+	}
+	in, err := ingest.New(cfg, ingest.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return benchNow }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- in.Run(ctx) }()
+	var firstAt time.Time
+	var firstRows int64
+	for {
+		var stored, rows int64
+		err := conn.QueryRow(ctx, `SELECT coalesce(sum(greatest(next_offset, 0)), 0)::bigint, coalesce(sum(rows_written), 0)::bigint
+			FROM tidemark.kafka_offsets`).Scan(&stored, &rows)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if firstAt.IsZero() && rows > 0 {
+			firstAt, firstRows = time.Now(), rows
+		}
+		if stored >= sumEnd(end) {
+			if rows != int64(n) {
+				b.Fatalf("tidemark wrote %d rows, want %d", rows, n)
+			}
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	elapsed := time.Since(firstAt)
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return float64(int64(n)-firstRows) / elapsed.Seconds(), firstAt.Sub(start)
+}
+
+// insertOneSQL is what a hand-written consumer typically runs per record.
+const insertOneSQL = `INSERT INTO raw.app_events (event_id, event_time, ingested_at, payload, kafka_topic, kafka_partition, kafka_offset)
+VALUES ($1, $2, now(), $3, $4, $5, $6) ON CONFLICT DO NOTHING`
+
+// measurePerRecord runs the common hand-written consumer: poll, decode,
+// INSERT each record in its own (autocommit) transaction, commit offsets
+// to Kafka after each poll.
+func (e *env) measurePerRecord(b *testing.B, n int) float64 {
+	b.Helper()
+	ctx := context.Background()
+	_, conn := e.database(b)
+	raw := ingest.NewRawTable(source, config.PartitionDay)
+	var starts []time.Time
+	for d := 0; d <= 11; d++ {
+		starts = append(starts, benchNow.AddDate(0, 0, -d))
+	}
+	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(starts)); err != nil {
+		b.Fatal(err)
+	}
+	dec, err := ingest.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
+		MaxAge: config.Duration(30 * 24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kc.ListenAddrs()...), kgo.ConsumeTopics(topic), kgo.ConsumerGroup("bench-per-record"),
+		kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	var start time.Time
+	done := 0
+	for done < n {
+		fetches := cl.PollRecords(ctx, min(500, n-done))
+		if start.IsZero() {
+			start = time.Now()
+		}
+		for _, r := range fetches.Records() {
+			ev, rej := dec.Decode(r, benchNow)
+			if rej != nil {
+				b.Fatal(rej.Detail)
+			}
+			if _, err := conn.Exec(ctx, insertOneSQL, ev.ID, ev.Time, ev.Payload, r.Topic, r.Partition, r.Offset); err != nil {
+				b.Fatal(err)
+			}
+			done++
+		}
+		if err := cl.CommitUncommittedOffsets(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return float64(done) / time.Since(start).Seconds()
+}
+
+// BenchmarkDrainRSS runs `tidemark run` as its own process against a
+// backlog of 2M records and reports its peak resident memory.
+func BenchmarkDrainRSS(b *testing.B) {
+	n := envInt("TIDEMARK_BENCH_BACKLOG", 2_000_000)
+	recs, _ := workload(n)
+	e := newEnv(b)
+	end := e.produce(b, recs)
+	recs = nil
+	runtime.GC()
+	bin := filepath.Join(b.TempDir(), "tidemark")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/tidemark")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	for i := 0; i < b.N; i++ {
+		dsn, conn := e.database(b)
+		cfgPath := filepath.Join(b.TempDir(), "tidemark.yaml")
+		if err := os.WriteFile(cfgPath, []byte(configFor(dsn, e.kc.ListenAddrs()[0], "bench-rss")), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		cmd := exec.Command(bin, "run", "-c", cfgPath)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			var stored int64
+			if err := conn.QueryRow(context.Background(), `SELECT coalesce(sum(greatest(next_offset, 0)), 0)::bigint
+				FROM tidemark.kafka_offsets`).Scan(&stored); err != nil && !strings.Contains(err.Error(), "does not exist") {
+				b.Fatal(err)
+			}
+			if stored >= sumEnd(end) {
+				break
+			}
+			if time.Since(start) > 30*time.Minute {
+				b.Fatalf("backlog not drained in 30 minutes\n%s", out.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		elapsed := time.Since(start)
+		// VmHWM is the peak resident set of the process since it started
+		// its program. (The rusage maximum of a child also counts the
+		// parent's pages shared before exec, here the benchmark's broker.)
+		peak, err := vmHWM(cmd.Process.Pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			b.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			b.Fatalf("tidemark run: %v\n%s", err, out.String())
+		}
+		maxRSS := float64(peak)
+		b.ReportMetric(maxRSS/(1<<20), "peak_rss_MiB")
+		b.ReportMetric(float64(n)/elapsed.Seconds(), "rows/s")
+		fmt.Fprintf(os.Stderr, "\ndraining a %d-record backlog with `tidemark run`: peak RSS %.0f MiB (target < 300 MiB), %.0f rows/s including start-up\n",
+			n, maxRSS/(1<<20), float64(n)/elapsed.Seconds())
+	}
+}
+
+// vmHWM reads a process's peak resident set size in bytes.
+func vmHWM(pid int) (int64, error) {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}
+
+func sumEnd(end map[int32]int64) int64 {
+	var s int64
+	for _, e := range end {
+		s += e
+	}
+	return s
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
