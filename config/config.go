@@ -3,9 +3,10 @@
 // Values may refer to the environment as ${NAME} or ${NAME:-default}; "$$"
 // is a literal dollar sign. Expansion happens per value after parsing, so an
 // environment value never changes the structure of the file. Every problem
-// found (unknown keys, wrong types, invalid values, missing required keys)
-// is reported with the file, line and dotted key it concerns; Load returns
-// all of them at once as Errors.
+// found is reported with the file, line and dotted key it concerns, all of
+// them at once as Errors, in two rounds: syntax, unset variables, unknown
+// keys and wrong types first; once those are fixed, invalid values and
+// missing required keys.
 //
 // docs/configuration.md documents every key and its default.
 package config

@@ -12,13 +12,13 @@
 // # One transaction per batch
 //
 // Records are gathered into batches flushed by size, bytes or age. A batch
-// is written in ONE warehouse transaction that holds its raw rows (copied
-// into a staging table and moved with a single INSERT … SELECT … ON
-// CONFLICT DO NOTHING, so duplicates by (event_id, event_time) are dropped
-// and counted), one ingest-ledger row per source and UTC hour of event time
-// that the new rows touch, the dead letters, and for each Kafka partition
-// the next offset, its leader epoch, the largest event time seen and running
-// totals. Every row carries the transaction id (xid8) that wrote it, so the
+// is written in ONE warehouse transaction that holds its raw rows (events
+// already stored, found by a primary-key probe of the raw partitions the
+// batch touches, and repeats within the batch are dropped and counted as
+// duplicates by (event_id, event_time); the rest is written with COPY), one
+// ingest-ledger row per source and UTC hour of event time that the new rows
+// touch, the dead letters, and for each Kafka partition the next offset,
+// its leader epoch, the largest event time seen and running totals. Every row carries the transaction id (xid8) that wrote it, so the
 // reconciler can read exact windows of what was loaded.
 //
 // # Offsets live in the warehouse
@@ -36,6 +36,7 @@
 // On revocation the batch in flight is written before the partitions are
 // released; on shutdown the ingester writes its batch, commits, and leaves
 // the group. While the warehouse is slow or down the ingester stops polling,
-// so the client's fetch buffer (kafka.fetch_max_bytes) and one batch
-// (ingest.batch_max_bytes) bound its memory, and it retries with backoff.
+// so the client's fetch buffers (one of at most kafka.fetch_max_bytes per
+// broker) and one batch (ingest.batch_max_bytes) bound its memory, and it
+// retries with backoff.
 package ingest

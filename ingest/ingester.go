@@ -250,12 +250,14 @@ func (in *Ingester) prepare(ctx context.Context) error {
 	for {
 		err := in.ensureTables(ctx)
 		if err == nil {
+			in.lastErr.Store(nil)
 			return nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrPartitioningChanged) {
 			return err
 		}
 		in.log.Warn("cannot prepare raw tables; retrying", "err", err)
+		in.lastErr.Store(&err)
 		in.mu.Lock()
 		in.failures++
 		in.mu.Unlock()
@@ -349,6 +351,9 @@ func (in *Ingester) absorb(fetches kgo.Fetches) {
 			return
 		}
 		floor, owned := in.stored[tp]
+		if owned && floor.Offset >= 0 {
+			in.m.lag.WithLabelValues(tp.Topic, partLabel(tp.Partition)).Set(float64(max(0, p.HighWatermark-floor.Offset)))
+		}
 		for _, r := range p.Records {
 			if owned && r.Offset < floor.Offset {
 				continue // already stored; never write a record twice
@@ -557,6 +562,7 @@ func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[in
 			return nil, err
 		}
 		in.log.Warn("cannot read stored offsets; retrying", "err", err)
+		in.lastErr.Store(&err)
 		in.backoff(ctx)
 	}
 	in.mu.Lock()
@@ -594,6 +600,7 @@ func (in *Ingester) readStored(ctx context.Context, offsets map[string]map[int32
 		return nil, err
 	}
 	cc.RuntimeParams["application_name"] = "tidemark-ingest"
+	cc.RuntimeParams["timezone"] = "UTC"
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cc)

@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		}),
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tidemark_ingest_commit_seconds",
-			Help:    "Duration of successful batch transactions, from begin to commit.",
+			Help:    "Duration of successful batch writes, from creating any missing raw partitions to the commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
 		}),
 		writeErrors: f.NewCounterVec(prometheus.CounterOpts{
@@ -65,7 +65,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		}, []string{"result"}),
 		lag: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tidemark_ingest_consumer_lag_records",
-			Help: "High watermark minus stored next offset, per assigned partition.",
+			Help: "High watermark minus the next offset stored in the warehouse, per assigned partition, updated on every fetch and commit.",
 		}, []string{"topic", "partition"}),
 		assigned: f.NewGauge(prometheus.GaugeOpts{
 			Name: "tidemark_ingest_assigned_partitions",

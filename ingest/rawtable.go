@@ -2,7 +2,9 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,18 +57,51 @@ func NewRawTable(source, by string) *RawTable {
 // Ident is the quoted, schema-qualified table name.
 func (t *RawTable) Ident() string { return pgx.Identifier{"raw", t.Source}.Sanitize() }
 
-// Ensure creates the parent table and its indexes if missing.
+// listRawPartitionsSQL lists the partitions of a raw table.
+const listRawPartitionsSQL = `
+SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass`
+
+// ErrPartitioningChanged means raw.<source> is partitioned differently
+// from the configuration; retrying cannot help.
+var ErrPartitioningChanged = errors.New("raw table partitioning differs from the configuration")
+
+// Ensure creates the parent table and its indexes if missing, and checks
+// that existing partitions follow the configured granularity.
 func (t *RawTable) Ensure(ctx context.Context, conn *pgx.Conn) error {
 	idx := pgx.Identifier{t.Source + "_load_xid"}.Sanitize()
+	var names []string
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, fmt.Sprintf(createRawTableSQL, t.Ident(), idx))
+		if _, err := tx.Exec(ctx, fmt.Sprintf(createRawTableSQL, t.Ident(), idx)); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, listRawPartitionsSQL, t.Ident())
+		if err != nil {
+			return err
+		}
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("create raw table %s: %w", t.Ident(), err)
+	}
+	layout := "20060102"
+	if t.By == "month" {
+		layout = "200601"
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, name := range names {
+		suffix, ok := strings.CutPrefix(name, t.Source+"_p")
+		start, err := time.Parse(layout, suffix)
+		if !ok || err != nil || len(suffix) != len(layout) {
+			return fmt.Errorf("%w: %s has partition %s, which is not a %s partition; sources.%s.raw_partition must match how the table was created",
+				ErrPartitioningChanged, t.Ident(), name, t.By, t.Source)
+		}
+		t.known[start] = true
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -147,5 +148,27 @@ func TestWriterConcurrentInsert(t *testing.T) {
 	}
 	if n := h.count(t, "SELECT count(*) FROM raw.app_events"); n != 3 {
 		t.Errorf("raw rows %d, want 3", n)
+	}
+}
+
+// TestRawPartitioningMustMatch: a raw table created with daily partitions
+// cannot be reused with monthly ones; Ensure says which key to fix.
+func TestRawPartitioningMustMatch(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	if err := h.src.raw.EnsurePartitions(ctx, h.w.conn, []time.Time{time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC)}); err != nil {
+		t.Fatal(err)
+	}
+	err := NewRawTable("app_events", config.PartitionMonth).Ensure(ctx, h.w.conn)
+	if !errors.Is(err, ErrPartitioningChanged) || !strings.Contains(err.Error(), "sources.app_events.raw_partition") {
+		t.Fatalf("Ensure with another granularity = %v", err)
+	}
+	// The same granularity is fine, and learns the existing partitions.
+	same := NewRawTable("app_events", config.PartitionDay)
+	if err := same.Ensure(ctx, h.w.conn); err != nil {
+		t.Fatal(err)
+	}
+	if missing := same.Missing([]time.Time{time.Date(2026, 10, 5, 13, 0, 0, 0, time.UTC)}); len(missing) != 0 {
+		t.Errorf("existing partition not known: %v", missing)
 	}
 }

@@ -157,10 +157,18 @@ func Up(ctx context.Context, dsn string, log *slog.Logger) (Result, error) {
 	return res, nil
 }
 
-// Version returns the highest applied version, 0 when none.
+// Version returns the highest applied version, 0 when none (also when the
+// database has never been migrated).
 func Version(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) (int, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, "SELECT to_regclass('tidemark.schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
+		return 0, fmt.Errorf("migrate: read schema version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
 	var v int
 	err := q.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM tidemark.schema_migrations").Scan(&v)
 	if err != nil {

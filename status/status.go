@@ -80,7 +80,7 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 	if err != nil {
 		return nil, err
 	}
-	var ends kadm.ListedOffsets
+	var ends, starts kadm.ListedOffsets
 	var kafkaErr error
 	var topics []string
 	for _, name := range cfg.SourceNames() {
@@ -91,10 +91,16 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 	if adm != nil && len(topics) > 0 {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ends, kafkaErr = adm.ListEndOffsets(actx, topics...)
-		cancel()
 		if kafkaErr == nil {
 			kafkaErr = ends.Error()
 		}
+		if kafkaErr == nil {
+			starts, kafkaErr = adm.ListStartOffsets(actx, topics...)
+		}
+		if kafkaErr == nil {
+			kafkaErr = starts.Error()
+		}
+		cancel()
 	}
 	for _, name := range cfg.SourceNames() {
 		sc := cfg.Sources[name]
@@ -150,9 +156,12 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 				}
 				end := lo.Offset
 				p.EndOffset = &end
-				lag := end
+				// Nothing stored yet: the whole retained log is behind.
+				var lag int64
 				if p.StoredOffset != nil {
 					lag = max(0, end-*p.StoredOffset)
+				} else if so, ok := starts.Lookup(p.Topic, p.Partition); ok {
+					lag = max(0, end-so.Offset)
 				}
 				p.Lag = &lag
 				total += lag

@@ -119,6 +119,13 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		return err
 	}
 	defer pool.Close()
+	if !cfg.Warehouse.MigrateOnStart() {
+		// warehouse.migrate: false leaves migrations to the operator; refuse
+		// to run against a schema this binary does not match.
+		if err := migrate.Check(ctx, pool); err != nil {
+			return err
+		}
+	}
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -149,7 +156,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		adm = kadm.NewClient(cl)
 	}
 
-	h := &handler{cfg: cfg, pool: pool, in: in, adm: adm, now: now, reg: reg}
+	h := &handler{log: log, cfg: cfg, pool: pool, in: in, adm: adm, now: now, reg: reg}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	errs := make(chan error, 2)
@@ -190,7 +197,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			stop()
 		}()
 	}
-	log.Info("tidemark running", "version", VersionString(), "components", opts.Only)
+	running := opts.Only
+	if len(running) == 0 {
+		running = Components
+	}
+	log.Info("tidemark running", "version", VersionString(), "components", running)
 	<-runCtx.Done()
 	h.stopping.Store(true)
 	wg.Wait()
@@ -203,6 +214,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 }
 
 type handler struct {
+	log      *slog.Logger
 	cfg      *config.Config
 	pool     *pgxpool.Pool
 	in       *ingest.Ingester
@@ -214,7 +226,10 @@ type handler struct {
 
 func (h *handler) mux() *http.ServeMux {
 	m := http.NewServeMux()
-	m.Handle("GET /metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{Registry: h.reg}))
+	// ContinueOnError: a collector that cannot reach the warehouse must
+	// not hide every other series (write errors, lag) during an outage.
+	m.Handle("GET /metrics", promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{
+		Registry: h.reg, ErrorHandling: promhttp.ContinueOnError, ErrorLog: promLogger{h.log}}))
 	m.HandleFunc("GET /healthz", h.healthz)
 	m.HandleFunc("GET /readyz", h.readyz)
 	m.HandleFunc("GET /status", h.status)
@@ -271,3 +286,8 @@ func (h *handler) status(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = rep.WriteJSON(w)
 }
+
+// promLogger sends the metrics handler's errors to the service log.
+type promLogger struct{ log *slog.Logger }
+
+func (l promLogger) Println(v ...any) { l.log.Warn("metrics: " + fmt.Sprint(v...)) }

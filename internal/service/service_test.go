@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/service"
+	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/status"
 )
 
@@ -191,6 +193,11 @@ func TestEndpoints(t *testing.T) {
 	if code, _ := b.get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz with the warehouse down = %d", code)
 	}
+	// /metrics still serves everything it can: an outage must not hide
+	// the series that describe it.
+	if code, body := b.get(t, "/metrics"); code != http.StatusOK || !strings.Contains(body, "tidemark_ingest_write_errors_total") {
+		t.Errorf("/metrics with the warehouse down = %d, write errors present: %v", code, strings.Contains(body, "tidemark_ingest_write_errors_total"))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := b.srv.Resume(ctx); err != nil {
@@ -208,4 +215,29 @@ func TestEndpoints(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	b.stop()
+}
+
+// TestRunRefusesUnmigratedSchema: with warehouse.migrate: false, the
+// service refuses a warehouse whose schema is behind the binary.
+func TestRunRefusesUnmigratedSchema(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	cfg, err := config.Parse("test.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q, migrate: false}
+http: {listen: "off"}
+kafka: {brokers: ["127.0.0.1:1"]}
+sources:
+  app_events:
+    kafka: {topics: [events]}
+    event_id: /id
+    event_time: /ts
+`, dsn)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = service.Run(ctx, cfg, service.Options{})
+	if !errors.Is(err, migrate.ErrBehind) {
+		t.Fatalf("Run on an unmigrated warehouse = %v, want migrate.ErrBehind", err)
+	}
 }
