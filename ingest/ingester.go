@@ -39,7 +39,6 @@ type Options struct {
 // source is one configured source as the ingester uses it.
 type source struct {
 	name string
-	idx  int16 // tag of its rows in the staging table
 	dec  *Decoder
 	raw  *RawTable
 }
@@ -100,7 +99,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		reg = prometheus.NewRegistry()
 	}
 	var topics, names []string
-	for i, name := range cfg.SourceNames() {
+	for _, name := range cfg.SourceNames() {
 		sc := cfg.Sources[name]
 		if sc.Kafka == nil {
 			continue
@@ -109,7 +108,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		if err != nil {
 			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
 		}
-		src := &source{name: name, idx: int16(i), dec: dec, raw: NewRawTable(name, sc.RawPartition)}
+		src := &source{name: name, dec: dec, raw: NewRawTable(name, sc.RawPartition)}
 		in.sources = append(in.sources, src)
 		names = append(names, name)
 		for _, t := range sc.Kafka.Topics {

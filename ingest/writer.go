@@ -482,15 +482,17 @@ func (w *writer) updateOffsets(ctx context.Context, tx pgx.Tx, b *batch, ingeste
 	return nil
 }
 
-// isBadRow reports whether err is PostgreSQL refusing a value: a data
-// exception (class 22) or a program limit such as an oversized index row
-// (class 54).
+// isBadRow reports whether err is PostgreSQL refusing a row's content: a
+// data exception (class 22), a check constraint an operator added to a raw
+// table (23514, except a missing partition, which callers test first), or
+// a program limit such as an oversized index row (class 54).
 func isBadRow(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54")
+	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54") ||
+		(pgErr.Code == "23514" && !strings.Contains(pgErr.Message, "no partition"))
 }
 
 // cleanText makes s storable as PostgreSQL text.

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -107,25 +108,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	enabled := func(c string) bool { return len(want) == 0 || want[c] }
 
-	if cfg.Warehouse.MigrateOnStart() {
-		res, err := migrate.Up(ctx, cfg.Warehouse.DSN, log)
-		if err != nil {
-			return err
-		}
-		log.Info("warehouse schema ready", "version", res.Current, "applied", len(res.Applied))
-	}
 	pool, err := Pool(ctx, cfg, "tidemark")
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if !cfg.Warehouse.MigrateOnStart() {
-		// warehouse.migrate: false leaves migrations to the operator; refuse
-		// to run against a schema this binary does not match.
-		if err := migrate.Check(ctx, pool); err != nil {
-			return err
-		}
-	}
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -135,13 +122,6 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	reg.MustRegister(buildInfo)
 	reg.MustRegister(ingest.NewWatermarkCollector(cfg, pool, now))
 
-	var in *ingest.Ingester
-	if enabled(ComponentIngest) {
-		in, err = ingest.New(cfg, ingest.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
-		if err != nil {
-			return err
-		}
-	}
 	var adm *kadm.Client
 	if len(cfg.Kafka.Brokers) > 0 {
 		kopts, err := ingest.ClientOptions(cfg.Kafka)
@@ -156,7 +136,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		adm = kadm.NewClient(cl)
 	}
 
-	h := &handler{log: log, cfg: cfg, pool: pool, in: in, adm: adm, now: now, reg: reg}
+	h := &handler{log: log, cfg: cfg, pool: pool, adm: adm, now: now, reg: reg}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	errs := make(chan error, 2)
@@ -186,8 +166,23 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			<-served
 		}()
 	}
+	// The HTTP server answers while the service waits for the warehouse:
+	// /healthz succeeds and /readyz says what is missing.
+	if err := prepareSchema(runCtx, cfg, pool, log); err != nil {
+		if runCtx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	h.schemaReady.Store(true)
+
 	var wg sync.WaitGroup
-	if in != nil {
+	if enabled(ComponentIngest) {
+		in, err := ingest.New(cfg, ingest.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
+		if err != nil {
+			return err
+		}
+		h.in.Store(in)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -213,15 +208,48 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	return nil
 }
 
+// prepareSchema applies the migrations (warehouse.migrate: true) or checks
+// that the schema is current (false), waiting while the warehouse cannot be
+// reached rather than exiting, so that a service started before its
+// database comes up by itself.
+func prepareSchema(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, log *slog.Logger) error {
+	delay := time.Second
+	for {
+		var err error
+		if cfg.Warehouse.MigrateOnStart() {
+			var res migrate.Result
+			if res, err = migrate.Up(ctx, cfg.Warehouse.DSN, log); err == nil {
+				log.Info("warehouse schema ready", "version", res.Current, "applied", len(res.Applied))
+			}
+		} else {
+			// Migrations are left to the operator; refuse to run against a
+			// schema this binary does not match.
+			err = migrate.Check(ctx, pool)
+		}
+		var connErr *pgconn.ConnectError
+		if err == nil || !errors.As(err, &connErr) || ctx.Err() != nil {
+			return err
+		}
+		log.Warn("warehouse unreachable; waiting for it", "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
 type handler struct {
-	log      *slog.Logger
-	cfg      *config.Config
-	pool     *pgxpool.Pool
-	in       *ingest.Ingester
-	adm      *kadm.Client
-	now      func() time.Time
-	reg      *prometheus.Registry
-	stopping atomic.Bool
+	log         *slog.Logger
+	cfg         *config.Config
+	pool        *pgxpool.Pool
+	in          atomic.Pointer[ingest.Ingester] // set once the schema is ready
+	schemaReady atomic.Bool
+	adm         *kadm.Client
+	now         func() time.Time
+	reg         *prometheus.Registry
+	stopping    atomic.Bool
 }
 
 func (h *handler) mux() *http.ServeMux {
@@ -261,9 +289,12 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 		checks[name] = "ok"
 	}
 	check("warehouse", h.pool.Ping(ctx))
-	if h.in != nil {
-		check("kafka", h.in.Ping(ctx))
-		check("ingest_writes", h.in.LastError())
+	if !h.schemaReady.Load() {
+		check("schema", errors.New("waiting for the warehouse schema"))
+	}
+	if in := h.in.Load(); in != nil {
+		check("kafka", in.Ping(ctx))
+		check("ingest_writes", in.LastError())
 	}
 	if h.stopping.Load() {
 		check("process", errors.New("stopping"))

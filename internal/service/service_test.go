@@ -42,6 +42,12 @@ type bundle struct {
 // can be halted) and a kfake cluster, with the HTTP server on a free port.
 func start(t *testing.T) *bundle {
 	t.Helper()
+	return startWith(t, func(*pgserver.Server) {})
+}
+
+// startWith is start with a hook that runs just before the service starts.
+func startWith(t *testing.T, before func(*pgserver.Server)) *bundle {
+	t.Helper()
 	srv := pgtest.NewServer(t, pgserver.Options{})
 	dsn := pgtest.NewDatabaseOn(t, srv)
 	kc := kafkatest.NewCluster(t, 2, "events")
@@ -61,6 +67,7 @@ sources:
 		t.Fatal(err)
 	}
 	b := &bundle{srv: srv, reg: prometheus.NewRegistry(), prod: kafkatest.Producer(t, kc)}
+	before(srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	done := make(chan error, 1)
@@ -240,4 +247,29 @@ sources:
 	if !errors.Is(err, migrate.ErrBehind) {
 		t.Fatalf("Run on an unmigrated warehouse = %v, want migrate.ErrBehind", err)
 	}
+}
+
+// TestWaitsForTheWarehouse: started while the warehouse is down, the
+// service answers /healthz, reports what it waits for on /readyz, and
+// migrates and ingests once the warehouse is up.
+func TestWaitsForTheWarehouse(t *testing.T) {
+	b := startWith(t, func(srv *pgserver.Server) {
+		if err := srv.Halt(false); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if code, _ := b.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz while waiting = %d", code)
+	}
+	code, body := b.get(t, "/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"schema":"waiting for the warehouse schema"`) {
+		t.Errorf("/readyz while waiting = %d %s", code, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.srv.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kafkatest.Produce(t, b.prod, &kgo.Record{Topic: "events", Value: []byte(`{"id":"a","ts":"2026-10-05T11:00:00Z"}`)})
+	b.waitStatus(t, func(r *status.Report) bool { return len(r.Sources) == 1 && r.Sources[0].Rows == 1 })
 }
