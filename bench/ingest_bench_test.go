@@ -38,8 +38,32 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // env is one benchmark's durable PostgreSQL server and kfake cluster.
 type env struct {
-	srv *pgserver.Server
-	kc  *kfake.Cluster
+	srv  *pgserver.Server
+	kc   *kfake.Cluster
+	last string // the previous measurement's database
+}
+
+// settle drops the previous measurement's database and checkpoints.
+func (e *env) settle(b *testing.B) {
+	b.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, e.srv.URL("postgres"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if e.last != "" {
+		cfg, err := pgx.ParseConfig(e.last)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{cfg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func newEnv(b *testing.B) *env {
@@ -56,11 +80,15 @@ func newEnv(b *testing.B) *env {
 	return &env{srv: srv, kc: kc}
 }
 
-// database creates a migrated warehouse database with raw.app_events.
+// database creates a migrated warehouse database with raw.app_events. It
+// first drops the previous measurement's database and checkpoints, so that
+// no measurement pays for writing out the dirty pages of the one before.
 func (e *env) database(b *testing.B) (string, *pgx.Conn) {
 	b.Helper()
 	ctx := context.Background()
+	e.settle(b)
 	dsn := pgtest.NewDatabaseOn(b, e.srv)
+	e.last = dsn
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		b.Fatal(err)
 	}
