@@ -130,12 +130,16 @@ func TestWriterConcurrentInsert(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Commit the other insert while the writer's COPY waits on it.
+	committed := make(chan error, 1)
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		_ = tx.Commit(ctx)
+		committed <- tx.Commit(ctx)
 	}()
 	b := h.batchOf(0, "a", "b", "c")
 	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, false)
+	if err := <-committed; err != nil {
+		t.Fatalf("commit the concurrent insert: %v", err)
+	}
 	if !errors.Is(err, errConcurrentInsert) {
 		t.Fatalf("write = %v, want errConcurrentInsert", err)
 	}

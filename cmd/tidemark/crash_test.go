@@ -91,7 +91,7 @@ kafka:
   brokers: [%q]
   group: %s
   session_timeout: 1s
-  rebalance_timeout: 5s
+  rebalance_timeout: 2s
 ingest: {batch_max_rows: 2000, batch_max_age: 20ms}
 sources:
   app_events:
@@ -110,7 +110,9 @@ sources:
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		chunk := n / 60
+		// A slow, steady stream: every kill must land while records are
+		// still arriving and being written.
+		chunk := n / 100
 		for i := 0; i < n; i += chunk {
 			res := producer.ProduceSync(ctx, w.Records[i:min(i+chunk, n)]...)
 			if err := res.FirstErr(); err != nil {
@@ -122,33 +124,41 @@ sources:
 				end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
 			}
 			mu.Unlock()
-			time.Sleep(150 * time.Millisecond)
+			time.Sleep(250 * time.Millisecond)
 		}
 		streamed <- nil
 	}()
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	working := 0
+	midStream := 0
 	for i := 0; i < kills; i++ {
 		before := storedTotal(t, pool, group, topic)
 		p := startRun(t, cfgPath, now)
-		// Let it start, join the group and write for a while.
-		time.Sleep(time.Duration(800+rng.IntN(1200)) * time.Millisecond)
+		// Wait until this process writes (it has joined the group and been
+		// assigned partitions), then kill it at a random moment while it
+		// keeps writing.
+		for deadline := time.Now().Add(2 * time.Minute); storedTotal(t, pool, group, topic) == before; {
+			if time.Now().After(deadline) {
+				t.Fatalf("kill %d: the process stored nothing within 2 minutes", i+1)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
+		at := storedTotal(t, pool, group, topic)
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatalf("kill: %v", err)
 		}
 		<-p.exited
-		after := storedTotal(t, pool, group, topic)
-		if after > before {
-			working++
+		if at < int64(n) {
+			midStream++
 		}
-		t.Logf("kill %d: stored records %d -> %d", i+1, before, after)
+		t.Logf("kill %d: stored records %d -> %d when killed", i+1, before, at)
 	}
 	if err := <-streamed; err != nil {
 		t.Fatalf("produce: %v", err)
 	}
-	if working < 3 {
-		t.Fatalf("only %d of %d killed processes had written anything; the kills did not interrupt ingestion", working, kills)
+	if midStream < 5 {
+		t.Fatalf("only %d of %d kills happened before the stream was fully stored", midStream, kills)
 	}
 
 	final := startRun(t, cfgPath, now)
