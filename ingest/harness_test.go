@@ -51,14 +51,15 @@ func (c *clock) Set(t time.Time) {
 }
 
 type bundle struct {
-	dsn      string
-	pool     *pgxpool.Pool
-	kafka    *kfake.Cluster
-	producer *kgo.Client
-	clock    *clock
-	topic    string
-	parts    int32
-	yaml     string // extra source keys
+	dsn       string
+	pool      *pgxpool.Pool
+	kafka     *kfake.Cluster
+	producer  *kgo.Client
+	clock     *clock
+	topic     string
+	parts     int32
+	yaml      string // extra source keys
+	kafkaYAML string // extra kafka keys
 }
 
 // setup gives a test a migrated warehouse database and a kfake cluster
@@ -71,14 +72,20 @@ func setup(t *testing.T, parts int32) *bundle {
 // setupOn is setup with the warehouse database at dsn.
 func setupOn(t *testing.T, parts int32, dsn string) *bundle {
 	t.Helper()
+	return setupWith(t, parts, dsn, kafkatest.NewCluster(t, parts, "events"))
+}
+
+// setupWith is setup with the warehouse at dsn and the given cluster, which
+// must have a topic "events".
+func setupWith(t *testing.T, parts int32, dsn string, c *kfake.Cluster, producerOpts ...kgo.Opt) *bundle {
+	t.Helper()
 	pool := pgtest.Pool(t, dsn)
 	if _, err := migrate.Up(context.Background(), dsn, nil); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	c := kafkatest.NewCluster(t, parts, "events")
 	return &bundle{
 		dsn: dsn, pool: pool, kafka: c, topic: "events", parts: parts,
-		producer: kafkatest.Producer(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner())),
+		producer: kafkatest.Producer(t, c, append(producerOpts, kgo.RecordPartitioner(kgo.ManualPartitioner()))...),
 		clock:    &clock{t: testNow},
 	}
 }
@@ -93,6 +100,7 @@ kafka:
   group: %s
   session_timeout: 1s
   rebalance_timeout: 5s
+%s
 ingest:
   batch_max_rows: 5000
   batch_max_age: 50ms
@@ -102,7 +110,7 @@ sources:
     event_id: /event_id
     event_time: /event_time
     max_age: 30d
-%s`, b.dsn, b.kafka.ListenAddrs()[0], group, b.topic, b.yaml)
+%s`, b.dsn, b.kafka.ListenAddrs()[0], group, b.kafkaYAML, b.topic, b.yaml)
 }
 
 func (b *bundle) config(t *testing.T) *config.Config {

@@ -176,3 +176,35 @@ func TestRawPartitioningMustMatch(t *testing.T) {
 		t.Errorf("existing partition not known: %v", missing)
 	}
 }
+
+// TestConcurrentPartitionCreation: several ingesters creating the same raw
+// partitions at once all succeed (the per-source advisory lock).
+func TestConcurrentPartitionCreation(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	var days []time.Time
+	for d := 0; d < 20; d++ {
+		days = append(days, time.Date(2026, 9, 10+d, 0, 0, 0, 0, time.UTC))
+	}
+	errs := make(chan error, 6)
+	for i := 0; i < cap(errs); i++ {
+		go func() {
+			conn, err := pgx.Connect(ctx, h.dsn)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(ctx)
+			raw := NewRawTable("app_events", config.PartitionDay)
+			errs <- raw.EnsurePartitions(ctx, conn, raw.Missing(days))
+		}()
+	}
+	for i := 0; i < cap(errs); i++ {
+		if err := <-errs; err != nil {
+			t.Errorf("EnsurePartitions: %v", err)
+		}
+	}
+	if n := h.count(t, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'raw.app_events'::regclass"); n != 20 {
+		t.Errorf("%d partitions, want 20", n)
+	}
+}

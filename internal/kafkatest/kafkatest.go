@@ -15,11 +15,18 @@ import (
 // partitions partitions, and closes it when the test ends.
 func NewCluster(tb testing.TB, partitions int32, topics ...string) *kfake.Cluster {
 	tb.Helper()
-	c, err := kfake.NewCluster(
+	return NewClusterWith(tb, partitions, topics)
+}
+
+// NewClusterWith is NewCluster with extra kfake options (TLS, SASL).
+func NewClusterWith(tb testing.TB, partitions int32, topics []string, extra ...kfake.Opt) *kfake.Cluster {
+	tb.Helper()
+	opts := append([]kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.SeedTopics(partitions, topics...),
-		kfake.GroupMinSessionTimeout(500*time.Millisecond),
-	)
+		kfake.GroupMinSessionTimeout(500 * time.Millisecond),
+	}, extra...)
+	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		tb.Fatalf("kafkatest: start kfake: %v", err)
 	}
