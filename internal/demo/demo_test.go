@@ -1,0 +1,39 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDemo runs `make demo` in-process and checks what it shows, so that
+// the README's first command keeps working.
+func TestDemo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	if err := Run(ctx, &out, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	text := out.String()
+	for _, want := range []string{
+		// e3 happened on 4 October and arrived 9h45m later, on the 5th.
+		"e3        2026-10-04 23:30  2026-10-05 09:15  09:45:00",
+		"app_events_p20261004", "app_events_p20261005",
+		"missing_id", "invalid_json", "time_out_of_range",
+		"duplicates dropped    1",
+		"event-time watermark  2026-10-05T08:00:00Z",
+		`tidemark_ingest_rows_written_total{source="app_events"} 3`,
+		"done: the service committed its last batch",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("demo output:\n%s", text)
+	}
+}
