@@ -37,6 +37,9 @@ type Config struct {
 	Kafka     Kafka              `yaml:"kafka"`
 	Ingest    Ingest             `yaml:"ingest"`
 	Sources   map[string]*Source `yaml:"sources"`
+	// Aggregates are event-date aggregates kept by the reconciler.
+	Aggregates map[string]*Aggregate `yaml:"aggregates"`
+	Reconcile  Reconcile             `yaml:"reconcile"`
 
 	// File is the path the configuration was read from.
 	File string `yaml:"-"`
@@ -109,6 +112,8 @@ type Ingest struct {
 // Source is one stream of events loaded into raw.<name>.
 type Source struct {
 	Kafka *KafkaSource `yaml:"kafka"`
+	// Table is a raw table written by another tool, read in timestamp mode.
+	Table *TableSource `yaml:"table"`
 
 	EventID           string   `yaml:"event_id"`            // JSON pointer
 	EventIDFallback   string   `yaml:"event_id_fallback"`   // "" or coordinates
@@ -322,6 +327,7 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
 	if c.Ingest.BatchMaxAge == 0 {
 		c.Ingest.BatchMaxAge = Duration(time.Second)
 	}
+	c.applyAggregateDefaults()
 	for name, s := range c.Sources {
 		if s == nil {
 			continue
@@ -391,8 +397,15 @@ func (c *Config) validate(ix *index) {
 			ix.add(p, "is empty")
 			continue
 		}
-		if s.Kafka == nil {
-			ix.add(p, "needs a kafka block (kafka: {topics: [...]})")
+		switch {
+		case s.Kafka != nil && s.Table != nil:
+			ix.add(p, "has both a kafka and a table block; a source reads one")
+			continue
+		case s.Table != nil:
+			validateTableSource(ix, p, s)
+			continue
+		case s.Kafka == nil:
+			ix.add(p, "needs a kafka block (kafka: {topics: [...]}) or a table block")
 			continue
 		}
 		usesKafka = true
@@ -432,6 +445,7 @@ func (c *Config) validate(ix *index) {
 	if usesKafka {
 		c.validateKafka(ix)
 	}
+	c.validateAggregates(ix)
 }
 
 func (c *Config) validateKafka(ix *index) {
@@ -484,9 +498,11 @@ func (c *Config) SourceNames() []string {
 	for n := range c.Sources {
 		names = append(names, n)
 	}
-	sort.Strings(names)
+	sortStrings(names)
 	return names
 }
+
+func sortStrings(s []string) { sort.Strings(s) }
 
 func oneOf(ix *index, path, v string, allowed ...string) {
 	for _, a := range allowed {

@@ -198,7 +198,8 @@ func TestParseFullFile(t *testing.T) {
 			TLS:              &TLS{CAFile: ca, ServerName: "kafka.internal", InsecureSkipVerify: tr},
 			SASL:             &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret"},
 		},
-		Ingest: Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
+		Ingest:    Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
+		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:             &KafkaSource{Topics: []string{"app.events", "app.events.v2"}},
@@ -263,7 +264,8 @@ func TestParseDefaults(t *testing.T) {
 			RebalanceTimeout: Duration(60 * time.Second),
 			FetchMaxBytes:    16 << 20,
 		},
-		Ingest: Ingest{BatchMaxRows: 10000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
+		Ingest:    Ingest{BatchMaxRows: 10000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
+		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:           &KafkaSource{Topics: []string{"app.events"}},

@@ -1,0 +1,197 @@
+package aggregate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/config"
+)
+
+// Beyond-horizon policies.
+const (
+	// Correction keeps a partition final once its horizon has passed:
+	// later events are recorded in tidemark.corrections and counted.
+	Correction = config.PolicyCorrection
+	// Arrival counts an event later than the horizon in the partition of
+	// the time it arrived.
+	Arrival = config.PolicyArrival
+	// RebuildAnyway ignores the horizon: every late event rebuilds its own
+	// partition.
+	RebuildAnyway = config.PolicyRebuild
+)
+
+// Definition is one aggregate, resolved from the configuration.
+type Definition struct {
+	Name   string
+	Source string
+	// Raw is the source's raw table and the names of its event-time and
+	// ingestion-time columns; EventKey are the columns identifying an
+	// event in it.
+	Raw        pgx.Identifier
+	EventTime  string
+	IngestedAt string
+	EventKey   []string
+	// Target is the aggregate table; Column holds the partition key.
+	Target   pgx.Identifier
+	Column   string
+	Calendar Calendar
+	Horizon  time.Duration
+	Policy   string
+	SQL      string
+
+	columns []string // output columns of SQL, known after Prepare
+}
+
+// FromConfig resolves the aggregate named name.
+func FromConfig(cfg *config.Config, name string) (*Definition, error) {
+	a := cfg.Aggregates[name]
+	if a == nil {
+		return nil, fmt.Errorf("aggregate: no aggregate named %q", name)
+	}
+	src := cfg.Sources[a.Source]
+	if src == nil {
+		return nil, fmt.Errorf("aggregate %s: no source named %q", name, a.Source)
+	}
+	schema, table := config.SplitTable(a.Table)
+	d := &Definition{
+		Name:     name,
+		Source:   a.Source,
+		Target:   pgx.Identifier{schema, table},
+		Column:   a.Partition.Column,
+		Calendar: Calendar{By: a.Partition.By, Loc: a.Partition.Location()},
+		Horizon:  a.LatenessHorizon.D(),
+		Policy:   a.BeyondHorizon,
+		SQL:      strings.TrimSpace(a.SQL),
+	}
+	if t := src.Table; t != nil {
+		rs, rt := config.SplitTable(t.Name)
+		d.Raw, d.EventTime, d.IngestedAt, d.EventKey = pgx.Identifier{rs, rt}, t.EventTime, t.IngestedAt, t.Key
+	} else {
+		d.Raw, d.EventTime, d.IngestedAt = pgx.Identifier{"raw", a.Source}, "event_time", "ingested_at"
+		d.EventKey = []string{"event_id", "event_time"}
+	}
+	return d, nil
+}
+
+// Of returns the partition holding t.
+func (d *Definition) Of(t time.Time) Partition { return d.Calendar.Of(t) }
+
+// HorizonEnd is the ingestion time after which an event of p is beyond the
+// lateness horizon.
+func (d *Definition) HorizonEnd(p Partition) time.Time { return p.End.Add(d.Horizon) }
+
+func quote(col string) string { return pgx.Identifier{col}.Sanitize() }
+
+// eventsSQL is the table expression {{events}} stands for: the raw rows of
+// p with the horizon policy applied. It uses stored columns only, so every
+// rebuild of p, incremental or backfill, reads the same rows.
+func (d *Definition) eventsSQL(p Partition) string {
+	et, ia := quote(d.EventTime), quote(d.IngestedAt)
+	raw := d.Raw.Sanitize()
+	q := fmt.Sprintf("SELECT * FROM %s WHERE %s >= %s AND %s < %s", raw, et, timeLiteral(p.Start), et, timeLiteral(p.End))
+	if d.Policy == RebuildAnyway {
+		return q
+	}
+	q += fmt.Sprintf(" AND %s <= %s", ia, timeLiteral(d.HorizonEnd(p)))
+	if d.Policy == Arrival {
+		q += fmt.Sprintf(" UNION ALL SELECT (jsonb_populate_record(NULL::%s, c.event)).* FROM tidemark.corrections c"+
+			" WHERE c.aggregate = '%s' AND c.arrival_partition_start = %s", raw, d.Name, timeLiteral(p.Start))
+	}
+	return q
+}
+
+var leadingWith = regexp.MustCompile(`(?is)^\s*with\s+(recursive\s+)?`)
+
+// query is the user's SQL for partition p: {{partition}} becomes the typed
+// key and {{events}} a common table expression named events.
+func (d *Definition) query(p Partition) string {
+	sql := strings.ReplaceAll(d.SQL, "{{partition}}", p.keyLiteral())
+	sql = strings.ReplaceAll(sql, "{{events}}", "events")
+	cte := "events AS (" + d.eventsSQL(p) + ")"
+	if m := leadingWith.FindStringSubmatch(sql); m != nil {
+		head := "WITH "
+		if m[1] != "" {
+			head = "WITH RECURSIVE "
+		}
+		return head + cte + ", " + sql[len(m[0]):]
+	}
+	return "WITH " + cte + " " + sql
+}
+
+// Result is what one rebuild did.
+type Result struct {
+	Rows int64
+}
+
+// ErrOutsidePartition means the aggregate's query returned rows whose
+// partition column is not the partition being rebuilt.
+var ErrOutsidePartition = errors.New("aggregate: query returned rows outside the partition")
+
+// ErrNotPrepared is returned by Rebuild for a definition that Prepare has
+// not checked against the warehouse.
+var ErrNotPrepared = errors.New("aggregate: definition not prepared")
+
+const (
+	lockPartitionSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
+
+	// upsertPartitionSQL records a rebuild in the status table. The load
+	// watermark it reflects is the oldest transaction still running when
+	// the rebuild began: every raw row of an older transaction is in it.
+	upsertPartitionSQL = `
+INSERT INTO tidemark.partitions AS p (aggregate, partition_start, partition_end, partition_key, rows, rebuilt_at,
+                                      rebuilds, load_watermark, final_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, 1, $7::text::xid8, $8, $6)
+ON CONFLICT (aggregate, partition_start) DO UPDATE SET
+    rows = EXCLUDED.rows, rebuilt_at = EXCLUDED.rebuilt_at, rebuilds = p.rebuilds + 1,
+    load_watermark = EXCLUDED.load_watermark, final_at = EXCLUDED.final_at, updated_at = EXCLUDED.updated_at`
+)
+
+// Rebuild replaces partition p of the aggregate, atomically (inside tx)
+// and idempotently: it deletes the partition's rows, inserts what the
+// aggregate's query returns for it, and records the rebuild in
+// tidemark.partitions. It is the only code that writes aggregate tables;
+// the reconciler, backfills and full refreshes all call it. now is the
+// service clock. A per-partition advisory lock keeps two rebuilds of the
+// same partition from running at once.
+func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now time.Time) (Result, error) {
+	if d.columns == nil {
+		return Result{}, ErrNotPrepared
+	}
+	lock := "tidemark.partition." + d.Name + "." + p.Start.UTC().Format(time.RFC3339)
+	if _, err := tx.Exec(ctx, lockPartitionSQL, lock); err != nil {
+		return Result{}, fmt.Errorf("rebuild %s %s: lock: %w", d.Name, p, err)
+	}
+	var watermark string
+	if err := tx.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text").Scan(&watermark); err != nil {
+		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
+	}
+	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
+	if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE %s = %s", target, col, key)); err != nil {
+		return Result{}, fmt.Errorf("rebuild %s %s: delete: %w", d.Name, p, err)
+	}
+	cols := make([]string, len(d.columns))
+	for i, c := range d.columns {
+		cols[i] = quote(c)
+	}
+	insert := fmt.Sprintf("WITH ins AS (INSERT INTO %s (%s) %s RETURNING %s) "+
+		"SELECT count(*), count(*) FILTER (WHERE %s IS DISTINCT FROM %s) FROM ins",
+		target, strings.Join(cols, ", "), d.query(p), col, col, key)
+	var rows, outside int64
+	if err := tx.QueryRow(ctx, insert).Scan(&rows, &outside); err != nil {
+		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
+	}
+	if outside > 0 {
+		return Result{}, fmt.Errorf("rebuild %s %s: %w: %d of %d rows have %s other than {{partition}} (%s)",
+			d.Name, p, ErrOutsidePartition, outside, rows, d.Column, p.Label())
+	}
+	if _, err := tx.Exec(ctx, upsertPartitionSQL, d.Name, p.Start, p.End, p.Label(), rows, now, watermark, d.HorizonEnd(p)); err != nil {
+		return Result{}, fmt.Errorf("rebuild %s %s: record status: %w", d.Name, p, err)
+	}
+	return Result{Rows: rows}, nil
+}

@@ -1,0 +1,258 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/reconcile"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const group = "tidemark-test"
+
+// at parses "2006-01-02 15:04" as UTC.
+func at(s string) time.Time {
+	t, err := time.Parse("2006-01-02 15:04", s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+// dailySalesSQL is the worked example's aggregate.
+const dailySalesSQL = `SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
+      FROM {{events}} GROUP BY 1`
+
+type bundle struct {
+	t        *testing.T
+	dsn      string
+	pool     *pgxpool.Pool
+	kafka    *kfake.Cluster
+	producer *kgo.Client
+	clock    *clock
+	end      map[int32]int64
+	cfg      *config.Config
+}
+
+// aggregateYAML configures one aggregate over app_events.
+type aggregateYAML struct {
+	name, table, by, column, zone, horizon, policy, sql string
+}
+
+func (a aggregateYAML) String() string {
+	return fmt.Sprintf(`
+  %s:
+    source: app_events
+    table: %s
+    partition: {by: %s, column: %s, time_zone: %q}
+    lateness_horizon: %s
+    beyond_horizon: %s
+    sql: |
+      %s
+`, a.name, a.table, a.by, a.column, a.zone, a.horizon, a.policy, a.sql)
+}
+
+func dailySales(policy string) aggregateYAML {
+	return aggregateYAML{name: "daily_sales", table: "daily_sales", by: "day", column: "sale_date", zone: "UTC",
+		horizon: "72h", policy: policy, sql: dailySalesSQL}
+}
+
+// setup gives a test a migrated warehouse, a kfake topic app-events with
+// parts partitions, and a configuration with the given aggregates.
+func setup(t *testing.T, parts int32, aggs ...aggregateYAML) *bundle {
+	t.Helper()
+	pool, dsn := pgtest.NewPool(t)
+	if _, err := migrate.Up(context.Background(), dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := kafkatest.NewCluster(t, parts, "app-events")
+	b := &bundle{t: t, dsn: dsn, pool: pool, kafka: c, end: map[int32]int64{},
+		producer: kafkatest.Producer(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner())),
+		clock:    &clock{t: at("2026-10-01 00:00")}}
+	var specs strings.Builder
+	for _, a := range aggs {
+		specs.WriteString(a.String())
+	}
+	yaml := fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+kafka: {brokers: [%q], group: %s, session_timeout: 1s}
+ingest: {batch_max_age: 10ms}
+sources:
+  app_events:
+    kafka: {topics: [app-events]}
+    event_id: /event_id
+    event_time: /event_time
+    max_age: 365d
+aggregates:%s
+`, dsn, c.ListenAddrs()[0], group, specs.String())
+	cfg, err := config.Parse("test.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf("config: %v\n%s", err, yaml)
+	}
+	b.cfg = cfg
+	return b
+}
+
+// startIngest runs an ingester on the bundle's clock until the test ends.
+func (b *bundle) startIngest() {
+	b.t.Helper()
+	in, err := ingest.New(b.cfg, ingest.Options{Now: b.clock.Now, Logger: testLogger(b.t)})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	b.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.t.Errorf("ingester: %v", err)
+		}
+	})
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("TIDEMARK_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// event is a sale of amount at the given event time.
+func event(part int32, id, eventTime, amount string) *kgo.Record {
+	return &kgo.Record{Topic: "app-events", Partition: part, Key: []byte(id),
+		Value: []byte(fmt.Sprintf(`{"event_id":%q,"event_time":%q,"amount":%s}`, id, eventTime, amount))}
+}
+
+// ingestAt sets the service clock and ingests the records, waiting until
+// they are stored.
+func (b *bundle) ingestAt(clock string, recs ...*kgo.Record) {
+	b.t.Helper()
+	b.clock.Set(at(clock))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res := b.producer.ProduceSync(ctx, recs...)
+	if err := res.FirstErr(); err != nil {
+		b.t.Fatal(err)
+	}
+	for _, r := range res {
+		b.end[r.Record.Partition] = max(b.end[r.Record.Partition], r.Record.Offset+1)
+	}
+	ingesttest.WaitStored(b.t, b.pool, group, "app-events", b.end, time.Minute)
+}
+
+// reconciler builds a reconciler on the bundle's clock with its own
+// registry.
+func (b *bundle) reconciler(opts ...func(*reconcile.Options)) (*reconcile.Reconciler, *prometheus.Registry) {
+	b.t.Helper()
+	reg := prometheus.NewRegistry()
+	o := reconcile.Options{Now: b.clock.Now, Registerer: reg, Logger: testLogger(b.t)}
+	for _, f := range opts {
+		f(&o)
+	}
+	r, err := reconcile.New(b.cfg, b.pool, o)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return r, reg
+}
+
+// runOnce reconciles an aggregate once, failing the test on error.
+func (b *bundle) runOnce(r *reconcile.Reconciler, name string) reconcile.Report {
+	b.t.Helper()
+	rep, err := r.RunOnce(context.Background(), name, true)
+	if err != nil {
+		b.t.Fatalf("reconcile %s: %v", name, err)
+	}
+	return rep
+}
+
+// rows returns a query's rows, each formatted as "a | b | c".
+func (b *bundle) rows(sql string, args ...any) []string {
+	b.t.Helper()
+	rows, err := b.pool.Query(context.Background(), sql, args...)
+	if err != nil {
+		b.t.Fatalf("%s: %v", sql, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		cells := make([]string, len(vals))
+		for i, v := range vals {
+			cells[i] = format(v)
+		}
+		out = append(out, strings.Join(cells, " | "))
+	}
+	if err := rows.Err(); err != nil {
+		b.t.Fatal(err)
+	}
+	return out
+}
+
+func format(v any) string {
+	switch x := v.(type) {
+	case time.Time:
+		if x.Hour() == 0 && x.Minute() == 0 && x.Second() == 0 && x.Nanosecond() == 0 && x.Location() == time.UTC {
+			return x.Format("2006-01-02")
+		}
+		return x.UTC().Format("2006-01-02 15:04")
+	case nil:
+		return "NULL"
+	}
+	if s, ok := v.(fmt.Stringer); ok {
+		return s.String()
+	}
+	if n, ok := v.(interface{ Value() (any, error) }); ok {
+		if val, err := n.Value(); err == nil {
+			return fmt.Sprint(val)
+		}
+	}
+	return fmt.Sprint(v)
+}
+
+func equal(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("%s:\n got  %q\n want %q", what, got, want)
+	}
+}

@@ -1,0 +1,370 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+)
+
+// Options customise a Reconciler beyond its configuration.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Now is the service clock: it decides partition states and stamps
+	// rebuilds. Default time.Now.
+	Now func() time.Time
+	// AfterClaim, when set, runs after a claim has committed and before
+	// the partitions are rebuilt; an error ends the run there. Tests use
+	// it to crash between claim and rebuild.
+	AfterClaim func(aggregate string) error
+}
+
+// Reconciler keeps the configured aggregates up to date.
+type Reconciler struct {
+	cfg   *config.Config
+	pool  *pgxpool.Pool
+	log   *slog.Logger
+	now   func() time.Time
+	m     *metrics
+	defs  map[string]*aggregate.Definition
+	names []string
+	after func(string) error
+
+	prepared bool
+	exported map[string]map[string]bool // completeness series per aggregate
+}
+
+// New builds a Reconciler for every aggregate of cfg.
+func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Reconciler, error) {
+	r := &Reconciler{cfg: cfg, pool: pool, log: opts.Logger, now: opts.Now, defs: map[string]*aggregate.Definition{},
+		after: opts.AfterClaim, exported: map[string]map[string]bool{}}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	r.log = r.log.With("component", "reconcile")
+	if r.now == nil {
+		r.now = time.Now
+	}
+	policies := map[string]string{}
+	for _, name := range cfg.AggregateNames() {
+		d, err := aggregate.FromConfig(cfg, name)
+		if err != nil {
+			return nil, err
+		}
+		r.defs[name] = d
+		r.names = append(r.names, name)
+		policies[name] = d.Policy
+	}
+	if len(r.names) == 0 {
+		return nil, errors.New("reconcile: no aggregates configured")
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	r.m = newMetrics(reg, r.names, policies)
+	return r, nil
+}
+
+// Aggregates returns the aggregate names in order.
+func (r *Reconciler) Aggregates() []string { return r.names }
+
+// Prepare makes sure the raw tables of Kafka sources exist and checks every
+// aggregate against the warehouse (see aggregate.Prepare), creating missing
+// target tables. Configuration problems come back as errors naming the key
+// to fix.
+func (r *Reconciler) Prepare(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	defer conn.Release()
+	for _, name := range r.names {
+		d := r.defs[name]
+		src := r.cfg.Sources[d.Source]
+		if src.Kafka != nil {
+			if err := ingest.NewRawTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
+				return err
+			}
+		} else {
+			var exists bool
+			if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", d.Raw.Sanitize()).Scan(&exists); err != nil {
+				return err
+			}
+			if !exists {
+				return fmt.Errorf("sources.%s.table.name: table %s does not exist", d.Source, d.Raw.Sanitize())
+			}
+		}
+		if err := aggregate.Prepare(ctx, conn.Conn(), d); err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, ensureWatermarkSQL, d.Name, d.Source); err != nil {
+			return fmt.Errorf("reconcile %s: %w", name, err)
+		}
+	}
+	r.prepared = true
+	return nil
+}
+
+// Report says what one run of one aggregate did.
+type Report struct {
+	Aggregate string
+	Busy      bool     // another instance held the aggregate (only when not waiting)
+	Read      int64    // ledger rows (or table rows) read
+	Queued    int      // partitions queued by this run
+	Rebuilt   []string // partitions rebuilt, by label
+	Failed    []string // partitions whose rebuild failed
+	Remaining int64    // partitions still queued after the run
+	Watermark string   // load watermark after the run: an xid, or an ingestion time
+}
+
+// lockKey is the session advisory lock that makes one instance at a time
+// reconcile an aggregate.
+func lockKey(name string) string { return "tidemark.reconcile." + name }
+
+// RunOnce reconciles one aggregate. With wait set it waits for another
+// instance's run to finish; otherwise it returns a Busy report at once.
+func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Report, error) {
+	rep := Report{Aggregate: name}
+	d := r.defs[name]
+	if d == nil {
+		return rep, fmt.Errorf("reconcile: no aggregate named %q", name)
+	}
+	if !r.prepared {
+		if err := r.Prepare(ctx); err != nil {
+			return rep, err
+		}
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("reconcile %s: %w", name, err)
+	}
+	defer conn.Release()
+	if wait {
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", lockKey(name)); err != nil {
+			conn.Conn().Close(context.Background()) // the lock may be held by a cancelled wait
+			return rep, fmt.Errorf("reconcile %s: wait for lock: %w", name, err)
+		}
+	} else {
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", lockKey(name)).Scan(&got); err != nil {
+			return rep, fmt.Errorf("reconcile %s: lock: %w", name, err)
+		}
+		if !got {
+			rep.Busy = true
+			r.m.runs.WithLabelValues(name, "busy").Inc()
+			return rep, nil
+		}
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(name)); err != nil {
+			conn.Conn().Close(context.Background())
+		}
+	}()
+	err = r.run(ctx, conn.Conn(), d, &rep)
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	r.m.runs.WithLabelValues(name, result).Inc()
+	return rep, err
+}
+
+func (r *Reconciler) run(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, rep *Report) error {
+	now := r.now()
+	var w *window
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var err error
+		if ts := r.cfg.Sources[d.Source].Table; ts != nil {
+			var through time.Time
+			w, through, err = r.claimTable(ctx, tx, d, ts, now)
+			rep.Watermark = through.UTC().Format(time.RFC3339Nano)
+		} else {
+			w, rep.Watermark, err = r.claimLedger(ctx, tx, d, now)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("reconcile %s: claim: %w", d.Name, err)
+	}
+	rep.Read, rep.Queued = w.rows, len(w.queue)
+	for label, n := range w.late {
+		r.m.late.WithLabelValues(d.Name, label).Add(float64(n))
+	}
+	if rep.Queued > 0 {
+		r.log.Info("claimed partitions", "aggregate", d.Name, "read", w.rows, "queued", rep.Queued, "load_watermark", rep.Watermark)
+	}
+	if r.after != nil {
+		if err := r.after(d.Name); err != nil {
+			return err
+		}
+	}
+	if err := r.rebuildQueued(ctx, conn, d, rep); err != nil {
+		return err
+	}
+	if err := r.updateStates(ctx, conn, d, w); err != nil {
+		return err
+	}
+	return nil
+}
+
+const (
+	nextPendingSQL = `
+SELECT partition_start FROM tidemark.pending_partitions
+WHERE aggregate = $1 AND partition_start <> ALL(coalesce($2::timestamptz[], '{}'))
+ORDER BY partition_start DESC
+LIMIT 1
+FOR UPDATE SKIP LOCKED`
+
+	donePendingSQL = `DELETE FROM tidemark.pending_partitions WHERE aggregate = $1 AND partition_start = $2`
+
+	failPendingSQL = `
+UPDATE tidemark.pending_partitions SET attempts = attempts + 1, last_error = $3
+WHERE aggregate = $1 AND partition_start = $2`
+
+	countPendingSQL = `SELECT count(*) FROM tidemark.pending_partitions WHERE aggregate = $1`
+)
+
+// rebuildQueued rebuilds queued partitions, newest first, each in its own
+// transaction, up to reconcile.max_partitions_per_run. A partition whose
+// rebuild fails stays queued, with the error, for the next run.
+func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, rep *Report) error {
+	var failed []time.Time
+	for i := 0; i < int(r.cfg.Reconcile.MaxPartitionsPerRun); i++ {
+		var start time.Time
+		var rebuildErr error
+		started := time.Now()
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, nextPendingSQL, d.Name, failed).Scan(&start); err != nil {
+				return err
+			}
+			p := d.Calendar.At(start)
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			res, err := aggregate.Rebuild(ctx, sp, d, p, r.now())
+			if err != nil {
+				rebuildErr = err
+				if rbErr := sp.Rollback(ctx); rbErr != nil {
+					return rbErr
+				}
+				_, err = tx.Exec(ctx, failPendingSQL, d.Name, start, err.Error())
+				return err
+			}
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, donePendingSQL, d.Name, start); err != nil {
+				return err
+			}
+			rep.Rebuilt = append(rep.Rebuilt, p.Label())
+			r.log.Debug("rebuilt partition", "aggregate", d.Name, "partition", p.Label(), "rows", res.Rows)
+			return nil
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("reconcile %s: rebuild: %w", d.Name, err)
+		}
+		if rebuildErr != nil {
+			failed = append(failed, start)
+			rep.Failed = append(rep.Failed, d.Calendar.At(start).Label())
+			r.m.rebuildErrors.WithLabelValues(d.Name).Inc()
+			r.log.Error("partition rebuild failed; it stays queued", "aggregate", d.Name, "partition", d.Calendar.At(start).Label(), "err", rebuildErr)
+			if !isDataError(rebuildErr) {
+				return rebuildErr
+			}
+			continue
+		}
+		r.m.rebuilt.WithLabelValues(d.Name).Inc()
+		r.m.rebuildSecs.WithLabelValues(d.Name).Observe(time.Since(started).Seconds())
+	}
+	if err := conn.QueryRow(ctx, countPendingSQL, d.Name).Scan(&rep.Remaining); err != nil {
+		return fmt.Errorf("reconcile %s: %w", d.Name, err)
+	}
+	r.m.queued.WithLabelValues(d.Name).Set(float64(rep.Remaining))
+	if rep.Remaining > 0 {
+		r.log.Info("partitions still queued after this run", "aggregate", d.Name, "queued", rep.Remaining,
+			"max_partitions_per_run", r.cfg.Reconcile.MaxPartitionsPerRun)
+	}
+	return nil
+}
+
+// isDataError reports whether a rebuild failed on the data or the query
+// (an error PostgreSQL reported, or rows outside the partition), which the
+// other partitions can get past, rather than on the connection.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) || errors.Is(err, aggregate.ErrOutsidePartition)
+}
+
+// Run reconciles every aggregate every reconcile.every until ctx is
+// cancelled. An aggregate that another instance is reconciling is skipped
+// until the next tick (the instances stand by for each other).
+func (r *Reconciler) Run(ctx context.Context) error {
+	for !r.prepared {
+		err := r.Prepare(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || !isTransient(err) {
+			return err
+		}
+		r.log.Warn("cannot prepare aggregates; retrying", "err", err)
+		sleep(ctx, 5*time.Second)
+	}
+	every := r.cfg.Reconcile.Every.D()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		for _, name := range r.names {
+			rctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
+			rep, err := r.RunOnce(rctx, name, false)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case err != nil:
+				r.log.Error("reconcile run failed", "aggregate", name, "err", err)
+			case rep.Busy:
+				r.log.Debug("another instance is reconciling; standing by", "aggregate", name)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func isTransient(err error) bool {
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr) || pgconn.SafeToRetry(err)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
