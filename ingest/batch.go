@@ -77,7 +77,7 @@ func (b *batch) add(src *source, r *kgo.Record, ev Event, rej *Rejection, now ti
 	}
 	pb.next = position{r.Offset + 1, r.LeaderEpoch}
 	pb.records++
-	b.bytes += len(r.Value) + len(r.Key) + 64
+	b.bytes += recordBytes(r)
 	if rej != nil {
 		pb.dead++
 		b.dead = append(b.dead, deadLetter{src: src, rej: *rej, rec: r})
@@ -114,4 +114,14 @@ func (b *batch) drop(tps map[topicPartition]bool) {
 	for tp := range tps {
 		delete(b.parts, tp)
 	}
+	b.bytes = 0
+	for _, r := range b.rows {
+		b.bytes += recordBytes(r.rec)
+	}
+	for _, d := range b.dead {
+		b.bytes += recordBytes(d.rec)
+	}
 }
+
+// recordBytes approximates the memory a record holds in a batch.
+func recordBytes(r *kgo.Record) int { return len(r.Value) + len(r.Key) + 64 }

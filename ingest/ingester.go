@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -67,8 +67,8 @@ type Ingester struct {
 	checkRows bool // the last attempt hit a bad row: check each row
 	failures  int  // consecutive failed attempts, for backoff and readiness
 
-	rebalanceWaiting atomic.Bool
-	lastErr          atomic.Pointer[error]
+	lastErr atomic.Pointer[error]
+	commits *committer
 }
 
 // New builds an Ingester for the Kafka sources of cfg. It does not connect
@@ -146,7 +146,6 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		kgo.OnPartitionsAssigned(in.onAssigned),
 		kgo.OnPartitionsRevoked(in.onRevoked),
 		kgo.OnPartitionsLost(in.onLost),
-		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { in.rebalanceWaiting.Store(true) }),
 		kgo.WithLogger(kafkaLogger{in.log}),
 	)
 	kopts = append(kopts, opts.KafkaOpts...)
@@ -154,6 +153,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ingest: kafka client: %w", err)
 	}
+	in.commits = &committer{cl: in.cl, m: in.m, log: in.log, pending: map[topicPartition]kgo.EpochOffset{}}
 	return in, nil
 }
 
@@ -223,6 +223,12 @@ func (in *Ingester) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	precreated := make(chan struct{})
+	go func() {
+		defer close(precreated)
+		in.precreate(ctx)
+	}()
+	defer func() { <-precreated }()
 	maxRows := int(in.cfg.Ingest.BatchMaxRows)
 	for ctx.Err() == nil {
 		if in.flushDue() {
@@ -286,7 +292,7 @@ func (in *Ingester) shutdown() error {
 	var err error
 	for {
 		in.mu.Lock()
-		err = in.flushLocked(ctx, true)
+		err = in.flushLocked(ctx)
 		in.mu.Unlock()
 		if err == nil || ctx.Err() != nil {
 			break
@@ -296,6 +302,7 @@ func (in *Ingester) shutdown() error {
 	if err != nil {
 		in.log.Error("could not write the last batch before shutdown; its records will be read again", "err", err)
 	}
+	in.commits.final(ctx)
 	in.cl.AllowRebalance()
 	in.cl.Close() // leaves the group; the revoke callback finds nothing left to write
 	in.mu.Lock()
@@ -369,32 +376,40 @@ func (in *Ingester) absorb(fetches kgo.Fetches) {
 func (in *Ingester) flush(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.flushLocked(ctx, false)
+	return in.flushLocked(ctx)
 }
 
-// flushLocked writes the batch. final is set inside rebalance callbacks and
-// at shutdown: the Kafka commit is then synchronous, and partitions are not
-// repositioned since they are being given up.
-func (in *Ingester) flushLocked(ctx context.Context, final bool) error {
+// writeTimeout bounds one attempt of a batch transaction, so that a lock
+// wait or a stalled server cannot hold the ingester (and its rebalance
+// callbacks) indefinitely.
+const writeTimeout = 2 * time.Minute
+
+// flushLocked writes the batch in flight, retrying at once for bad rows
+// (row by row), vanished partitions and conflicts with concurrent
+// transactions; other failures are returned for the caller to back off.
+func (in *Ingester) flushLocked(ctx context.Context) error {
 	if in.b.empty() {
 		return nil
 	}
-	for attempt := 0; ; attempt++ {
-		err := in.writeOnceLocked(ctx, final)
+	immediate := 0
+	for {
+		err := in.writeOnceLocked(ctx)
 		switch {
 		case err == nil:
 			in.failures = 0
 			in.lastErr.Store(nil)
 			return nil
-		case errors.Is(err, errBadRow) && attempt < 2:
+		case errors.Is(err, errBadRow) && !in.checkRows:
 			in.m.writeErrors.WithLabelValues("bad_row").Inc()
 			in.log.Warn("the warehouse rejected a row; checking the batch row by row", "err", err)
 			in.checkRows = true
 			continue
-		case errors.Is(err, errMissingPartition) && attempt < 2:
+		case errors.Is(err, errMissingPartition) && immediate < 5:
+			immediate++
 			in.m.writeErrors.WithLabelValues("partition").Inc()
 			continue
-		case errors.Is(err, errConcurrentInsert) && attempt < 5:
+		case errors.Is(err, errRetryNow) && immediate < 5:
+			immediate++
 			in.m.writeErrors.WithLabelValues("concurrent").Inc()
 			continue
 		}
@@ -408,53 +423,43 @@ func (in *Ingester) flushLocked(ctx context.Context, final bool) error {
 	}
 }
 
-func (in *Ingester) writeOnceLocked(ctx context.Context, final bool) error {
+func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	w, err := in.writerLocked(ctx)
 	if err != nil {
 		return err
 	}
+	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
 	ingestedAt := in.now()
 	started := time.Now()
 	b := in.b
-	res, err := w.write(ctx, b, in.stored, ingestedAt, in.checkRows)
+	res, err := w.write(wctx, b, in.stored, ingestedAt, in.checkRows)
+	in.applyConflictsLocked(res.conflicts)
 	if err != nil {
-		if !errors.Is(err, errBadRow) && !errors.Is(err, errMissingPartition) && !errors.Is(err, errConcurrentInsert) {
-			in.dropConnLocked() // the connection state is unknown; start clean
+		// PostgreSQL reported the error and rolled the transaction back:
+		// the connection is fine. Anything else leaves it in an unknown
+		// state.
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || w.conn.IsClosed() {
+			in.dropConnLocked()
 		}
 		return err
 	}
 	in.checkRows = false
-	if len(res.conflicts) > 0 {
-		reseek := map[string]map[int32]kgo.EpochOffset{}
-		for tp, pos := range res.conflicts {
-			in.m.conflicts.Inc()
-			in.log.Warn("partition was already written by another group member; dropping stale records",
-				"topic", tp.Topic, "partition", tp.Partition, "stored_offset", pos.Offset)
-			in.stored[tp] = pos
-			if pos.Offset >= 0 {
-				if reseek[tp.Topic] == nil {
-					reseek[tp.Topic] = map[int32]kgo.EpochOffset{}
-				}
-				reseek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: pos.Epoch, Offset: pos.Offset}
-			}
-		}
-		if !final && len(reseek) > 0 {
-			in.cl.SetOffsets(reseek)
-		}
-	}
 	if res.committed {
 		in.m.commitSeconds.Observe(time.Since(started).Seconds())
 		in.m.batchRows.Observe(float64(b.len()))
-		commit := map[string]map[int32]kgo.EpochOffset{}
+		commit := map[topicPartition]kgo.EpochOffset{}
 		written, dups := map[*source]int{}, map[*source]int{}
+		refused := map[topicPartition]int{}
+		for _, d := range res.rejected {
+			refused[topicPartition{d.rec.Topic, d.rec.Partition}]++
+		}
 		for tp, pb := range b.parts {
 			in.stored[tp] = pb.next
 			written[pb.source] += res.inserted[tp]
-			dups[pb.source] += pb.good - res.inserted[tp]
-			if commit[tp.Topic] == nil {
-				commit[tp.Topic] = map[int32]kgo.EpochOffset{}
-			}
-			commit[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: pb.next.Epoch, Offset: pb.next.Offset}
+			dups[pb.source] += pb.good - refused[tp] - res.inserted[tp]
+			commit[tp] = kgo.EpochOffset{Epoch: pb.next.Epoch, Offset: pb.next.Offset}
 			if hwm, ok := in.hwm[tp]; ok {
 				in.m.lag.WithLabelValues(tp.Topic, partLabel(tp.Partition)).Set(float64(max(0, hwm-pb.next.Offset)))
 			}
@@ -463,49 +468,55 @@ func (in *Ingester) writeOnceLocked(ctx context.Context, final bool) error {
 			in.m.written.WithLabelValues(src.name).Add(float64(n))
 			in.m.duplicates.WithLabelValues(src.name).Add(float64(dups[src]))
 		}
-		for _, d := range b.dead {
+		for _, d := range append(append([]deadLetter(nil), b.dead...), res.rejected...) {
 			in.m.deadLetters.WithLabelValues(d.src.name, d.rej.Reason).Inc()
 		}
-		in.commitKafka(ctx, commit, !final)
+		in.commits.add(commit)
 	}
 	in.b = newBatch()
 	return nil
 }
 
-// commitKafka mirrors the stored offsets to Kafka so that ordinary lag
-// tools work. Failures are counted and otherwise ignored: on assignment the
-// ingester resumes from the warehouse, never from these commits.
-func (in *Ingester) commitKafka(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset, async bool) {
-	done := func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		if err == nil && resp != nil {
-			for _, t := range resp.Topics {
-				for _, p := range t.Partitions {
-					if p.ErrorCode != 0 && err == nil {
-						err = fmt.Errorf("partition %s/%d: error code %d", t.Topic, p.Partition, p.ErrorCode)
-					}
-				}
-			}
-		}
-		if err != nil {
-			in.m.kafkaCommits.WithLabelValues("error").Inc()
-			in.log.Debug("kafka offset commit failed (informational only)", "err", err)
-			return
-		}
-		in.m.kafkaCommits.WithLabelValues("ok").Inc()
-	}
-	if async {
-		in.cl.CommitOffsets(context.WithoutCancel(ctx), offsets, done)
+// applyConflictsLocked takes note of partitions that another member has
+// written: their stored position becomes the truth, and the consumer is
+// moved there (kgo ignores partitions it no longer owns).
+func (in *Ingester) applyConflictsLocked(conflicts map[topicPartition]position) {
+	if len(conflicts) == 0 {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	in.cl.CommitOffsetsSync(cctx, offsets, done)
+	reseek := map[string]map[int32]kgo.EpochOffset{}
+	for tp, pos := range conflicts {
+		in.m.conflicts.Inc()
+		in.log.Warn("partition was already written by another group member; dropping stale records",
+			"topic", tp.Topic, "partition", tp.Partition, "stored_offset", pos.Offset)
+		in.stored[tp] = pos
+		if pos.Offset >= 0 {
+			if reseek[tp.Topic] == nil {
+				reseek[tp.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			reseek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: pos.Epoch, Offset: pos.Offset}
+		}
+	}
+	if len(reseek) > 0 {
+		in.cl.SetOffsets(reseek)
+	}
 }
 
 func (in *Ingester) writerLocked(ctx context.Context) (*writer, error) {
 	if in.w != nil && !in.w.conn.IsClosed() {
 		return in.w, nil
 	}
+	conn, err := in.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in.w = &writer{group: in.cfg.Kafka.Group, conn: conn}
+	return in.w, nil
+}
+
+// connect opens a warehouse connection with the ingester's session
+// settings (UTC, so that timestamps read back compare as stored).
+func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
 	cc, err := pgx.ParseConfig(in.cfg.Warehouse.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("warehouse.dsn: %w", err)
@@ -518,8 +529,29 @@ func (in *Ingester) writerLocked(ctx context.Context) (*writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to warehouse: %w", err)
 	}
-	in.w = &writer{group: in.cfg.Kafka.Group, conn: conn}
-	return in.w, nil
+	return conn, nil
+}
+
+// precreate creates raw partitions around the service clock's present
+// every half hour, off the write path, until ctx is done.
+func (in *Ingester) precreate(ctx context.Context) {
+	t := time.NewTicker(30 * time.Minute)
+	defer t.Stop()
+	for {
+		if conn, err := in.connect(ctx); err == nil {
+			for _, s := range in.sources {
+				if err := s.raw.Precreate(ctx, conn, in.now()); err != nil && ctx.Err() == nil {
+					in.log.Warn("cannot create upcoming raw partitions; writes will create them", "source", s.name, "err", err)
+				}
+			}
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (in *Ingester) dropConnLocked() {
@@ -562,10 +594,17 @@ func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[in
 		}
 		in.log.Warn("cannot read stored offsets; retrying", "err", err)
 		in.lastErr.Store(&err)
+		in.mu.Lock()
+		in.failures++
+		in.mu.Unlock()
 		in.backoff(ctx)
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if in.failures > 0 {
+		in.failures = 0
+		in.lastErr.Store(nil)
+	}
 	for topic, parts := range offsets {
 		for p := range parts {
 			tp := topicPartition{topic, p}
@@ -594,18 +633,12 @@ func (in *Ingester) readStored(ctx context.Context, offsets map[string]map[int32
 		topics = append(topics, t)
 	}
 	// A connection of its own: the writer's belongs to the main loop.
-	cc, err := pgx.ParseConfig(in.cfg.Warehouse.DSN)
+	conn, err := in.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cc.RuntimeParams["application_name"] = "tidemark-ingest"
-	cc.RuntimeParams["timezone"] = "UTC"
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, cc)
-	if err != nil {
-		return nil, err
-	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rows, err := conn.Query(cctx, readStoredSQL, in.cfg.Kafka.Group, topics)
 	if err != nil {
@@ -638,14 +671,13 @@ func (in *Ingester) onAssigned(_ context.Context, _ *kgo.Client, assigned map[st
 // instead: nothing of them was stored, so their next owner reads them
 // again from the stored offsets.
 func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	in.rebalanceWaiting.Store(false)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	deadline := time.Now().Add(in.cfg.Kafka.RebalanceTimeout.D() / 2)
 	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	for !in.b.empty() {
-		if err := in.flushLocked(fctx, true); err == nil {
+		if err := in.flushLocked(fctx); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -666,7 +698,6 @@ func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[st
 // onLost drops the lost partitions' unwritten records: another member may
 // already own them.
 func (in *Ingester) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	in.rebalanceWaiting.Store(false)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.forgetLocked(lost)
@@ -681,6 +712,7 @@ func (in *Ingester) forgetLocked(tps map[string][]int32) {
 			drop[tp] = true
 			delete(in.stored, tp)
 			delete(in.hwm, tp)
+			in.commits.forget(tp)
 			in.m.lag.DeleteLabelValues(topic, partLabel(p))
 			in.m.assigned.Dec()
 		}

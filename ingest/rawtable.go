@@ -31,10 +31,28 @@ CREATE TABLE IF NOT EXISTS %[1]s (
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (load_xid);
 `
 
-// createRawPartitionSQL creates one partition; %[1]s partition name, %[2]s
-// parent, bounds as parameters are not allowed in DDL so they are written
-// as literals produced by formatBound.
-const createRawPartitionSQL = `CREATE TABLE IF NOT EXISTS %[1]s PARTITION OF %[2]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`
+// A partition is created as a table of its own and then attached: ATTACH
+// PARTITION takes only a SHARE UPDATE EXCLUSIVE lock on the parent, which
+// does not wait for (or block) readers and writers of the raw table, where
+// CREATE TABLE ... PARTITION OF needs an ACCESS EXCLUSIVE lock. %[1]s is the
+// partition, %[2]s the parent; bounds are literals from formatBound, since
+// DDL takes no parameters.
+const (
+	createPartitionTableSQL = `CREATE TABLE %[1]s (LIKE %[2]s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)`
+	attachPartitionSQL      = `ALTER TABLE %[2]s ATTACH PARTITION %[1]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`
+
+	// partitionStatusSQL says whether a table of the partition's name
+	// exists and whether it is attached to the parent.
+	partitionStatusSQL = `
+SELECT c.oid IS NOT NULL, coalesce(i.inhparent = $2::regclass, false)
+FROM (SELECT to_regclass($1) AS oid) r
+LEFT JOIN pg_class c ON c.oid = r.oid
+LEFT JOIN pg_inherits i ON i.inhrelid = c.oid`
+
+	// ddlLockTimeout keeps partition DDL from queueing behind a long lock
+	// holder (and everything else from queueing behind it).
+	ddlLockTimeout = `SET LOCAL lock_timeout = '10s'`
+)
 
 // lockRawDDLSQL serialises DDL on one source's raw table across processes.
 const lockRawDDLSQL = `SELECT pg_advisory_xact_lock(hashtext('tidemark.raw.' || $1))`
@@ -155,13 +173,29 @@ func (t *RawTable) EnsurePartitions(ctx context.Context, conn *pgx.Conn, starts 
 		return nil
 	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, ddlLockTimeout); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
 			return err
 		}
 		for _, s := range starts {
 			name := pgx.Identifier{"raw", t.partitionName(s)}.Sanitize()
-			sql := fmt.Sprintf(createRawPartitionSQL, name, t.Ident(), formatBound(s), formatBound(t.partitionEnd(s)))
-			if _, err := tx.Exec(ctx, sql); err != nil {
+			var exists, attached bool
+			if err := tx.QueryRow(ctx, partitionStatusSQL, name, t.Ident()).Scan(&exists, &attached); err != nil {
+				return err
+			}
+			switch {
+			case attached:
+				continue
+			case exists:
+				return fmt.Errorf("table %s exists but is not a partition of %s; attach it for [%s, %s) or rename it",
+					name, t.Ident(), formatBound(s), formatBound(t.partitionEnd(s)))
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf(createPartitionTableSQL, name, t.Ident())); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf(attachPartitionSQL, name, t.Ident(), formatBound(s), formatBound(t.partitionEnd(s)))); err != nil {
 				return err
 			}
 		}
@@ -176,6 +210,16 @@ func (t *RawTable) EnsurePartitions(ctx context.Context, conn *pgx.Conn, starts 
 	}
 	t.mu.Unlock()
 	return nil
+}
+
+// Precreate creates the partitions around now (the previous, current and
+// next two partitions), so that writes rarely have to create one.
+func (t *RawTable) Precreate(ctx context.Context, conn *pgx.Conn, now time.Time) error {
+	var times []time.Time
+	for p := t.partitionStart(now.AddDate(0, 0, -1)); len(times) < 4; p = t.partitionEnd(p) {
+		times = append(times, p)
+	}
+	return t.EnsurePartitions(ctx, conn, t.Missing(times))
 }
 
 // Forget drops the cache of known partitions, after one was found missing.

@@ -21,6 +21,9 @@ BEGIN
     IF NEW.payload ? 'poison' THEN
         RAISE EXCEPTION 'poisoned event %', NEW.event_id USING ERRCODE = 'data_exception';
     END IF;
+    IF NEW.payload ? 'venom' THEN
+        RAISE EXCEPTION 'poisoned event %', NEW.event_id; -- P0001, a trigger's default
+    END IF;
     RETURN NEW;
 END $$;
 CREATE TRIGGER refuse_poison BEFORE INSERT ON raw.app_events
@@ -47,9 +50,12 @@ func TestRowsTheWarehouseRefuses(t *testing.T) {
 	for i := 0; i < 300; i++ {
 		id := fmt.Sprintf("ev-%d", i)
 		extra := ""
-		if i%100 == 7 {
+		switch {
+		case i%100 == 7:
 			extra = `,"poison":true`
-		} else {
+		case i == 150:
+			extra = `,"venom":true`
+		default:
 			want[id] = true
 		}
 		recs = append(recs, &kgo.Record{Topic: b.topic, Partition: int32(i % 2), Key: []byte(id),
@@ -81,10 +87,13 @@ func TestRowsTheWarehouseRefuses(t *testing.T) {
 		}
 		got = append(got, key)
 	}
-	if strings.Join(got, ",") != "ev-107,ev-207,ev-7" {
-		t.Errorf("dead letters %v, want ev-107, ev-207, ev-7", got)
+	if strings.Join(got, ",") != "ev-107,ev-150,ev-207,ev-7" {
+		t.Errorf("dead letters %v, want ev-107, ev-150, ev-207, ev-7", got)
 	}
-	if n := counterSum(t, r, "tidemark_ingest_dead_letters_total"); n != 3 {
-		t.Errorf("dead letter metric %v, want 3", n)
+	if n := counterSum(t, r, "tidemark_ingest_dead_letters_total"); n != 4 {
+		t.Errorf("dead letter metric %v, want 4", n)
+	}
+	if n := ingesttest.Scalar(t, b.pool, "SELECT sum(dead_letters)::bigint FROM tidemark.kafka_offsets"); n != 4 {
+		t.Errorf("kafka_offsets.dead_letters sums to %d, want 4", n)
 	}
 }

@@ -77,16 +77,19 @@ FROM unnest($3::text[], $4::integer[], $5::text[], $6::bigint[], $7::integer[], 
      AS u (topic, partition, source, next_offset, leader_epoch, max_event_time, records, rows_written, duplicates, dead_letters)
 WHERE o.consumer_group = $1 AND o.topic = u.topic AND o.partition = u.partition`
 
-// writeResult is what one committed batch did.
+// writeResult is what one batch write did.
 type writeResult struct {
 	// conflicts holds the stored positions of partitions whose records
-	// were dropped because another ingester had advanced them.
+	// were dropped because another ingester had advanced them. It is
+	// filled as soon as the offsets are locked, so it is valid even when
+	// the write then fails.
 	conflicts map[topicPartition]position
 	// inserted counts new raw rows per partition; the rest of each
 	// partition's good records were duplicates.
 	inserted map[topicPartition]int
-	// rejected counts rows the warehouse refused, now dead letters.
-	rejected int
+	// rejected are rows the warehouse refused, stored as dead letters by
+	// this write (only when rows were checked one by one).
+	rejected []deadLetter
 	// committed is false when nothing was left to write.
 	committed bool
 }
@@ -104,14 +107,17 @@ var errBadRow = errors.New("the warehouse rejected a row")
 // errMissingPartition means a raw partition disappeared after it was seen.
 var errMissingPartition = errors.New("raw partition missing")
 
-// errConcurrentInsert means another transaction stored one of the batch's
-// events after the batch looked for it; a retry finds it stored.
-var errConcurrentInsert = errors.New("event stored concurrently")
+// errRetryNow means a conflict with a concurrent transaction: another
+// transaction stored one of the batch's events after the batch looked for
+// it (a retry finds it stored), or a serialization failure or deadlock.
+var errRetryNow = errors.New("conflict with a concurrent transaction")
 
 // write runs one attempt of the batch transaction. expected holds the
 // positions this ingester believes are stored. When checkRows is set,
-// every row is staged on its own and rows the warehouse refuses become
-// dead letters (the batch is changed accordingly).
+// every row is inserted on its own and rows the warehouse refuses become
+// dead letters (reported in the result; the batch is not changed). The
+// batch loses only the records of fenced partitions, which are stale
+// whatever becomes of the attempt.
 func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartition]position, ingestedAt time.Time, checkRows bool) (writeResult, error) {
 	res := writeResult{conflicts: map[topicPartition]position{}, inserted: map[topicPartition]int{}}
 	if err := w.ensurePartitions(ctx, b); err != nil {
@@ -133,7 +139,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		if !ok {
 			exp = noPosition
 		}
-		if cur := stored[tp]; cur.Offset != exp.Offset {
+		cur, ok := stored[tp]
+		if !ok {
+			cur = noPosition
+		}
+		if cur.Offset != exp.Offset {
 			stale[tp] = true
 			res.conflicts[tp] = cur
 		}
@@ -147,8 +157,9 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err != nil {
 		return res, err
 	}
+	var rejected []deadLetter
 	if checkRows {
-		if fresh, res.rejected, err = w.insertCheckingRows(ctx, tx, b, fresh, ingestedAt); err != nil {
+		if fresh, rejected, err = w.insertCheckingRows(ctx, tx, fresh, ingestedAt); err != nil {
 			return res, err
 		}
 	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
@@ -157,19 +168,20 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err := w.insertLedger(ctx, tx, fresh, ingestedAt); err != nil {
 		return res, err
 	}
+	inserted := map[topicPartition]int{}
 	for _, r := range fresh {
-		res.inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
+		inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
 	}
-	if err := w.copyDeadLetters(ctx, tx, b, ingestedAt); err != nil {
+	if err := w.copyDeadLetters(ctx, tx, append(append([]deadLetter(nil), b.dead...), rejected...), ingestedAt); err != nil {
 		return res, err
 	}
-	if err := w.updateOffsets(ctx, tx, b, ingestedAt, res.inserted); err != nil {
+	if err := w.updateOffsets(ctx, tx, b, ingestedAt, inserted, rejected); err != nil {
 		return res, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, err
 	}
-	res.committed = true
+	res.inserted, res.rejected, res.committed = inserted, rejected, true
 	return res, nil
 }
 
@@ -266,17 +278,19 @@ func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch) ([]*row, erro
 		ids[p] = append(ids[p], r.ev.ID)
 	}
 	qb := &pgx.Batch{}
+	order := make([]part, 0, len(ids))
 	for p, list := range ids {
+		order = append(order, p)
 		name := pgx.Identifier{"raw", p.src.raw.partitionName(p.start)}.Sanitize()
 		qb.Queue(fmt.Sprintf(probeRawSQL, name), list)
 	}
 	br := tx.SendBatch(ctx, qb)
 	defer br.Close()
 	stored := map[eventKey]bool{}
-	for range ids {
+	for _, p := range order {
 		rows, err := br.Query()
 		if err != nil {
-			return nil, fmt.Errorf("probe raw partitions: %w", err)
+			return nil, classifyRowError(fmt.Errorf("probe raw partitions: %w", err), p.src)
 		}
 		for rows.Next() {
 			var id string
@@ -325,57 +339,79 @@ func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingested
 	return nil
 }
 
-// insertCheckingRows stores rows one at a time, each under a savepoint,
-// and turns the rows the warehouse refuses into dead letters (changing the
-// batch accordingly). It returns the rows stored.
-func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, b *batch, fresh []*row, ingestedAt time.Time) ([]*row, int, error) {
+// insertCheckingRows stores rows one at a time, each under a savepoint.
+// It returns the rows stored and, as dead letters, the rows the warehouse
+// refused; the batch itself is left as it is, so a failed attempt leaves
+// nothing behind.
+func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) ([]*row, []deadLetter, error) {
 	kept := make([]*row, 0, len(fresh))
-	rejected := 0
+	var rejected []deadLetter
 	for _, r := range fresh {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
-			return nil, rejected, err
+			return nil, nil, err
 		}
 		_, err = sp.Exec(ctx, fmt.Sprintf(insertRowSQL, r.src.raw.Ident()),
 			r.ev.ID, r.ev.Time, ingestedAt, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset)
 		if err == nil {
 			if err := sp.Commit(ctx); err != nil {
-				return nil, rejected, err
+				return nil, nil, err
 			}
 			kept = append(kept, r)
 			continue
 		}
 		if rbErr := sp.Rollback(ctx); rbErr != nil {
-			return nil, rejected, rbErr
+			return nil, nil, rbErr
 		}
-		if !isBadRow(err) {
-			return nil, rejected, classifyRowError(err, r.src)
+		if err := classifyRowError(err, r.src); !errors.Is(err, errBadRow) {
+			return nil, nil, err
 		}
-		rejected++
-		pb := b.parts[topicPartition{r.rec.Topic, r.rec.Partition}]
-		pb.good--
-		pb.dead++
-		b.dead = append(b.dead, deadLetter{src: r.src, rej: Rejection{ReasonRejectedByStore, err.Error()}, rec: r.rec})
+		rejected = append(rejected, deadLetter{src: r.src, rej: Rejection{ReasonRejectedByStore, err.Error()}, rec: r.rec})
 	}
 	return kept, rejected, nil
 }
 
-// classifyRowError marks errors that a retry of the same batch can fix.
+// classifyRowError sorts the errors of writing rows: a missing raw
+// partition (dropped, or never attached), a conflict with a concurrent
+// transaction, and rows the warehouse refuses; anything else is returned
+// as it is.
 func classifyRowError(err error, src *source) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return err
 	}
 	switch {
-	case pgErr.Code == "23514" && strings.Contains(pgErr.Message, "no partition"):
+	case isMissingPartition(pgErr):
 		src.raw.Forget()
 		return fmt.Errorf("%w: %w", errMissingPartition, err)
-	case pgErr.Code == "23505":
-		return fmt.Errorf("%w: %w", errConcurrentInsert, err)
-	case isBadRow(err):
+	case pgErr.Code == "23505" || pgErr.Code == "40001" || pgErr.Code == "40P01":
+		return fmt.Errorf("%w: %w", errRetryNow, err)
+	case isBadRow(pgErr):
 		return fmt.Errorf("%w: %w", errBadRow, err)
 	}
 	return err
+}
+
+// isMissingPartition recognises an undefined table and PostgreSQL's "no
+// partition of relation found for row", a check violation (23514) that,
+// unlike a violated CHECK constraint, names no constraint.
+func isMissingPartition(e *pgconn.PgError) bool {
+	return e.Code == "42P01" || (e.Code == "23514" && e.ConstraintName == "")
+}
+
+// isBadRow reports whether PostgreSQL refused a row's content: a data
+// exception (class 22), an integrity constraint an operator added to a raw
+// table (class 23, except a duplicate key, which is a concurrent insert),
+// a program limit such as an oversized index row (class 54), or an
+// exception raised by a trigger (P0001).
+func isBadRow(e *pgconn.PgError) bool {
+	switch {
+	case strings.HasPrefix(e.Code, "22"), strings.HasPrefix(e.Code, "54"), e.Code == "P0001":
+		return true
+	case strings.HasPrefix(e.Code, "23"):
+		return e.Code != "23505" && !isMissingPartition(e)
+	}
+	return false
 }
 
 // insertLedger writes one ledger row per source and UTC hour of event time
@@ -425,12 +461,12 @@ func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, inge
 	return nil
 }
 
-func (w *writer) copyDeadLetters(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time) error {
-	if len(b.dead) == 0 {
+func (w *writer) copyDeadLetters(ctx context.Context, tx pgx.Tx, dead []deadLetter, ingestedAt time.Time) error {
+	if len(dead) == 0 {
 		return nil
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark", "dead_letters"}, deadLetterColumns, pgx.CopyFromSlice(len(b.dead), func(i int) ([]any, error) {
-		d := &b.dead[i]
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark", "dead_letters"}, deadLetterColumns, pgx.CopyFromSlice(len(dead), func(i int) ([]any, error) {
+		d := &dead[i]
 		keys := make([][]byte, len(d.rec.Headers))
 		vals := make([][]byte, len(d.rec.Headers))
 		for j, h := range d.rec.Headers {
@@ -449,7 +485,11 @@ func (w *writer) copyDeadLetters(ctx context.Context, tx pgx.Tx, b *batch, inges
 	return nil
 }
 
-func (w *writer) updateOffsets(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time, inserted map[topicPartition]int) error {
+func (w *writer) updateOffsets(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time, inserted map[topicPartition]int, rejected []deadLetter) error {
+	refused := map[topicPartition]int{}
+	for _, d := range rejected {
+		refused[topicPartition{d.rec.Topic, d.rec.Partition}]++
+	}
 	tps := sortedParts(b)
 	n := len(tps)
 	var (
@@ -471,28 +511,19 @@ func (w *writer) updateOffsets(ctx context.Context, tx pgx.Tx, b *batch, ingeste
 		if !pb.maxEventTime.IsZero() {
 			maxTimes[i] = pgtype.Timestamptz{Time: pb.maxEventTime, Valid: true}
 		}
+		good := pb.good - refused[tp]
 		records[i], written[i] = int64(pb.records), int64(inserted[tp])
-		dups[i], dead[i] = int64(pb.good-inserted[tp]), int64(pb.dead)
+		dups[i], dead[i] = int64(good-inserted[tp]), int64(pb.dead+refused[tp])
 	}
-	_, err := tx.Exec(ctx, updateOffsetsSQL, w.group, ingestedAt, topics, parts, sources, next, epochs, maxTimes,
+	tag, err := tx.Exec(ctx, updateOffsetsSQL, w.group, ingestedAt, topics, parts, sources, next, epochs, maxTimes,
 		records, written, dups, dead)
 	if err != nil {
 		return fmt.Errorf("store offsets: %w", err)
 	}
-	return nil
-}
-
-// isBadRow reports whether err is PostgreSQL refusing a row's content: a
-// data exception (class 22), a check constraint an operator added to a raw
-// table (23514, except a missing partition, which callers test first), or
-// a program limit such as an oversized index row (class 54).
-func isBadRow(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
+	if tag.RowsAffected() != int64(n) {
+		return fmt.Errorf("store offsets: %d of %d partitions' rows found; were rows of tidemark.kafka_offsets deleted while ingesting?", tag.RowsAffected(), n)
 	}
-	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54") ||
-		(pgErr.Code == "23514" && !strings.Contains(pgErr.Message, "no partition"))
+	return nil
 }
 
 // cleanText makes s storable as PostgreSQL text.

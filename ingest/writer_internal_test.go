@@ -140,8 +140,8 @@ func TestWriterConcurrentInsert(t *testing.T) {
 	if err := <-committed; err != nil {
 		t.Fatalf("commit the concurrent insert: %v", err)
 	}
-	if !errors.Is(err, errConcurrentInsert) {
-		t.Fatalf("write = %v, want errConcurrentInsert", err)
+	if !errors.Is(err, errRetryNow) {
+		t.Fatalf("write = %v, want errRetryNow", err)
 	}
 	res, err := h.w.write(ctx, b, map[topicPartition]position{}, now, false)
 	if err != nil || !res.committed || res.inserted[tp0] != 2 {
@@ -206,5 +206,61 @@ func TestConcurrentPartitionCreation(t *testing.T) {
 	}
 	if n := h.count(t, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'raw.app_events'::regclass"); n != 20 {
 		t.Errorf("%d partitions, want 20", n)
+	}
+}
+
+// TestRefusedRowThenConflict: an attempt that checks rows one by one,
+// refuses one and then fails on a concurrent insert must leave nothing
+// behind, so that the retry stores the refused row once as a dead letter
+// and counts the concurrently stored event as a duplicate.
+func TestRefusedRowThenConflict(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	if _, err := h.w.conn.Exec(ctx, `ALTER TABLE raw.app_events ADD CONSTRAINT no_bad CHECK (event_id <> 'bad')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.src.raw.EnsurePartitions(ctx, h.w.conn, []time.Time{time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC)}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := pgx.Connect(ctx, h.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO raw.app_events (event_id, event_time, ingested_at, payload)
+		VALUES ('b', '2026-10-05 10:00+00', now(), '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		committed <- tx.Commit(ctx)
+	}()
+	b := h.batchOf(0, "bad", "b", "c")
+	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, true)
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(err, errRetryNow) {
+		t.Fatalf("first attempt = %v, want errRetryNow", err)
+	}
+	res, err := h.w.write(ctx, b, map[topicPartition]position{}, now, true)
+	if err != nil || !res.committed || len(res.rejected) != 1 || res.inserted[tp0] != 1 {
+		t.Fatalf("retry: %v %+v", err, res)
+	}
+	if n := h.count(t, "SELECT count(*) FROM tidemark.dead_letters"); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+	var dead, dups, written int
+	if err := h.w.conn.QueryRow(ctx, "SELECT dead_letters, duplicates, rows_written FROM tidemark.kafka_offsets").Scan(&dead, &dups, &written); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 1 || dups != 1 || written != 1 {
+		t.Errorf("kafka_offsets: dead letters %d, duplicates %d, rows written %d; want 1, 1, 1", dead, dups, written)
 	}
 }

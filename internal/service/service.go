@@ -197,9 +197,18 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		running = Components
 	}
 	log.Info("tidemark running", "version", VersionString(), "components", running)
-	<-runCtx.Done()
+	var failed error
+	select {
+	case <-runCtx.Done():
+	case failed = <-errs:
+		log.Error("a component failed; stopping", "err", failed)
+	}
+	stop()
 	h.stopping.Store(true)
 	wg.Wait()
+	if failed != nil {
+		return failed
+	}
 	select {
 	case err := <-errs:
 		return err

@@ -4,8 +4,9 @@ CREATE SCHEMA IF NOT EXISTS tidemark;
 CREATE SCHEMA IF NOT EXISTS raw;
 
 -- Next offset to consume per consumer group and topic-partition, written in
--- the same transaction as the rows it covers. next_offset = -1 marks a row
--- claimed by a transaction that had nothing to store yet.
+-- the same transaction as the rows it covers. A batch transaction inserts a
+-- missing row with next_offset = -1 so that it can lock it, and always sets
+-- the real offset before committing.
 CREATE TABLE tidemark.kafka_offsets (
     consumer_group  text        NOT NULL,
     topic           text        NOT NULL,
@@ -25,7 +26,6 @@ CREATE TABLE tidemark.kafka_offsets (
     updated_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer_group, topic, partition)
 );
-CREATE INDEX kafka_offsets_source ON tidemark.kafka_offsets (source);
 
 -- One row per (source, UTC hour of event time) per load transaction: what
 -- the transaction wrote. The reconciler reads windows of load_xid from here
