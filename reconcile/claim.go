@@ -53,8 +53,13 @@ SELECT $1, u.s, u.age, u.n FROM unnest($2::timestamptz[], $3::bigint[], $4::bigi
 ON CONFLICT (aggregate, partition_start, age_seconds) DO UPDATE SET rows = a.rows + EXCLUDED.rows`
 
 	advanceWatermarkSQL = `
-UPDATE tidemark.load_watermarks
-SET load_xid = greatest(load_xid, $2::text::xid8), ingested_through = $3, advanced_at = $4, runs = runs + 1
+UPDATE tidemark.load_watermarks SET
+    advanced_at = CASE WHEN $2::text::xid8 > load_xid OR ingested_through IS DISTINCT FROM $3::timestamptz
+                       THEN $4 ELSE advanced_at END,
+    load_xid = greatest(load_xid, $2::text::xid8),
+    ingested_through = $3,
+    last_run_at = $4,
+    runs = runs + 1
 WHERE aggregate = $1`
 
 	// recordBeyondSQL copies the events of one partition ingested after its

@@ -1,13 +1,17 @@
 // Package status builds the operator's view of a tidemark deployment from
 // the warehouse (and, for lag, the Kafka brokers): per source the stored
 // offsets, end offsets and lag of each partition, the event-time
-// watermark, row, duplicate and dead-letter totals. `tidemark status` prints
+// watermark, row, duplicate and dead-letter totals; per aggregate the load
+// watermark and what holds it back (the oldest running transaction), the
+// event-time watermark, the queue, and recent partitions with their state,
+// rows, completeness and rebuild and final times. `tidemark status` prints
 // it as text or JSON and the HTTP server serves it at /status.
 package status
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -25,9 +29,54 @@ import (
 
 // Report is the whole view.
 type Report struct {
-	GeneratedAt   time.Time `json:"generated_at"`
-	SchemaVersion int       `json:"schema_version"`
-	Sources       []Source  `json:"sources"`
+	GeneratedAt   time.Time   `json:"generated_at"`
+	SchemaVersion int         `json:"schema_version"`
+	Sources       []Source    `json:"sources"`
+	Aggregates    []Aggregate `json:"aggregates"`
+	// OldestTransaction is the warehouse's oldest transaction holding a
+	// transaction id: no load watermark can pass it.
+	OldestTransaction *Transaction `json:"oldest_transaction"`
+}
+
+// Aggregate is the view of one aggregate.
+type Aggregate struct {
+	Name      string `json:"name"`
+	Source    string `json:"source"`
+	Table     string `json:"table"`
+	Partition string `json:"partition"` // e.g. "day in UTC"
+	Horizon   string `json:"lateness_horizon"`
+	Policy    string `json:"beyond_horizon"`
+	// LoadWatermark is an xid for ledger sources; IngestedThrough the
+	// newest ingestion time read, for table sources.
+	LoadWatermark      string         `json:"load_watermark"`
+	IngestedThrough    *time.Time     `json:"ingested_through,omitempty"`
+	WatermarkMovedAt   *time.Time     `json:"watermark_moved_at"`
+	LastRunAt          *time.Time     `json:"last_run_at"`
+	EventTimeWatermark *time.Time     `json:"event_time_watermark"`
+	Queued             int64          `json:"queued_partitions"`
+	Partitions         []AggPartition `json:"recent_partitions"`
+}
+
+// AggPartition is the status of one aggregate partition.
+type AggPartition struct {
+	Key          string     `json:"partition"`
+	Start        time.Time  `json:"start"`
+	End          time.Time  `json:"end"`
+	State        string     `json:"state"`
+	Rows         *int64     `json:"rows"`
+	Completeness *float64   `json:"completeness"`
+	RebuiltAt    *time.Time `json:"rebuilt_at"`
+	Rebuilds     int64      `json:"rebuilds"`
+	FinalAt      time.Time  `json:"final_at"`
+}
+
+// Transaction describes a running warehouse transaction.
+type Transaction struct {
+	XID     string  `json:"xid"`
+	PID     int32   `json:"pid"`
+	Seconds float64 `json:"running_seconds"`
+	State   string  `json:"state"`
+	Query   string  `json:"query"`
 }
 
 // Source is the view of one source.
@@ -104,7 +153,11 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 	}
 	for _, name := range cfg.SourceNames() {
 		sc := cfg.Sources[name]
-		s := Source{Name: name, Kind: "kafka", DeadLettersByReason: reasons[name]}
+		kind := "kafka"
+		if sc.Table != nil {
+			kind = "table"
+		}
+		s := Source{Name: name, Kind: kind, DeadLettersByReason: reasons[name]}
 		if s.DeadLettersByReason == nil {
 			s.DeadLettersByReason = map[string]int64{}
 		}
@@ -177,7 +230,69 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		})
 		r.Sources = append(r.Sources, s)
 	}
+	if v < 2 || len(cfg.Aggregates) == 0 {
+		return r, nil
+	}
+	if err := gatherAggregates(ctx, q, cfg, r); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+const (
+	aggregateStateSQL = `
+SELECT w.load_xid::text, w.ingested_through, w.advanced_at, w.last_run_at,
+       (SELECT event_time_watermark FROM tidemark.source_watermarks s WHERE s.source = w.source),
+       (SELECT count(*) FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)
+FROM tidemark.load_watermarks w WHERE w.aggregate = $1`
+
+	recentPartitionsSQL = `
+SELECT partition_key, partition_start, partition_end, state, rows, completeness, rebuilt_at, rebuilds, final_at
+FROM tidemark.partitions WHERE aggregate = $1
+ORDER BY partition_start DESC LIMIT 10`
+
+	oldestTransactionSQL = `
+SELECT backend_xid::text, pid, extract(epoch FROM now() - xact_start)::float8, coalesce(state, ''), left(coalesce(query, ''), 120)
+FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+ORDER BY age(backend_xid) DESC LIMIT 1`
+)
+
+func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Report) error {
+	var tx Transaction
+	err := q.QueryRow(ctx, oldestTransactionSQL).Scan(&tx.XID, &tx.PID, &tx.Seconds, &tx.State, &tx.Query)
+	switch {
+	case err == nil:
+		r.OldestTransaction = &tx
+	case !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("read running transactions: %w", err)
+	}
+	for _, name := range cfg.AggregateNames() {
+		a := cfg.Aggregates[name]
+		ag := Aggregate{Name: name, Source: a.Source, Table: a.Table, Policy: a.BeyondHorizon, Horizon: a.LatenessHorizon.String(),
+			Partition: a.Partition.By + " in " + a.Partition.TimeZone, Partitions: []AggPartition{}}
+		err := q.QueryRow(ctx, aggregateStateSQL, name).Scan(&ag.LoadWatermark, &ag.IngestedThrough, &ag.WatermarkMovedAt,
+			&ag.LastRunAt, &ag.EventTimeWatermark, &ag.Queued)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("read the state of aggregate %s: %w", name, err)
+		}
+		rows, err := q.Query(ctx, recentPartitionsSQL, name)
+		if err != nil {
+			return fmt.Errorf("read the partitions of aggregate %s: %w", name, err)
+		}
+		ag.Partitions, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (AggPartition, error) {
+			var p AggPartition
+			err := row.Scan(&p.Key, &p.Start, &p.End, &p.State, &p.Rows, &p.Completeness, &p.RebuiltAt, &p.Rebuilds, &p.FinalAt)
+			return p, err
+		})
+		if err != nil {
+			return fmt.Errorf("read the partitions of aggregate %s: %w", name, err)
+		}
+		for _, t := range []**time.Time{&ag.IngestedThrough, &ag.WatermarkMovedAt, &ag.LastRunAt, &ag.EventTimeWatermark} {
+			*t = utc(*t)
+		}
+		r.Aggregates = append(r.Aggregates, ag)
+	}
+	return nil
 }
 
 func key(topic string, p int32) string { return fmt.Sprintf("%s/%d", topic, p) }
@@ -235,13 +350,48 @@ func (r *Report) WriteText(w io.Writer) error {
 		if s.KafkaError != "" {
 			fmt.Fprintf(tw, "  kafka\tunavailable: %s\n", s.KafkaError)
 		}
+		if s.Kind != "kafka" {
+			continue
+		}
 		fmt.Fprintf(tw, "  partition\tstored offset\tend offset\tlag\tmax event time\n")
 		for _, p := range s.Partitions {
 			fmt.Fprintf(tw, "  %s/%d\t%s\t%s\t%s\t%s\n", p.Topic, p.Partition, fmtInt(p.StoredOffset), fmtInt(p.EndOffset),
 				fmtInt(p.Lag), fmtTime(p.MaxEventTime))
 		}
 	}
+	if len(r.Aggregates) > 0 {
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if t := r.OldestTransaction; t != nil {
+			fmt.Fprintf(tw, "\noldest warehouse transaction (load watermarks cannot pass it): xid %s, pid %d, running %.0fs, %s\n",
+				t.XID, t.PID, t.Seconds, t.State)
+		}
+	}
+	for _, a := range r.Aggregates {
+		fmt.Fprintf(tw, "\naggregate %s (source %s, table %s, %s partitions, horizon %s, beyond horizon: %s)\n",
+			a.Name, a.Source, a.Table, a.Partition, a.Horizon, a.Policy)
+		wm := "xid " + a.LoadWatermark
+		if a.IngestedThrough != nil {
+			wm = "ingested through " + fmtTime(a.IngestedThrough)
+		}
+		fmt.Fprintf(tw, "  load watermark\t%s (moved %s, last run %s)\n", wm, fmtTime(a.WatermarkMovedAt), fmtTime(a.LastRunAt))
+		fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(a.EventTimeWatermark))
+		fmt.Fprintf(tw, "  queued partitions\t%d\n", a.Queued)
+		fmt.Fprintf(tw, "  partition\tstate\trows\tcompleteness\trebuilt at\tfinal at\n")
+		for _, p := range a.Partitions {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Key, p.State, fmtInt(p.Rows), fmtRatio(p.Completeness),
+				fmtTime(p.RebuiltAt), p.FinalAt.UTC().Format(time.RFC3339))
+		}
+	}
 	return tw.Flush()
+}
+
+func fmtRatio(f *float64) string {
+	if f == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", *f*100)
 }
 
 func fmtTime(t *time.Time) string {

@@ -1,8 +1,9 @@
 // Command tidemark loads Kafka events into a PostgreSQL warehouse exactly
 // once and keeps its state there.
 //
-//	tidemark run     [-c tidemark.yaml] [--only ingest]
-//	tidemark migrate [-c tidemark.yaml]
+//	tidemark run       [-c tidemark.yaml] [--only ingest,reconcile]
+//	tidemark migrate   [-c tidemark.yaml]
+//	tidemark reconcile --once [-c tidemark.yaml] [--aggregate NAME]
 //	tidemark status  [-c tidemark.yaml] [--json]
 //	tidemark demo
 //	tidemark version
@@ -34,6 +35,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/demo"
 	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/status"
 )
 
@@ -51,11 +53,12 @@ const (
 const usage = `tidemark: load Kafka events into PostgreSQL exactly once.
 
 Usage:
-  tidemark run     [-c FILE] [--only ingest]   run the service until SIGINT/SIGTERM
-  tidemark migrate [-c FILE]                   apply the warehouse schema migrations
-  tidemark status  [-c FILE] [--json]          show offsets, lag, watermarks, dead letters
-  tidemark demo                                run a self-contained demonstration
-  tidemark version                             print the version
+  tidemark run       [-c FILE] [--only ingest,reconcile]  run the service until SIGINT/SIGTERM
+  tidemark migrate   [-c FILE]                            apply the warehouse schema migrations
+  tidemark reconcile --once [-c FILE] [--aggregate NAME]  reconcile aggregates once (for cron)
+  tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
+  tidemark demo                                           run a self-contained demonstration
+  tidemark version                                        print the version
 
 The configuration file defaults to $TIDEMARK_CONFIG, then tidemark.yaml.
 Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
@@ -82,6 +85,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdMigrate(ctx, rest, stdout, stderr)
 	case "status":
 		return cmdStatus(ctx, rest, stdout, stderr)
+	case "reconcile":
+		return cmdReconcile(ctx, rest, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout, stderr)
 	case "version", "--version":
@@ -268,4 +273,81 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, path := flags("reconcile", stderr)
+	once := fs.Bool("once", false, "run once for each aggregate (or --aggregate), waiting for any other instance, then exit")
+	only := fs.String("aggregate", "", "reconcile only this aggregate")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	if !*once {
+		fmt.Fprintln(stderr, "tidemark reconcile: --once is required; the periodic reconciler runs inside `tidemark run`")
+		return exitUsage
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	names := cfg.AggregateNames()
+	if *only != "" {
+		if cfg.Aggregates[*only] == nil {
+			fmt.Fprintf(stderr, "tidemark reconcile: --aggregate: no aggregate named %q (configured: %s)\n", *only, strings.Join(names, ", "))
+			return exitUsage
+		}
+		names = []string{*only}
+	}
+	if len(names) == 0 {
+		fmt.Fprintln(stderr, "tidemark reconcile: no aggregates configured")
+		return exitUsage
+	}
+	log := logger(cfg, stderr)
+	if cfg.Warehouse.MigrateOnStart() {
+		if _, err := migrate.Up(ctx, cfg.Warehouse.DSN, log); err != nil {
+			fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
+			return exitFailure
+		}
+	}
+	pool, err := service.Pool(ctx, cfg, "tidemark-reconcile")
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
+		return exitFailure
+	}
+	defer pool.Close()
+	if err := migrate.Check(ctx, pool); err != nil {
+		fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
+		return exitFailure
+	}
+	r, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: serviceClock})
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
+		return exitFailure
+	}
+	code := exitOK
+	for _, name := range names {
+		rep, err := r.RunOnce(ctx, name, true)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
+			return exitFailure
+		}
+		fmt.Fprintf(stdout, "%s: read %d, queued %d, rebuilt %d%s, %d still queued, load watermark %s\n",
+			name, rep.Read, rep.Queued, len(rep.Rebuilt), listed(rep.Rebuilt), rep.Remaining, rep.Watermark)
+		if len(rep.Failed) > 0 {
+			fmt.Fprintf(stderr, "tidemark reconcile: %s: rebuilding %s failed; they stay queued (see tidemark.pending_partitions.last_error)\n",
+				name, strings.Join(rep.Failed, ", "))
+			code = exitFailure
+		}
+	}
+	return code
+}
+
+func listed(labels []string) string {
+	if len(labels) == 0 {
+		return ""
+	}
+	if len(labels) > 10 {
+		return fmt.Sprintf(" (%s, … %d more)", strings.Join(labels[:10], ", "), len(labels)-10)
+	}
+	return " (" + strings.Join(labels, ", ") + ")"
 }

@@ -1,7 +1,8 @@
 // Package service assembles a running tidemark process from its
 // configuration: migrations, the warehouse pool, the enabled components
-// (the Kafka ingester today) and the operator HTTP server with /metrics,
-// /healthz, /readyz and /status. `tidemark run` and the demo both use it.
+// (the Kafka ingester and the reconciler) and the operator HTTP server with
+// /metrics, /healthz, /readyz and /status. `tidemark run` and the demo both
+// use it.
 package service
 
 import (
@@ -13,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,16 +30,33 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/status"
 )
 
 // Components that `tidemark run --only` can select.
 const (
-	ComponentIngest = "ingest"
+	ComponentIngest    = "ingest"    // the Kafka ingester; needs Kafka sources
+	ComponentReconcile = "reconcile" // the reconciler; needs aggregates
 )
 
 // Components lists what this version can run.
-var Components = []string{ComponentIngest}
+var Components = []string{ComponentIngest, ComponentReconcile}
+
+// Configured returns the components the configuration gives work to.
+func Configured(cfg *config.Config) []string {
+	var out []string
+	for _, name := range cfg.SourceNames() {
+		if cfg.Sources[name].Kafka != nil {
+			out = append(out, ComponentIngest)
+			break
+		}
+	}
+	if len(cfg.Aggregates) > 0 {
+		out = append(out, ComponentReconcile)
+	}
+	return out
+}
 
 // Options customise a service beyond its configuration.
 type Options struct {
@@ -102,11 +121,21 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	want := map[string]bool{}
-	for _, c := range opts.Only {
-		want[c] = true
+	configured := Configured(cfg)
+	running := opts.Only
+	if len(running) == 0 {
+		running = configured
 	}
-	enabled := func(c string) bool { return len(want) == 0 || want[c] }
+	for _, c := range running {
+		if !slices.Contains(configured, c) {
+			return fmt.Errorf("component %s has nothing to do: configure %s", c, map[string]string{
+				ComponentIngest: "a source with a kafka block", ComponentReconcile: "aggregates"}[c])
+		}
+	}
+	if len(running) == 0 {
+		return errors.New("nothing to run: configure Kafka sources or aggregates")
+	}
+	enabled := func(c string) bool { return slices.Contains(running, c) }
 
 	pool, err := Pool(ctx, cfg, "tidemark")
 	if err != nil {
@@ -121,6 +150,9 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	buildInfo.WithLabelValues(VersionString()).Set(1)
 	reg.MustRegister(buildInfo)
 	reg.MustRegister(ingest.NewWatermarkCollector(cfg, pool, now))
+	if len(cfg.Aggregates) > 0 {
+		reg.MustRegister(reconcile.NewCollector(pool, now))
+	}
 
 	var adm *kadm.Client
 	if len(cfg.Kafka.Brokers) > 0 {
@@ -192,9 +224,18 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			stop()
 		}()
 	}
-	running := opts.Only
-	if len(running) == 0 {
-		running = Components
+	if enabled(ComponentReconcile) {
+		r, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Registerer: reg, Now: now})
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.Run(runCtx); err != nil {
+				errs <- err
+			}
+		}()
 	}
 	log.Info("tidemark running", "version", VersionString(), "components", running)
 	var failed error

@@ -62,6 +62,13 @@ sources:
     event_id: /id
     event_time: /ts
     watermark: {out_of_orderness: 1m}
+reconcile: {every: 1s}
+aggregates:
+  hourly_events:
+    source: app_events
+    table: hourly_events
+    partition: {by: hour, column: hour}
+    sql: SELECT {{partition}} AS hour, count(*) AS events FROM {{events}} GROUP BY 1
 `, dsn, kc.ListenAddrs()[0])), func(string) (string, bool) { return "", false })
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +145,13 @@ func TestEndpoints(t *testing.T) {
 		&kgo.Record{Topic: "events", Value: []byte(`{"id":"b","ts":"2026-10-05T11:30:00Z"}`)},
 		&kgo.Record{Topic: "events", Value: []byte(`{"id":"c"}`)})
 
-	rep := b.waitStatus(t, func(r *status.Report) bool { return len(r.Sources) == 1 && r.Sources[0].Records == 3 })
+	rep := b.waitStatus(t, func(r *status.Report) bool {
+		return len(r.Sources) == 1 && r.Sources[0].Records == 3 && len(r.Aggregates) == 1 && len(r.Aggregates[0].Partitions) == 1
+	})
+	// The reconciler runs inside the service: both events fall in 11:00.
+	if p := rep.Aggregates[0].Partitions[0]; p.Key != "2026-10-05T11:00Z" || p.Rows == nil || *p.Rows != 1 {
+		t.Errorf("status of the aggregate: %+v", rep.Aggregates[0])
+	}
 	src := rep.Sources[0]
 	if src.Rows != 2 || src.DeadLetters != 1 || src.DeadLettersByReason["missing_time"] != 1 {
 		t.Errorf("status: rows %d, dead letters %d %v", src.Rows, src.DeadLetters, src.DeadLettersByReason)
@@ -169,6 +182,9 @@ func TestEndpoints(t *testing.T) {
 		`tidemark_ingest_dead_letters_total{reason="missing_time",source="app_events"} 1`,
 		`tidemark_source_event_time_watermark_seconds{source="app_events"}`,
 		`tidemark_build_info{version=`,
+		`tidemark_reconcile_partitions_rebuilt_total{aggregate="hourly_events"}`,
+		`tidemark_reconcile_load_watermark_age_seconds{aggregate="hourly_events"}`,
+		`tidemark_warehouse_oldest_transaction_seconds`,
 		`go_goroutines`, `process_resident_memory_bytes`,
 	} {
 		if !strings.Contains(body, want) {

@@ -10,7 +10,9 @@ CREATE TABLE tidemark.load_watermarks (
     source           text        NOT NULL,
     load_xid         xid8        NOT NULL DEFAULT '0',
     ingested_through timestamptz,
+    -- Service time at which the watermark last moved, and of the last run.
     advanced_at      timestamptz,
+    last_run_at      timestamptz,
     runs             bigint      NOT NULL DEFAULT 0
 );
 

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/status"
+)
+
+// TestReconcileOnce loads the worked example with `tidemark run --only
+// ingest`, then reconciles with `tidemark reconcile --once` and checks the
+// aggregate and `tidemark status`.
+func TestReconcileOnce(t *testing.T) {
+	pool, dsn := pgtest.NewPool(t)
+	kc := kafkatest.NewCluster(t, 1, "events")
+	cfg := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+kafka: {brokers: [%q], group: reconcile-test, session_timeout: 1s}
+ingest: {batch_max_age: 10ms}
+sources:
+  app_events:
+    kafka: {topics: [events]}
+    event_id: /event_id
+    event_time: /event_time
+aggregates:
+  daily_sales:
+    source: app_events
+    table: daily_sales
+    partition: {by: day, column: sale_date}
+    sql: |
+      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*) AS event_count
+      FROM {{events}} GROUP BY 1
+`, dsn, kc.ListenAddrs()[0]))
+	now := time.Date(2026, 10, 5, 9, 15, 0, 0, time.UTC)
+	old := serviceClock
+	serviceClock = func() time.Time { return now }
+	t.Cleanup(func() { serviceClock = old })
+
+	kafkatest.Produce(t, kafkatest.Producer(t, kc),
+		&kgo.Record{Topic: "events", Value: []byte(`{"event_id":"e1","event_time":"2026-10-04T22:00:00Z","amount":10}`)},
+		&kgo.Record{Topic: "events", Value: []byte(`{"event_id":"e2","event_time":"2026-10-05T08:00:00Z","amount":20}`)},
+		&kgo.Record{Topic: "events", Value: []byte(`{"event_id":"e3","event_time":"2026-10-04T23:30:00Z","amount":5}`)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	exit := make(chan int, 1)
+	go func() {
+		exit <- run(ctx, []string{"run", "--only", "ingest", "-c", cfg}, &strings.Builder{}, &strings.Builder{})
+	}()
+	ingesttest.WaitStored(t, pool, "reconcile-test", "events", map[int32]int64{0: 3}, time.Minute)
+	cancel()
+	if code := <-exit; code != exitOK {
+		t.Fatalf("run --only ingest: exit %d", code)
+	}
+
+	code, out, errOut := invoke(t, "reconcile", "--once", "-c", cfg)
+	if code != exitOK {
+		t.Fatalf("reconcile --once: exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "queued 2, rebuilt 2 (2026-10-05, 2026-10-04), 0 still queued") {
+		t.Errorf("reconcile --once output: %s", out)
+	}
+	got := ingesttest.Scalar(t, pool, `SELECT count(*) FROM daily_sales WHERE (sale_date, total, event_count) IN
+		(('2026-10-04', 15.00, 2), ('2026-10-05', 20.00, 1))`)
+	if got != 2 || ingesttest.Scalar(t, pool, "SELECT count(*) FROM daily_sales") != 2 {
+		t.Errorf("daily_sales does not hold the worked example's two rows")
+	}
+	code, out, _ = invoke(t, "reconcile", "--once", "--aggregate", "daily_sales", "-c", cfg)
+	if code != exitOK || !strings.Contains(out, "queued 0, rebuilt 0, 0 still queued") {
+		t.Errorf("second reconcile --once: exit %d: %s", code, out)
+	}
+
+	code, out, errOut = invoke(t, "status", "-c", cfg)
+	if code != exitOK {
+		t.Fatalf("status: exit %d: %s", code, errOut)
+	}
+	compact := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{"aggregate daily_sales (source app_events, table daily_sales, day in UTC partitions, horizon 3d, beyond horizon: correction)",
+		"queued partitions 0",
+		// The 5th is open: event time has not passed its end. The 4th is
+		// closed: it has, but its horizon has not.
+		"2026-10-05 open 1 - 2026-10-05T09:15:00Z 2026-10-09T00:00:00Z",
+		"2026-10-04 closed 1 - 2026-10-05T09:15:00Z 2026-10-08T00:00:00Z"} {
+		if !strings.Contains(compact, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = invoke(t, "status", "--json", "-c", cfg)
+	var rep status.Report
+	if code != exitOK || json.Unmarshal([]byte(out), &rep) != nil || len(rep.Aggregates) != 1 || len(rep.Aggregates[0].Partitions) != 2 {
+		t.Errorf("status --json: exit %d: %s", code, out)
+	}
+
+	for _, args := range [][]string{{"reconcile", "-c", cfg}, {"reconcile", "--once", "--aggregate", "nope", "-c", cfg}} {
+		if code, _, _ := invoke(t, args...); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}

@@ -1,0 +1,83 @@
+package reconcile
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/ingest"
+)
+
+const (
+	watermarkAgesSQL = `SELECT aggregate, advanced_at FROM tidemark.load_watermarks WHERE advanced_at IS NOT NULL`
+
+	// oldestTransactionSQL finds the oldest transaction holding a
+	// transaction id: it is what holds every load watermark back.
+	oldestTransactionSQL = `
+SELECT coalesce(extract(epoch FROM max(now() - xact_start)), 0)
+FROM pg_stat_activity WHERE backend_xid IS NOT NULL`
+)
+
+// Collector exports, at scrape time, how far each aggregate's load
+// watermark lags (service time since it last moved) and the age of the
+// warehouse's oldest transaction, which holds the watermarks back.
+type Collector struct {
+	q      ingest.Querier
+	now    func() time.Time
+	age    *prometheus.Desc
+	oldest *prometheus.Desc
+}
+
+// NewCollector returns the collector; now is the service clock.
+func NewCollector(q ingest.Querier, now func() time.Time) *Collector {
+	return &Collector{q: q, now: now,
+		age: prometheus.NewDesc("tidemark_reconcile_load_watermark_age_seconds",
+			"Service time since the aggregate's load watermark last moved.", []string{"aggregate"}, nil),
+		oldest: prometheus.NewDesc("tidemark_warehouse_oldest_transaction_seconds",
+			"Age of the oldest warehouse transaction holding a transaction id; load watermarks cannot pass it.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.age
+	ch <- c.oldest
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	rows, err := c.q.Query(ctx, watermarkAgesSQL)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.age, err)
+		return
+	}
+	now := c.now()
+	for rows.Next() {
+		var name string
+		var at time.Time
+		if err := rows.Scan(&name, &at); err != nil {
+			rows.Close()
+			ch <- prometheus.NewInvalidMetric(c.age, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, max(0, now.Sub(at).Seconds()), name)
+	}
+	rows.Close()
+	var oldest float64
+	r, err := c.q.Query(ctx, oldestTransactionSQL)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.oldest, err)
+		return
+	}
+	defer r.Close()
+	if r.Next() {
+		if err := r.Scan(&oldest); err != nil {
+			ch <- prometheus.NewInvalidMetric(c.oldest, err)
+			return
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest)
+}
