@@ -25,6 +25,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/service"
+	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/status"
 )
 
@@ -96,6 +97,17 @@ sources:
     event_id: /event_id
     event_time: /event_time
     max_age: 30d
+aggregates:
+  daily_sales:
+    source: app_events
+    table: daily_sales
+    partition: {by: day, column: sale_date, time_zone: UTC}
+    lateness_horizon: 72h
+    beyond_horizon: correction
+    sql: |
+      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total,
+             count(*) AS event_count
+      FROM {{events}} GROUP BY 1
 `, pg.URL("postgres"), broker, topic)
 	cfg, err := config.Parse("demo.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
@@ -113,7 +125,9 @@ sources:
 	addrCh := make(chan string, 1)
 	svcErr := make(chan error, 1)
 	go func() {
-		svcErr <- service.Run(svcCtx, cfg, service.Options{Logger: log, Now: clk.now,
+		// The demo runs the reconciler itself, once per step, to show
+		// what each run does; `tidemark run` would run it on a timer.
+		svcErr <- service.Run(svcCtx, cfg, service.Options{Logger: log, Now: clk.now, Only: []string{service.ComponentIngest},
 			Listening: func(a string) { addrCh <- a }})
 	}()
 	var addr string
@@ -136,8 +150,13 @@ sources:
 	}
 	defer prod.Close()
 
-	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}}
-	fmt.Fprintln(out, "The service clock follows the ingestion times of the worked example (UTC):")
+	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: clk.now})
+	if err != nil {
+		return err
+	}
+	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec}
+	fmt.Fprintln(out, "The service clock follows the ingestion times of the worked example (UTC); after each step the")
+	fmt.Fprintln(out, "reconciler runs once and rebuilds the daily_sales partitions that the new rows touched:")
 	steps := []struct {
 		clock string
 		what  string
@@ -153,11 +172,17 @@ sources:
 			{Topic: topic, Partition: 0, Key: []byte("bad-1"), Value: []byte(`{"event_id":"e4","event_ti`)},
 			{Topic: topic, Partition: 1, Key: []byte("bad-2"), Value: []byte(`{"id":"e5","event_time":"2026-10-05T09:00:00Z","amount":"1.00"}`)},
 			{Topic: topic, Partition: 0, Key: []byte("bad-3"), Value: []byte(`{"event_id":"e6","event_time":0,"amount":"1.00"}`)}}},
+		{"2026-10-05 09:20", "e0 happened at 12:00 on 1 October (99.00): 81 hours after its day ended, beyond the 72h horizon", []*kgo.Record{
+			event(0, "e0", "2026-10-01T12:00:00Z", "99.00")}},
+		{"2026-10-05 10:00", "nothing new arrives; the reconciler runs again", nil},
 	}
 	for _, s := range steps {
 		clk.set(at(s.clock))
 		fmt.Fprintf(out, "  [%s] %s\n", s.clock, s.what)
 		if err := d.produceAndWait(s.recs); err != nil {
+			return err
+		}
+		if err := d.reconcile(); err != nil {
 			return err
 		}
 	}
@@ -202,11 +227,34 @@ type run struct {
 	prod *kgo.Client
 	clk  *clock
 	end  map[int32]int64
+	rec  *reconcile.Reconciler
+}
+
+// reconcile runs the reconciler once and says what it rebuilt.
+func (d *run) reconcile() error {
+	rep, err := d.rec.RunOnce(d.ctx, "daily_sales", true)
+	if err != nil {
+		return err
+	}
+	var beyond int64
+	if err := d.pool.QueryRow(d.ctx, "SELECT count(*) FROM tidemark.corrections").Scan(&beyond); err != nil {
+		return err
+	}
+	what := "nothing to rebuild"
+	if len(rep.Rebuilt) > 0 {
+		what = "rebuilt " + strings.Join(rep.Rebuilt, ", ")
+	}
+	fmt.Fprintf(d.out, "               reconcile: %s (load watermark xid %s, %d event(s) beyond the horizon recorded)\n",
+		what, rep.Watermark, beyond)
+	return nil
 }
 
 // produceAndWait produces records and waits until the warehouse has stored
 // offsets past them.
 func (d *run) produceAndWait(recs []*kgo.Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
 	res := d.prod.ProduceSync(d.ctx, recs...)
 	if err := res.FirstErr(); err != nil {
 		return fmt.Errorf("produce: %w", err)
@@ -283,7 +331,7 @@ SELECT event_id,
        payload->>'amount' AS amount,
        kafka_partition || '/' || kafka_offset AS "partition/offset"
 FROM raw.app_events ORDER BY event_id`},
-		{"raw partitions, created on demand by event date (UTC):", `
+		{"raw partitions, one per event date (UTC), created around the present and for late dates on demand:", `
 SELECT c.relname AS partition, pg_get_expr(c.relpartbound, c.oid) AS bounds
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'raw.app_events'::regclass ORDER BY 1`},
@@ -295,6 +343,17 @@ FROM tidemark.ingest_ledger ORDER BY id`},
 SELECT reason, topic || '/' || partition || '/' || "offset" AS coordinates,
        convert_from(record_key, 'UTF8') AS key, convert_from(record_value, 'UTF8') AS value
 FROM tidemark.dead_letters ORDER BY id`},
+		{"daily_sales: the aggregate, rebuilt partition by partition (4 October twice: e3 arrived late)", `
+SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1`},
+		{"tidemark.partitions: each partition's state, rows, rebuilds and when its numbers become final", `
+SELECT partition_key AS partition, state, rows, rebuilds,
+       to_char(rebuilt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS rebuilt_at,
+       to_char(final_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS final_at
+FROM tidemark.partitions ORDER BY partition_start`},
+		{"tidemark.corrections: events that arrived after their partition's horizon (the partition stays final)", `
+SELECT aggregate, event_key, to_char(event_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS event_time,
+       to_char(ingested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS ingested_at, event->'payload'->>'amount' AS amount
+FROM tidemark.corrections ORDER BY id`},
 		{"tidemark.kafka_offsets: next offsets, stored in the same transactions as the rows", `
 SELECT topic || '/' || partition AS partition, next_offset, rows_written, duplicates, dead_letters,
        to_char(max_event_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS max_event_time
@@ -322,7 +381,8 @@ func (d *run) metrics(addr string) error {
 			strings.HasPrefix(line, "tidemark_ingest_duplicates_total") ||
 			(strings.HasPrefix(line, "tidemark_ingest_dead_letters_total") && !strings.HasSuffix(line, " 0")) ||
 			strings.HasPrefix(line, "tidemark_source_event_time_watermark_seconds") ||
-			strings.HasPrefix(line, "tidemark_ingest_consumer_lag_records") {
+			strings.HasPrefix(line, "tidemark_ingest_consumer_lag_records") ||
+			strings.HasPrefix(line, "tidemark_reconcile_load_watermark_age_seconds") {
 			fmt.Fprintln(d.out, "  "+line)
 		}
 	}

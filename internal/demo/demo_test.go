@@ -26,7 +26,11 @@ func TestDemo(t *testing.T) {
 		"missing_id", "invalid_json", "time_out_of_range",
 		"duplicates dropped    1",
 		"event-time watermark  2026-10-05T08:00:00Z",
-		`tidemark_ingest_rows_written_total{source="app_events"} 3`,
+		`tidemark_ingest_rows_written_total{source="app_events"} 4`,
+		"reconcile: rebuilt 2026-10-04 (load watermark",
+		"2026-10-04  15.00  2", "2026-10-05  20.00  1",
+		"2026-10-04  closed  1     2",
+		"e0|2026-10-01 12:00:00+00",
 		"done: the service committed its last batch",
 	} {
 		if !strings.Contains(text, want) {
