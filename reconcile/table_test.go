@@ -1,0 +1,185 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/reconcile"
+)
+
+// TestTimestampMode reconciles an aggregate over a raw table that another
+// tool writes, in timestamp mode: the worked example's lookback case. A
+// row stamped 10:10 becomes visible after the watermark has reached 10:15;
+// without a lookback it is missed, with a 30-minute lookback it is read.
+// The watermark is the newest ingestion time read, never now(), and rows
+// newer than now() - safety_lag wait.
+func TestTimestampMode(t *testing.T) {
+	pool, dsn := pgtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA partner;
+		CREATE TABLE partner.sales (id bigint PRIMARY KEY, occurred_at timestamptz NOT NULL, loaded_at timestamptz NOT NULL, amount int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: at("2026-10-05 11:00")}
+	reconciler := func(lookback string) *reconcile.Reconciler {
+		t.Helper()
+		cfg, err := config.Parse("test.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  partner:
+    table: {name: partner.sales, key: [id], event_time: occurred_at, ingested_at: loaded_at, lookback: %s, safety_lag: 1h}
+aggregates:
+  partner_daily:
+    source: partner
+    table: partner_daily
+    partition: {by: day, column: day}
+    lateness_horizon: 72h
+    sql: SELECT {{partition}} AS day, sum(amount) AS total, count(*) AS n FROM {{events}} GROUP BY 1
+`, dsn, lookback)), func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := reconcile.New(cfg, pool, reconcile.Options{Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	insert := func(id int, occurred, loaded string, amount int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, "INSERT INTO partner.sales VALUES ($1, $2, $3, $4)", id, at(occurred), at(loaded), amount); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := &bundle{t: t, pool: pool}
+	daily := "SELECT day::text, total, n FROM partner_daily ORDER BY 1"
+	r := reconciler("0s")
+
+	insert(1, "2026-10-05 09:00", "2026-10-05 09:00", 1)
+	insert(2, "2026-10-05 09:30", "2026-10-05 09:30", 2)
+	rep := b.runOnce(r, "partner_daily")
+	equal(t, "watermark after two rows", []string{rep.Watermark}, []string{"2026-10-05T09:30:00Z"})
+	insert(3, "2026-10-05 10:15", "2026-10-05 10:15", 4)
+	b.runOnce(r, "partner_daily")
+	// Stamped 10:10, visible only now: behind the watermark.
+	insert(4, "2026-10-05 10:10", "2026-10-05 10:10", 8)
+	rep = b.runOnce(r, "partner_daily")
+	equal(t, "rebuilt without lookback", rep.Rebuilt, nil)
+	equal(t, "without lookback", b.rows(daily), []string{"2026-10-05 | 7 | 3"})
+
+	r = reconciler("30m")
+	rep = b.runOnce(r, "partner_daily")
+	equal(t, "rebuilt with lookback", rep.Rebuilt, []string{"2026-10-05"})
+	equal(t, "with a 30-minute lookback", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
+	equal(t, "watermark", []string{rep.Watermark}, []string{"2026-10-05T10:15:00Z"})
+
+	// A row stamped now by the warehouse clock is inside the safety lag.
+	if _, err := pool.Exec(ctx, "INSERT INTO partner.sales VALUES (5, '2026-10-05 10:30+00', now(), 16)"); err != nil {
+		t.Fatal(err)
+	}
+	rep = b.runOnce(r, "partner_daily")
+	equal(t, "watermark with a row inside the safety lag", []string{rep.Watermark}, []string{"2026-10-05T10:15:00Z"})
+	equal(t, "row inside the safety lag", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
+
+	// Beyond the horizon: recorded as a correction, keyed by the key columns.
+	insert(6, "2026-10-01 12:00", "2026-10-05 10:20", 32)
+	b.runOnce(r, "partner_daily")
+	equal(t, "corrections", b.rows("SELECT event_key, event->>'amount' FROM tidemark.corrections"), []string{"6 | 32"})
+	equal(t, "aggregate after the late row", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
+}
+
+// TestCompleteness checks the completeness estimate: two final days each
+// received 8 of their 10 events by their end and 2 six hours later, so a
+// day one hour past its end is estimated 80% complete. It also checks the
+// lateness counts.
+func TestCompleteness(t *testing.T) {
+	a := dailySales("correction")
+	a.horizon = "24h"
+	b := setup(t, 1, a)
+	b.startIngest()
+	r, reg := b.reconciler()
+	n := 0
+	sales := func(clock, day string, hours ...int) {
+		t.Helper()
+		var recs []*kgo.Record
+		for _, h := range hours {
+			n++
+			recs = append(recs, event(0, fmt.Sprintf("e%d", n), fmt.Sprintf("%sT%02d:00:00Z", day, h), "1"))
+		}
+		b.ingestAt(clock, recs...)
+		b.runOnce(r, "daily_sales")
+	}
+	for _, d := range []struct{ day, next string }{{"2026-10-01", "2026-10-02"}, {"2026-10-02", "2026-10-03"}} {
+		sales(d.day+" 12:00", d.day, 0, 1, 2, 3, 4, 5, 6, 7)
+		sales(d.next+" 06:00", d.day, 20, 21)
+	}
+	sales("2026-10-03 12:00", "2026-10-03", 0, 1, 2, 3, 4, 5, 6, 7)
+	// One hour past the end of 3 October; event time is still at 07:00 on
+	// the 3rd (the newest event), so that day is open.
+	b.clock.Set(at("2026-10-04 01:00"))
+	b.runOnce(r, "daily_sales")
+	equal(t, "states and completeness", b.rows("SELECT partition_key, state, round(completeness::numeric, 2)::text FROM tidemark.partitions ORDER BY 1"),
+		[]string{"2026-10-01 | final | 1.00", "2026-10-02 | final | 1.00", "2026-10-03 | open | 0.80"})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() != "tidemark_partition_completeness_ratio" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "partition" && l.GetValue() == "2026-10-03" && m.GetGauge().GetValue() == 0.8 {
+					found = true
+				}
+				if l.GetName() == "partition" && l.GetValue() != "2026-10-03" {
+					t.Errorf("completeness exported for final partition %s", l.GetValue())
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("tidemark_partition_completeness_ratio{partition=\"2026-10-03\"} is not 0.8")
+	}
+	if got := lateness(t, reg, "on_time"); got != 24 {
+		t.Errorf("on-time events %v, want 24", got)
+	}
+	if got := lateness(t, reg, "under_6h"); got != 4 {
+		t.Errorf("events up to 6h late %v, want 4", got)
+	}
+}
+
+func lateness(t *testing.T, reg interface {
+	Gather() ([]*dto.MetricFamily, error)
+}, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "tidemark_reconcile_late_events_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "lateness" && l.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
