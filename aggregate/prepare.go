@@ -124,8 +124,16 @@ func createTarget(ctx context.Context, tx pgx.Tx, d *Definition, cols []column) 
 			defs[i] += " NOT NULL"
 		}
 	}
-	if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quote(d.Target[0])); err != nil {
+	// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the
+	// database even when the schema exists: ask first.
+	var schemaExists bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", d.Target[0]).Scan(&schemaExists); err != nil {
 		return fmt.Errorf("aggregates.%s.table: %w", d.Name, err)
+	}
+	if !schemaExists {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+quote(d.Target[0])); err != nil {
+			return fmt.Errorf("aggregates.%s.table: %w", d.Name, err)
+		}
 	}
 	ddl := fmt.Sprintf("CREATE TABLE %s (%s)", d.Target.Sanitize(), strings.Join(defs, ", "))
 	if _, err := tx.Exec(ctx, ddl); err != nil {

@@ -16,8 +16,9 @@ type Aggregate struct {
 	Table     string             `yaml:"table"`
 	Partition AggregatePartition `yaml:"partition"`
 	// LatenessHorizon bounds how long after its end a partition may still
-	// change; default 72h.
-	LatenessHorizon Duration `yaml:"lateness_horizon"`
+	// change; default 72h. 0 is allowed: every event ingested after its
+	// partition's end is beyond the horizon.
+	LatenessHorizon *Duration `yaml:"lateness_horizon"`
 	// BeyondHorizon is what happens to events later than the horizon:
 	// correction (default), arrival or rebuild.
 	BeyondHorizon string `yaml:"beyond_horizon"`
@@ -129,6 +130,9 @@ func validateTableSource(ix *index, p string, s *Source) {
 	if s.EventID != "" || s.EventTime != "" {
 		ix.add(p, "event_id and event_time pointers apply to Kafka sources; a table source names columns under table")
 	}
+	if s.Watermark.OutOfOrderness < 0 {
+		ix.add(p+".watermark.out_of_orderness", "must not be negative")
+	}
 }
 
 func (c *Config) applyAggregateDefaults() {
@@ -149,8 +153,9 @@ func (c *Config) applyAggregateDefaults() {
 		if a.Partition.TimeZone == "" {
 			a.Partition.TimeZone = "UTC"
 		}
-		if a.LatenessHorizon == 0 {
-			a.LatenessHorizon = Duration(72 * time.Hour)
+		if a.LatenessHorizon == nil {
+			h := Duration(72 * time.Hour)
+			a.LatenessHorizon = &h
 		}
 		if a.BeyondHorizon == "" {
 			a.BeyondHorizon = PolicyCorrection
@@ -217,7 +222,7 @@ func (c *Config) validateAggregates(ix *index) {
 		if _, err := time.LoadLocation(a.Partition.TimeZone); err != nil || a.Partition.TimeZone == "Local" {
 			ix.add(p+".partition.time_zone", "%q is not an IANA time zone such as UTC or America/New_York", a.Partition.TimeZone)
 		}
-		if a.LatenessHorizon < 0 {
+		if *a.LatenessHorizon < 0 {
 			ix.add(p+".lateness_horizon", "must not be negative")
 		}
 		oneOf(ix, p+".beyond_horizon", a.BeyondHorizon, PolicyCorrection, PolicyArrival, PolicyRebuild)

@@ -119,11 +119,32 @@ func (c *WatermarkCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.now()
 	for _, name := range c.cfg.SourceNames() {
 		src := c.cfg.Sources[name]
-		if src.Kafka == nil {
+		if src.Table != nil {
+			// Stored by the reconciler as it reads the table.
+			c.collectStored(ctx, ch, name)
 			continue
 		}
 		if wm, ok := EventTimeWatermark(src, parts, now); ok {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(wm.UnixMicro())/1e6, name)
 		}
+	}
+}
+
+const storedWatermarkSQL = `SELECT event_time_watermark FROM tidemark.source_watermarks WHERE source = $1 AND event_time_watermark IS NOT NULL`
+
+func (c *WatermarkCollector) collectStored(ctx context.Context, ch chan<- prometheus.Metric, source string) {
+	rows, err := c.q.Query(ctx, storedWatermarkSQL, source)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var wm time.Time
+		if err := rows.Scan(&wm); err != nil {
+			ch <- prometheus.NewInvalidMetric(c.desc, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(wm.UnixMicro())/1e6, source)
 	}
 }

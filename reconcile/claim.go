@@ -16,10 +16,6 @@ import (
 )
 
 const (
-	ensureWatermarkSQL = `
-INSERT INTO tidemark.load_watermarks (aggregate, source) VALUES ($1, $2)
-ON CONFLICT (aggregate) DO NOTHING`
-
 	lockWatermarkSQL = `
 SELECT load_xid::text, ingested_through FROM tidemark.load_watermarks WHERE aggregate = $1 FOR UPDATE`
 

@@ -12,11 +12,15 @@ import (
 const (
 	watermarkAgesSQL = `SELECT aggregate, advanced_at FROM tidemark.load_watermarks WHERE advanced_at IS NOT NULL`
 
-	// oldestTransactionSQL finds the oldest transaction holding a
-	// transaction id: it is what holds every load watermark back.
+	// oldestTransactionSQL times the transaction with the oldest id among
+	// running and prepared ones (the one that status shows): it is what
+	// holds every load watermark back.
 	oldestTransactionSQL = `
-SELECT coalesce(extract(epoch FROM max(now() - xact_start)), 0)
-FROM pg_stat_activity WHERE backend_xid IS NOT NULL`
+SELECT coalesce((SELECT extract(epoch FROM now() - started)::float8 FROM (
+    SELECT backend_xid AS xid, xact_start AS started FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+    UNION ALL
+    SELECT transaction, prepared FROM pg_prepared_xacts
+) t ORDER BY age(xid) DESC LIMIT 1), 0)`
 )
 
 // Collector exports, at scrape time, how far each aggregate's load
@@ -35,7 +39,7 @@ func NewCollector(q ingest.Querier, now func() time.Time) *Collector {
 		age: prometheus.NewDesc("tidemark_reconcile_load_watermark_age_seconds",
 			"Service time since the aggregate's load watermark last moved.", []string{"aggregate"}, nil),
 		oldest: prometheus.NewDesc("tidemark_warehouse_oldest_transaction_seconds",
-			"Age of the oldest warehouse transaction holding a transaction id; load watermarks cannot pass it.", nil, nil),
+			"Age of the warehouse transaction (running or prepared) with the oldest transaction id; load watermarks cannot pass it.", nil, nil),
 	}
 }
 

@@ -41,14 +41,14 @@ type Reconciler struct {
 	names []string
 	after func(string) error
 
-	prepared bool
+	prepared map[string]bool
 	exported map[string]map[string]bool // completeness series per aggregate
 }
 
 // New builds a Reconciler for every aggregate of cfg.
 func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Reconciler, error) {
 	r := &Reconciler{cfg: cfg, pool: pool, log: opts.Logger, now: opts.Now, defs: map[string]*aggregate.Definition{},
-		after: opts.AfterClaim, exported: map[string]map[string]bool{}}
+		after: opts.AfterClaim, exported: map[string]map[string]bool{}, prepared: map[string]bool{}}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -80,40 +80,107 @@ func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Reconciler, err
 // Aggregates returns the aggregate names in order.
 func (r *Reconciler) Aggregates() []string { return r.names }
 
-// Prepare makes sure the raw tables of Kafka sources exist and checks every
-// aggregate against the warehouse (see aggregate.Prepare), creating missing
-// target tables. Configuration problems come back as errors naming the key
-// to fix.
+// Prepare checks every aggregate (see prepare). Configuration problems
+// come back as errors naming the key to fix.
 func (r *Reconciler) Prepare(ctx context.Context) error {
+	for _, name := range r.names {
+		if err := r.prepare(ctx, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureStateSQL creates an aggregate's load watermark row and returns the
+// source it was created for.
+const ensureStateSQL = `
+WITH ins AS (
+    INSERT INTO tidemark.load_watermarks (aggregate, source) VALUES ($1, $2)
+    ON CONFLICT (aggregate) DO NOTHING RETURNING source
+)
+SELECT source FROM ins UNION ALL SELECT source FROM tidemark.load_watermarks WHERE aggregate = $1`
+
+// prepare makes sure the raw table of a Kafka source exists (or that a
+// table source's table has the configured columns), checks the aggregate
+// against the warehouse (see aggregate.Prepare), creating a missing
+// target table, and creates its state.
+func (r *Reconciler) prepare(ctx context.Context, name string) error {
+	if r.prepared[name] {
+		return nil
+	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	defer conn.Release()
-	for _, name := range r.names {
-		d := r.defs[name]
-		src := r.cfg.Sources[d.Source]
-		if src.Kafka != nil {
-			if err := ingest.NewRawTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
-				return err
-			}
-		} else {
-			var exists bool
-			if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", d.Raw.Sanitize()).Scan(&exists); err != nil {
-				return err
-			}
-			if !exists {
-				return fmt.Errorf("sources.%s.table.name: table %s does not exist", d.Source, d.Raw.Sanitize())
-			}
-		}
-		if err := aggregate.Prepare(ctx, conn.Conn(), d); err != nil {
+	d := r.defs[name]
+	src := r.cfg.Sources[d.Source]
+	if src.Kafka != nil {
+		if err := ingest.NewRawTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
 			return err
 		}
-		if _, err := conn.Exec(ctx, ensureWatermarkSQL, d.Name, d.Source); err != nil {
-			return fmt.Errorf("reconcile %s: %w", name, err)
+	} else if err := checkTableSource(ctx, conn.Conn(), d); err != nil {
+		return err
+	}
+	if err := aggregate.Prepare(ctx, conn.Conn(), d); err != nil {
+		return err
+	}
+	var stored string
+	if err := conn.QueryRow(ctx, ensureStateSQL, d.Name, d.Source).Scan(&stored); err != nil {
+		return fmt.Errorf("reconcile %s: %w", name, err)
+	}
+	if stored != d.Source {
+		return fmt.Errorf("aggregates.%s.source: the aggregate was built from source %s, not %s; its state would not match "+
+			"the new source: give the aggregate a new name (or delete its rows from tidemark.load_watermarks, tidemark.partitions "+
+			"and tidemark.pending_partitions, and empty %s)", name, stored, d.Source, d.Target.Sanitize())
+	}
+	r.prepared[name] = true
+	return nil
+}
+
+// tableColumnsSQL lists the columns of a table with their types.
+const tableColumnsSQL = `
+SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`
+
+// checkTableSource verifies that a table source's table exists and has the
+// configured columns, the time columns as timestamptz.
+func checkTableSource(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition) error {
+	key := "sources." + d.Source + ".table"
+	rows, err := conn.Query(ctx, tableColumnsSQL, d.Raw.Sanitize())
+	if err != nil {
+		return fmt.Errorf("%s.name: %w", key, err)
+	}
+	cols := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			rows.Close()
+			return err
+		}
+		cols[name] = typ
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(cols) == 0 {
+		return fmt.Errorf("%s.name: table %s does not exist", key, d.Raw.Sanitize())
+	}
+	for _, c := range []struct{ key, col string }{{"event_time", d.EventTime}, {"ingested_at", d.IngestedAt}} {
+		switch typ, ok := cols[c.col]; {
+		case !ok:
+			return fmt.Errorf("%s.%s: %s has no column %q", key, c.key, d.Raw.Sanitize(), c.col)
+		case typ != "timestamp with time zone":
+			return fmt.Errorf("%s.%s: %s.%s is %s; it must be timestamp with time zone (timestamptz) so that its instants are unambiguous",
+				key, c.key, d.Raw.Sanitize(), c.col, typ)
 		}
 	}
-	r.prepared = true
+	for i, k := range d.EventKey {
+		if _, ok := cols[k]; !ok {
+			return fmt.Errorf("%s.key[%d]: %s has no column %q", key, i, d.Raw.Sanitize(), k)
+		}
+	}
 	return nil
 }
 
@@ -141,10 +208,8 @@ func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Repor
 	if d == nil {
 		return rep, fmt.Errorf("reconcile: no aggregate named %q", name)
 	}
-	if !r.prepared {
-		if err := r.Prepare(ctx); err != nil {
-			return rep, err
-		}
+	if err := r.prepare(ctx, name); err != nil {
+		return rep, err
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
@@ -223,7 +288,7 @@ const (
 	nextPendingSQL = `
 SELECT partition_start FROM tidemark.pending_partitions
 WHERE aggregate = $1 AND partition_start <> ALL(coalesce($2::timestamptz[], '{}'))
-ORDER BY partition_start DESC
+ORDER BY attempts, partition_start DESC
 LIMIT 1
 FOR UPDATE SKIP LOCKED`
 
@@ -238,7 +303,8 @@ WHERE aggregate = $1 AND partition_start = $2`
 
 // rebuildQueued rebuilds queued partitions, newest first, each in its own
 // transaction, up to reconcile.max_partitions_per_run. A partition whose
-// rebuild fails stays queued, with the error, for the next run.
+// rebuild fails stays queued, with the error, for the next run, where it
+// comes after the partitions that have not failed.
 func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, rep *Report) error {
 	var failed []time.Time
 	for i := 0; i < int(r.cfg.Reconcile.MaxPartitionsPerRun); i++ {
@@ -315,7 +381,7 @@ func isDataError(err error) bool {
 // cancelled. An aggregate that another instance is reconciling is skipped
 // until the next tick (the instances stand by for each other).
 func (r *Reconciler) Run(ctx context.Context) error {
-	for !r.prepared {
+	for {
 		err := r.Prepare(ctx)
 		if err == nil {
 			break

@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -182,4 +183,61 @@ func lateness(t *testing.T, reg interface {
 		}
 	}
 	return -1
+}
+
+// TestPrepareRefuses checks the configuration problems found against the
+// warehouse: a table source's columns, and an aggregate whose source was
+// changed after it was built.
+func TestPrepareRefuses(t *testing.T) {
+	pool, dsn := pgtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE a (id int, occurred_at timestamptz, loaded_at timestamp);
+		CREATE TABLE b (id int, occurred_at timestamptz, loaded_at timestamptz)`); err != nil {
+		t.Fatal(err)
+	}
+	prepare := func(table, key string) error {
+		t.Helper()
+		cfg, err := config.Parse("test.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  src:
+    table: {name: %s, key: [%s], event_time: occurred_at, ingested_at: loaded_at}
+aggregates:
+  agg:
+    source: src
+    table: agg
+    partition: {by: day, column: day}
+    sql: SELECT {{partition}} AS day, count(*) AS n FROM {{events}} GROUP BY 1
+`, dsn, table, key)), func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := reconcile.New(cfg, pool, reconcile.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Prepare(ctx)
+	}
+	for _, tt := range []struct{ table, key, want string }{
+		{"missing", "id", "sources.src.table.name: table \"public\".\"missing\" does not exist"},
+		{"a", "id", "sources.src.table.ingested_at: \"public\".\"a\".loaded_at is timestamp without time zone"},
+		{"b", "nope", "sources.src.table.key[0]: \"public\".\"b\" has no column \"nope\""},
+	} {
+		if err := prepare(tt.table, tt.key); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("prepare(%s, %s) = %v, want %q", tt.table, tt.key, err, tt.want)
+		}
+	}
+	if err := prepare("b", "id"); err != nil {
+		t.Fatalf("a valid table source: %v", err)
+	}
+	// The aggregate's state says it was built from another source: refused.
+	if _, err := pool.Exec(ctx, "UPDATE tidemark.load_watermarks SET source = 'old_src'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepare("b", "id"); err == nil || !strings.Contains(err.Error(), "aggregates.agg.source: the aggregate was built from source old_src") {
+		t.Errorf("prepare after the source changed = %v", err)
+	}
 }

@@ -164,6 +164,20 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		if sc.Kafka != nil {
 			s.Topics = sc.Kafka.Topics
 		}
+		if sc.Table != nil {
+			// Table sources have no stream state; the reconciler stores
+			// their watermark as it reads them.
+			if v >= 2 {
+				var wm *time.Time
+				err := q.QueryRow(ctx, "SELECT event_time_watermark FROM tidemark.source_watermarks WHERE source = $1", name).Scan(&wm)
+				if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return nil, fmt.Errorf("read the watermark of source %s: %w", name, err)
+				}
+				s.EventTimeWatermark = utc(wm)
+			}
+			r.Sources = append(r.Sources, s)
+			continue
+		}
 		if wm, ok := ingest.EventTimeWatermark(sc, parts, now); ok {
 			wm = wm.UTC()
 			s.EventTimeWatermark = &wm
@@ -251,10 +265,18 @@ SELECT partition_key, partition_start, partition_end, state, rows, completeness,
 FROM tidemark.partitions WHERE aggregate = $1
 ORDER BY partition_start DESC LIMIT 10`
 
+	// oldestTransactionSQL finds the transaction with the oldest id among
+	// running and prepared ones: the reconciler's load watermarks cannot
+	// pass it.
 	oldestTransactionSQL = `
-SELECT backend_xid::text, pid, extract(epoch FROM now() - xact_start)::float8, coalesce(state, ''), left(coalesce(query, ''), 120)
-FROM pg_stat_activity WHERE backend_xid IS NOT NULL
-ORDER BY age(backend_xid) DESC LIMIT 1`
+SELECT xid::text, pid, extract(epoch FROM now() - started)::float8, state, query
+FROM (
+    SELECT backend_xid AS xid, pid, xact_start AS started, coalesce(state, '') AS state, left(coalesce(query, ''), 120) AS query
+    FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+    UNION ALL
+    SELECT transaction, 0, prepared, 'prepared', 'PREPARE TRANSACTION ' || gid FROM pg_prepared_xacts
+) t
+ORDER BY age(xid) DESC LIMIT 1`
 )
 
 func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Report) error {
@@ -282,6 +304,7 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 		ag.Partitions, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (AggPartition, error) {
 			var p AggPartition
 			err := row.Scan(&p.Key, &p.Start, &p.End, &p.State, &p.Rows, &p.Completeness, &p.RebuiltAt, &p.Rebuilds, &p.FinalAt)
+			p.Start, p.End, p.FinalAt, p.RebuiltAt = p.Start.UTC(), p.End.UTC(), p.FinalAt.UTC(), utc(p.RebuiltAt)
 			return p, err
 		})
 		if err != nil {
@@ -340,6 +363,11 @@ func (r *Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "tidemark status at %s (schema version %d)\n", r.GeneratedAt.Format(time.RFC3339), r.SchemaVersion)
 	for _, s := range r.Sources {
+		if s.Kind != "kafka" {
+			fmt.Fprintf(tw, "\nsource %s (table, read by the reconciler in timestamp mode)\n", s.Name)
+			fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))
+			continue
+		}
 		fmt.Fprintf(tw, "\nsource %s (%s: %s)\n", s.Name, s.Kind, strings.Join(s.Topics, ", "))
 		fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))
 		fmt.Fprintf(tw, "  records read\t%d\n", s.Records)
@@ -349,9 +377,6 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "  lag\t%s\n", fmtInt(s.Lag))
 		if s.KafkaError != "" {
 			fmt.Fprintf(tw, "  kafka\tunavailable: %s\n", s.KafkaError)
-		}
-		if s.Kind != "kafka" {
-			continue
 		}
 		fmt.Fprintf(tw, "  partition\tstored offset\tend offset\tlag\tmax event time\n")
 		for _, p := range s.Partitions {

@@ -331,8 +331,12 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
 			return exitFailure
 		}
+		wm := rep.Watermark
+		if wm == "" || strings.HasPrefix(wm, "0001-01-01") {
+			wm = "- (nothing read yet)"
+		}
 		fmt.Fprintf(stdout, "%s: read %d, queued %d, rebuilt %d%s, %d still queued, load watermark %s\n",
-			name, rep.Read, rep.Queued, len(rep.Rebuilt), listed(rep.Rebuilt), rep.Remaining, rep.Watermark)
+			name, rep.Read, rep.Queued, len(rep.Rebuilt), listed(rep.Rebuilt), rep.Remaining, wm)
 		if len(rep.Failed) > 0 {
 			fmt.Fprintf(stderr, "tidemark reconcile: %s: rebuilding %s failed; they stay queued (see tidemark.pending_partitions.last_error)\n",
 				name, strings.Join(rep.Failed, ", "))
