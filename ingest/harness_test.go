@@ -17,6 +17,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
@@ -32,30 +33,12 @@ var testNow = time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
 // group is the consumer group of these tests.
 const group = "tidemark-test"
 
-// clock is a settable service clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
-
 type bundle struct {
 	dsn       string
 	pool      *pgxpool.Pool
 	kafka     *kfake.Cluster
 	producer  *kgo.Client
-	clock     *clock
+	clock     *clock.Settable
 	topic     string
 	parts     int32
 	yaml      string // extra source keys
@@ -86,7 +69,7 @@ func setupWith(t *testing.T, parts int32, dsn string, c *kfake.Cluster, producer
 	return &bundle{
 		dsn: dsn, pool: pool, kafka: c, topic: "events", parts: parts,
 		producer: kafkatest.Producer(t, c, append(producerOpts, kgo.RecordPartitioner(kgo.ManualPartitioner()))...),
-		clock:    &clock{t: testNow},
+		clock:    clock.New(testNow),
 	}
 }
 

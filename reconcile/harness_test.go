@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
@@ -37,23 +37,6 @@ func at(s string) time.Time {
 	return t
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
-
 // dailySalesSQL is the worked example's aggregate.
 const dailySalesSQL = `SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
       FROM {{events}} GROUP BY 1`
@@ -64,7 +47,7 @@ type bundle struct {
 	pool     *pgxpool.Pool
 	kafka    *kfake.Cluster
 	producer *kgo.Client
-	clock    *clock
+	clock    *clock.Settable
 	end      map[int32]int64
 	cfg      *config.Config
 }
@@ -103,7 +86,7 @@ func setup(t *testing.T, parts int32, aggs ...aggregateYAML) *bundle {
 	c := kafkatest.NewCluster(t, parts, "app-events")
 	b := &bundle{t: t, dsn: dsn, pool: pool, kafka: c, end: map[int32]int64{},
 		producer: kafkatest.Producer(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner())),
-		clock:    &clock{t: at("2026-10-01 00:00")}}
+		clock:    clock.New(at("2026-10-01 00:00"))}
 	var specs strings.Builder
 	for _, a := range aggs {
 		specs.WriteString(a.String())

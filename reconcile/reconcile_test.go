@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -285,6 +286,9 @@ func TestTwoReconcilers(t *testing.T) {
 	b := setup(t, 2, dailySales("correction"))
 	b.startIngest()
 	release := make(chan struct{})
+	var once sync.Once
+	releaseAll := func() { once.Do(func() { close(release) }) }
+	defer releaseAll() // a failure must not leave a run holding a connection
 	claimed := make(chan struct{}, 2)
 	hold := func(o *reconcile.Options) {
 		o.AfterClaim = func(string) error {
@@ -326,7 +330,7 @@ func TestTwoReconcilers(t *testing.T) {
 	if err != nil || !rep.Busy {
 		t.Errorf("periodic run while the aggregate is held: %+v %v", rep, err)
 	}
-	close(release)
+	releaseAll()
 	var total int
 	for i := 0; i < 2; i++ {
 		o := <-results

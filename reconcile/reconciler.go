@@ -91,14 +91,16 @@ func (r *Reconciler) Prepare(ctx context.Context) error {
 	return nil
 }
 
-// ensureStateSQL creates an aggregate's load watermark row and returns the
-// source it was created for.
-const ensureStateSQL = `
-WITH ins AS (
-    INSERT INTO tidemark.load_watermarks (aggregate, source) VALUES ($1, $2)
-    ON CONFLICT (aggregate) DO NOTHING RETURNING source
+// ensureStateSQL creates an aggregate's load watermark row; stateSourceSQL
+// reads the source it was created for. They are two statements so that the
+// read sees a row another instance inserted concurrently (a statement's
+// snapshot would not).
+const (
+	ensureStateSQL = `
+INSERT INTO tidemark.load_watermarks (aggregate, source) VALUES ($1, $2)
+ON CONFLICT (aggregate) DO NOTHING`
+	stateSourceSQL = `SELECT source FROM tidemark.load_watermarks WHERE aggregate = $1`
 )
-SELECT source FROM ins UNION ALL SELECT source FROM tidemark.load_watermarks WHERE aggregate = $1`
 
 // prepare makes sure the raw table of a Kafka source exists (or that a
 // table source's table has the configured columns), checks the aggregate
@@ -125,8 +127,11 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	if err := aggregate.Prepare(ctx, conn.Conn(), d); err != nil {
 		return err
 	}
+	if _, err := conn.Exec(ctx, ensureStateSQL, d.Name, d.Source); err != nil {
+		return fmt.Errorf("reconcile %s: %w", name, err)
+	}
 	var stored string
-	if err := conn.QueryRow(ctx, ensureStateSQL, d.Name, d.Source).Scan(&stored); err != nil {
+	if err := conn.QueryRow(ctx, stateSourceSQL, d.Name).Scan(&stored); err != nil {
 		return fmt.Errorf("reconcile %s: %w", name, err)
 	}
 	if stored != d.Source {

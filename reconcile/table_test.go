@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -31,7 +32,7 @@ func TestTimestampMode(t *testing.T) {
 		CREATE TABLE partner.sales (id bigint PRIMARY KEY, occurred_at timestamptz NOT NULL, loaded_at timestamptz NOT NULL, amount int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: at("2026-10-05 11:00")}
+	clk := clock.New(at("2026-10-05 11:00"))
 	reconciler := func(lookback string) *reconcile.Reconciler {
 		t.Helper()
 		cfg, err := config.Parse("test.yaml", []byte(fmt.Sprintf(`

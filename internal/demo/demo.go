@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -30,24 +30,6 @@ import (
 )
 
 const topic = "app-events"
-
-// clock is the demo's settable service clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
 
 func at(s string) time.Time {
 	t, err := time.Parse("2006-01-02 15:04", s)
@@ -119,7 +101,7 @@ aggregates:
 	}
 	fmt.Fprintln(out)
 
-	clk := &clock{t: at("2026-10-04 22:01")}
+	clk := clock.New(at("2026-10-04 22:01"))
 	svcCtx, stopSvc := context.WithCancel(ctx)
 	defer stopSvc()
 	addrCh := make(chan string, 1)
@@ -127,7 +109,7 @@ aggregates:
 	go func() {
 		// The demo runs the reconciler itself, once per step, to show
 		// what each run does; `tidemark run` would run it on a timer.
-		svcErr <- service.Run(svcCtx, cfg, service.Options{Logger: log, Now: clk.now, Only: []string{service.ComponentIngest},
+		svcErr <- service.Run(svcCtx, cfg, service.Options{Logger: log, Now: clk.Now, Only: []string{service.ComponentIngest},
 			Listening: func(a string) { addrCh <- a }})
 	}()
 	var addr string
@@ -150,7 +132,7 @@ aggregates:
 	}
 	defer prod.Close()
 
-	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: clk.now})
+	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: clk.Now})
 	if err != nil {
 		return err
 	}
@@ -177,7 +159,7 @@ aggregates:
 		{"2026-10-05 10:00", "nothing new arrives; the reconciler runs again", nil},
 	}
 	for _, s := range steps {
-		clk.set(at(s.clock))
+		clk.Set(at(s.clock))
 		fmt.Fprintf(out, "  [%s] %s\n", s.clock, s.what)
 		if err := d.produceAndWait(s.recs); err != nil {
 			return err
@@ -191,7 +173,7 @@ aggregates:
 	if err := d.show(); err != nil {
 		return err
 	}
-	rep, err := status.Gather(ctx, pool, cfg, kadm.NewClient(prod), clk.now())
+	rep, err := status.Gather(ctx, pool, cfg, kadm.NewClient(prod), clk.Now())
 	if err != nil {
 		return err
 	}
@@ -225,7 +207,7 @@ type run struct {
 	out  io.Writer
 	pool *pgxpool.Pool
 	prod *kgo.Client
-	clk  *clock
+	clk  *clock.Settable
 	end  map[int32]int64
 	rec  *reconcile.Reconciler
 }
