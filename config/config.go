@@ -114,6 +114,10 @@ type Source struct {
 	Kafka *KafkaSource `yaml:"kafka"`
 	// Table is a raw table written by another tool, read in timestamp mode.
 	Table *TableSource `yaml:"table"`
+	// Poll is a source table loaded by updated_at watermark into Mirror.
+	Poll *PollSource `yaml:"poll"`
+	// Mirror is the warehouse copy of a poll source's table.
+	Mirror *Mirror `yaml:"mirror"`
 
 	EventID           string   `yaml:"event_id"`            // JSON pointer
 	EventIDFallback   string   `yaml:"event_id_fallback"`   // "" or coordinates
@@ -333,6 +337,7 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
 			continue
 		}
 		s.Name = name
+		c.applyPollDefaults(s)
 		if s.EventTimeFormat == "" {
 			s.EventTimeFormat = TimeAuto
 		}
@@ -386,6 +391,7 @@ func (c *Config) validate(ix *index) {
 		ix.add("sources", "at least one source is required")
 	}
 	topics := map[string]string{}
+	mirrors := map[string]string{}
 	usesKafka := false
 	for _, name := range c.SourceNames() {
 		s := c.Sources[name]
@@ -397,15 +403,32 @@ func (c *Config) validate(ix *index) {
 			ix.add(p, "is empty")
 			continue
 		}
+		kinds := 0
+		for _, set := range []bool{s.Kafka != nil, s.Table != nil, s.Poll != nil} {
+			if set {
+				kinds++
+			}
+		}
+		if s.Mirror != nil {
+			if s.Poll == nil {
+				ix.add(p+".mirror", "applies to poll sources only")
+			} else {
+				validateMirror(ix, p, s.Mirror, mirrors)
+			}
+		}
 		switch {
-		case s.Kafka != nil && s.Table != nil:
-			ix.add(p, "has both a kafka and a table block; a source reads one")
+		case kinds > 1:
+			ix.add(p, "has more than one of the kafka, table and poll blocks; a source reads one")
 			continue
 		case s.Table != nil:
 			validateTableSource(ix, p, s)
 			continue
+		case s.Poll != nil:
+			validatePollSource(ix, p, s)
+			oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
+			continue
 		case s.Kafka == nil:
-			ix.add(p, "needs a kafka block (kafka: {topics: [...]}) or a table block")
+			ix.add(p, "needs a kafka block (kafka: {topics: [...]}), a poll block or a table block")
 			continue
 		}
 		usesKafka = true
@@ -446,6 +469,14 @@ func (c *Config) validate(ix *index) {
 		c.validateKafka(ix)
 	}
 	c.validateAggregates(ix)
+	for _, name := range c.AggregateNames() {
+		if a := c.Aggregates[name]; a != nil && ValidTableName(a.Table) {
+			schema, t := SplitTable(a.Table)
+			if m := mirrors[schema+"."+t]; m != "" {
+				ix.add("aggregates."+name+".table", "table %s.%s is the mirror of %s", schema, t, m)
+			}
+		}
+	}
 }
 
 func (c *Config) validateKafka(ix *index) {

@@ -1,0 +1,204 @@
+package config
+
+import (
+	"fmt"
+	"time"
+)
+
+// PollSource is a source table loaded by timestamp watermark: each run
+// reads the rows whose updated_at lies in (watermark - lookback, upper],
+// where upper is now() - safety_lag on the source's clock, merges them into
+// the mirror table and advances the watermark to the newest updated_at it
+// read.
+type PollSource struct {
+	DSN   string   `yaml:"dsn"`   // source database
+	Table string   `yaml:"table"` // "schema.table" or "table" (schema public)
+	Key   []string `yaml:"key"`   // columns of a unique key of the source table
+	// UpdatedAt names the column every write sets: timestamptz, or
+	// timestamp without time zone together with TimeZone.
+	UpdatedAt string `yaml:"updated_at"`
+	// TimeZone is the IANA zone in which a timestamp-without-time-zone
+	// updated_at column is written. Refused for timestamptz columns.
+	TimeZone string `yaml:"time_zone"`
+	// Lookback re-reads this much before the watermark on every run; set
+	// it above the longest write transaction of the source. Default 0.
+	Lookback Duration `yaml:"lookback"`
+	// SafetyLag keeps the window's upper bound this far behind the
+	// source's clock. Default 0.
+	SafetyLag Duration `yaml:"safety_lag"`
+	// Every is the interval between runs inside `tidemark run`; default 1m.
+	Every Duration `yaml:"every"`
+	// ChunkRows is how many rows are fetched from the source at a time;
+	// default 10000.
+	ChunkRows Int `yaml:"chunk_rows"`
+	// MaxRowsPerRun bounds one run's transaction; a run that reaches it
+	// stops after the last row sharing the current updated_at, and the next
+	// run follows at once. Default 1000000.
+	MaxRowsPerRun Int `yaml:"max_rows_per_run"`
+	// SoftDelete optionally names the source's soft-delete column: a
+	// boolean (true means deleted) or a timestamp (set means deleted). Such
+	// rows are merged like any update and recorded with op "delete".
+	SoftDelete string `yaml:"soft_delete"`
+}
+
+// Location returns the zone of a timestamp-without-time-zone updated_at
+// column, or nil when none is configured.
+func (p *PollSource) Location() *time.Location {
+	if p.TimeZone == "" {
+		return nil
+	}
+	loc, err := time.LoadLocation(p.TimeZone)
+	if err != nil {
+		return nil
+	}
+	return loc
+}
+
+// Mirror is the warehouse copy of a poll or CDC source table: the source's
+// columns with its key as primary key, plus the time each row was loaded
+// and, for soft deletes, when it was found deleted.
+type Mirror struct {
+	// Table is "name" (schema public) or "schema.name"; created from the
+	// source's columns when missing.
+	Table string `yaml:"table"`
+	// Deletes is what happens to a row found deleted at the source:
+	// soft (default) sets DeletedColumn and keeps the row; hard removes it.
+	Deletes string `yaml:"deletes"`
+	// DeletedColumn is the mirror column set when a row is found deleted;
+	// default deleted_at. It must not be a column of the source.
+	DeletedColumn string `yaml:"deleted_column"`
+	// LoadedColumn is the mirror column holding when a row was last
+	// written; default loaded_at. It must not be a column of the source.
+	LoadedColumn string `yaml:"loaded_column"`
+	// KeyReconcileEvery schedules key reconciliation (hard-delete
+	// detection) inside `tidemark run`; 0 (default) leaves it to
+	// `tidemark keys`.
+	KeyReconcileEvery Duration `yaml:"key_reconcile_every"`
+}
+
+// Mirror delete modes.
+const (
+	DeletesSoft = "soft"
+	DeletesHard = "hard"
+)
+
+func (c *Config) applyPollDefaults(s *Source) {
+	if p := s.Poll; p != nil {
+		if p.Every == 0 {
+			p.Every = Duration(time.Minute)
+		}
+		if p.ChunkRows == 0 {
+			p.ChunkRows = 10000
+		}
+		if p.MaxRowsPerRun == 0 {
+			p.MaxRowsPerRun = 1_000_000
+		}
+		if s.RawPartition == "" {
+			// Rows of a table's history span years; day partitions would
+			// be many and small.
+			s.RawPartition = PartitionMonth
+		}
+	}
+	if m := s.Mirror; m != nil {
+		if m.Deletes == "" {
+			m.Deletes = DeletesSoft
+		}
+		if m.DeletedColumn == "" {
+			m.DeletedColumn = "deleted_at"
+		}
+		if m.LoadedColumn == "" {
+			m.LoadedColumn = "loaded_at"
+		}
+	}
+}
+
+func validatePollSource(ix *index, p string, s *Source) {
+	t := s.Poll
+	if t.DSN == "" {
+		ix.add(p+".poll.dsn", "is required: the source database's connection string")
+	}
+	if !ValidTableName(t.Table) {
+		ix.add(p+".poll.table", "must be a table name such as customers or public.customers (lower-case identifiers), got %q", t.Table)
+	}
+	if len(t.Key) == 0 {
+		ix.add(p+".poll.key", "at least one key column is required (a unique key of the source table)")
+	}
+	seen := map[string]bool{}
+	for i, k := range t.Key {
+		kp := fmt.Sprintf("%s.poll.key[%d]", p, i)
+		switch {
+		case !identRe.MatchString(k):
+			ix.add(kp, "%q is not a column name", k)
+		case seen[k]:
+			ix.add(kp, "column %s is listed twice", k)
+		}
+		seen[k] = true
+	}
+	if !identRe.MatchString(t.UpdatedAt) {
+		ix.add(p+".poll.updated_at", "must name the source's update-time column, got %q", t.UpdatedAt)
+	} else if seen[t.UpdatedAt] {
+		ix.add(p+".poll.updated_at", "must not be a key column")
+	}
+	if t.TimeZone != "" {
+		if _, err := time.LoadLocation(t.TimeZone); err != nil || t.TimeZone == "Local" {
+			ix.add(p+".poll.time_zone", "%q is not an IANA time zone such as UTC or Europe/Berlin", t.TimeZone)
+		}
+	}
+	if t.Lookback < 0 {
+		ix.add(p+".poll.lookback", "must not be negative")
+	}
+	if t.SafetyLag < 0 {
+		ix.add(p+".poll.safety_lag", "must not be negative")
+	}
+	if t.Every.D() < time.Second {
+		ix.add(p+".poll.every", "must be at least 1s")
+	}
+	if t.ChunkRows < 1 || t.ChunkRows > 1_000_000 {
+		ix.add(p+".poll.chunk_rows", "must be between 1 and 1000000, got %d", t.ChunkRows)
+	}
+	if t.MaxRowsPerRun < 1 {
+		ix.add(p+".poll.max_rows_per_run", "must be at least 1, got %d", t.MaxRowsPerRun)
+	}
+	if t.SoftDelete != "" && !identRe.MatchString(t.SoftDelete) {
+		ix.add(p+".poll.soft_delete", "must name a boolean or timestamp column, got %q", t.SoftDelete)
+	}
+	if s.EventID != "" || s.EventTime != "" {
+		ix.add(p, "event_id and event_time pointers apply to Kafka sources; a poll source's event time is its updated_at")
+	}
+	if s.Mirror == nil {
+		ix.add(p+".mirror", "is required for a poll source: mirror: {table: NAME}")
+	}
+	if s.Watermark.OutOfOrderness < 0 {
+		ix.add(p+".watermark.out_of_orderness", "must not be negative")
+	}
+}
+
+func validateMirror(ix *index, p string, m *Mirror, tables map[string]string) {
+	switch {
+	case m.Table == "":
+		ix.add(p+".mirror.table", "is required: the warehouse table mirroring the source")
+	case !ValidTableName(m.Table):
+		ix.add(p+".mirror.table", "must be a table name such as dw_customers or mirror.customers (lower-case identifiers), got %q", m.Table)
+	default:
+		schema, name := SplitTable(m.Table)
+		full := schema + "." + name
+		if schema == "raw" || schema == "tidemark" {
+			ix.add(p+".mirror.table", "schema %s belongs to tidemark; choose another", schema)
+		} else if other := tables[full]; other != "" {
+			ix.add(p+".mirror.table", "table %s is already used by %s", full, other)
+		}
+		tables[full] = p
+	}
+	oneOf(ix, p+".mirror.deletes", m.Deletes, DeletesSoft, DeletesHard)
+	if !identRe.MatchString(m.DeletedColumn) {
+		ix.add(p+".mirror.deleted_column", "%q is not a column name", m.DeletedColumn)
+	}
+	if !identRe.MatchString(m.LoadedColumn) {
+		ix.add(p+".mirror.loaded_column", "%q is not a column name", m.LoadedColumn)
+	} else if m.LoadedColumn == m.DeletedColumn {
+		ix.add(p+".mirror.loaded_column", "must differ from mirror.deleted_column")
+	}
+	if m.KeyReconcileEvery != 0 && m.KeyReconcileEvery.D() < time.Minute {
+		ix.add(p+".mirror.key_reconcile_every", "must be 0 (off) or at least 1m")
+	}
+}

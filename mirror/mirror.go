@@ -1,0 +1,314 @@
+// Package mirror owns mirror tables: warehouse copies of source tables kept
+// by poll sources (and later CDC sources). A mirror has the source table's
+// columns with the source's key as its primary key, plus two columns of its
+// own: when each row was last loaded, and when it was found deleted at the
+// source (soft deletes; hard deletes remove the row).
+//
+// The package reads a source table's shape from the source's catalog,
+// checks that the configured key is a unique key there, creates the mirror
+// when it is missing, adds columns the source has gained, and refuses a
+// mirror whose columns disagree with the source.
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/config"
+)
+
+// Column is one column of a source table.
+type Column struct {
+	Name    string
+	Type    string // as format_type prints it, e.g. numeric(12,2)
+	NotNull bool
+}
+
+// Table describes one mirrored table.
+type Table struct {
+	// Name is the tidemark source the mirror belongs to.
+	Name   string
+	Source pgx.Identifier // the source table
+	Target pgx.Identifier // the mirror in the warehouse
+	Key    []string
+	// Columns are the source's columns in order; filled by Describe.
+	Columns []Column
+	// DeletedColumn and LoadedColumn are the mirror's own columns.
+	DeletedColumn string
+	LoadedColumn  string
+	// Hard is true when rows deleted at the source are removed from the
+	// mirror rather than flagged.
+	Hard bool
+}
+
+// FromConfig returns the mirror of a poll source, without its columns.
+func FromConfig(src *config.Source) (*Table, error) {
+	if src.Poll == nil || src.Mirror == nil {
+		return nil, fmt.Errorf("mirror: source %s has no poll and mirror blocks", src.Name)
+	}
+	ss, st := config.SplitTable(src.Poll.Table)
+	ts, tt := config.SplitTable(src.Mirror.Table)
+	return &Table{
+		Name:          src.Name,
+		Source:        pgx.Identifier{ss, st},
+		Target:        pgx.Identifier{ts, tt},
+		Key:           slices.Clone(src.Poll.Key),
+		DeletedColumn: src.Mirror.DeletedColumn,
+		LoadedColumn:  src.Mirror.LoadedColumn,
+		Hard:          src.Mirror.Deletes == config.DeletesHard,
+	}, nil
+}
+
+// Column returns the source column called name.
+func (t *Table) Column(name string) (Column, bool) {
+	for _, c := range t.Columns {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Column{}, false
+}
+
+// ColumnNames returns the source's column names in order.
+func (t *Table) ColumnNames() []string {
+	out := make([]string, len(t.Columns))
+	for i, c := range t.Columns {
+		out[i] = c.Name
+	}
+	return out
+}
+
+// ErrSource means the source table cannot be mirrored as configured.
+var ErrSource = errors.New("mirror: source table")
+
+// ErrMirror means the mirror table exists in a shape tidemark cannot use.
+var ErrMirror = errors.New("mirror: table")
+
+const (
+	// columnsSQL lists a table's live columns in order; $1 is a quoted,
+	// qualified name.
+	columnsSQL = `
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+FROM pg_attribute a
+WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum`
+
+	// uniqueKeySQL says whether a table has a unique index (or primary
+	// key), without predicate or expressions, on exactly the columns $2.
+	uniqueKeySQL = `
+SELECT EXISTS (
+    SELECT 1 FROM pg_index i
+    WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+      AND i.indnkeyatts = cardinality($2::text[])
+      AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+           WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey[0:i.indnkeyatts - 1]))
+          = (SELECT array_agg(k ORDER BY k) FROM unnest($2::text[]) AS k))`
+
+	existsSQL       = `SELECT to_regclass($1) IS NOT NULL`
+	schemaExistsSQL = `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`
+	lockDDLSQL      = `SELECT pg_advisory_xact_lock(hashtextextended('tidemark.mirror.' || $1, 0))`
+)
+
+// Describe reads the source table's columns and checks the configuration
+// against them: the key columns exist, are NOT NULL and form a unique key;
+// the mirror's own column names are not source columns.
+func (t *Table) Describe(ctx context.Context, src *pgx.Conn) error {
+	cols, err := readColumns(ctx, src, t.Source)
+	if err != nil {
+		return fmt.Errorf("mirror %s: read source columns: %w", t.Name, err)
+	}
+	if len(cols) == 0 {
+		return fmt.Errorf("%w %s does not exist or has no columns (sources.%s.poll.table)", ErrSource, t.Source.Sanitize(), t.Name)
+	}
+	t.Columns = cols
+	for _, k := range t.Key {
+		c, ok := t.Column(k)
+		switch {
+		case !ok:
+			return fmt.Errorf("%w %s has no column %s (sources.%s.poll.key)", ErrSource, t.Source.Sanitize(), k, t.Name)
+		case !c.NotNull:
+			return fmt.Errorf("%w %s: key column %s may be NULL; a key must be NOT NULL (sources.%s.poll.key)", ErrSource, t.Source.Sanitize(), k, t.Name)
+		}
+	}
+	var unique bool
+	if err := src.QueryRow(ctx, uniqueKeySQL, t.Source.Sanitize(), t.Key).Scan(&unique); err != nil {
+		return fmt.Errorf("mirror %s: check the source key: %w", t.Name, err)
+	}
+	if !unique {
+		return fmt.Errorf("%w %s has no primary key or unique index on (%s); the key must identify one row (sources.%s.poll.key)",
+			ErrSource, t.Source.Sanitize(), strings.Join(t.Key, ", "), t.Name)
+	}
+	for key, col := range map[string]string{"deleted_column": t.DeletedColumn, "loaded_column": t.LoadedColumn} {
+		if _, clash := t.Column(col); clash {
+			return fmt.Errorf("%w %s has a column %s, which the mirror uses for itself; set sources.%s.mirror.%s to another name",
+				ErrSource, t.Source.Sanitize(), col, t.Name, key)
+		}
+	}
+	return nil
+}
+
+func readColumns(ctx context.Context, conn *pgx.Conn, table pgx.Identifier) ([]Column, error) {
+	rows, err := conn.Query(ctx, columnsSQL, table.Sanitize())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Column, error) {
+		var c Column
+		err := r.Scan(&c.Name, &c.Type, &c.NotNull)
+		return c, err
+	})
+}
+
+// Ensure makes the mirror match the source described by Describe: it
+// creates the table when missing, adds columns the source has gained, and
+// fails when a column's type differs or the key is not the mirror's
+// primary key or a unique index.
+func (t *Table) Ensure(ctx context.Context, wh *pgx.Conn) error {
+	if len(t.Columns) == 0 {
+		return fmt.Errorf("mirror %s: Ensure before Describe", t.Name)
+	}
+	err := pgx.BeginFunc(ctx, wh, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockDDLSQL, t.Target.Sanitize()); err != nil {
+			return err
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, existsSQL, t.Target.Sanitize()).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			return t.create(ctx, tx)
+		}
+		return t.extend(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("mirror %s (%s): %w", t.Name, t.Target.Sanitize(), err)
+	}
+	return nil
+}
+
+func (t *Table) create(ctx context.Context, tx pgx.Tx) error {
+	var schemaExists bool
+	if err := tx.QueryRow(ctx, schemaExistsSQL, t.Target[0]).Scan(&schemaExists); err != nil {
+		return err
+	}
+	if !schemaExists {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{t.Target[0]}.Sanitize()); err != nil {
+			return err
+		}
+	}
+	var defs []string
+	for _, c := range t.Columns {
+		def := pgx.Identifier{c.Name}.Sanitize() + " " + c.Type
+		if slices.Contains(t.Key, c.Name) {
+			def += " NOT NULL"
+		}
+		defs = append(defs, def)
+	}
+	defs = append(defs,
+		pgx.Identifier{t.LoadedColumn}.Sanitize()+" timestamptz NOT NULL",
+		pgx.Identifier{t.DeletedColumn}.Sanitize()+" timestamptz",
+		"PRIMARY KEY ("+quoteAll(t.Key)+")")
+	ddl := fmt.Sprintf("CREATE TABLE %s (\n    %s\n)", t.Target.Sanitize(), strings.Join(defs, ",\n    "))
+	if _, err := tx.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("create the mirror (a source type the warehouse lacks must be created first, or the table by hand): %w", err)
+	}
+	return nil
+}
+
+func (t *Table) extend(ctx context.Context, tx pgx.Tx) error {
+	cols, err := readColumns(ctx, tx.Conn(), t.Target)
+	if err != nil {
+		return err
+	}
+	have := map[string]string{}
+	for _, c := range cols {
+		have[c.Name] = c.Type
+	}
+	want := append(slices.Clone(t.Columns),
+		Column{Name: t.LoadedColumn, Type: "timestamp with time zone"},
+		Column{Name: t.DeletedColumn, Type: "timestamp with time zone"})
+	for _, c := range want {
+		typ, ok := have[c.Name]
+		switch {
+		case !ok:
+			// A column the source gained since the mirror was made.
+			ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.Target.Sanitize(), pgx.Identifier{c.Name}.Sanitize(), c.Type)
+			if c.Name == t.LoadedColumn {
+				ddl += " NOT NULL DEFAULT now()"
+			}
+			if _, err := tx.Exec(ctx, ddl); err != nil {
+				return fmt.Errorf("add column %s: %w", c.Name, err)
+			}
+		case typ != c.Type:
+			return fmt.Errorf("%w: column %s is %s in the mirror but %s at the source; alter one of them", ErrMirror, c.Name, typ, c.Type)
+		}
+	}
+	var unique bool
+	if err := tx.QueryRow(ctx, uniqueKeySQL, t.Target.Sanitize(), t.Key).Scan(&unique); err != nil {
+		return err
+	}
+	if !unique {
+		return fmt.Errorf("%w: no primary key or unique index on (%s); add one", ErrMirror, strings.Join(t.Key, ", "))
+	}
+	return nil
+}
+
+// KeyText is an SQL expression giving the key of the row alias as text:
+// the column's text form for one key column, the row constructor's for
+// several. Both sides of a comparison must use the same session settings
+// (see SessionParams).
+func KeyText(alias string, key []string) string {
+	cols := make([]string, len(key))
+	for i, k := range key {
+		cols[i] = alias + "." + pgx.Identifier{k}.Sanitize()
+	}
+	if len(cols) == 1 {
+		return cols[0] + "::text"
+	}
+	return "ROW(" + strings.Join(cols, ", ") + ")::text"
+}
+
+// SessionParams are the settings under which values are turned into text
+// on both the source and the warehouse, so that the same value prints the
+// same on each.
+var SessionParams = map[string]string{
+	"timezone":           "UTC",
+	"datestyle":          "ISO, MDY",
+	"intervalstyle":      "postgres",
+	"extra_float_digits": "3",
+	"bytea_output":       "hex",
+}
+
+// QuoteAll quotes column names and joins them with commas.
+func QuoteAll(cols []string) string { return quoteAll(cols) }
+
+func quoteAll(cols []string) string {
+	q := make([]string, len(cols))
+	for i, c := range cols {
+		q[i] = pgx.Identifier{c}.Sanitize()
+	}
+	return strings.Join(q, ", ")
+}
+
+// Connect opens a connection to a source database with SessionParams and
+// the given application_name.
+func Connect(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
+	cc, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("source dsn: %w", err)
+	}
+	for k, v := range SessionParams {
+		cc.RuntimeParams[k] = v
+	}
+	cc.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to source: %w", err)
+	}
+	return conn, nil
+}
