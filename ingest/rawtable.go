@@ -31,6 +31,25 @@ CREATE TABLE IF NOT EXISTS %[1]s (
 CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (load_xid);
 `
 
+// createChangeTableSQL creates raw.<source> for a source of row changes (a
+// poll source): one row per change of a source row, identified by the row's
+// key (event_id, as text) and the change's event time (the row's
+// updated_at). op is insert, update or delete; payload is the row after the
+// change (for a delete, the last row known).
+const createChangeTableSQL = `
+CREATE TABLE IF NOT EXISTS %[1]s (
+    event_id        text        NOT NULL,
+    event_time      timestamptz NOT NULL,
+    ingested_at     timestamptz NOT NULL,
+    op              text        NOT NULL CHECK (op IN ('insert', 'update', 'delete')),
+    source_table    text        NOT NULL,
+    payload         jsonb       NOT NULL,
+    load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    PRIMARY KEY (event_id, event_time)
+) PARTITION BY RANGE (event_time);
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (load_xid);
+`
+
 // A partition is created as a table of its own and then attached: ATTACH
 // PARTITION takes only a SHARE UPDATE EXCLUSIVE lock on the parent, which
 // does not wait for (or block) readers and writers of the raw table, where
@@ -62,6 +81,9 @@ const lockRawDDLSQL = `SELECT pg_advisory_xact_lock(hashtext('tidemark.raw.' || 
 type RawTable struct {
 	Source string
 	By     string // day or month, in UTC
+	// Changes selects the shape of a table of row changes (poll sources)
+	// instead of Kafka events.
+	Changes bool
 
 	mu    sync.Mutex
 	known map[time.Time]bool
@@ -72,6 +94,14 @@ func NewRawTable(source, by string) *RawTable {
 	return &RawTable{Source: source, By: by, known: map[time.Time]bool{}}
 }
 
+// NewChangeTable returns the manager for raw.<source> of a source of row
+// changes.
+func NewChangeTable(source, by string) *RawTable {
+	t := NewRawTable(source, by)
+	t.Changes = true
+	return t
+}
+
 // Ident is the quoted, schema-qualified table name.
 func (t *RawTable) Ident() string { return pgx.Identifier{"raw", t.Source}.Sanitize() }
 
@@ -80,8 +110,12 @@ const listRawPartitionsSQL = `
 SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = $1::regclass`
 
-// ErrPartitioningChanged means raw.<source> is partitioned differently
-// from the configuration; retrying cannot help.
+// hasOpColumnSQL says whether a raw table is a table of row changes.
+const hasOpColumnSQL = `
+SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'op' AND NOT attisdropped)`
+
+// ErrPartitioningChanged means raw.<source> is partitioned or shaped
+// differently from the configuration; retrying cannot help.
 var ErrPartitioningChanged = errors.New("raw table partitioning differs from the configuration")
 
 // Ensure creates the parent table and its indexes if missing, and checks
@@ -93,8 +127,21 @@ func (t *RawTable) Ensure(ctx context.Context, conn *pgx.Conn) error {
 		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(createRawTableSQL, t.Ident(), idx)); err != nil {
+		create := createRawTableSQL
+		if t.Changes {
+			create = createChangeTableSQL
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(create, t.Ident(), idx)); err != nil {
 			return err
+		}
+		var hasOp bool
+		if err := tx.QueryRow(ctx, hasOpColumnSQL, t.Ident()).Scan(&hasOp); err != nil {
+			return err
+		}
+		if hasOp != t.Changes {
+			kind := map[bool]string{false: "Kafka events", true: "row changes"}
+			return fmt.Errorf("%w: %s holds %s but sources.%s now configures %s; use a new source name",
+				ErrPartitioningChanged, t.Ident(), kind[hasOp], t.Source, kind[t.Changes])
 		}
 		rows, err := tx.Query(ctx, listRawPartitionsSQL, t.Ident())
 		if err != nil {

@@ -50,12 +50,18 @@ type process struct {
 
 func startRun(t *testing.T, cfgPath string, clock time.Time) *process {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "run", "-c", cfgPath)
+	return startCommand(t, clock, "run", "-c", cfgPath)
+}
+
+// startCommand starts the tidemark command with args as a subprocess.
+func startCommand(t *testing.T, clock time.Time, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), envMain+"=1", envClock+"="+clock.Format(time.RFC3339))
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start tidemark run: %v", err)
+		t.Fatalf("start tidemark %s: %v", args[0], err)
 	}
 	p := &process{cmd: cmd, output: out, exited: make(chan struct{})}
 	go func() {
@@ -66,7 +72,7 @@ func startRun(t *testing.T, cfgPath string, clock time.Time) *process {
 		_ = cmd.Process.Kill()
 		<-p.exited
 		if t.Failed() && out.String() != "" {
-			t.Logf("tidemark run output:\n%s", out.String())
+			t.Logf("tidemark %s output:\n%s", args[0], out.String())
 		}
 	})
 	return p

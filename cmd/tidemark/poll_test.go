@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+// pollSetup creates a source database with src_customers holding rows
+// customers stamped one second apart from 2026-10-05 09:00 UTC, and a
+// configuration file polling it into an empty warehouse.
+func pollSetup(t *testing.T, rows int) (cfgPath string, src, wh *pgxpool.Pool) {
+	t.Helper()
+	src, srcDSN := pgtest.NewPool(t)
+	wh, whDSN := pgtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := src.Exec(ctx, `CREATE TABLE src_customers (customer_id bigint PRIMARY KEY, email text NOT NULL,
+		tier text NOT NULL, updated_at timestamptz NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Exec(ctx, `INSERT INTO src_customers SELECT i, 'c' || i || '@example.com', 'free',
+		timestamptz '2026-10-05 09:00+00' + i * interval '1 second' FROM generate_series(1, $1) AS i`, rows); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath = writeFile(t, "poll.yaml", fmt.Sprintf(`warehouse: {dsn: %q}
+http: {listen: "off"}
+sources:
+  customers:
+    poll: {dsn: %q, table: src_customers, key: [customer_id], updated_at: updated_at, chunk_rows: 1000}
+    mirror: {table: dw_customers}
+`, whDSN, srcDSN))
+	return cfgPath, src, wh
+}
+
+func scalar(t *testing.T, pool *pgxpool.Pool, sql string) string {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(), sql).Scan(&s); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return s
+}
+
+// TestPollOnce runs `tidemark poll --once` like the lesson's
+// CALL load_customers(upper, lookback) and checks its usage errors.
+func TestPollOnce(t *testing.T) {
+	cfg, _, wh := pollSetup(t, 100)
+	code, out, errOut := invoke(t, "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-05 09:00:50+00")
+	if code != exitOK || !strings.Contains(out, "read 50, merged 50 (50 inserted, 0 updated, 0 deleted), watermark 2026-10-05T09:00:50Z") {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	code, out, errOut = invoke(t, "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-05T10:00:00Z", "--lookback", "10s")
+	if code != exitOK || !strings.Contains(out, "window (2026-10-05T09:00:40Z, 2026-10-05T10:00:00Z]: read 60, merged 50") {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if n := scalar(t, wh, "SELECT count(*)::text FROM dw_customers"); n != "100" {
+		t.Errorf("mirror rows %s, want 100", n)
+	}
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--source", "customers"}, "--once is required"},
+		{[]string{"--once", "--source", "nope"}, `--source: "nope" is not a poll source (configured: customers)`},
+		{[]string{"--once", "--source", "customers", "--upper", "2026-10-05 10:00"}, "--upper:"},
+		{[]string{"--once", "--source", "customers", "--lookback", "soon"}, "--lookback: invalid duration"},
+	}
+	for _, tt := range tests {
+		code, _, errOut := invoke(t, append([]string{"poll", "-c", cfg}, tt.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, tt.want) {
+			t.Errorf("poll %v: exit %d, stderr %q; want exit 2 and %q", tt.args, code, errOut, tt.want)
+		}
+	}
+}
+
+// TestPollKilledBeforeCommit is acceptance item 3 of the poll issue: a
+// `tidemark poll --once` killed after reading rows but before its commit
+// leaves the watermark where it was, and the next run loads the same rows
+// once.
+func TestPollKilledBeforeCommit(t *testing.T) {
+	const rows = 30000
+	ctx := context.Background()
+	cfg, _, wh := pollSetup(t, rows)
+	// A first run over an empty window creates the mirror and the state.
+	if code, out, errOut := invoke(t, "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-05T08:00:00Z"); code != exitOK {
+		t.Fatalf("first run: exit %d\n%s%s", code, out, errOut)
+	}
+	// An old version of customer 25000 in the mirror, locked: the next
+	// run merges 24 chunks inside its transaction and then blocks on this
+	// row, well after reading and before its commit.
+	if _, err := wh.Exec(ctx, `INSERT INTO dw_customers VALUES (25000, 'old', 'old', '2026-10-01 00:00+00', '2026-10-01 00:00+00')`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := wh.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, "SELECT * FROM dw_customers WHERE customer_id = 25000 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	p := startCommand(t, time.Date(2026, 10, 6, 0, 0, 0, 0, time.UTC), "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-06T00:00:00Z")
+	waitFor(t, 30*time.Second, "the poll run to block in its merge", func() bool {
+		return scalar(t, wh, `SELECT count(*)::text FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO "public"."dw_customers"%'`) == "1"
+	})
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.exited
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The killed run's backend finishes its statement, finds its client
+	// gone and rolls back.
+	waitFor(t, 30*time.Second, "the killed run's backend to end", func() bool {
+		return scalar(t, wh, `SELECT count(*)::text FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'tidemark-poll'`) == "0"
+	})
+	wm := scalar(t, wh, "SELECT high_watermark::text FROM tidemark.poll_watermarks WHERE source = 'customers'")
+	if wm != "-infinity" || scalar(t, wh, "SELECT count(*)::text FROM dw_customers") != "1" || scalar(t, wh, "SELECT count(*)::text FROM raw.customers") != "0" {
+		t.Fatalf("after the kill: watermark %s, mirror %s rows, raw %s rows; want -infinity, 1 (the old row), 0", wm,
+			scalar(t, wh, "SELECT count(*)::text FROM dw_customers"), scalar(t, wh, "SELECT count(*)::text FROM raw.customers"))
+	}
+	code, out, errOut := invoke(t, "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-06T00:00:00Z")
+	if code != exitOK || !strings.Contains(out, fmt.Sprintf("read %d, merged %d", rows, rows)) {
+		t.Fatalf("run after the kill: exit %d\n%s%s", code, out, errOut)
+	}
+	for what, sql := range map[string]string{
+		"mirror rows":            "SELECT count(*)::text FROM dw_customers",
+		"raw change rows":        "SELECT count(*)::text FROM raw.customers",
+		"distinct changed keys":  "SELECT count(DISTINCT event_id)::text FROM raw.customers",
+		"ledger rows sum":        "SELECT sum(rows)::text FROM tidemark.ingest_ledger WHERE source = 'customers'",
+		"rows merged (state)":    "SELECT rows_merged::text FROM tidemark.poll_watermarks WHERE source = 'customers'",
+		"rows equal to source's": "SELECT count(*)::text FROM dw_customers WHERE email = 'c' || customer_id || '@example.com'",
+	} {
+		if got := scalar(t, wh, sql); got != fmt.Sprint(rows) {
+			t.Errorf("%s: %s, want %d", what, got, rows)
+		}
+	}
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,683 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/mirror"
+)
+
+// SQL of a poll run. The warehouse side locks the source's watermark row,
+// merges each chunk of source rows into the mirror and records the rows
+// that changed as raw change rows; the source side reads the window through
+// a cursor in one REPEATABLE READ snapshot.
+const (
+	ensurePollStateSQL = `INSERT INTO tidemark.poll_watermarks (source) VALUES ($1) ON CONFLICT DO NOTHING`
+
+	// lockPollStateSQL locks the watermark row so two overlapping runs
+	// cannot both advance it, and computes the window's lower bound.
+	lockPollStateSQL = `
+SELECT high_watermark, high_watermark - $2::interval
+FROM tidemark.poll_watermarks WHERE source = $1 FOR UPDATE`
+
+	// advancePollSQL moves the watermark to the newest updated_at read,
+	// never backwards and never beyond what was read.
+	advancePollSQL = `
+UPDATE tidemark.poll_watermarks SET
+    advanced_at    = CASE WHEN $2::timestamptz > high_watermark THEN $4 ELSE advanced_at END,
+    high_watermark = greatest(high_watermark, coalesce($2::timestamptz, high_watermark)),
+    last_upper     = $3,
+    last_run_at    = $4,
+    runs           = runs + 1,
+    rows_read      = rows_read + $5,
+    rows_merged    = rows_merged + $6
+WHERE source = $1
+RETURNING high_watermark`
+
+	// storeSourceWatermarkSQL records the event-time watermark of the
+	// source (its updated_at watermark minus the allowed out-of-orderness)
+	// for the reconciler and status.
+	storeSourceWatermarkSQL = `
+INSERT INTO tidemark.source_watermarks AS w (source, event_time_watermark, updated_at)
+VALUES ($1, $2, $3)
+ON CONFLICT (source) DO UPDATE SET
+    event_time_watermark = greatest(w.event_time_watermark, EXCLUDED.event_time_watermark),
+    updated_at = EXCLUDED.updated_at`
+
+	sourceUpperSQL = `SELECT now() - $1::interval`
+
+	createPollStageSQL = `
+CREATE TEMP TABLE IF NOT EXISTS tidemark_poll_stage (
+    tm_key      text        NOT NULL,
+    tm_time     timestamptz NOT NULL,
+    tm_deleted  boolean     NOT NULL,
+    tm_payload  jsonb       NOT NULL
+) ON COMMIT DELETE ROWS`
+	truncatePollStageSQL = `TRUNCATE pg_temp.tidemark_poll_stage`
+
+	// pollCursorSQL reads the window in (updated_at, key) order. %[1]s
+	// source table, %[2]s updated_at as timestamptz, %[3]s key text, %[4]s
+	// soft-delete test, %[5]s and %[6]s the bounds in the column's type,
+	// %[7]s the ordering. Bounds are literals: DECLARE takes no parameters.
+	pollCursorSQL = `
+DECLARE tidemark_poll NO SCROLL CURSOR FOR
+SELECT %[3]s, %[2]s, %[4]s, to_jsonb(s)
+FROM %[1]s AS s
+WHERE %[5]s AND %[6]s
+ORDER BY %[7]s`
+	fetchPollSQL = `FETCH FORWARD %d FROM tidemark_poll`
+
+	// mergeChunkSQL merges the staged chunk into the mirror: new keys are
+	// inserted, existing ones updated only when the incoming updated_at is
+	// newer (so re-reads change nothing), and every row that changed is
+	// recorded as a raw change row. It returns the changes per operation
+	// and UTC hour of event time, plus the number of rows merged. %[1]s
+	// mirror, %[2]s column list, %[3]s key list, %[4]s SET list, %[5]s
+	// updated_at column, %[6]s raw table, %[7]s loaded-at column, %[8]s
+	// deleted-at column, %[9]s join of merged and incoming on the key.
+	mergeChunkSQL = `
+WITH incoming AS (
+    SELECT s.tm_key, s.tm_time, s.tm_deleted, s.tm_payload, r.*
+    FROM pg_temp.tidemark_poll_stage s
+    CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.tm_payload) AS r
+), merged AS (
+    INSERT INTO %[1]s AS t (%[2]s, %[7]s, %[8]s)
+    SELECT %[2]s, $1::timestamptz, NULL FROM incoming
+    ON CONFLICT (%[3]s) DO UPDATE SET %[4]s
+    WHERE EXCLUDED.%[5]s > t.%[5]s
+    RETURNING %[3]s, (xmax = 0) AS inserted
+), changes AS (
+    INSERT INTO %[6]s (event_id, event_time, ingested_at, op, source_table, payload)
+    SELECT i.tm_key, i.tm_time, $1::timestamptz,
+           CASE WHEN i.tm_deleted THEN 'delete' WHEN m.inserted THEN 'insert' ELSE 'update' END,
+           $2, i.tm_payload
+    FROM merged m JOIN incoming i ON %[9]s
+    ON CONFLICT DO NOTHING
+    RETURNING op, event_time
+)
+SELECT op, date_bin('1 hour', event_time, timestamptz '2000-01-01 00:00:00+00'), count(*), min(event_time), max(event_time)
+FROM changes GROUP BY 1, 2
+UNION ALL
+SELECT 'merged', NULL, count(*), NULL, NULL FROM merged`
+)
+
+// ErrPollSource means a poll source cannot be loaded as configured; the
+// message names the configuration key.
+var ErrPollSource = errors.New("poll source")
+
+// PollOptions customise a Poller.
+type PollOptions struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Now is the service clock (ingested_at, loaded-at); default time.Now.
+	Now func() time.Time
+}
+
+// Poller loads one poll source: each run reads the source rows whose
+// updated_at lies in (watermark - lookback, upper], in (updated_at, key)
+// order and in chunks, and in ONE warehouse transaction merges them into
+// the mirror, records the rows that changed in raw.<source> with ledger
+// rows, and advances the watermark to the newest updated_at read.
+type Poller struct {
+	src   *config.Source
+	table *mirror.Table
+	raw   *RawTable
+	pool  *pgxpool.Pool
+	log   *slog.Logger
+	now   func() time.Time
+	m     *pollMetrics
+
+	mu       sync.Mutex // one run at a time per Poller
+	conn     *pgx.Conn  // the source connection, reopened after errors
+	prepared bool
+	zone     string // time zone of a timestamp-without-time-zone updated_at
+	soft     string // SQL testing the soft-delete column, or "false"
+}
+
+// NewPoller returns the poller of the poll source called name.
+func NewPoller(cfg *config.Config, name string, pool *pgxpool.Pool, opts PollOptions) (*Poller, error) {
+	src := cfg.Sources[name]
+	if src == nil || src.Poll == nil {
+		return nil, fmt.Errorf("%w: no poll source is named %q", ErrPollSource, name)
+	}
+	t, err := mirror.FromConfig(src)
+	if err != nil {
+		return nil, err
+	}
+	p := &Poller{src: src, table: t, raw: NewChangeTable(name, src.RawPartition), pool: pool,
+		log: opts.Logger, now: opts.Now, m: newPollMetrics(opts.Registerer)}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	p.log = p.log.With("source", name)
+	p.m.register(name, p.now)
+	return p, nil
+}
+
+// Name is the source's name.
+func (p *Poller) Name() string { return p.src.Name }
+
+// Mirror is the poller's mirror table; its columns are known after Prepare.
+func (p *Poller) Mirror() *mirror.Table { return p.table }
+
+// Close closes the source connection.
+func (p *Poller) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeConn()
+}
+
+func (p *Poller) closeConn() {
+	if p.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = p.conn.Close(ctx)
+		cancel()
+		p.conn = nil
+	}
+}
+
+func (p *Poller) source(ctx context.Context) (*pgx.Conn, error) {
+	if p.conn != nil && !p.conn.IsClosed() {
+		return p.conn, nil
+	}
+	conn, err := mirror.Connect(ctx, p.src.Poll.DSN, "tidemark-poll")
+	if err != nil {
+		return nil, fmt.Errorf("sources.%s.poll.dsn: %w", p.src.Name, err)
+	}
+	p.conn = conn
+	return conn, nil
+}
+
+// Prepare checks the source table against the configuration and creates
+// or extends the mirror and the raw change table. Run and RunOnce call it
+// as needed.
+func (p *Poller) Prepare(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.prepare(ctx)
+}
+
+func (p *Poller) prepare(ctx context.Context) error {
+	if p.prepared {
+		return nil
+	}
+	conn, err := p.source(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.table.Describe(ctx, conn); err != nil {
+		return err
+	}
+	if err := p.checkColumns(); err != nil {
+		return err
+	}
+	wh, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("poll %s: %w", p.src.Name, err)
+	}
+	defer wh.Release()
+	if err := p.table.Ensure(ctx, wh.Conn()); err != nil {
+		return err
+	}
+	if err := p.raw.Ensure(ctx, wh.Conn()); err != nil {
+		return err
+	}
+	if _, err := wh.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
+		return fmt.Errorf("poll %s: %w", p.src.Name, err)
+	}
+	p.prepared = true
+	return nil
+}
+
+// checkColumns checks the updated_at and soft-delete columns: a timestamp
+// without time zone is accepted only with a configured zone, because its
+// values jump at daylight-saving changes otherwise.
+func (p *Poller) checkColumns() error {
+	cfg, name := p.src.Poll, p.src.Name
+	c, ok := p.table.Column(cfg.UpdatedAt)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s has no column %s", ErrPollSource, name, p.table.Source.Sanitize(), cfg.UpdatedAt)
+	case c.Type == "timestamp with time zone":
+		if cfg.TimeZone != "" {
+			return fmt.Errorf("%w: sources.%s.poll.time_zone: %s is timestamptz, which carries its zone; remove time_zone",
+				ErrPollSource, name, cfg.UpdatedAt)
+		}
+		p.zone = ""
+	case strings.HasPrefix(c.Type, "timestamp") && strings.HasSuffix(c.Type, "without time zone"):
+		if cfg.TimeZone == "" {
+			return fmt.Errorf("%w: sources.%s.poll.time_zone: %s is a timestamp without time zone; set time_zone to the zone its writers use "+
+				"(values stored as local time repeat or skip an hour at daylight-saving changes; UTC is safest)", ErrPollSource, name, cfg.UpdatedAt)
+		}
+		p.zone = cfg.TimeZone
+	default:
+		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s is %s; it must be a timestamptz (or a timestamp with time_zone)",
+			ErrPollSource, name, cfg.UpdatedAt, c.Type)
+	}
+	p.soft = "false"
+	if cfg.SoftDelete != "" {
+		sd, ok := p.table.Column(cfg.SoftDelete)
+		col := "s." + quote(cfg.SoftDelete)
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s has no column %s", ErrPollSource, name, p.table.Source.Sanitize(), cfg.SoftDelete)
+		case sd.Type == "boolean":
+			p.soft = "coalesce(" + col + ", false)"
+		case strings.HasPrefix(sd.Type, "timestamp") || sd.Type == "date":
+			p.soft = col + " IS NOT NULL"
+		default:
+			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s is %s; it must be a boolean or a timestamp", ErrPollSource, name, cfg.SoftDelete, sd.Type)
+		}
+	}
+	return nil
+}
+
+func quote(col string) string { return pgx.Identifier{col}.Sanitize() }
+
+// PollRun overrides a run's window; zero values use the configuration.
+type PollRun struct {
+	// Upper is an explicit upper bound (the end of a data interval);
+	// default now() - safety_lag on the source's clock.
+	Upper time.Time
+	// Lookback, when not nil, replaces poll.lookback.
+	Lookback *time.Duration
+}
+
+// PollReport is what one run did.
+type PollReport struct {
+	Source string
+	// Low and Upper bound the window read: (Low, Upper]. Low is -infinity
+	// (IsZero) on the first run.
+	Low, Upper time.Time
+	// Watermark is the high watermark after the run; zero before anything
+	// was loaded.
+	Watermark time.Time
+	Read      int64 // rows read from the source
+	Merged    int64 // rows inserted or updated in the mirror
+	Inserted  int64
+	Updated   int64
+	Deleted   int64 // soft-deleted rows (op delete)
+	Chunks    int
+	// More is true when the run stopped at poll.max_rows_per_run and
+	// more rows wait.
+	More bool
+}
+
+// RunOnce loads one window. A failure at any point leaves the watermark,
+// the mirror and the raw table as they were; the next run re-reads the
+// same rows.
+func (p *Poller) RunOnce(ctx context.Context, run PollRun) (PollReport, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	rep, err := p.runOnce(ctx, run)
+	p.m.observe(p.src.Name, rep, err, time.Since(start), p.now())
+	if err != nil {
+		if ctx.Err() == nil && (p.conn == nil || p.conn.IsClosed() || !errors.Is(err, ErrPollSource)) {
+			// The source connection may be mid-transaction or broken;
+			// start the next run on a fresh one.
+			p.closeConn()
+		}
+		return rep, fmt.Errorf("poll %s: %w", p.src.Name, err)
+	}
+	return rep, nil
+}
+
+// pollRow is one source row of a chunk.
+type pollRow struct {
+	key     string
+	time    time.Time
+	deleted bool
+	payload []byte
+}
+
+func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
+	rep := PollReport{Source: p.src.Name}
+	if err := p.prepare(ctx); err != nil {
+		return rep, err
+	}
+	cfg := p.src.Poll
+	lookback := cfg.Lookback.D()
+	if run.Lookback != nil {
+		lookback = *run.Lookback
+	}
+	ingestedAt := p.now()
+
+	wh, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return rep, err
+	}
+	defer wh.Release()
+	tx, err := wh.Begin(ctx)
+	if err != nil {
+		return rep, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for k, v := range mirror.SessionParams {
+		if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", k, v); err != nil {
+			return rep, err
+		}
+	}
+	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
+		return rep, err
+	}
+	var hw, low pgtype.Timestamptz
+	if err := tx.QueryRow(ctx, lockPollStateSQL, p.src.Name, lookback.String()).Scan(&hw, &low); err != nil {
+		return rep, fmt.Errorf("lock the watermark: %w", err)
+	}
+	if hw.InfinityModifier == pgtype.Finite {
+		rep.Watermark = hw.Time
+	}
+	if low.InfinityModifier == pgtype.Finite {
+		rep.Low = low.Time
+	}
+
+	src, err := p.source(ctx)
+	if err != nil {
+		return rep, err
+	}
+	stx, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return rep, fmt.Errorf("source: %w", err)
+	}
+	defer func() { _ = stx.Rollback(context.WithoutCancel(ctx)) }()
+	upper := run.Upper
+	if upper.IsZero() {
+		if err := stx.QueryRow(ctx, sourceUpperSQL, cfg.SafetyLag.D().String()).Scan(&upper); err != nil {
+			return rep, fmt.Errorf("source clock: %w", err)
+		}
+	}
+	rep.Upper = upper
+	if _, err := stx.Exec(ctx, p.cursorSQL(low, upper)); err != nil {
+		return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
+	}
+	if _, err := tx.Exec(ctx, createPollStageSQL); err != nil {
+		return rep, err
+	}
+
+	var (
+		maxRead   time.Time
+		fresh     int64      // rows newer than the stored watermark
+		cut       *time.Time // set once max_rows_per_run is reached
+		buckets   = ledgerBuckets{}
+		mergeStmt = p.mergeSQL()
+	)
+	for done := false; !done; {
+		chunk, err := fetchChunk(ctx, stx, int(cfg.ChunkRows))
+		if err != nil {
+			return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
+		}
+		if len(chunk) < int(cfg.ChunkRows) {
+			done = true
+		}
+		// Rows come in (updated_at, key) order. After the row limit is
+		// reached, the rows sharing the last updated_at are still taken,
+		// so that the watermark never splits a timestamp.
+		for i, r := range chunk {
+			if cut != nil && r.time.After(*cut) {
+				chunk, done, rep.More = chunk[:i], true, true
+				break
+			}
+			if !hw.Valid || hw.InfinityModifier == pgtype.NegativeInfinity || r.time.After(hw.Time) {
+				fresh++
+			}
+			if cut == nil && fresh >= int64(cfg.MaxRowsPerRun) {
+				t := r.time
+				cut = &t
+			}
+		}
+		if len(chunk) == 0 {
+			break
+		}
+		rep.Chunks++
+		rep.Read += int64(len(chunk))
+		maxRead = chunk[len(chunk)-1].time
+		if err := p.mergeChunk(ctx, tx, mergeStmt, chunk, ingestedAt, &rep, buckets); err != nil {
+			return rep, err
+		}
+	}
+	if rep.More {
+		rep.Upper = *cut
+	}
+	if err := insertLedgerBuckets(ctx, tx, p.src.Name, buckets, ingestedAt); err != nil {
+		return rep, err
+	}
+	var maxArg pgtype.Timestamptz
+	if rep.Read > 0 {
+		maxArg = pgtype.Timestamptz{Time: maxRead, Valid: true}
+	}
+	var after pgtype.Timestamptz
+	if err := tx.QueryRow(ctx, advancePollSQL, p.src.Name, maxArg, rep.Upper, ingestedAt, rep.Read, rep.Merged).Scan(&after); err != nil {
+		return rep, fmt.Errorf("advance the watermark: %w", err)
+	}
+	if after.InfinityModifier == pgtype.Finite {
+		rep.Watermark = after.Time
+		wm := after.Time.Add(-p.src.Watermark.OutOfOrderness.D())
+		if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.src.Name, wm, ingestedAt); err != nil {
+			return rep, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return rep, fmt.Errorf("commit: %w", err)
+	}
+	p.log.Debug("poll run", "low", rep.Low, "upper", rep.Upper, "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark)
+	return rep, nil
+}
+
+// cursorSQL declares the cursor over (low, upper]. The bounds become
+// literals in the column's own type, so the source can use an index on it.
+func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time) string {
+	col := "s." + quote(p.src.Poll.UpdatedAt)
+	lowLit := "'-infinity'::timestamptz"
+	if low.InfinityModifier == pgtype.Finite {
+		lowLit = tsLiteral(low.Time)
+	}
+	upLit := tsLiteral(upper)
+	asTZ := col
+	if p.zone != "" {
+		zone := "'" + strings.ReplaceAll(p.zone, "'", "''") + "'"
+		lowLit = "(" + lowLit + " AT TIME ZONE " + zone + ")"
+		upLit = "(" + upLit + " AT TIME ZONE " + zone + ")"
+		asTZ = "(" + col + " AT TIME ZONE " + zone + ")"
+	}
+	order := []string{col}
+	for _, k := range p.table.Key {
+		order = append(order, "s."+quote(k))
+	}
+	return fmt.Sprintf(pollCursorSQL, p.table.Source.Sanitize(), asTZ, mirror.KeyText("s", p.table.Key), p.soft,
+		col+" > "+lowLit, col+" <= "+upLit, strings.Join(order, ", "))
+}
+
+func tsLiteral(t time.Time) string {
+	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999") + "+00'::timestamptz"
+}
+
+// mergeSQL builds mergeChunkSQL for the mirror's columns.
+func (p *Poller) mergeSQL() string {
+	t := p.table
+	var cols, sets []string
+	for _, c := range t.Columns {
+		cols = append(cols, quote(c.Name))
+		if !slices.Contains(t.Key, c.Name) {
+			sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(c.Name)))
+		}
+	}
+	sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(t.LoadedColumn)), quote(t.DeletedColumn)+" = NULL")
+	var join []string
+	for _, k := range t.Key {
+		join = append(join, fmt.Sprintf("i.%[1]s = m.%[1]s", quote(k)))
+	}
+	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), mirror.QuoteAll(t.Key),
+		strings.Join(sets, ", "), quote(p.src.Poll.UpdatedAt), p.raw.Ident(), quote(t.LoadedColumn), quote(t.DeletedColumn),
+		strings.Join(join, " AND "))
+}
+
+func fetchChunk(ctx context.Context, stx pgx.Tx, n int) ([]pollRow, error) {
+	rows, err := stx.Query(ctx, fmt.Sprintf(fetchPollSQL, n))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pollRow, error) {
+		var pr pollRow
+		err := r.Scan(&pr.key, &pr.time, &pr.deleted, &pr.payload)
+		return pr, err
+	})
+}
+
+var pollStageColumns = []string{"tm_key", "tm_time", "tm_deleted", "tm_payload"}
+
+// mergeChunk stages one chunk and merges it, creating the raw partitions
+// its event times need first (on another connection: DDL must not run in
+// the load transaction).
+func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *PollReport, buckets ledgerBuckets) error {
+	times := make([]time.Time, len(chunk))
+	for i, r := range chunk {
+		times[i] = r.time
+	}
+	if missing := p.raw.Missing(times); len(missing) > 0 {
+		ddl, err := p.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		err = p.raw.EnsurePartitions(ctx, ddl.Conn(), missing)
+		ddl.Release()
+		if err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, truncatePollStageSQL); err != nil {
+		return err
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark_poll_stage"}, pollStageColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
+		r := &chunk[i]
+		return []any{r.key, r.time, r.deleted, r.payload}, nil
+	}))
+	if err != nil {
+		return fmt.Errorf("stage rows: %w", err)
+	}
+	rows, err := tx.Query(ctx, stmt, ingestedAt, p.table.Source.Sanitize())
+	if err != nil {
+		return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			op       string
+			bucket   pgtype.Timestamptz
+			n        int64
+			min, max pgtype.Timestamptz
+		)
+		if err := rows.Scan(&op, &bucket, &n, &min, &max); err != nil {
+			return err
+		}
+		switch op {
+		case "merged":
+			rep.Merged += n
+			continue
+		case "insert":
+			rep.Inserted += n
+		case "update":
+			rep.Updated += n
+		case "delete":
+			rep.Deleted += n
+		}
+		buckets.add(bucket.Time, n, min.Time, max.Time)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
+	}
+	return nil
+}
+
+// ledgerBuckets gathers a load's ledger rows by UTC hour of event time.
+type ledgerBuckets map[time.Time]*ledgerBucket
+
+type ledgerBucket struct {
+	rows     int64
+	min, max time.Time
+}
+
+func (b ledgerBuckets) add(hour time.Time, n int64, min, max time.Time) {
+	lb := b[hour]
+	if lb == nil {
+		b[hour] = &ledgerBucket{rows: n, min: min, max: max}
+		return
+	}
+	lb.rows += n
+	if min.Before(lb.min) {
+		lb.min = min
+	}
+	if max.After(lb.max) {
+		lb.max = max
+	}
+}
+
+func insertLedgerBuckets(ctx context.Context, tx pgx.Tx, source string, b ledgerBuckets, ingestedAt time.Time) error {
+	if len(b) == 0 {
+		return nil
+	}
+	var (
+		sources     []string
+		hours       []time.Time
+		counts      []int64
+		mins, maxes []time.Time
+	)
+	for h, lb := range b {
+		sources, hours, counts = append(sources, source), append(hours, h), append(counts, lb.rows)
+		mins, maxes = append(mins, lb.min), append(maxes, lb.max)
+	}
+	if _, err := tx.Exec(ctx, insertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxes); err != nil {
+		return fmt.Errorf("write ledger: %w", err)
+	}
+	return nil
+}
+
+// Run polls on the source's interval until ctx ends. A run that stopped
+// at max_rows_per_run is followed at once; a failed run is logged and
+// retried with backoff.
+func (p *Poller) Run(ctx context.Context) error {
+	every := p.src.Poll.Every.D()
+	backoff := time.Second
+	for {
+		rep, err := p.RunOnce(ctx, PollRun{})
+		wait := every
+		switch {
+		case ctx.Err() != nil:
+			p.Close()
+			return nil
+		case err != nil:
+			p.log.Warn("poll run failed; retrying", "err", err, "retry_in", backoff)
+			wait = min(backoff, every)
+			backoff = min(2*backoff, every)
+		default:
+			backoff = time.Second
+			if rep.Merged > 0 {
+				p.log.Info("poll run", "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark, "more", rep.More)
+			}
+			if rep.More {
+				wait = 0
+			}
+		}
+		select {
+		case <-ctx.Done():
+			p.Close()
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
