@@ -119,8 +119,9 @@ func (c *WatermarkCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.now()
 	for _, name := range c.cfg.SourceNames() {
 		src := c.cfg.Sources[name]
-		if src.Table != nil {
-			// Stored by the reconciler as it reads the table.
+		if src.Kafka == nil {
+			// Stored by the reconciler as it reads a table source, and by
+			// each run of a poll source.
 			c.collectStored(ctx, ch, name)
 			continue
 		}

@@ -117,12 +117,19 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	defer conn.Release()
 	d := r.defs[name]
 	src := r.cfg.Sources[d.Source]
-	if src.Kafka != nil {
+	switch {
+	case src.Kafka != nil:
 		if err := ingest.NewRawTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
 			return err
 		}
-	} else if err := checkTableSource(ctx, conn.Conn(), d); err != nil {
-		return err
+	case src.Poll != nil:
+		if err := ingest.NewChangeTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
+			return err
+		}
+	default:
+		if err := checkTableSource(ctx, conn.Conn(), d); err != nil {
+			return err
+		}
 	}
 	if err := aggregate.Prepare(ctx, conn.Conn(), d); err != nil {
 		return err

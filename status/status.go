@@ -93,6 +93,71 @@ type Source struct {
 	Lag                 *int64           `json:"lag"`
 	KafkaError          string           `json:"kafka_error,omitempty"`
 	Partitions          []Partition      `json:"partitions"`
+	// Poll is the state of a poll source.
+	Poll *Poll `json:"poll,omitempty"`
+}
+
+// Poll is the state of a poll source: its watermark, its last run and its
+// last key reconciliation.
+type Poll struct {
+	Table         string     `json:"table"`
+	Mirror        string     `json:"mirror"`
+	HighWatermark *time.Time `json:"high_watermark"` // null: nothing loaded yet
+	LastUpper     *time.Time `json:"last_upper"`
+	LastRunAt     *time.Time `json:"last_run_at"`
+	AdvancedAt    *time.Time `json:"advanced_at"`
+	Runs          int64      `json:"runs"`
+	RowsRead      int64      `json:"rows_read"`
+	RowsMerged    int64      `json:"rows_merged"`
+	LastKeyCheck  *KeyCheck  `json:"last_key_reconciliation"`
+}
+
+// KeyCheck is the outcome of one key reconciliation.
+type KeyCheck struct {
+	FinishedAt      time.Time `json:"finished_at"`
+	DryRun          bool      `json:"dry_run"`
+	Mode            string    `json:"mode"`
+	SourceKeys      int64     `json:"source_keys"`
+	MirrorKeys      int64     `json:"mirror_keys"`
+	KeysTransferred int64     `json:"keys_transferred"`
+	MissingAtSource int64     `json:"missing_at_source"`
+	MissingInMirror int64     `json:"missing_in_mirror"`
+	Applied         int64     `json:"applied"`
+}
+
+const (
+	pollStateSQL = `
+SELECT CASE WHEN high_watermark = '-infinity' THEN NULL ELSE high_watermark END,
+       last_upper, last_run_at, advanced_at, runs, rows_read, rows_merged
+FROM tidemark.poll_watermarks WHERE source = $1`
+
+	lastKeyCheckSQL = `
+SELECT finished_at, dry_run, mode, source_keys, mirror_keys, keys_transferred, missing_at_source, missing_in_mirror, applied
+FROM tidemark.key_reconciliations WHERE source = $1 ORDER BY id DESC LIMIT 1`
+)
+
+func gatherPoll(ctx context.Context, q Querier, sc *config.Source, version int) (*Poll, error) {
+	p := &Poll{Table: sc.Poll.Table, Mirror: sc.Mirror.Table}
+	if version < 3 {
+		return p, nil
+	}
+	var hw, upper, ran, adv *time.Time
+	err := q.QueryRow(ctx, pollStateSQL, sc.Name).Scan(&hw, &upper, &ran, &adv, &p.Runs, &p.RowsRead, &p.RowsMerged)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("read the poll state of source %s: %w", sc.Name, err)
+	}
+	p.HighWatermark, p.LastUpper, p.LastRunAt, p.AdvancedAt = utc(hw), utc(upper), utc(ran), utc(adv)
+	var k KeyCheck
+	err = q.QueryRow(ctx, lastKeyCheckSQL, sc.Name).Scan(&k.FinishedAt, &k.DryRun, &k.Mode, &k.SourceKeys, &k.MirrorKeys,
+		&k.KeysTransferred, &k.MissingAtSource, &k.MissingInMirror, &k.Applied)
+	switch {
+	case err == nil:
+		k.FinishedAt = k.FinishedAt.UTC()
+		p.LastKeyCheck = &k
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("read the key reconciliations of source %s: %w", sc.Name, err)
+	}
+	return p, nil
 }
 
 // Partition is the view of one Kafka partition of a source.
@@ -154,8 +219,11 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 	for _, name := range cfg.SourceNames() {
 		sc := cfg.Sources[name]
 		kind := "kafka"
-		if sc.Table != nil {
+		switch {
+		case sc.Table != nil:
 			kind = "table"
+		case sc.Poll != nil:
+			kind = "poll"
 		}
 		s := Source{Name: name, Kind: kind, DeadLettersByReason: reasons[name]}
 		if s.DeadLettersByReason == nil {
@@ -164,9 +232,14 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		if sc.Kafka != nil {
 			s.Topics = sc.Kafka.Topics
 		}
-		if sc.Table != nil {
-			// Table sources have no stream state; the reconciler stores
-			// their watermark as it reads them.
+		if sc.Poll != nil {
+			if s.Poll, err = gatherPoll(ctx, q, sc, v); err != nil {
+				return nil, err
+			}
+		}
+		if sc.Kafka == nil {
+			// Table and poll sources have no stream state; the reconciler
+			// (table) or each poll run stores their watermark.
 			if v >= 2 {
 				var wm *time.Time
 				err := q.QueryRow(ctx, "SELECT event_time_watermark FROM tidemark.source_watermarks WHERE source = $1", name).Scan(&wm)
@@ -363,6 +436,24 @@ func (r *Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "tidemark status at %s (schema version %d)\n", r.GeneratedAt.Format(time.RFC3339), r.SchemaVersion)
 	for _, s := range r.Sources {
+		if p := s.Poll; p != nil {
+			fmt.Fprintf(tw, "\nsource %s (poll: %s into %s)\n", s.Name, p.Table, p.Mirror)
+			fmt.Fprintf(tw, "  high watermark (updated_at)\t%s\n", fmtTime(p.HighWatermark))
+			fmt.Fprintf(tw, "  last window upper bound\t%s\n", fmtTime(p.LastUpper))
+			fmt.Fprintf(tw, "  last run\t%s (watermark last moved %s)\n", fmtTime(p.LastRunAt), fmtTime(p.AdvancedAt))
+			fmt.Fprintf(tw, "  runs / rows read / rows merged\t%d / %d / %d\n", p.Runs, p.RowsRead, p.RowsMerged)
+			if k := p.LastKeyCheck; k != nil {
+				dry := ""
+				if k.DryRun {
+					dry = " (dry run)"
+				}
+				fmt.Fprintf(tw, "  last key reconciliation%s\t%s: %d source keys, %d mirror keys, %d transferred; %d missing at the source (%s, %d applied), %d not yet in the mirror\n",
+					dry, k.FinishedAt.Format(time.RFC3339), k.SourceKeys, k.MirrorKeys, k.KeysTransferred, k.MissingAtSource, k.Mode, k.Applied, k.MissingInMirror)
+			} else {
+				fmt.Fprintf(tw, "  last key reconciliation\tnever\n")
+			}
+			continue
+		}
 		if s.Kind != "kafka" {
 			fmt.Fprintf(tw, "\nsource %s (table, read by the reconciler in timestamp mode)\n", s.Name)
 			fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))

@@ -62,6 +62,14 @@ func TestPollOnce(t *testing.T) {
 	if n := scalar(t, wh, "SELECT count(*)::text FROM dw_customers"); n != "100" {
 		t.Errorf("mirror rows %s, want 100", n)
 	}
+	code, out, errOut = invoke(t, "status", "-c", cfg)
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{"source customers (poll: src_customers into dw_customers)",
+		"high watermark (updated_at) 2026-10-05T09:01:40Z", "runs / rows read / rows merged 2 / 110 / 100", "last key reconciliation never"} {
+		if code != exitOK || !strings.Contains(flat, want) {
+			t.Errorf("status: exit %d, want %q in\n%s%s", code, want, out, errOut)
+		}
+	}
 	tests := []struct {
 		args []string
 		want string

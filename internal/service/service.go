@@ -37,19 +37,24 @@ import (
 // Components that `tidemark run --only` can select.
 const (
 	ComponentIngest    = "ingest"    // the Kafka ingester; needs Kafka sources
+	ComponentPoll      = "poll"      // timestamp-watermark loads; needs poll sources
 	ComponentReconcile = "reconcile" // the reconciler; needs aggregates
 )
 
 // Components lists what this version can run.
-var Components = []string{ComponentIngest, ComponentReconcile}
+var Components = []string{ComponentIngest, ComponentPoll, ComponentReconcile}
 
 // Configured returns the components the configuration gives work to.
 func Configured(cfg *config.Config) []string {
 	var out []string
+	kinds := map[string]bool{}
 	for _, name := range cfg.SourceNames() {
-		if cfg.Sources[name].Kafka != nil {
-			out = append(out, ComponentIngest)
-			break
+		kinds[ComponentIngest] = kinds[ComponentIngest] || cfg.Sources[name].Kafka != nil
+		kinds[ComponentPoll] = kinds[ComponentPoll] || cfg.Sources[name].Poll != nil
+	}
+	for _, c := range []string{ComponentIngest, ComponentPoll} {
+		if kinds[c] {
+			out = append(out, c)
 		}
 	}
 	if len(cfg.Aggregates) > 0 {
@@ -129,11 +134,12 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	for _, c := range running {
 		if !slices.Contains(configured, c) {
 			return fmt.Errorf("component %s has nothing to do: configure %s", c, map[string]string{
-				ComponentIngest: "a source with a kafka block", ComponentReconcile: "aggregates"}[c])
+				ComponentIngest: "a source with a kafka block", ComponentPoll: "a source with a poll block",
+				ComponentReconcile: "aggregates"}[c])
 		}
 	}
 	if len(running) == 0 {
-		return errors.New("nothing to run: configure Kafka sources or aggregates")
+		return errors.New("nothing to run: configure Kafka or poll sources, or aggregates")
 	}
 	enabled := func(c string) bool { return slices.Contains(running, c) }
 
@@ -223,6 +229,22 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			}
 			stop()
 		}()
+	}
+	if enabled(ComponentPoll) {
+		for _, name := range cfg.SourceNames() {
+			if cfg.Sources[name].Poll == nil {
+				continue
+			}
+			p, err := ingest.NewPoller(cfg, name, pool, ingest.PollOptions{Logger: log, Registerer: reg, Now: now})
+			if err != nil {
+				return err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = p.Run(runCtx) // logs and retries its own failures
+			}()
+		}
 	}
 	if enabled(ComponentReconcile) {
 		r, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Registerer: reg, Now: now})
