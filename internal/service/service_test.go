@@ -50,6 +50,13 @@ func startWith(t *testing.T, before func(*pgserver.Server)) *bundle {
 	t.Helper()
 	srv := pgtest.NewServer(t, pgserver.Options{})
 	dsn := pgtest.NewDatabaseOn(t, srv)
+	srcDSN := pgtest.NewDatabaseOn(t, srv)
+	src := pgtest.Pool(t, srcDSN)
+	if _, err := src.Exec(context.Background(), `CREATE TABLE src_customers (customer_id bigint PRIMARY KEY, tier text NOT NULL, updated_at timestamptz NOT NULL);
+		INSERT INTO src_customers VALUES (1, 'free', '2026-10-05 09:00+00'), (2, 'pro', '2026-10-05 09:30+00')`); err != nil {
+		t.Fatal(err)
+	}
+	src.Close()
 	kc := kafkatest.NewCluster(t, 2, "events")
 	cfg, err := config.Parse("test.yaml", []byte(fmt.Sprintf(`
 warehouse: {dsn: %q}
@@ -62,6 +69,9 @@ sources:
     event_id: /id
     event_time: /ts
     watermark: {out_of_orderness: 1m}
+  customers:
+    poll: {dsn: %q, table: src_customers, key: [customer_id], updated_at: updated_at, every: 1s}
+    mirror: {table: dw_customers}
 reconcile: {every: 1s}
 aggregates:
   hourly_events:
@@ -69,7 +79,7 @@ aggregates:
     table: hourly_events
     partition: {by: hour, column: hour}
     sql: SELECT {{partition}} AS hour, count(*) AS events FROM {{events}} GROUP BY 1
-`, dsn, kc.ListenAddrs()[0])), func(string) (string, bool) { return "", false })
+`, dsn, kc.ListenAddrs()[0], srcDSN)), func(string) (string, bool) { return "", false })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,8 +156,13 @@ func TestEndpoints(t *testing.T) {
 		&kgo.Record{Topic: "events", Value: []byte(`{"id":"c"}`)})
 
 	rep := b.waitStatus(t, func(r *status.Report) bool {
-		return len(r.Sources) == 1 && r.Sources[0].Records == 3 && len(r.Aggregates) == 1 && len(r.Aggregates[0].Partitions) == 1
+		return len(r.Sources) == 2 && r.Sources[0].Records == 3 && len(r.Aggregates) == 1 && len(r.Aggregates[0].Partitions) == 1 &&
+			r.Sources[1].Poll != nil && r.Sources[1].Poll.RowsMerged == 2
 	})
+	// The poll source runs inside the service too.
+	if p := rep.Sources[1].Poll; p.HighWatermark == nil || !p.HighWatermark.Equal(time.Date(2026, 10, 5, 9, 30, 0, 0, time.UTC)) {
+		t.Errorf("poll status: %+v", p)
+	}
 	// The reconciler runs inside the service: both events fall in 11:00.
 	if p := rep.Aggregates[0].Partitions[0]; p.Key != "2026-10-05T11:00Z" || p.Rows == nil || *p.Rows != 1 {
 		t.Errorf("status of the aggregate: %+v", rep.Aggregates[0])
@@ -185,6 +200,8 @@ func TestEndpoints(t *testing.T) {
 		`tidemark_reconcile_partitions_rebuilt_total{aggregate="hourly_events"}`,
 		`tidemark_reconcile_load_watermark_age_seconds{aggregate="hourly_events"}`,
 		`tidemark_warehouse_oldest_transaction_seconds`,
+		`tidemark_poll_rows_merged_total{op="insert",source="customers"} 2`,
+		`tidemark_poll_watermark_age_seconds{source="customers"}`,
 		`go_goroutines`, `process_resident_memory_bytes`,
 	} {
 		if !strings.Contains(body, want) {
@@ -287,5 +304,7 @@ func TestWaitsForTheWarehouse(t *testing.T) {
 		t.Fatal(err)
 	}
 	kafkatest.Produce(t, b.prod, &kgo.Record{Topic: "events", Value: []byte(`{"id":"a","ts":"2026-10-05T11:00:00Z"}`)})
-	b.waitStatus(t, func(r *status.Report) bool { return len(r.Sources) == 1 && r.Sources[0].Rows == 1 })
+	b.waitStatus(t, func(r *status.Report) bool {
+		return len(r.Sources) == 2 && r.Sources[0].Rows == 1 && r.Sources[1].Poll != nil && r.Sources[1].Poll.RowsMerged == 2
+	})
 }
