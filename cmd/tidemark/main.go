@@ -5,6 +5,7 @@
 //	tidemark migrate   [-c tidemark.yaml]
 //	tidemark reconcile --once [-c tidemark.yaml] [--aggregate NAME]
 //	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
+//	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run]
 //	tidemark status  [-c tidemark.yaml] [--json]
 //	tidemark demo
 //	tidemark version
@@ -61,6 +62,7 @@ Usage:
   tidemark reconcile --once [-c FILE] [--aggregate NAME]  reconcile aggregates once (for cron)
   tidemark poll      --once --source NAME [-c FILE] [--upper T] [--lookback D]
                                                           load one timestamp-watermark window
+  tidemark keys      --source NAME [-c FILE] [--dry-run]  find rows deleted at the source (key reconciliation)
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
   tidemark demo                                           run a self-contained demonstration
   tidemark version                                        print the version
@@ -94,6 +96,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdReconcile(ctx, rest, stdout, stderr)
 	case "poll":
 		return cmdPoll(ctx, rest, stdout, stderr)
+	case "keys":
+		return cmdKeys(ctx, rest, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout, stderr)
 	case "version", "--version":
@@ -477,5 +481,67 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%s: window (%s, %s]: read %d, merged %d (%d inserted, %d updated, %d deleted), watermark %s%s\n",
 		*name, low, rep.Upper.UTC().Format(time.RFC3339Nano), rep.Read, rep.Merged, rep.Inserted, rep.Updated, rep.Deleted, wm, more)
+	return exitOK
+}
+
+func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, path := flags("keys", stderr)
+	name := fs.String("source", "", "the poll source whose mirror to check")
+	dryRun := fs.Bool("dry-run", false, "report only; exit 1 when rows are missing at the source")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
+		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll source (configured: %s)\n", *name, strings.Join(pollSources(cfg), ", "))
+		return exitUsage
+	}
+	pool, ok := prepareWarehouse(ctx, cfg, "tidemark keys", stderr)
+	if !ok {
+		return exitFailure
+	}
+	defer pool.Close()
+	log := logger(cfg, stderr)
+	// Preparing the poller checks the source table and creates the mirror
+	// if it is missing, as `tidemark run` does.
+	p, err := ingest.NewPoller(cfg, *name, pool, ingest.PollOptions{Logger: log, Now: serviceClock})
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		return exitFailure
+	}
+	defer p.Close()
+	if err := p.Prepare(ctx); err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		if errors.Is(err, ingest.ErrPollSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
+			return exitUsage
+		}
+		return exitFailure
+	}
+	k, err := reconcile.NewKeyReconciler(p.Mirror(), cfg.Sources[*name].Poll.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock})
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		return exitFailure
+	}
+	rep, err := k.Run(ctx, *dryRun)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		return exitFailure
+	}
+	action := map[bool]string{false: "flagged", true: "removed"}[rep.Hard]
+	if rep.DryRun {
+		action = "dry run, nothing changed"
+	} else {
+		action = fmt.Sprintf("%d %s", rep.Applied, action)
+	}
+	fmt.Fprintf(stdout, "%s: %d source keys, %d mirror keys; compared %d ranges, transferred %d keys\n",
+		*name, rep.SourceKeys, rep.MirrorKeys, rep.RangesCompared, rep.KeysTransferred)
+	fmt.Fprintf(stdout, "%s: %d missing at the source (%s)%s; %d not yet in the mirror\n",
+		*name, rep.Deleted, action, listed(rep.MissingAtSource), rep.MissingInMirror)
+	if rep.DryRun && rep.Deleted > 0 {
+		return exitFailure
+	}
 	return exitOK
 }

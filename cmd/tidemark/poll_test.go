@@ -164,3 +164,36 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestKeysCommand: `tidemark keys` finds rows deleted at the source; a dry
+// run reports them with exit status 1 and changes nothing.
+func TestKeysCommand(t *testing.T) {
+	cfg, src, wh := pollSetup(t, 100)
+	if code, out, errOut := invoke(t, "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-06T00:00:00Z"); code != exitOK {
+		t.Fatalf("poll: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, err := src.Exec(context.Background(), "DELETE FROM src_customers WHERE customer_id IN (7, 42)"); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := invoke(t, "keys", "-c", cfg, "--source", "customers", "--dry-run")
+	if code != exitFailure || !strings.Contains(out, "customers: 2 missing at the source (dry run, nothing changed) (7, 42); 0 not yet in the mirror") {
+		t.Errorf("keys --dry-run: exit %d\n%s%s", code, out, errOut)
+	}
+	if n := scalar(t, wh, "SELECT count(*)::text FROM dw_customers WHERE deleted_at IS NOT NULL"); n != "0" {
+		t.Errorf("a dry run flagged %s rows", n)
+	}
+	code, out, errOut = invoke(t, "keys", "-c", cfg, "--source", "customers")
+	if code != exitOK || !strings.Contains(out, "customers: 2 missing at the source (2 flagged) (7, 42)") {
+		t.Errorf("keys: exit %d\n%s%s", code, out, errOut)
+	}
+	if got := scalar(t, wh, "SELECT string_agg(customer_id::text, ',' ORDER BY customer_id) FROM dw_customers WHERE deleted_at IS NOT NULL"); got != "7,42" {
+		t.Errorf("flagged rows %s, want 7,42", got)
+	}
+	_, out, _ = invoke(t, "status", "-c", cfg)
+	if flat := strings.Join(strings.Fields(out), " "); !strings.Contains(flat, "98 source keys, 100 mirror keys") || !strings.Contains(flat, "2 missing at the source (soft, 2 applied)") {
+		t.Errorf("status does not show the key reconciliation:\n%s", out)
+	}
+	if code, _, errOut := invoke(t, "keys", "-c", cfg, "--source", "nope"); code != exitUsage || !strings.Contains(errOut, `--source: "nope" is not a poll source`) {
+		t.Errorf("keys --source nope: exit %d, %s", code, errOut)
+	}
+}

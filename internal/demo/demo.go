@@ -65,6 +65,15 @@ func Run(ctx context.Context, out io.Writer, log *slog.Logger) error {
 	broker := kc.ListenAddrs()[0]
 	fmt.Fprintf(out, "listening on %s, topic %s with 2 partitions\n\n", broker, topic)
 
+	admin, err := pgxpool.New(ctx, pg.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	_, err = admin.Exec(ctx, "CREATE DATABASE app")
+	admin.Close()
+	if err != nil {
+		return fmt.Errorf("create the source database: %w", err)
+	}
 	yaml := fmt.Sprintf(`
 warehouse: {dsn: %q}
 http: {listen: "127.0.0.1:0"}
@@ -79,6 +88,9 @@ sources:
     event_id: /event_id
     event_time: /event_time
     max_age: 30d
+  customers:
+    poll: {dsn: %q, table: src_customers, key: [customer_id], updated_at: updated_at}
+    mirror: {table: dw_customers, deletes: soft}
 aggregates:
   daily_sales:
     source: app_events
@@ -90,7 +102,7 @@ aggregates:
       SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total,
              count(*) AS event_count
       FROM {{events}} GROUP BY 1
-`, pg.URL("postgres"), broker, topic)
+`, pg.URL("postgres"), broker, topic, pg.URL("app"))
 	cfg, err := config.Parse("demo.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
 		return err
@@ -171,6 +183,14 @@ aggregates:
 	fmt.Fprintln(out)
 
 	if err := d.show(); err != nil {
+		return err
+	}
+	src, err := pgxpool.New(ctx, pg.URL("app"))
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	if err := d.pollPart(cfg, src); err != nil {
 		return err
 	}
 	rep, err := status.Gather(ctx, pool, cfg, kadm.NewClient(prod), clk.Now())
@@ -290,6 +310,9 @@ func (d *run) table(title, sql string) error {
 		cells := make([]string, len(vals))
 		for i, v := range vals {
 			cells[i] = fmt.Sprint(v)
+			if v == nil {
+				cells[i] = "-"
+			}
 		}
 		fmt.Fprintln(tw, "  "+strings.Join(cells, "\t"))
 	}

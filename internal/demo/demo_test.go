@@ -31,6 +31,12 @@ func TestDemo(t *testing.T) {
 		"2026-10-04  15.00  2", "2026-10-05  20.00  1",
 		"2026-10-04  closed  1     2",
 		"e0|2026-10-01 12:00:00+00",
+		"poll --upper \"2026-10-05 12:00+00\": read 0, merged 0",
+		"poll --upper \"2026-10-05 12:00+00\" --lookback 30m: read 3, merged 1 (1 inserted, 0 updated), watermark 2026-10-05 10:20",
+		"4            free  2026-10-05 10:10",
+		"keys --dry-run: 3 source keys, 4 mirror keys",
+		"missing at the source: 2 (1 flagged with deleted_at)",
+		"2            pro   2026-10-05 12:30",
 		"done: the service committed its last batch",
 	} {
 		if !strings.Contains(text, want) {

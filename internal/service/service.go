@@ -244,6 +244,13 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 				defer wg.Done()
 				_ = p.Run(runCtx) // logs and retries its own failures
 			}()
+			if every := cfg.Sources[name].Mirror.KeyReconcileEvery.D(); every > 0 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					keyLoop(runCtx, p, cfg.Sources[name].Poll.DSN, pool, every, reconcile.KeyOptions{Logger: log, Registerer: reg, Now: now})
+				}()
+			}
 		}
 	}
 	if enabled(ComponentReconcile) {
@@ -278,6 +285,60 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	default:
 	}
 	return nil
+}
+
+// lastKeyCheckSQL is when the source's mirror was last reconciled (not
+// counting dry runs), by any instance.
+const lastKeyCheckSQL = `SELECT max(finished_at) FROM tidemark.key_reconciliations WHERE source = $1 AND NOT dry_run`
+
+// keyLoop runs key reconciliation of a poll source's mirror every
+// interval, counted from the last one recorded in the warehouse, so that
+// restarts neither skip nor repeat it. Failures are logged and retried
+// after a minute.
+func keyLoop(ctx context.Context, p *ingest.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts reconcile.KeyOptions) {
+	log := opts.Logger.With("source", p.Name())
+	var k *reconcile.KeyReconciler
+	for {
+		wait := time.Minute
+		var last *time.Time
+		err := pool.QueryRow(ctx, lastKeyCheckSQL, p.Name()).Scan(&last)
+		if err == nil {
+			wait = 0
+			if last != nil {
+				wait = last.Add(every).Sub(opts.Now())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(max(wait, 0)):
+		}
+		if err != nil {
+			continue
+		}
+		if k == nil {
+			// The poller's checks describe the source table and create
+			// the mirror; the reconciler shares that description.
+			if err := p.Prepare(ctx); err != nil {
+				if ctx.Err() == nil {
+					log.Warn("key reconciliation waits for the poll source", "err", err)
+				}
+				continue
+			}
+			if k, err = reconcile.NewKeyReconciler(p.Mirror(), dsn, pool, opts); err != nil {
+				log.Error("key reconciliation cannot run", "err", err)
+				return
+			}
+		}
+		if _, err := k.Run(ctx, false); err != nil && ctx.Err() == nil {
+			// Run logged the error; try again in a minute, not at once.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Minute):
+			}
+		}
+	}
 }
 
 // prepareSchema applies the migrations (warehouse.migrate: true) or checks

@@ -71,7 +71,7 @@ sources:
     watermark: {out_of_orderness: 1m}
   customers:
     poll: {dsn: %q, table: src_customers, key: [customer_id], updated_at: updated_at, every: 1s}
-    mirror: {table: dw_customers}
+    mirror: {table: dw_customers, key_reconcile_every: 1h}
 reconcile: {every: 1s}
 aggregates:
   hourly_events:
@@ -157,8 +157,13 @@ func TestEndpoints(t *testing.T) {
 
 	rep := b.waitStatus(t, func(r *status.Report) bool {
 		return len(r.Sources) == 2 && r.Sources[0].Records == 3 && len(r.Aggregates) == 1 && len(r.Aggregates[0].Partitions) == 1 &&
-			r.Sources[1].Poll != nil && r.Sources[1].Poll.RowsMerged == 2
+			r.Sources[1].Poll != nil && r.Sources[1].Poll.RowsMerged == 2 && r.Sources[1].Poll.LastKeyCheck != nil
 	})
+	// Key reconciliation ran at start (none was recorded before) and
+	// found both rows at the source.
+	if k := rep.Sources[1].Poll.LastKeyCheck; k.SourceKeys != 2 || k.MissingAtSource != 0 || k.DryRun {
+		t.Errorf("last key reconciliation: %+v", k)
+	}
 	// The poll source runs inside the service too.
 	if p := rep.Sources[1].Poll; p.HighWatermark == nil || !p.HighWatermark.Equal(time.Date(2026, 10, 5, 9, 30, 0, 0, time.UTC)) {
 		t.Errorf("poll status: %+v", p)
@@ -202,6 +207,7 @@ func TestEndpoints(t *testing.T) {
 		`tidemark_warehouse_oldest_transaction_seconds`,
 		`tidemark_poll_rows_merged_total{op="insert",source="customers"} 2`,
 		`tidemark_poll_watermark_age_seconds{source="customers"}`,
+		`tidemark_key_reconcile_runs_total{result="ok",source="customers"} 1`,
 		`go_goroutines`, `process_resident_memory_bytes`,
 	} {
 		if !strings.Contains(body, want) {
