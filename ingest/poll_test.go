@@ -441,3 +441,21 @@ func TestPollSchemaChange(t *testing.T) {
 		t.Errorf("rows with the new column's value: %d, want 1", n)
 	}
 }
+
+// TestPollCreatesPartitionsMidRun: a window spanning several months
+// creates the raw partitions it needs between chunks of one transaction.
+func TestPollCreatesPartitionsMidRun(t *testing.T) {
+	e := newPollEnv(t, customersDDL)
+	e.srcExec(`INSERT INTO src_customers SELECT i, 'c' || i || '@example.com', 'free',
+		timestamptz '2026-07-01 00:00+00' + i * interval '2 days' FROM generate_series(1, 60) AS i`)
+	rep := e.run(e.poller("chunk_rows: 7"), "2026-12-01 00:00", nil)
+	if rep.Read != 60 || rep.Chunks != 9 {
+		t.Errorf("read %d rows in %d chunks, want 60 in 9", rep.Read, rep.Chunks)
+	}
+	if n := e.int("SELECT count(*) FROM pg_inherits WHERE inhparent = 'raw.customers'::regclass"); n != 4 {
+		t.Errorf("raw partitions: %d, want 4 (July to October, monthly)", n)
+	}
+	if n := e.int("SELECT count(*) FROM raw.customers"); n != 60 {
+		t.Errorf("raw change rows: %d, want 60", n)
+	}
+}
