@@ -417,20 +417,21 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 		buckets   = ledgerBuckets{}
 		mergeStmt = p.mergeSQL()
 	)
-	for done := false; !done; {
-		chunk, err := fetchChunk(ctx, stx, int(cfg.ChunkRows))
-		if err != nil {
-			return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
+	// The next chunk is fetched from the source while the current one is
+	// merged in the warehouse; at most three chunks are in memory.
+	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows))
+	defer stopReading()
+	for res := range chunks {
+		if res.err != nil {
+			return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), res.err)
 		}
-		if len(chunk) < int(cfg.ChunkRows) {
-			done = true
-		}
+		chunk, stop := res.rows, false
 		// Rows come in (updated_at, key) order. After the row limit is
 		// reached, the rows sharing the last updated_at are still taken,
 		// so that the watermark never splits a timestamp.
 		for i, r := range chunk {
 			if cut != nil && r.time.After(*cut) {
-				chunk, done, rep.More = chunk[:i], true, true
+				chunk, stop, rep.More = chunk[:i], true, true
 				break
 			}
 			if !hw.Valid || hw.InfinityModifier == pgtype.NegativeInfinity || r.time.After(hw.Time) {
@@ -441,16 +442,19 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 				cut = &t
 			}
 		}
-		if len(chunk) == 0 {
+		if len(chunk) > 0 {
+			rep.Chunks++
+			rep.Read += int64(len(chunk))
+			maxRead = chunk[len(chunk)-1].time
+			if err := p.mergeChunk(ctx, tx, mergeStmt, chunk, ingestedAt, &rep, buckets); err != nil {
+				return rep, err
+			}
+		}
+		if stop {
 			break
 		}
-		rep.Chunks++
-		rep.Read += int64(len(chunk))
-		maxRead = chunk[len(chunk)-1].time
-		if err := p.mergeChunk(ctx, tx, mergeStmt, chunk, ingestedAt, &rep, buckets); err != nil {
-			return rep, err
-		}
 	}
+	stopReading()
 	if rep.More {
 		rep.Upper = *cut
 	}
@@ -525,6 +529,41 @@ func (p *Poller) mergeSQL() string {
 	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), mirror.QuoteAll(t.Key),
 		strings.Join(sets, ", "), quote(p.src.Poll.UpdatedAt), p.raw.Ident(), quote(t.LoadedColumn), quote(t.DeletedColumn),
 		strings.Join(join, " AND "))
+}
+
+// chunkResult is one fetched chunk, or the error that ended reading.
+type chunkResult struct {
+	rows []pollRow
+	err  error
+}
+
+// readChunks fetches chunks of n rows from the cursor in a goroutine until
+// a short chunk, an error or stop. stop waits for the goroutine, so the
+// source transaction is free again when it returns; it may be called more
+// than once.
+func readChunks(ctx context.Context, stx pgx.Tx, n int) (<-chan chunkResult, func()) {
+	out := make(chan chunkResult, 1)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		for {
+			rows, err := fetchChunk(ctx, stx, n)
+			select {
+			case out <- chunkResult{rows, err}:
+			case <-quit:
+				return
+			}
+			if err != nil || len(rows) < n {
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() {
+		once.Do(func() { close(quit) })
+		<-done
+	}
 }
 
 func fetchChunk(ctx context.Context, stx pgx.Tx, n int) ([]pollRow, error) {

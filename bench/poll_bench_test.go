@@ -1,0 +1,278 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/reconcile"
+)
+
+// pollRows is the size of the source table of the poll benchmark.
+const pollRows = 1_000_000
+
+// pollSourceDDL is the source table: about 150 bytes a row.
+const pollSourceDDL = `
+CREATE TABLE src_customers (
+    customer_id bigint PRIMARY KEY,
+    email       text NOT NULL,
+    tier        text NOT NULL,
+    note        text NOT NULL,
+    updated_at  timestamptz NOT NULL
+);
+INSERT INTO src_customers
+SELECT i, 'customer' || i || '@example.com', CASE WHEN i %% 7 = 0 THEN 'pro' ELSE 'free' END, repeat('n', 90),
+       timestamptz '2026-09-01 00:00+00' + i * interval '2 seconds'
+FROM generate_series(1, %d) AS i;
+CREATE INDEX src_customers_updated_at ON src_customers (updated_at);
+ANALYZE src_customers;`
+
+// baselineMirrorDDL is the mirror the hand-made copy of (a) fills.
+const baselineMirrorDDL = `
+CREATE TABLE dw_customers (
+    customer_id bigint NOT NULL PRIMARY KEY,
+    email       text,
+    tier        text,
+    note        text,
+    updated_at  timestamptz,
+    loaded_at   timestamptz NOT NULL DEFAULT now(),
+    deleted_at  timestamptz
+)`
+
+// BenchmarkPoll measures a poll source on a 1M-row table, with fsync on:
+//
+//	(a) COPY of the table out of the source piped into COPY into an
+//	    empty mirror, and (a') the same plus COPY of the rows as jsonb
+//	    change rows into raw.customers: what tidemark writes, at the
+//	    physical limit;
+//	(b) tidemark's first load of the same table: one poll run (merge into
+//	    the mirror, raw change rows, ledger, one transaction);
+//	(c) a later run that absorbs 10,000 updated rows with a 30-minute
+//	    lookback;
+//	(d) key reconciliation of the loaded mirror after 10 hard deletes, and
+//	(e) its naive baseline, pulling both full key lists and comparing them.
+func BenchmarkPoll(b *testing.B) {
+	for range b.N {
+		ctx := context.Background()
+		srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
+			"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min"}})
+		e := &env{srv: srv}
+		srcDSN := pgtest.NewDatabaseOn(b, srv)
+		src := pgtest.Pool(b, srcDSN)
+		if _, err := src.Exec(ctx, fmt.Sprintf(pollSourceDDL, pollRows)); err != nil {
+			b.Fatal(err)
+		}
+
+		// (a) COPY out of the source, piped into COPY into the mirror.
+		e.settle(b)
+		baseDSN := pgtest.NewDatabaseOn(b, srv)
+		e.last = baseDSN
+		copyTook, rawTook := pipeCopy(b, srcDSN, baseDSN)
+		copyRate := pollRows / copyTook.Seconds()
+		bothRate := pollRows / (copyTook + rawTook).Seconds()
+
+		// (b) tidemark's first load.
+		e.settle(b)
+		whDSN := pgtest.NewDatabaseOn(b, srv)
+		if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
+			b.Fatal(err)
+		}
+		wh := pgtest.Pool(b, whDSN)
+		p := newBenchPoller(b, whDSN, srcDSN, wh)
+		if err := p.Prepare(ctx); err != nil {
+			b.Fatal(err)
+		}
+		started := time.Now()
+		rep, err := p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		loadTook := time.Since(started)
+		if rep.Merged != pollRows {
+			b.Fatalf("first load merged %d rows, want %d", rep.Merged, pollRows)
+		}
+		loadRate := pollRows / loadTook.Seconds()
+
+		// (c) 10,000 updates, read with a 30-minute lookback.
+		if _, err := src.Exec(ctx, `UPDATE src_customers SET tier = 'gold', updated_at = timestamptz '2026-10-01 00:00+00' + customer_id * interval '1 millisecond'
+			WHERE customer_id % 100 = 0`); err != nil {
+			b.Fatal(err)
+		}
+		lookback := 30 * time.Minute
+		started = time.Now()
+		rep, err = p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC), Lookback: &lookback})
+		if err != nil {
+			b.Fatal(err)
+		}
+		incTook := time.Since(started)
+		if rep.Updated != pollRows/100 {
+			b.Fatalf("incremental run updated %d rows, want %d", rep.Updated, pollRows/100)
+		}
+
+		// (d) key reconciliation after 10 scattered hard deletes.
+		if _, err := src.Exec(ctx, `DELETE FROM src_customers WHERE customer_id IN (1, 99999, 200001, 333333, 456789, 500000, 654321, 777777, 888888, 1000000)`); err != nil {
+			b.Fatal(err)
+		}
+		k, err := reconcile.NewKeyReconciler(p.Mirror(), srcDSN, wh, reconcile.KeyOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		started = time.Now()
+		krep, err := k.Run(ctx, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		keysTook := time.Since(started)
+		if krep.Deleted != 10 {
+			b.Fatalf("key reconciliation found %d deletes, want 10", krep.Deleted)
+		}
+
+		// (e) the naive comparison: both full key lists.
+		started = time.Now()
+		naiveFound, naiveKeys := naiveKeyDiff(b, src, wh)
+		naiveTook := time.Since(started)
+		if naiveFound != 10 {
+			b.Fatalf("naive comparison found %d deletes, want 10", naiveFound)
+		}
+
+		b.ReportMetric(copyRate, "copy_rows/s")
+		b.ReportMetric(loadRate, "poll_rows/s")
+		b.ReportMetric(loadRate/copyRate, "poll/copy")
+		b.ReportMetric(loadRate/bothRate, "poll/copy_both")
+		b.ReportMetric(naiveTook.Seconds()/keysTook.Seconds(), "naive_keys/keys_time")
+		fmt.Fprintf(os.Stderr, `
+poll source, %d rows of about 150 bytes, fsync on:
+  (a)  COPY out of the source piped into COPY into the mirror   %8.0f rows/s  (%s)
+  (a') (a) plus the same rows as jsonb change rows into raw    %8.0f rows/s  (%s)
+  (b)  tidemark's first load (merge, raw change rows, ledger)  %8.0f rows/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f
+  (c) a run absorbing %d updates with a 30m lookback            %s
+  (d) key reconciliation, 10 deletes: %d ranges compared, %d keys transferred, %s
+  (e) naive full key lists: %d keys transferred, %s   (e)/(d) time = %.1fx, keys = %.0fx
+`, pollRows, copyRate, copyTook.Round(time.Millisecond), bothRate, (copyTook + rawTook).Round(time.Millisecond),
+			loadRate, loadTook.Round(time.Millisecond), loadRate/copyRate, loadRate/bothRate,
+			pollRows/100, incTook.Round(time.Millisecond),
+			krep.RangesCompared, krep.KeysTransferred, keysTook.Round(time.Millisecond),
+			naiveKeys, naiveTook.Round(time.Millisecond), naiveTook.Seconds()/keysTook.Seconds(),
+			float64(naiveKeys)/float64(max(krep.KeysTransferred, 1)))
+	}
+}
+
+func newBenchPoller(b *testing.B, whDSN, srcDSN string, wh *pgxpool.Pool) *ingest.Poller {
+	b.Helper()
+	cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  customers:
+    poll: {dsn: %q, table: src_customers, key: [customer_id], updated_at: updated_at, max_rows_per_run: 2000000}
+    mirror: {table: dw_customers}
+`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := ingest.NewPoller(cfg, "customers", wh, ingest.PollOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(p.Close)
+	return p
+}
+
+// pipeCopy copies the source table into a new mirror in baseDSN with COPY
+// TO STDOUT piped into COPY FROM STDIN, then the same rows as change rows
+// into raw.customers, and returns how long each took.
+func pipeCopy(b *testing.B, srcDSN, baseDSN string) (mirrorTook, rawTook time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	if _, err := migrate.Up(ctx, baseDSN, nil); err != nil {
+		b.Fatal(err)
+	}
+	src, err := pgx.Connect(ctx, srcDSN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close(ctx)
+	dst, err := pgx.Connect(ctx, baseDSN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Close(ctx)
+	if _, err := dst.Exec(ctx, baselineMirrorDDL); err != nil {
+		b.Fatal(err)
+	}
+	raw := ingest.NewChangeTable("customers", config.PartitionMonth)
+	if err := raw.Ensure(ctx, dst); err != nil {
+		b.Fatal(err)
+	}
+	months := []time.Time{time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}
+	if err := raw.EnsurePartitions(ctx, dst, raw.Missing(months)); err != nil {
+		b.Fatal(err)
+	}
+	pipe := func(out, in string) time.Duration {
+		started := time.Now()
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			_, err := src.PgConn().CopyTo(ctx, pw, out)
+			pw.CloseWithError(err)
+			done <- err
+		}()
+		tag, err := dst.PgConn().CopyFrom(ctx, pr, in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		if tag.RowsAffected() != pollRows {
+			b.Fatalf("copied %d rows, want %d", tag.RowsAffected(), pollRows)
+		}
+		return time.Since(started)
+	}
+	mirrorTook = pipe("COPY src_customers (customer_id, email, tier, note, updated_at) TO STDOUT",
+		"COPY dw_customers (customer_id, email, tier, note, updated_at) FROM STDIN")
+	rawTook = pipe(`COPY (SELECT customer_id::text, updated_at, now(), 'insert', 'public.src_customers', to_jsonb(s) FROM src_customers s) TO STDOUT`,
+		"COPY raw.customers (event_id, event_time, ingested_at, op, source_table, payload) FROM STDIN")
+	return mirrorTook, rawTook
+}
+
+// naiveKeyDiff reads every key of both tables in key order and merges the
+// lists; it returns the mirror keys missing at the source and how many
+// keys it read.
+func naiveKeyDiff(b *testing.B, src, wh *pgxpool.Pool) (found, read int64) {
+	b.Helper()
+	ctx := context.Background()
+	keys := func(pool *pgxpool.Pool, sql string) []int64 {
+		rows, err := pool.Query(ctx, sql)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ks, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			b.Fatal(err)
+		}
+		return ks
+	}
+	s := keys(src, "SELECT customer_id FROM src_customers ORDER BY 1")
+	m := keys(wh, "SELECT customer_id FROM dw_customers WHERE deleted_at IS NULL ORDER BY 1")
+	i := 0
+	for _, k := range m {
+		for i < len(s) && s[i] < k {
+			i++
+		}
+		if i >= len(s) || s[i] != k {
+			found++
+		}
+	}
+	return found, int64(len(s) + len(m))
+}
