@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,7 +31,7 @@ const (
 	// lockPollStateSQL locks the watermark row so two overlapping runs
 	// cannot both advance it, and computes the window's lower bound.
 	lockPollStateSQL = `
-SELECT high_watermark, high_watermark - $2::interval
+SELECT high_watermark, high_watermark - $2::bigint * interval '1 microsecond'
 FROM tidemark.poll_watermarks WHERE source = $1 FOR UPDATE`
 
 	// advancePollSQL moves the watermark to the newest updated_at read,
@@ -56,14 +58,14 @@ ON CONFLICT (source) DO UPDATE SET
     event_time_watermark = greatest(w.event_time_watermark, EXCLUDED.event_time_watermark),
     updated_at = EXCLUDED.updated_at`
 
-	sourceUpperSQL = `SELECT now() - $1::interval`
+	sourceUpperSQL = `SELECT now() - $1::bigint * interval '1 microsecond'`
 
 	createPollStageSQL = `
 CREATE TEMP TABLE IF NOT EXISTS tidemark_poll_stage (
-    tm_key      text        NOT NULL,
-    tm_time     timestamptz NOT NULL,
-    tm_deleted  boolean     NOT NULL,
-    tm_payload  jsonb       NOT NULL
+    tidemark_key      text        NOT NULL,
+    tidemark_time     timestamptz NOT NULL,
+    tidemark_deleted  boolean     NOT NULL,
+    tidemark_payload  jsonb       NOT NULL
 ) ON COMMIT DELETE ROWS`
 	truncatePollStageSQL = `TRUNCATE pg_temp.tidemark_poll_stage`
 
@@ -73,36 +75,40 @@ CREATE TEMP TABLE IF NOT EXISTS tidemark_poll_stage (
 	// %[7]s the ordering. Bounds are literals: DECLARE takes no parameters.
 	pollCursorSQL = `
 DECLARE tidemark_poll NO SCROLL CURSOR FOR
-SELECT %[3]s, %[2]s, %[4]s, to_jsonb(s)
-FROM %[1]s AS s
+SELECT %[3]s, %[2]s, %[4]s, to_jsonb(tidemark_src.*)
+FROM %[1]s AS tidemark_src
 WHERE %[5]s AND %[6]s
 ORDER BY %[7]s`
 	fetchPollSQL = `FETCH FORWARD %d FROM tidemark_poll`
 
 	// mergeChunkSQL merges the staged chunk into the mirror: new keys are
 	// inserted, existing ones updated only when the incoming updated_at is
-	// newer (so re-reads change nothing), and every row that changed is
+	// newer, or equal with other values (a second write within the same
+	// timestamp), or when the stored row is flagged deleted but the source
+	// has it again; so re-reads change nothing, and every row that changed is
 	// recorded as a raw change row. It returns the changes per operation
 	// and UTC hour of event time, plus the number of rows merged. %[1]s
 	// mirror, %[2]s column list, %[3]s key list, %[4]s SET list, %[5]s
 	// updated_at column, %[6]s raw table, %[7]s loaded-at column, %[8]s
-	// deleted-at column, %[9]s join of merged and incoming on the key.
+	// deleted-at column, %[9]s join of merged and incoming on the key,
+	// %[10]s the test that the incoming row differs from the stored one.
 	mergeChunkSQL = `
 WITH incoming AS (
-    SELECT s.tm_key, s.tm_time, s.tm_deleted, s.tm_payload, r.*
+    SELECT s.tidemark_key, s.tidemark_time, s.tidemark_deleted, s.tidemark_payload, r.*
     FROM pg_temp.tidemark_poll_stage s
-    CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.tm_payload) AS r
+    CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.tidemark_payload) AS r
 ), merged AS (
     INSERT INTO %[1]s AS t (%[2]s, %[7]s, %[8]s)
     SELECT %[2]s, $1::timestamptz, NULL FROM incoming
     ON CONFLICT (%[3]s) DO UPDATE SET %[4]s
-    WHERE EXCLUDED.%[5]s > t.%[5]s
+    WHERE EXCLUDED.%[5]s > t.%[5]s OR t.%[8]s IS NOT NULL
+       OR (EXCLUDED.%[5]s = t.%[5]s AND %[10]s)
     RETURNING %[3]s, (xmax = 0) AS inserted
 ), changes AS (
     INSERT INTO %[6]s (event_id, event_time, ingested_at, op, source_table, payload)
-    SELECT i.tm_key, i.tm_time, $1::timestamptz,
-           CASE WHEN i.tm_deleted THEN 'delete' WHEN m.inserted THEN 'insert' ELSE 'update' END,
-           $2, i.tm_payload
+    SELECT i.tidemark_key, i.tidemark_time, $1::timestamptz,
+           CASE WHEN i.tidemark_deleted THEN 'delete' WHEN m.inserted THEN 'insert' ELSE 'update' END,
+           $2, i.tidemark_payload
     FROM merged m JOIN incoming i ON %[9]s
     ON CONFLICT DO NOTHING
     RETURNING op, event_time
@@ -116,6 +122,10 @@ SELECT 'merged', NULL, count(*), NULL, NULL FROM merged`
 // ErrPollSource means a poll source cannot be loaded as configured; the
 // message names the configuration key.
 var ErrPollSource = errors.New("poll source")
+
+// errSourceChanged means the source table's columns changed since the
+// poller described it; the run is repeated after the mirror follows.
+var errSourceChanged = errors.New("the source table's columns changed")
 
 // PollOptions customise a Poller.
 type PollOptions struct {
@@ -141,6 +151,7 @@ type Poller struct {
 
 	mu       sync.Mutex // one run at a time per Poller
 	conn     *pgx.Conn  // the source connection, reopened after errors
+	ddl      *pgx.Conn  // a warehouse connection outside the pool, for raw partitions
 	prepared bool
 	zone     string // time zone of a timestamp-without-time-zone updated_at
 	soft     string // SQL testing the soft-delete column, or "false"
@@ -183,12 +194,30 @@ func (p *Poller) Close() {
 }
 
 func (p *Poller) closeConn() {
-	if p.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = p.conn.Close(ctx)
-		cancel()
-		p.conn = nil
+	for _, c := range []**pgx.Conn{&p.conn, &p.ddl} {
+		if *c != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = (*c).Close(ctx)
+			cancel()
+			*c = nil
+		}
 	}
+}
+
+// ddlConn returns the poller's own warehouse connection for creating raw
+// partitions during a run. It is not taken from the pool: a run already
+// holds a pool connection for its transaction, and runs of several sources
+// each waiting for a second one could exhaust the pool.
+func (p *Poller) ddlConn(ctx context.Context) (*pgx.Conn, error) {
+	if p.ddl != nil && !p.ddl.IsClosed() {
+		return p.ddl, nil
+	}
+	conn, err := pgx.ConnectConfig(ctx, p.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("warehouse connection for raw partitions: %w", err)
+	}
+	p.ddl = conn
+	return conn, nil
 }
 
 func (p *Poller) source(ctx context.Context) (*pgx.Conn, error) {
@@ -253,7 +282,7 @@ func (p *Poller) checkColumns() error {
 	switch {
 	case !ok:
 		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s has no column %s", ErrPollSource, name, p.table.Source.Sanitize(), cfg.UpdatedAt)
-	case c.Type == "timestamp with time zone":
+	case strings.HasPrefix(c.Type, "timestamp") && strings.HasSuffix(c.Type, "with time zone") && !strings.HasSuffix(c.Type, "without time zone"):
 		if cfg.TimeZone != "" {
 			return fmt.Errorf("%w: sources.%s.poll.time_zone: %s is timestamptz, which carries its zone; remove time_zone",
 				ErrPollSource, name, cfg.UpdatedAt)
@@ -269,10 +298,20 @@ func (p *Poller) checkColumns() error {
 		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s is %s; it must be a timestamptz (or a timestamp with time_zone)",
 			ErrPollSource, name, cfg.UpdatedAt, c.Type)
 	}
+	if !c.NotNull {
+		p.log.Warn("the updated_at column may be NULL; rows where it is NULL are never loaded (tidemark keys counts them as not in the mirror)",
+			"column", cfg.UpdatedAt)
+	}
+	for _, reserved := range []string{"tidemark_src", "tidemark_key", "tidemark_time", "tidemark_deleted", "tidemark_payload"} {
+		if _, clash := p.table.Column(reserved); clash {
+			return fmt.Errorf("%w: sources.%s.poll.table: %s has a column %s, a name tidemark reserves while loading; rename it or load a view",
+				ErrPollSource, name, p.table.Source.Sanitize(), reserved)
+		}
+	}
 	p.soft = "false"
 	if cfg.SoftDelete != "" {
 		sd, ok := p.table.Column(cfg.SoftDelete)
-		col := "s." + quote(cfg.SoftDelete)
+		col := "tidemark_src." + quote(cfg.SoftDelete)
 		switch {
 		case !ok:
 			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s has no column %s", ErrPollSource, name, p.table.Source.Sanitize(), cfg.SoftDelete)
@@ -326,6 +365,12 @@ func (p *Poller) RunOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	defer p.mu.Unlock()
 	start := time.Now()
 	rep, err := p.runOnce(ctx, run)
+	if errors.Is(err, errSourceChanged) || errors.Is(err, errMissingPartition) {
+		// Once the mirror has the new columns, or the partition cache is
+		// dropped, the same window loads.
+		p.log.Info("repeating the run", "reason", err)
+		rep, err = p.runOnce(ctx, run)
+	}
 	p.m.observe(p.src.Name, rep, err, time.Since(start), p.now())
 	if err != nil {
 		if ctx.Err() == nil && (p.conn == nil || p.conn.IsClosed() || !errors.Is(err, ErrPollSource)) {
@@ -360,24 +405,24 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 
 	wh, err := p.pool.Acquire(ctx)
 	if err != nil {
-		return rep, err
+		return rep, fmt.Errorf("warehouse: %w", err)
 	}
 	defer wh.Release()
 	tx, err := wh.Begin(ctx)
 	if err != nil {
-		return rep, err
+		return rep, fmt.Errorf("warehouse: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	for k, v := range mirror.SessionParams {
 		if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", k, v); err != nil {
-			return rep, err
+			return rep, fmt.Errorf("warehouse: %w", err)
 		}
 	}
 	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("warehouse: %w", err)
 	}
 	var hw, low pgtype.Timestamptz
-	if err := tx.QueryRow(ctx, lockPollStateSQL, p.src.Name, lookback.String()).Scan(&hw, &low); err != nil {
+	if err := tx.QueryRow(ctx, lockPollStateSQL, p.src.Name, lookback.Microseconds()).Scan(&hw, &low); err != nil {
 		return rep, fmt.Errorf("lock the watermark: %w", err)
 	}
 	if hw.InfinityModifier == pgtype.Finite {
@@ -398,7 +443,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	defer func() { _ = stx.Rollback(context.WithoutCancel(ctx)) }()
 	upper := run.Upper
 	if upper.IsZero() {
-		if err := stx.QueryRow(ctx, sourceUpperSQL, cfg.SafetyLag.D().String()).Scan(&upper); err != nil {
+		if err := stx.QueryRow(ctx, sourceUpperSQL, cfg.SafetyLag.D().Microseconds()).Scan(&upper); err != nil {
 			return rep, fmt.Errorf("source clock: %w", err)
 		}
 	}
@@ -406,8 +451,18 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	if _, err := stx.Exec(ctx, p.cursorSQL(low, upper)); err != nil {
 		return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
 	}
-	if _, err := tx.Exec(ctx, createPollStageSQL); err != nil {
+	// The cursor holds a lock on the table until the end of the
+	// transaction, so its columns cannot change under the run; but they
+	// may have changed since the poller described them, and a column
+	// missing from the mirror would be dropped from the rows silently.
+	if changed, err := p.table.SourceChanged(ctx, stx.Conn()); err != nil {
 		return rep, err
+	} else if changed {
+		p.prepared = false
+		return rep, errSourceChanged
+	}
+	if _, err := tx.Exec(ctx, createPollStageSQL); err != nil {
+		return rep, fmt.Errorf("staging table: %w", err)
 	}
 
 	var (
@@ -426,6 +481,11 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 			return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), res.err)
 		}
 		chunk, stop := res.rows, false
+		if rep.Chunks == 0 && len(chunk) > 0 && !p.sameShape(chunk[0].payload) {
+			// Every row of the cursor has the shape of the first.
+			p.prepared = false
+			return rep, errSourceChanged
+		}
 		// Rows come in (updated_at, key) order. After the row limit is
 		// reached, the rows sharing the last updated_at are still taken,
 		// so that the watermark never splits a timestamp.
@@ -471,9 +531,11 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	}
 	if after.InfinityModifier == pgtype.Finite {
 		rep.Watermark = after.Time
-		wm := after.Time.Add(-p.src.Watermark.OutOfOrderness.D())
+		// Rows found through the lookback may be that much older than
+		// the watermark.
+		wm := after.Time.Add(-max(p.src.Watermark.OutOfOrderness.D(), lookback))
 		if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.src.Name, wm, ingestedAt); err != nil {
-			return rep, err
+			return rep, fmt.Errorf("store the event-time watermark: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -483,10 +545,27 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	return rep, nil
 }
 
+// sameShape reports whether a row read from the source has exactly the
+// columns the poller described: to_jsonb of a row of a table altered since
+// (even between the start of the run's snapshot and the cursor) has other
+// keys, which the merge would drop or set to NULL.
+func (p *Poller) sameShape(payload []byte) bool {
+	var row map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &row); err != nil || len(row) != len(p.table.Columns) {
+		return false
+	}
+	for _, c := range p.table.Columns {
+		if _, ok := row[c.Name]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // cursorSQL declares the cursor over (low, upper]. The bounds become
 // literals in the column's own type, so the source can use an index on it.
 func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time) string {
-	col := "s." + quote(p.src.Poll.UpdatedAt)
+	col := "tidemark_src." + quote(p.src.Poll.UpdatedAt)
 	lowLit := "'-infinity'::timestamptz"
 	if low.InfinityModifier == pgtype.Finite {
 		lowLit = tsLiteral(low.Time)
@@ -501,9 +580,9 @@ func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time) string {
 	}
 	order := []string{col}
 	for _, k := range p.table.Key {
-		order = append(order, "s."+quote(k))
+		order = append(order, "tidemark_src."+quote(k))
 	}
-	return fmt.Sprintf(pollCursorSQL, p.table.Source.Sanitize(), asTZ, mirror.KeyText("s", p.table.Key), p.soft,
+	return fmt.Sprintf(pollCursorSQL, p.table.Source.Sanitize(), asTZ, mirror.KeyText("tidemark_src", p.table.Key), p.soft,
 		col+" > "+lowLit, col+" <= "+upLit, strings.Join(order, ", "))
 }
 
@@ -528,7 +607,23 @@ func (p *Poller) mergeSQL() string {
 	}
 	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), mirror.QuoteAll(t.Key),
 		strings.Join(sets, ", "), quote(p.src.Poll.UpdatedAt), p.raw.Ident(), quote(t.LoadedColumn), quote(t.DeletedColumn),
-		strings.Join(join, " AND "))
+		strings.Join(join, " AND "), rowJSON("t", t.Columns)+" IS DISTINCT FROM "+rowJSON("EXCLUDED", t.Columns))
+}
+
+// rowJSON is a jsonb of the source columns of the row alias, for comparing
+// rows whatever their column types (json and others have no equality).
+// jsonb_build_object takes at most 100 arguments, so wide rows are built in
+// parts and concatenated.
+func rowJSON(alias string, cols []mirror.Column) string {
+	var parts []string
+	for i := 0; i < len(cols); i += 50 {
+		var args []string
+		for _, c := range cols[i:min(i+50, len(cols))] {
+			args = append(args, "'"+strings.ReplaceAll(c.Name, "'", "''")+"'", alias+"."+quote(c.Name))
+		}
+		parts = append(parts, "jsonb_build_object("+strings.Join(args, ", ")+")")
+	}
+	return "(" + strings.Join(parts, " || ") + ")"
 }
 
 // chunkResult is one fetched chunk, or the error that ended reading.
@@ -578,7 +673,7 @@ func fetchChunk(ctx context.Context, stx pgx.Tx, n int) ([]pollRow, error) {
 	})
 }
 
-var pollStageColumns = []string{"tm_key", "tm_time", "tm_deleted", "tm_payload"}
+var pollStageColumns = []string{"tidemark_key", "tidemark_time", "tidemark_deleted", "tidemark_payload"}
 
 // mergeChunk stages one chunk and merges it, creating the raw partitions
 // its event times need first (on another connection: DDL must not run in
@@ -589,18 +684,16 @@ func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk [
 		times[i] = r.time
 	}
 	if missing := p.raw.Missing(times); len(missing) > 0 {
-		ddl, err := p.pool.Acquire(ctx)
+		ddl, err := p.ddlConn(ctx)
 		if err != nil {
 			return err
 		}
-		err = p.raw.EnsurePartitions(ctx, ddl.Conn(), missing)
-		ddl.Release()
-		if err != nil {
+		if err := p.raw.EnsurePartitions(ctx, ddl, missing); err != nil {
 			return err
 		}
 	}
 	if _, err := tx.Exec(ctx, truncatePollStageSQL); err != nil {
-		return err
+		return fmt.Errorf("staging table: %w", err)
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark_poll_stage"}, pollStageColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
 		r := &chunk[i]
@@ -611,7 +704,7 @@ func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk [
 	}
 	rows, err := tx.Query(ctx, stmt, ingestedAt, p.table.Source.Sanitize())
 	if err != nil {
-		return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
+		return p.mergeError(err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -638,9 +731,21 @@ func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk [
 		buckets.add(bucket.Time, n, min.Time, max.Time)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
+		return p.mergeError(err)
 	}
 	return nil
+}
+
+// mergeError explains a failed merge. A raw partition dropped by an
+// operator since this process saw it is forgotten, so that the repeated
+// run creates it again.
+func (p *Poller) mergeError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && isMissingPartition(pgErr) {
+		p.raw.Forget()
+		return fmt.Errorf("%w: %w", errMissingPartition, err)
+	}
+	return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
 }
 
 // ledgerBuckets gathers a load's ledger rows by UTC hour of event time.

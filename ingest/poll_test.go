@@ -459,3 +459,139 @@ func TestPollCreatesPartitionsMidRun(t *testing.T) {
 		t.Errorf("raw change rows: %d, want 60", n)
 	}
 }
+
+// TestPollEdgeCases covers writes the merge must not miss and source
+// shapes it must accept; each case runs against a fresh source.
+func TestPollEdgeCases(t *testing.T) {
+	const base = `INSERT INTO src_customers VALUES (1, 'a@example.com', 'free', '2026-10-05 09:00+00'), (2, 'b@example.com', 'free', '2026-10-05 09:30+00')`
+	hour := time.Hour
+	tests := []struct {
+		name  string
+		ddl   string   // source table; customersDDL when empty
+		extra string   // poll keys
+		steps []string // source statements, each followed by a run with a one-hour lookback
+		check string   // warehouse query returning 1 when the outcome is right
+	}{
+		{"second write with the same updated_at", "", "", []string{base, `UPDATE src_customers SET tier = 'pro' WHERE customer_id = 1`},
+			`SELECT count(*) FROM dw_customers WHERE customer_id = 1 AND tier = 'pro'`},
+		{"column added while running", "", "", []string{base, `ALTER TABLE src_customers ADD COLUMN country text;
+			INSERT INTO src_customers VALUES (3, 'c@example.com', 'free', '2026-10-05 09:45+00', 'NO')`},
+			`SELECT count(*) FROM dw_customers WHERE customer_id = 3 AND country = 'NO'`},
+		{"column dropped while running keeps the mirror's values", "", "", []string{base, `ALTER TABLE src_customers DROP COLUMN email;
+			UPDATE src_customers SET tier = 'pro', updated_at = '2026-10-05 09:50+00' WHERE customer_id = 1`},
+			`SELECT count(*) FROM dw_customers WHERE customer_id = 1 AND tier = 'pro' AND email = 'a@example.com'`},
+		{"timestamptz with a precision", `CREATE TABLE src_customers (customer_id bigint PRIMARY KEY, email text NOT NULL,
+			tier text NOT NULL, updated_at timestamptz(3) NOT NULL)`, "", []string{base},
+			`SELECT count(*) / 2 FROM dw_customers`},
+		{"sub-millisecond lookback", "", "lookback: 250us\nsafety_lag: 1us", []string{base},
+			`SELECT count(*) / 2 FROM dw_customers`},
+		{"columns named like the query's aliases", `CREATE TABLE src_customers (customer_id bigint PRIMARY KEY, s text, r text, t text,
+			updated_at timestamptz NOT NULL)`, "", []string{`INSERT INTO src_customers VALUES (1, 's', 'r', 't', '2026-10-05 09:00+00')`},
+			`SELECT count(*) FROM dw_customers WHERE s = 's' AND r = 'r' AND t = 't'`},
+		{"json column and an unchanged re-read", `CREATE TABLE src_customers (customer_id bigint PRIMARY KEY, doc json,
+			updated_at timestamptz NOT NULL)`, "", []string{`INSERT INTO src_customers VALUES (1, '{"a": 1}', '2026-10-05 09:00+00')`, ``},
+			`SELECT count(*) FROM raw.customers WHERE op = 'insert'`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ddl := tt.ddl
+			if ddl == "" {
+				ddl = customersDDL
+			}
+			e := newPollEnv(t, ddl)
+			p := e.poller(tt.extra)
+			for _, sql := range tt.steps {
+				if sql != "" {
+					e.srcExec(sql)
+				}
+				e.run(p, "2026-10-05 12:00", &hour)
+			}
+			if n := e.int(tt.check); n != 1 {
+				t.Errorf("%s = %d, want 1", tt.check, n)
+			}
+		})
+	}
+}
+
+// TestPollFlaggedRowReturns: a row flagged deleted (by key
+// reconciliation) that exists at the source again is unflagged even when
+// its updated_at did not change.
+func TestPollFlaggedRowReturns(t *testing.T) {
+	e := newPollEnv(t, customersDDL)
+	e.srcExec(`INSERT INTO src_customers VALUES (1, 'a@example.com', 'free', '2026-10-05 09:00+00')`)
+	p := e.poller("lookback: 24h")
+	e.run(p, "2026-10-05 12:00", nil)
+	if _, err := e.wh.Exec(e.ctx, `UPDATE dw_customers SET deleted_at = '2026-10-05 11:00+00'`); err != nil {
+		t.Fatal(err)
+	}
+	e.run(p, "2026-10-05 12:00", nil)
+	if n := e.int("SELECT count(*) FROM dw_customers WHERE deleted_at IS NULL"); n != 1 {
+		t.Errorf("the row is still flagged deleted")
+	}
+}
+
+// TestPollDroppedPartition: a raw partition dropped by an operator is
+// created again by the next run.
+func TestPollDroppedPartition(t *testing.T) {
+	e := newPollEnv(t, customersDDL)
+	e.srcExec(`INSERT INTO src_customers VALUES (1, 'a@example.com', 'free', '2026-10-05 09:00+00')`)
+	p := e.poller("")
+	e.run(p, "2026-10-05 12:00", nil)
+	if _, err := e.wh.Exec(e.ctx, `DROP TABLE raw.customers_p202610`); err != nil {
+		t.Fatal(err)
+	}
+	e.srcExec(`INSERT INTO src_customers VALUES (2, 'b@example.com', 'free', '2026-10-05 10:00+00')`)
+	e.run(p, "2026-10-05 12:00", nil)
+	if n := e.int("SELECT count(*) FROM raw.customers"); n != 1 {
+		t.Errorf("raw change rows after the partition was dropped and recreated: %d, want 1", n)
+	}
+}
+
+// TestPollSmallPool: runs of several sources on a pool of one connection
+// each create raw partitions without waiting for a second pool connection.
+func TestPollSmallPool(t *testing.T) {
+	e := newPollEnv(t, customersDDL)
+	e.srcExec(`INSERT INTO src_customers SELECT i, 'c' || i || '@example.com', 'free',
+		timestamptz '2026-01-01 00:00+00' + i * interval '1 day' FROM generate_series(1, 200) AS i`)
+	pc, err := pgxpool.ParseConfig(e.whDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(e.ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(e.ctx, 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, name := range []string{"one", "two"} {
+		yaml := fmt.Sprintf(`warehouse: {dsn: %q}
+sources:
+  %s:
+    poll: {dsn: %q, table: src_customers, key: [customer_id], updated_at: updated_at, chunk_rows: 20}
+    mirror: {table: dw_%s}
+`, e.whDSN, name, e.srcDSN, name)
+		cfg, err := config.Parse("t.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := ingest.NewPoller(cfg, name, pool, ingest.PollOptions{Now: e.clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := p.RunOnce(ctx, ingest.PollRun{Upper: ts("2027-01-01 00:00")}); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := e.int("SELECT (SELECT count(*) FROM raw.one) + (SELECT count(*) FROM raw.two)"); n != 400 {
+		t.Errorf("raw change rows %d, want 400", n)
+	}
+}

@@ -37,7 +37,7 @@ func newPollMetrics(reg prometheus.Registerer) *pollMetrics {
 		}, []string{"source", "result"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tidemark_poll_run_seconds",
-			Help:    "Duration of successful poll runs, from locking the watermark to the commit.",
+			Help:    "Duration of successful poll runs, from the checks of the source at a first run to the commit.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
 		}, []string{"source"}),
 		watermark: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -70,7 +70,8 @@ func newPollMetrics(reg prometheus.Registerer) *pollMetrics {
 }
 
 // shared registers c, or returns the equal collector registered before
-// (the pollers of several sources share one registry).
+// (the pollers of several sources share one registry). A registration
+// that fails otherwise leaves c unregistered: metrics never stop a load.
 func shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	if err := reg.Register(c); err != nil {
 		var are prometheus.AlreadyRegisteredError
@@ -79,7 +80,6 @@ func shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 				return existing
 			}
 		}
-		panic(err)
 	}
 	return c
 }

@@ -164,6 +164,26 @@ func readColumns(ctx context.Context, conn *pgx.Conn, table pgx.Identifier) ([]C
 	})
 }
 
+// SourceChanged reports whether the source table's columns (names and
+// types, in order) differ from those Describe read. Inside a transaction
+// that has read the table, the answer holds until the transaction ends:
+// ALTER TABLE waits for the transaction's lock.
+func (t *Table) SourceChanged(ctx context.Context, src *pgx.Conn) (bool, error) {
+	cols, err := readColumns(ctx, src, t.Source)
+	if err != nil {
+		return false, fmt.Errorf("mirror %s: read source columns: %w", t.Name, err)
+	}
+	if len(cols) != len(t.Columns) {
+		return true, nil
+	}
+	for i, c := range cols {
+		if c.Name != t.Columns[i].Name || c.Type != t.Columns[i].Type {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // Ensure makes the mirror match the source described by Describe: it
 // creates the table when missing, adds columns the source has gained, and
 // fails when a column's type differs or the key is not the mirror's

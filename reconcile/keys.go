@@ -901,7 +901,7 @@ func (s *keySide) unnest(first int) (args, aliases, match string) {
 
 func (s *keySide) absent() string {
 	args, aliases, match := s.unnest(2)
-	return fmt.Sprintf(keyAbsentSQL, s.table, "$1::text[], "+args, aliases, match, s.keyText)
+	return fmt.Sprintf(keyAbsentSQL, s.table, "$1::text[], "+args, aliases, match)
 }
 
 // remove flags (soft) or deletes (hard) the mirror rows of the given keys.

@@ -130,16 +130,16 @@ WHERE %[2]s
 ORDER BY %[3]s`
 
 	// keyAbsentSQL returns the keys, of those given as arrays ($1 key
-	// texts, $2.. one text array per key column), that the table lacks:
-	// looked up by the key columns (the key's index) and compared by key
-	// text. %[1]s table, %[2]s unnest arguments, %[3]s column aliases,
-	// %[4]s the match of m against u, %[5]s key text.
+	// texts, $2.. one text array per key column), that the table lacks,
+	// looked up by the typed key columns (the key's index). Only a typed
+	// match counts: a key whose text differs between the two servers
+	// (float output, a locale-dependent type) is still found, so it can
+	// never be taken for a delete. %[1]s table, %[2]s unnest arguments,
+	// %[3]s column aliases, %[4]s the match of m against u.
 	keyAbsentSQL = `
 SELECT u.tm_key
 FROM unnest(%[2]s) AS u (tm_key, %[3]s)
-WHERE NOT EXISTS (
-    SELECT 1 FROM %[1]s AS m
-    WHERE %[4]s AND (%[5]s) COLLATE "C" = u.tm_key)`
+WHERE NOT EXISTS (SELECT 1 FROM %[1]s AS m WHERE %[4]s)`
 
 	// keyEnsureStateSQL and keyLockStateSQL lock the source's poll
 	// watermark row, so applying cannot interleave with a poll run of the

@@ -505,22 +505,42 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer pool.Close()
 	log := logger(cfg, stderr)
-	// Preparing the poller checks the source table and creates the mirror
-	// if it is missing, as `tidemark run` does.
-	p, err := ingest.NewPoller(cfg, *name, pool, ingest.PollOptions{Logger: log, Now: serviceClock})
+	t, err := mirror.FromConfig(cfg.Sources[*name])
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure
 	}
-	defer p.Close()
-	if err := p.Prepare(ctx); err != nil {
-		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
-		if errors.Is(err, ingest.ErrPollSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
-			return exitUsage
+	if *dryRun {
+		// A dry run changes nothing, not even the mirror's shape: the
+		// mirror must exist already.
+		var exists bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t.Target.Sanitize()).Scan(&exists); err != nil {
+			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+			return exitFailure
 		}
-		return exitFailure
+		if !exists {
+			fmt.Fprintf(stderr, "tidemark keys: the mirror %s does not exist yet; run `tidemark poll --once --source %s` first\n", t.Target.Sanitize(), *name)
+			return exitFailure
+		}
+	} else {
+		// Preparing the poller checks the source table and creates or
+		// extends the mirror, as `tidemark run` does.
+		p, err := ingest.NewPoller(cfg, *name, pool, ingest.PollOptions{Logger: log, Now: serviceClock})
+		if err != nil {
+			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+			return exitFailure
+		}
+		defer p.Close()
+		if err := p.Prepare(ctx); err != nil {
+			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+			if errors.Is(err, ingest.ErrPollSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
+				return exitUsage
+			}
+			return exitFailure
+		}
+		t = p.Mirror()
 	}
-	k, err := reconcile.NewKeyReconciler(p.Mirror(), cfg.Sources[*name].Poll.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock})
+	k, err := reconcile.NewKeyReconciler(t, cfg.Sources[*name].Poll.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure

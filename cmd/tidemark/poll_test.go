@@ -193,6 +193,14 @@ func TestKeysCommand(t *testing.T) {
 	if flat := strings.Join(strings.Fields(out), " "); !strings.Contains(flat, "98 source keys, 100 mirror keys") || !strings.Contains(flat, "2 missing at the source (soft, 2 applied)") {
 		t.Errorf("status does not show the key reconciliation:\n%s", out)
 	}
+	// A dry run against a warehouse without the mirror changes nothing.
+	fresh, _, wh2 := pollSetup(t, 10)
+	if code, _, errOut := invoke(t, "keys", "-c", fresh, "--source", "customers", "--dry-run"); code != exitFailure || !strings.Contains(errOut, "does not exist yet") {
+		t.Errorf("keys --dry-run without a mirror: exit %d, %s", code, errOut)
+	}
+	if got := scalar(t, wh2, "SELECT (to_regclass('public.dw_customers') IS NULL AND to_regclass('raw.customers') IS NULL)::text"); got != "true" {
+		t.Errorf("a dry run created the mirror or the raw table")
+	}
 	if code, _, errOut := invoke(t, "keys", "-c", cfg, "--source", "nope"); code != exitUsage || !strings.Contains(errOut, `--source: "nope" is not a poll source`) {
 		t.Errorf("keys --source nope: exit %d, %s", code, errOut)
 	}
