@@ -73,7 +73,7 @@ func TestAggregateErrors(t *testing.T) {
 		{"semicolon", "GROUP BY 1\n", "GROUP BY 1;\n", "aggregates.daily_sales.sql: must be one SELECT without a trailing semicolon"},
 		{"placeholder", "{{partition}} AS", "{{part}} AS", "aggregates.daily_sales.sql: unknown placeholder {{part}}"},
 		{"reconcile interval", "aggregates:\n", "reconcile: {every: 10ms}\naggregates:\n", "reconcile.every: must be at least 1s"},
-		{"both kinds", "    table: {name: partner.sales", "    kafka: {topics: [u]}\n    table: {name: partner.sales", "sources.partner: has more than one of the kafka, table and poll blocks"},
+		{"both kinds", "    table: {name: partner.sales", "    kafka: {topics: [u]}\n    table: {name: partner.sales", "sources.partner: has more than one of the kafka, table, poll and cdc blocks"},
 		{"table name", "name: partner.sales", "name: partner.sales.x", "sources.partner.table.name: must be a table name"},
 		{"key", "key: [id]", "key: []", "sources.partner.table.key: at least one key column is required"},
 		{"time column", "ingested_at: loaded_at", "ingested_at: Loaded At", "sources.partner.table.ingested_at: must name a timestamptz column"},

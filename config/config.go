@@ -116,7 +116,10 @@ type Source struct {
 	Table *TableSource `yaml:"table"`
 	// Poll is a source table loaded by updated_at watermark into Mirror.
 	Poll *PollSource `yaml:"poll"`
-	// Mirror is the warehouse copy of a poll source's table.
+	// CDC is a set of tables of another PostgreSQL database read through
+	// logical replication into mirrors.
+	CDC *CDCSource `yaml:"cdc"`
+	// Mirror is the warehouse copy of a poll or CDC source's tables.
 	Mirror *Mirror `yaml:"mirror"`
 
 	EventID           string   `yaml:"event_id"`            // JSON pointer
@@ -338,6 +341,7 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
 		}
 		s.Name = name
 		c.applyPollDefaults(s)
+		c.applyCDCDefaults(s)
 		if s.EventTimeFormat == "" {
 			s.EventTimeFormat = TimeAuto
 		}
@@ -404,21 +408,27 @@ func (c *Config) validate(ix *index) {
 			continue
 		}
 		kinds := 0
-		for _, set := range []bool{s.Kafka != nil, s.Table != nil, s.Poll != nil} {
+		for _, set := range []bool{s.Kafka != nil, s.Table != nil, s.Poll != nil, s.CDC != nil} {
 			if set {
 				kinds++
 			}
 		}
 		if s.Mirror != nil {
-			if s.Poll == nil {
-				ix.add(p+".mirror", "applies to poll sources only")
-			} else {
+			switch {
+			case s.Poll != nil:
+				if s.Mirror.Schema != "" {
+					ix.add(p+".mirror.schema", "applies to CDC sources; a poll source's mirror is mirror.table")
+				}
 				validateMirror(ix, p, s.Mirror, mirrors)
+			case s.CDC != nil:
+				validateCDCMirror(ix, p, s, mirrors)
+			default:
+				ix.add(p+".mirror", "applies to poll and CDC sources only")
 			}
 		}
 		switch {
 		case kinds > 1:
-			ix.add(p, "has more than one of the kafka, table and poll blocks; a source reads one")
+			ix.add(p, "has more than one of the kafka, table, poll and cdc blocks; a source reads one")
 			continue
 		case s.Table != nil:
 			validateTableSource(ix, p, s)
@@ -427,8 +437,12 @@ func (c *Config) validate(ix *index) {
 			validatePollSource(ix, p, s)
 			oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
 			continue
+		case s.CDC != nil:
+			validateCDCSource(ix, p, s)
+			oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
+			continue
 		case s.Kafka == nil:
-			ix.add(p, "needs a kafka block (kafka: {topics: [...]}), a poll block or a table block")
+			ix.add(p, "needs a kafka block (kafka: {topics: [...]}), a poll block, a cdc block or a table block")
 			continue
 		}
 		usesKafka = true

@@ -61,6 +61,9 @@ type Mirror struct {
 	// Table is "name" (schema public) or "schema.name"; created from the
 	// source's columns when missing.
 	Table string `yaml:"table"`
+	// Schema holds the mirrors of a CDC source, named like the source
+	// tables; default public (CDC sources only).
+	Schema string `yaml:"schema"`
 	// Deletes is what happens to a row found deleted at the source:
 	// soft (default) sets DeletedColumn and keeps the row; hard removes it.
 	Deletes string `yaml:"deletes"`
@@ -170,6 +173,30 @@ func validatePollSource(ix *index, p string, s *Source) {
 	}
 	if s.Watermark.OutOfOrderness < 0 {
 		ix.add(p+".watermark.out_of_orderness", "must not be negative")
+	}
+}
+
+// validateCDCMirror checks the mirror keys of a CDC source; the mirror
+// tables themselves come from cdc.tables.
+func validateCDCMirror(ix *index, p string, s *Source, tables map[string]string) {
+	m := s.Mirror
+	oneOf(ix, p+".mirror.deletes", m.Deletes, DeletesSoft, DeletesHard)
+	if !identRe.MatchString(m.DeletedColumn) {
+		ix.add(p+".mirror.deleted_column", "%q is not a column name", m.DeletedColumn)
+	}
+	if !identRe.MatchString(m.LoadedColumn) || m.LoadedColumn == m.DeletedColumn {
+		ix.add(p+".mirror.loaded_column", "must be a column name other than mirror.deleted_column")
+	}
+	if m.Table != "" && !ValidTableName(m.Table) {
+		ix.add(p+".mirror.table", "must be a table name such as dw_customers, got %q", m.Table)
+		return
+	}
+	for _, target := range s.MirrorTables() {
+		schema, name := SplitTable(target)
+		if other := tables[schema+"."+name]; other != "" {
+			ix.add(p+".mirror", "table %s.%s is already used by %s", schema, name, other)
+		}
+		tables[schema+"."+name] = p
 	}
 }
 

@@ -60,7 +60,7 @@ func TestPollErrors(t *testing.T) {
 		{"deletes", "key_reconcile_every: 1h", "deletes: maybe", `sources.customers.mirror.deletes: must be one of soft, hard, got "maybe"`},
 		{"reconcile interval", "key_reconcile_every: 1h", "key_reconcile_every: 5s", "sources.customers.mirror.key_reconcile_every: must be 0 (off) or at least 1m"},
 		{"same columns", "key_reconcile_every: 1h", "loaded_column: deleted_at", "sources.customers.mirror.loaded_column: must differ from mirror.deleted_column"},
-		{"two kinds", "    poll:\n", "    kafka: {topics: [t]}\n    poll:\n", "sources.customers: has more than one of the kafka, table and poll blocks"},
+		{"two kinds", "    poll:\n", "    kafka: {topics: [t]}\n    poll:\n", "sources.customers: has more than one of the kafka, table, poll and cdc blocks"},
 		{"pointers", "    mirror:", "    event_id: /id\n    mirror:", "sources.customers: event_id and event_time pointers apply to Kafka sources"},
 		{"aggregate on the mirror", "key_reconcile_every: 1h}\n", "key_reconcile_every: 1h}\naggregates:\n  a:\n    source: customers\n    table: dw_customers\n    partition: {by: day, column: d}\n    sql: SELECT 1 AS d FROM {{events}}\n",
 			"aggregates.a.table: table public.dw_customers is the mirror of sources.customers"},
@@ -71,6 +71,50 @@ func TestPollErrors(t *testing.T) {
 				t.Fatalf("base lacks %q", tt.old)
 			}
 			_, err := Parse("t.yaml", []byte(strings.Replace(pollBase, tt.old, tt.new, 1)), noEnv)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error = %v\nwant it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// cdcBase is a valid configuration with one CDC source.
+const cdcBase = `warehouse: {dsn: postgres://h/db}
+sources:
+  shop:
+    cdc:
+      dsn: postgres://src/db
+      tables: [public.customers, orders]
+    mirror: {schema: mirror}
+`
+
+func TestCDCConfig(t *testing.T) {
+	cfg, err := Parse("t.yaml", []byte(cdcBase), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Sources["shop"]
+	c := s.CDC
+	if c.Slot != "tidemark_shop" || c.Publication != "tidemark_shop" || c.Snapshot != SnapshotInitial || c.Truncate != TruncateApply ||
+		c.HeartbeatEvery.D() != time.Minute || c.StatusEvery.D() != 10*time.Second || s.RawPartition != PartitionMonth || s.Mirror.Deletes != DeletesSoft {
+		t.Errorf("defaults: %+v %+v", c, s.Mirror)
+	}
+	if got := s.MirrorTables(); got["public.customers"] != "mirror.customers" || got["public.orders"] != "mirror.orders" {
+		t.Errorf("mirror tables %v", got)
+	}
+	tests := []struct{ name, old, new, want string }{
+		{"no dsn", "      dsn: postgres://src/db\n", "", "sources.shop.cdc.dsn: is required"},
+		{"no tables", "tables: [public.customers, orders]", "tables: []", "sources.shop.cdc.tables: at least one table"},
+		{"twice", "tables: [public.customers, orders]", "tables: [customers, public.customers]", "sources.shop.cdc.tables[1]: table public.customers is listed twice"},
+		{"slot", "      tables:", "      slot: Bad-Slot\n      tables:", "sources.shop.cdc.slot: must match"},
+		{"snapshot", "      tables:", "      snapshot: later\n      tables:", `sources.shop.cdc.snapshot: must be one of initial, never, got "later"`},
+		{"one mirror for two tables", "mirror: {schema: mirror}", "mirror: {table: dw}", "sources.shop.mirror.table: names one mirror but cdc.tables lists 2 tables"},
+		{"no mirror", "    mirror: {schema: mirror}\n", "", "sources.shop.mirror: is required for a CDC source"},
+		{"tidemark schema", "mirror: {schema: mirror}", "mirror: {schema: raw}", "sources.shop.mirror.schema: schema raw belongs to tidemark"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(strings.Replace(cdcBase, tt.old, tt.new, 1)), noEnv)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error = %v\nwant it to contain %q", err, tt.want)
 			}
