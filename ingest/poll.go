@@ -105,10 +105,10 @@ WITH incoming AS (
        OR (EXCLUDED.%[5]s = t.%[5]s AND %[10]s)
     RETURNING %[3]s, (xmax = 0) AS inserted
 ), changes AS (
-    INSERT INTO %[6]s (event_id, event_time, ingested_at, op, source_table, payload)
+    INSERT INTO %[6]s (event_id, event_time, ingested_at, op, source_table, payload, row_key)
     SELECT i.tidemark_key, i.tidemark_time, $1::timestamptz,
            CASE WHEN i.tidemark_deleted THEN 'delete' WHEN m.inserted THEN 'insert' ELSE 'update' END,
-           $2, i.tidemark_payload
+           $2, i.tidemark_payload, i.tidemark_key
     FROM merged m JOIN incoming i ON %[9]s
     ON CONFLICT DO NOTHING
     RETURNING op, event_time

@@ -32,18 +32,25 @@ CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (load_xid);
 `
 
 // createChangeTableSQL creates raw.<source> for a source of row changes (a
-// poll source): one row per change of a source row, identified by the row's
-// key (event_id, as text) and the change's event time (the row's
-// updated_at). op is insert, update or delete; payload is the row after the
-// change (for a delete, the last row known).
+// poll or CDC source): one row per change of a source row. For a poll
+// source the change is identified by the row's key (event_id, as text) and
+// its updated_at (event_time); for a CDC source by the commit LSN and the
+// change's position in its transaction (event_id) and the source commit
+// time (event_time). op is insert, update, delete or truncate; payload is
+// the row after the change (for a delete, what the source sent of the old
+// row); row_key is the row's key as text; old_row the old key or row sent
+// with a CDC update or delete; commit_lsn the CDC commit's LSN.
 const createChangeTableSQL = `
 CREATE TABLE IF NOT EXISTS %[1]s (
     event_id        text        NOT NULL,
     event_time      timestamptz NOT NULL,
     ingested_at     timestamptz NOT NULL,
-    op              text        NOT NULL CHECK (op IN ('insert', 'update', 'delete')),
+    op              text        NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate')),
     source_table    text        NOT NULL,
     payload         jsonb       NOT NULL,
+    row_key         text,
+    old_row         jsonb,
+    commit_lsn      pg_lsn,
     load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
     PRIMARY KEY (event_id, event_time)
 ) PARTITION BY RANGE (event_time);
