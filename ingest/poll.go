@@ -785,7 +785,7 @@ func insertLedgerBuckets(ctx context.Context, tx pgx.Tx, source string, b ledger
 		sources, hours, counts = append(sources, source), append(hours, h), append(counts, lb.rows)
 		mins, maxes = append(mins, lb.min), append(maxes, lb.max)
 	}
-	if _, err := tx.Exec(ctx, insertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxes); err != nil {
+	if _, err := tx.Exec(ctx, InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxes); err != nil {
 		return fmt.Errorf("write ledger: %w", err)
 	}
 	return nil

@@ -27,8 +27,10 @@ const probeRawSQL = `SELECT event_id, event_time FROM %s WHERE event_id = ANY($1
 const insertRowSQL = `INSERT INTO %s (event_id, event_time, ingested_at, payload, kafka_topic, kafka_partition, kafka_offset)
 VALUES ($1, $2, $3, $4, $5, $6, $7)`
 
-// insertLedgerSQL writes the ledger rows of one load transaction.
-const insertLedgerSQL = `
+// InsertLedgerSQL writes the ledger rows of one load transaction: $1
+// ingested_at, then arrays of source, UTC hour, rows, min and max event
+// time. Every source kind writes its ledger with it.
+const InsertLedgerSQL = `
 INSERT INTO tidemark.ingest_ledger (source, load_xid, bucket, rows, min_event_time, max_event_time, ingested_at)
 SELECT u.source, pg_current_xact_id(), u.bucket, u.rows, u.min_event_time, u.max_event_time, $1
 FROM unnest($2::text[], $3::timestamptz[], $4::bigint[], $5::timestamptz[], $6::timestamptz[])
@@ -455,7 +457,7 @@ func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, inge
 		sources, hours, counts = append(sources, k.source), append(hours, k.hour), append(counts, bk.rows)
 		mins, maxs = append(mins, bk.min), append(maxs, bk.max)
 	}
-	if _, err := tx.Exec(ctx, insertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxs); err != nil {
+	if _, err := tx.Exec(ctx, InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxs); err != nil {
 		return fmt.Errorf("write ledger: %w", err)
 	}
 	return nil

@@ -1,0 +1,161 @@
+package cdc
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/tidemark-dev/tidemark/mirror"
+)
+
+// Change operations, as recorded in raw change rows.
+const (
+	opInsert   = "insert"
+	opUpdate   = "update"
+	opDelete   = "delete"
+	opTruncate = "truncate"
+)
+
+// value is one column value in text form; nil is SQL NULL.
+type value = *string
+
+// row is a decoded tuple: the columns that were sent, by name. A column
+// absent from the map was not sent (an unchanged TOASTed value, or a
+// column outside the key of an old key tuple).
+type row map[string]value
+
+// change is one decoded row change of a source transaction.
+type change struct {
+	op    string
+	table *table
+	// seq is the change's position in its source transaction.
+	seq        int
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+	newRow     row // insert, update
+	oldRow     row // update with a key change or FULL identity; delete
+}
+
+// bytes estimates the memory of a change, for the buffer bound.
+func (c *change) bytes() int {
+	n := 64
+	for _, r := range []row{c.newRow, c.oldRow} {
+		for k, v := range r {
+			n += len(k) + 16
+			if v != nil {
+				n += len(*v)
+			}
+		}
+	}
+	return n
+}
+
+// table is a source table as the replication stream describes it, with its
+// mirror.
+type table struct {
+	relID   uint32
+	name    string // schema.table at the source
+	columns []column
+	mirror  *mirror.Table
+}
+
+// column is one column of a relation message.
+type column struct {
+	name string
+	oid  uint32
+	mod  int32
+}
+
+// JSON and JSONB type OIDs: their text values are embedded as JSON, not as
+// strings.
+const (
+	jsonOID  = 114
+	jsonbOID = 3802
+)
+
+// decodeTuple turns a tuple of the stream into a row. Unchanged TOAST
+// values ('u') are left out, so that applying the row keeps the stored
+// value.
+func (t *table) decodeTuple(td *pglogrepl.TupleData) (row, error) {
+	if td == nil {
+		return nil, nil
+	}
+	if len(td.Columns) != len(t.columns) {
+		return nil, fmt.Errorf("cdc: %s: tuple has %d columns, the relation %d", t.name, len(td.Columns), len(t.columns))
+	}
+	r := make(row, len(td.Columns))
+	for i, c := range td.Columns {
+		name := t.columns[i].name
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeNull:
+			r[name] = nil
+		case pglogrepl.TupleDataTypeToast:
+			// Unchanged TOASTed value: not sent, keep what is stored.
+		case pglogrepl.TupleDataTypeText:
+			s := string(c.Data)
+			r[name] = &s
+		default:
+			return nil, fmt.Errorf("cdc: %s: column %s arrived in format %q; only text is supported", t.name, name, c.DataType)
+		}
+	}
+	return r, nil
+}
+
+// keyOf returns the mirror key of a row as text (the value for one key
+// column, a JSON array of the values for several) and whether the row has
+// every key column.
+func (t *table) keyOf(r row) (string, bool) {
+	key := t.mirror.Key
+	vals := make([]string, len(key))
+	for i, k := range key {
+		v, ok := r[k]
+		if !ok || v == nil {
+			return "", false
+		}
+		vals[i] = *v
+	}
+	if len(vals) == 1 {
+		return vals[0], true
+	}
+	b, _ := json.Marshal(vals)
+	return string(b), true
+}
+
+// json renders a row as a JSON object: text values as strings (the
+// warehouse converts them with each column's input function), json and
+// jsonb values as JSON, NULL as null. Columns not sent are absent.
+func (t *table) json(r row) []byte {
+	if r == nil {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteByte('{')
+	first := true
+	for _, c := range t.columns {
+		v, ok := r[c.name]
+		if !ok {
+			continue
+		}
+		if !first {
+			b.WriteByte(',')
+		}
+		first = false
+		name, _ := json.Marshal(c.name)
+		b.Write(name)
+		b.WriteByte(':')
+		switch {
+		case v == nil:
+			b.WriteString("null")
+		case c.oid == jsonOID || c.oid == jsonbOID:
+			b.WriteString(*v)
+		default:
+			s, _ := json.Marshal(*v)
+			b.Write(s)
+		}
+	}
+	b.WriteByte('}')
+	return []byte(b.String())
+}

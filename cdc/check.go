@@ -1,0 +1,429 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrSetup means the source database or its slot cannot be used as configured; the message says what to fix.
+var ErrSetup = errors.New("cdc setup")
+
+// CheckSpec is what Check verifies.
+type CheckSpec struct {
+	// Source is the tidemark source name, used in messages as
+	// sources.<Source>.cdc.<key>.
+	Source string
+	// Slot is the replication slot name.
+	Slot string
+	// Publication is the publication name.
+	Publication string
+	// Tables are the source tables, each {schema, table}; a one-part
+	// name is in schema public.
+	Tables []pgx.Identifier
+	// Position is the LSN tidemark stored for this source; 0 means
+	// tidemark has never read from the slot.
+	Position pglogrepl.LSN
+}
+
+// SlotState describes the slot if it exists.
+type SlotState struct {
+	// Exists reports whether the slot exists; the other fields are zero
+	// when it does not.
+	Exists bool
+	// Plugin is the output plugin ("" for a physical slot), Database the
+	// database the slot belongs to, and WALStatus one of reserved,
+	// extended, unreserved or lost ("" if null).
+	Plugin, Database, WALStatus string
+	// ConfirmedFlush is the position the slot's consumer has confirmed;
+	// RestartLSN the oldest WAL the slot still needs (0 if null, as for a
+	// lost slot).
+	ConfirmedFlush, RestartLSN pglogrepl.LSN
+	// Active reports whether a connection is streaming from the slot.
+	Active bool
+}
+
+// Report is what Check found.
+type Report struct {
+	// Slot is the state of spec.Slot.
+	Slot SlotState
+	// PublicationExists reports whether spec.Publication exists.
+	PublicationExists bool
+	// Warnings describe things that work but that the operator should
+	// know, such as replica identity DEFAULT: deletes carry only the key.
+	Warnings []string
+	// SystemID is the source cluster's system identifier, as
+	// IDENTIFY_SYSTEM reports it.
+	SystemID string
+}
+
+// SQL run by Check, all read-only.
+const (
+	checkWALLevelSQL = `SELECT current_setting('wal_level')`
+
+	checkSystemIDSQL = `SELECT system_identifier FROM pg_control_system()`
+
+	checkRoleSQL = `
+SELECT current_user::text, r.rolreplication, r.rolsuper
+FROM pg_roles r
+WHERE r.rolname = current_user`
+
+	// checkTableSQL describes one table: its kind, replica identity, whether it
+	// has a primary key and an index marked as replica identity, and
+	// whether the current role may read it.
+	checkTableSQL = `
+SELECT c.relkind::text,
+       c.relreplident::text,
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
+       has_table_privilege(c.oid, 'SELECT')
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`
+
+	checkSlotSQL = `
+SELECT coalesce(plugin, ''),
+       slot_type,
+       coalesce(database::text, ''),
+       current_database()::text,
+       coalesce(wal_status, ''),
+       coalesce(confirmed_flush_lsn::text, ''),
+       coalesce(restart_lsn::text, ''),
+       active
+FROM pg_replication_slots
+WHERE slot_name = $1`
+
+	checkPublicationSQL = `SELECT puballtables FROM pg_publication WHERE pubname = $1`
+
+	checkPublicationTablesSQL = `
+SELECT schemaname::text, tablename::text
+FROM pg_publication_tables
+WHERE pubname = $1`
+)
+
+// Relation kinds and replica identities of pg_class.
+const (
+	relkindTable       = "r"
+	relkindPartitioned = "p"
+
+	identityDefault = "d"
+	identityNothing = "n"
+	identityFull    = "f"
+	identityIndex   = "i"
+)
+
+// Slot WAL states of pg_replication_slots.wal_status that Check acts on.
+const (
+	walStatusUnreserved = "unreserved"
+	walStatusLost       = "lost"
+)
+
+// Check runs the checks on conn (a regular, non-replication connection to the source database).
+//
+// It runs every check and reports all the problems it finds in one error
+// wrapping ErrSetup, one problem per line, each naming what to fix. Errors
+// of the connection or of the queries themselves do not wrap ErrSetup. The
+// Report holds what was found so far even when the error is not nil.
+//
+// A slot that does not exist while spec.Position is 0, and a publication
+// that does not exist, are not problems: the caller creates them. Whether
+// the slot's confirmed position is ahead of spec.Position is left to the
+// caller, which finds both in the Report and the spec.
+func Check(ctx context.Context, conn *pgx.Conn, spec CheckSpec) (Report, error) {
+	c := checker{conn: conn, spec: spec}
+	steps := []func(context.Context) error{
+		c.checkWALLevel,
+		c.readSystemID,
+		c.checkRole,
+		c.checkTables,
+		c.checkSlot,
+		c.checkPublication,
+	}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return c.report, err
+		}
+	}
+	return c.report, c.setupError()
+}
+
+// checker carries the state of one Check.
+type checker struct {
+	conn     *pgx.Conn
+	spec     CheckSpec
+	report   Report
+	problems []string
+	role     string         // current_user
+	tables   []checkedTable // the spec tables that exist, in spec order
+}
+
+// checkedTable is what checkTables learned of one existing table.
+type checkedTable struct {
+	schema, name string
+	kind         string
+}
+
+func (c *checker) problem(format string, args ...any) {
+	c.problems = append(c.problems, fmt.Sprintf(format, args...))
+}
+
+func (c *checker) warn(format string, args ...any) {
+	c.report.Warnings = append(c.report.Warnings, fmt.Sprintf(format, args...))
+}
+
+// key names a configuration key of the source.
+func (c *checker) key(name string) string {
+	return "sources." + c.spec.Source + ".cdc." + name
+}
+
+func (c *checker) setupError() error {
+	switch len(c.problems) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%w: source %s: %s", ErrSetup, c.spec.Source, c.problems[0])
+	default:
+		return fmt.Errorf("%w: source %s: %d problems:\n- %s", ErrSetup, c.spec.Source, len(c.problems),
+			strings.Join(c.problems, "\n- "))
+	}
+}
+
+func (c *checker) checkWALLevel(ctx context.Context) error {
+	var level string
+	if err := c.conn.QueryRow(ctx, checkWALLevelSQL).Scan(&level); err != nil {
+		return fmt.Errorf("cdc check: read wal_level: %w", err)
+	}
+	if level != "logical" {
+		c.problem("the source server runs with wal_level = %s, and logical replication needs logical: "+
+			"set wal_level = logical in postgresql.conf and restart the source", level)
+	}
+	return nil
+}
+
+func (c *checker) readSystemID(ctx context.Context) error {
+	// The column is a bigint holding an unsigned 64-bit number; print it
+	// unsigned, as IDENTIFY_SYSTEM does.
+	var id int64
+	if err := c.conn.QueryRow(ctx, checkSystemIDSQL).Scan(&id); err != nil {
+		return fmt.Errorf("cdc check: read system identifier: %w", err)
+	}
+	c.report.SystemID = strconv.FormatUint(uint64(id), 10)
+	return nil
+}
+
+func (c *checker) checkRole(ctx context.Context) error {
+	var (
+		role                   string
+		replication, superuser bool
+	)
+	if err := c.conn.QueryRow(ctx, checkRoleSQL).Scan(&role, &replication, &superuser); err != nil {
+		return fmt.Errorf("cdc check: read role attributes: %w", err)
+	}
+	c.role = role
+	if !replication && !superuser {
+		c.problem("%s: role %s may not replicate: as a superuser, run ALTER ROLE %s REPLICATION",
+			c.key("dsn"), role, pgx.Identifier{role}.Sanitize())
+	}
+	return nil
+}
+
+func (c *checker) checkTables(ctx context.Context) error {
+	key := c.key("tables")
+	for _, id := range c.spec.Tables {
+		schema, name, ok := splitCheckedTable(id)
+		if !ok {
+			c.problem("%s: %q is not a table name: use schema.table or table", key, strings.Join(id, "."))
+			continue
+		}
+		display := schema + "." + name
+		quoted := pgx.Identifier{schema, name}.Sanitize()
+		var (
+			kind, identity          string
+			hasPK, hasIdentityIndex bool
+			canSelect               bool
+		)
+		err := c.conn.QueryRow(ctx, checkTableSQL, schema, name).Scan(&kind, &identity, &hasPK, &hasIdentityIndex, &canSelect)
+		if errors.Is(err, pgx.ErrNoRows) {
+			c.problem("%s: table %s does not exist in the source database: create it or remove it from %s",
+				key, display, key)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("cdc check: read table %s: %w", display, err)
+		}
+		if kind != relkindTable && kind != relkindPartitioned {
+			c.problem("%s: %s is not a table (pg_class.relkind %s); only tables can be replicated: remove it from %s",
+				key, display, kind, key)
+			continue
+		}
+		c.tables = append(c.tables, checkedTable{schema: schema, name: name, kind: kind})
+		if !canSelect {
+			c.problem("%s: role %s may not read table %s, which the snapshot needs: GRANT SELECT ON %s TO %s",
+				key, c.role, display, quoted, pgx.Identifier{c.role}.Sanitize())
+		}
+		switch identity {
+		case identityFull:
+		case identityDefault:
+			if !hasPK {
+				c.problem("%s: table %s has no primary key and replica identity DEFAULT, so its updates and deletes cannot be replicated: "+
+					"add a primary key, or run ALTER TABLE %s REPLICA IDENTITY FULL (or REPLICA IDENTITY USING INDEX on a unique index of NOT NULL columns)",
+					key, display, quoted)
+				continue
+			}
+			c.warnKeyOnly(display, "DEFAULT", quoted)
+		case identityIndex:
+			if !hasIdentityIndex {
+				c.problem("%s: table %s has replica identity USING INDEX but that index no longer exists, so its updates and deletes cannot be replicated: "+
+					"run ALTER TABLE %s REPLICA IDENTITY FULL, or REPLICA IDENTITY USING INDEX on an existing unique index",
+					key, display, quoted)
+				continue
+			}
+			c.warnKeyOnly(display, "USING INDEX", quoted)
+		case identityNothing:
+			c.problem("%s: table %s has replica identity NOTHING, so its updates and deletes cannot be replicated: "+
+				"run ALTER TABLE %s REPLICA IDENTITY DEFAULT (with a primary key), FULL, or USING INDEX",
+				key, display, quoted)
+		default:
+			c.problem("%s: table %s has an unknown replica identity %q", key, display, identity)
+		}
+	}
+	return nil
+}
+
+func (c *checker) warnKeyOnly(display, identity, quoted string) {
+	c.warn("table %s has replica identity %s: deletes and key-changing updates carry only the key columns (the old row is not sent); "+
+		"ALTER TABLE %s REPLICA IDENTITY FULL sends whole old rows", display, identity, quoted)
+}
+
+// splitCheckedTable returns the schema and name of a table identifier.
+func splitCheckedTable(id pgx.Identifier) (schema, name string, ok bool) {
+	switch {
+	case len(id) == 1 && id[0] != "":
+		return "public", id[0], true
+	case len(id) == 2 && id[0] != "" && id[1] != "":
+		return id[0], id[1], true
+	default:
+		return "", "", false
+	}
+}
+
+func (c *checker) checkSlot(ctx context.Context) error {
+	var (
+		st                         SlotState
+		slotType, currentDB        string
+		confirmedText, restartText string
+	)
+	err := c.conn.QueryRow(ctx, checkSlotSQL, c.spec.Slot).Scan(&st.Plugin, &slotType, &st.Database, &currentDB,
+		&st.WALStatus, &confirmedText, &restartText, &st.Active)
+	key := c.key("slot")
+	if errors.Is(err, pgx.ErrNoRows) {
+		if c.spec.Position != 0 {
+			c.problem("%s: replication slot %s does not exist, but tidemark has read changes from it up to %s: "+
+				"it was dropped, or lost in a failover to a server that did not have it, and changes after that position may be missing. "+
+				"Re-snapshot: reset source %s's stored position and let tidemark snapshot the tables again",
+				key, c.spec.Slot, c.spec.Position, c.spec.Source)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cdc check: read replication slot %s: %w", c.spec.Slot, err)
+	}
+	st.Exists = true
+	if st.ConfirmedFlush, err = parseSlotLSN(confirmedText); err != nil {
+		return fmt.Errorf("cdc check: slot %s confirmed_flush_lsn: %w", c.spec.Slot, err)
+	}
+	if st.RestartLSN, err = parseSlotLSN(restartText); err != nil {
+		return fmt.Errorf("cdc check: slot %s restart_lsn: %w", c.spec.Slot, err)
+	}
+	c.report.Slot = st
+
+	other := "drop it (SELECT pg_drop_replication_slot('" + c.spec.Slot + "')) if nothing else uses it, or set " + key + " to another name"
+	switch {
+	case slotType != "logical":
+		c.problem("%s: replication slot %s is a %s slot, not a logical one: %s", key, c.spec.Slot, slotType, other)
+		return nil
+	case st.Plugin != "pgoutput":
+		c.problem("%s: replication slot %s uses output plugin %s, not pgoutput: %s", key, c.spec.Slot, st.Plugin, other)
+		return nil
+	case st.Database != currentDB:
+		c.problem("%s: replication slot %s belongs to database %s, not to %s, the database of %s: %s",
+			key, c.spec.Slot, st.Database, currentDB, c.key("dsn"), other)
+		return nil
+	}
+	switch st.WALStatus {
+	case walStatusLost:
+		since := "its confirmed position"
+		if st.ConfirmedFlush != 0 {
+			since = st.ConfirmedFlush.String()
+		}
+		c.problem("%s: replication slot %s has lost WAL it needed; the changes since %s are gone: "+
+			"drop the slot (SELECT pg_drop_replication_slot('%s')), and re-snapshot (reset source %s's stored position and let tidemark snapshot the tables again); "+
+			"raise max_slot_wal_keep_size on the source so that it does not happen again",
+			key, c.spec.Slot, since, c.spec.Slot, c.spec.Source)
+	case walStatusUnreserved:
+		c.warn("replication slot %s is about to lose WAL it needs (wal_status unreserved: it is behind by more than max_slot_wal_keep_size); "+
+			"unless it catches up before the next checkpoint, the slot is lost and the tables must be snapshotted again", c.spec.Slot)
+	}
+	return nil
+}
+
+func parseSlotLSN(text string) (pglogrepl.LSN, error) {
+	if text == "" {
+		return 0, nil
+	}
+	return pglogrepl.ParseLSN(text)
+}
+
+func (c *checker) checkPublication(ctx context.Context) error {
+	var allTables bool
+	err := c.conn.QueryRow(ctx, checkPublicationSQL, c.spec.Publication).Scan(&allTables)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cdc check: read publication %s: %w", c.spec.Publication, err)
+	}
+	c.report.PublicationExists = true
+	if allTables {
+		return nil
+	}
+	rows, err := c.conn.Query(ctx, checkPublicationTablesSQL, c.spec.Publication)
+	if err != nil {
+		return fmt.Errorf("cdc check: read tables of publication %s: %w", c.spec.Publication, err)
+	}
+	published := map[[2]string]bool{}
+	var schema, name string
+	_, err = pgx.ForEachRow(rows, []any{&schema, &name}, func() error {
+		published[[2]string{schema, name}] = true
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cdc check: read tables of publication %s: %w", c.spec.Publication, err)
+	}
+	var missing, quoted []string
+	partitioned := false
+	for _, t := range c.tables {
+		if published[[2]string{t.schema, t.name}] {
+			continue
+		}
+		missing = append(missing, t.schema+"."+t.name)
+		quoted = append(quoted, pgx.Identifier{t.schema, t.name}.Sanitize())
+		partitioned = partitioned || t.kind == relkindPartitioned
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	pub := pgx.Identifier{c.spec.Publication}.Sanitize()
+	fix := "ALTER PUBLICATION " + pub + " ADD TABLE " + strings.Join(quoted, ", ")
+	if partitioned {
+		fix += " (for a partitioned table already in it: ALTER PUBLICATION " + pub + " SET (publish_via_partition_root = true))"
+	}
+	c.problem("%s: publication %s does not publish %s: run %s",
+		c.key("publication"), c.spec.Publication, strings.Join(missing, ", "), fix)
+	return nil
+}

@@ -1,0 +1,9 @@
+package cdc_test
+
+import (
+	"testing"
+
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -1,0 +1,71 @@
+package cdc
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the Prometheus series of one CDC source.
+type metrics struct {
+	changes   *prometheus.CounterVec
+	txns      prometheus.Counter
+	applyLag  prometheus.Observer
+	applied   prometheus.Gauge
+	confirmed prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, source string) *metrics {
+	changes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tidemark_cdc_changes_applied_total",
+		Help: "Row changes received from the slot and written to the warehouse (raw change rows), by operation.",
+	}, []string{"source", "op"})
+	txns := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tidemark_cdc_transactions_total",
+		Help: "Source transactions applied.",
+	}, []string{"source"})
+	lag := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tidemark_cdc_apply_lag_seconds",
+		Help:    "Time from the source commit of a group's last transaction to the warehouse commit of the group.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	}, []string{"source"})
+	applied := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_applied_lsn",
+		Help: "End LSN of the last source transaction committed to the warehouse, as a number.",
+	}, []string{"source"})
+	confirmed := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_confirmed_lsn",
+		Help: "LSN last confirmed to the replication slot, as a number.",
+	}, []string{"source"})
+	if reg != nil {
+		changes = shared(reg, changes)
+		txns = shared(reg, txns)
+		lag = shared(reg, lag)
+		applied = shared(reg, applied)
+		confirmed = shared(reg, confirmed)
+	}
+	for _, op := range []string{opInsert, opUpdate, opDelete, opTruncate} {
+		changes.WithLabelValues(source, op)
+	}
+	return &metrics{
+		changes:   changes.MustCurryWith(prometheus.Labels{"source": source}),
+		txns:      txns.WithLabelValues(source),
+		applyLag:  lag.WithLabelValues(source),
+		applied:   applied.WithLabelValues(source),
+		confirmed: confirmed.WithLabelValues(source),
+	}
+}
+
+// shared registers c, or returns the equal collector registered before by
+// the reader of another source.
+func shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}

@@ -1,0 +1,381 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/mirror"
+)
+
+// SQL of the reader's state and of the source.
+const (
+	readPositionSQL = `
+SELECT system_id, snapshot, applied_lsn::text, confirmed_lsn::text FROM tidemark.cdc_positions WHERE source = $1`
+	insertPositionSQL = `
+INSERT INTO tidemark.cdc_positions (source, slot, system_id, slot_created_lsn, snapshot, applied_lsn, confirmed_lsn, updated_at)
+VALUES ($1, $2, $3, $4::pg_lsn, $5, $4::pg_lsn, $4::pg_lsn, $6)`
+	deletePositionSQL    = `DELETE FROM tidemark.cdc_positions WHERE source = $1`
+	snapshotDoneSQL      = `UPDATE tidemark.cdc_positions SET snapshot = 'done', updated_at = $2 WHERE source = $1`
+	storeConfirmedSQL    = `UPDATE tidemark.cdc_positions SET confirmed_lsn = greatest(confirmed_lsn, $2::pg_lsn) WHERE source = $1`
+	lockSlotSQL          = `SELECT pg_advisory_lock(hashtextextended('tidemark.cdc.' || $1, 0))`
+	createPublicationSQL = `CREATE PUBLICATION %s FOR TABLE %s`
+	primaryKeySQL        = `
+SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey, a.attnum))
+FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+WHERE i.indrelid = to_regclass($1) AND i.indisprimary`
+	formatTypeSQL = `SELECT format_type($1::oid, $2)`
+	heartbeatSQL  = `SELECT pg_logical_emit_message(false, 'tidemark.heartbeat', $1)`
+)
+
+// Options customise a Reader.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Now is the service clock (ingested_at, loaded-at); default time.Now.
+	Now func() time.Time
+	// GroupChanges and GroupAge bound a group of source transactions
+	// applied in one warehouse transaction; defaults 10000 and 100ms.
+	GroupChanges int
+	GroupAge     time.Duration
+}
+
+// Reader mirrors the tables of one CDC source.
+type Reader struct {
+	src   *config.Source
+	pool  *pgxpool.Pool
+	log   *slog.Logger
+	now   func() time.Time
+	opts  Options
+	raw   *ingest.RawTable
+	m     *metrics
+	specs []pgx.Identifier
+}
+
+// New returns the reader of the CDC source called name.
+func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Reader, error) {
+	src := cfg.Sources[name]
+	if src == nil || src.CDC == nil {
+		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
+	}
+	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: ingest.NewChangeTable(name, src.RawPartition)}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	r.log = r.log.With("source", name)
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.opts.GroupChanges <= 0 {
+		r.opts.GroupChanges = 10000
+	}
+	if r.opts.GroupAge <= 0 {
+		r.opts.GroupAge = 100 * time.Millisecond
+	}
+	for _, t := range src.CDC.Tables {
+		s, n := config.SplitTable(t)
+		r.specs = append(r.specs, pgx.Identifier{s, n})
+	}
+	r.m = newMetrics(opts.Registerer, name)
+	return r, nil
+}
+
+// Run reads until ctx ends. Connection failures are retried with backoff;
+// a setup the reader cannot use (ErrSetup) ends Run with that error.
+func (r *Reader) Run(ctx context.Context) error {
+	backoff := time.Second
+	for {
+		err := r.RunOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrSetup):
+			return err
+		case err != nil:
+			r.log.Warn("cdc reader stopped; restarting", "err", err, "retry_in", backoff)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// RunOnce checks the source, takes the slot's lock (waiting while another
+// reader holds it), snapshots the tables when the slot is new, and streams
+// until ctx ends or an error.
+func (r *Reader) RunOnce(ctx context.Context) error {
+	cfg := r.src.CDC
+	srcConn, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc")
+	if err != nil {
+		return fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
+	}
+	defer srcConn.Close(context.WithoutCancel(ctx))
+
+	// One reader per slot: the others wait here, hot, and take over when
+	// the holder's session ends.
+	lock, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("warehouse: %w", err)
+	}
+	defer lock.Close(context.WithoutCancel(ctx))
+	if _, err := lock.Exec(ctx, lockSlotSQL, cfg.Slot); err != nil {
+		return fmt.Errorf("wait for the slot's lock: %w", err)
+	}
+
+	pos, err := r.position(ctx)
+	if err != nil {
+		return err
+	}
+	report, err := Check(ctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.applied})
+	if err != nil {
+		return err
+	}
+	for _, w := range report.Warnings {
+		r.log.Warn(w)
+	}
+	if pos.exists && pos.systemID != report.SystemID {
+		return fmt.Errorf("%w: sources.%s: the source database is another server (system identifier %s, tidemark read from %s); "+
+			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.src.Name, report.SystemID, pos.systemID)
+	}
+	if pos.exists && report.Slot.Exists && report.Slot.ConfirmedFlush > max(pos.applied, pos.confirmed) {
+		return fmt.Errorf("%w: sources.%s.cdc.slot: slot %s is confirmed up to %s, beyond what tidemark applied (%s): another client consumed it, "+
+			"or it was recreated; the changes in between are not in the mirrors: re-snapshot the source",
+			ErrSetup, r.src.Name, cfg.Slot, report.Slot.ConfirmedFlush, max(pos.applied, pos.confirmed))
+	}
+	if !report.PublicationExists {
+		var names []string
+		for _, t := range r.specs {
+			names = append(names, t.Sanitize())
+		}
+		if _, err := srcConn.Exec(ctx, fmt.Sprintf(createPublicationSQL, pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(names, ", "))); err != nil {
+			return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
+		}
+		r.log.Info("created publication", "publication", cfg.Publication)
+	}
+	tables, err := r.prepareTables(ctx, srcConn)
+	if err != nil {
+		return err
+	}
+	wh, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("warehouse: %w", err)
+	}
+	err = r.raw.Ensure(ctx, wh.Conn())
+	wh.Release()
+	if err != nil {
+		return err
+	}
+
+	repl, err := r.replicationConn(ctx)
+	if err != nil {
+		return err
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	if !pos.exists || pos.snapshot == "pending" {
+		if pos, err = r.createSlot(ctx, repl, srcConn, report, pos, tables); err != nil {
+			return err
+		}
+	}
+	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
+		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), buffers: map[uint32]*buffer{},
+		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: 5000}}
+	defer s.a.close(ctx)
+	if hb := cfg.HeartbeatEvery.D(); hb > 0 {
+		hctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go r.heartbeat(hctx, hb)
+	}
+	return s.run(ctx)
+}
+
+// position is what the warehouse stores about the source.
+type position struct {
+	exists             bool
+	systemID, snapshot string
+	applied, confirmed pglogrepl.LSN
+}
+
+func (r *Reader) position(ctx context.Context) (position, error) {
+	var (
+		p                  position
+		applied, confirmed string
+	)
+	err := r.pool.QueryRow(ctx, readPositionSQL, r.src.Name).Scan(&p.systemID, &p.snapshot, &applied, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, nil
+	}
+	if err != nil {
+		return p, fmt.Errorf("read the stored position: %w", err)
+	}
+	p.exists = true
+	if p.applied, err = pglogrepl.ParseLSN(applied); err != nil {
+		return p, err
+	}
+	if p.confirmed, err = pglogrepl.ParseLSN(confirmed); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// prepareTables describes each source table, with its primary key as the
+// mirror's key, and creates or extends its mirror.
+func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*table, error) {
+	wh, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse: %w", err)
+	}
+	defer wh.Release()
+	targets := r.src.MirrorTables()
+	out := map[string]*table{}
+	for _, id := range r.specs {
+		name := id[0] + "." + id[1]
+		var key []string
+		if err := src.QueryRow(ctx, primaryKeySQL, id.Sanitize()).Scan(&key); err != nil {
+			return nil, fmt.Errorf("sources.%s.cdc.tables: %s: %w", r.src.Name, name, err)
+		}
+		if len(key) == 0 {
+			return nil, fmt.Errorf("%w: sources.%s.cdc.tables: %s has no primary key; the mirror needs one to apply updates and deletes",
+				ErrSetup, r.src.Name, name)
+		}
+		ts, tn := config.SplitTable(targets[name])
+		m := &mirror.Table{Name: r.src.Name, Source: id, Target: pgx.Identifier{ts, tn}, Key: key,
+			DeletedColumn: r.src.Mirror.DeletedColumn, LoadedColumn: r.src.Mirror.LoadedColumn, Hard: r.src.Mirror.Deletes == config.DeletesHard}
+		if err := m.Describe(ctx, src); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSetup, err)
+		}
+		if err := m.Ensure(ctx, wh.Conn()); err != nil {
+			return nil, err
+		}
+		out[name] = &table{name: name, mirror: m}
+	}
+	return out, nil
+}
+
+// replicationConn opens a logical replication connection to the source.
+func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
+	pc, err := pgconn.ParseConfig(r.src.CDC.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
+	}
+	for k, v := range mirror.SessionParams {
+		pc.RuntimeParams[k] = v
+	}
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = "tidemark-cdc"
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("replication connection to the source: %w", err)
+	}
+	return conn, nil
+}
+
+// createSlot creates the slot and, with snapshot: initial, copies the
+// tables in the snapshot the slot exports, so that streaming from the
+// slot's consistent point has no gap and no overlap. A snapshot cut short
+// (position "pending") is started again with a new slot: the old one was
+// created by tidemark for it and nothing was read from it.
+func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, report Report, pos position, tables map[string]*table) (position, error) {
+	cfg := r.src.CDC
+	if report.Slot.Exists {
+		if !pos.exists {
+			if cfg.Snapshot == config.SnapshotInitial {
+				return pos, fmt.Errorf("%w: sources.%s.cdc.slot: slot %s exists but tidemark has never read from it, so its changes cannot be joined to a snapshot; "+
+					"drop the slot to let tidemark create it, or set cdc.snapshot: never to stream from where the slot stands", ErrSetup, r.src.Name, cfg.Slot)
+			}
+			// Stream from where the existing slot stands.
+			at := report.Slot.ConfirmedFlush
+			_, err := r.pool.Exec(ctx, insertPositionSQL, r.src.Name, cfg.Slot, report.SystemID, at.String(), "skipped", r.now())
+			return position{exists: true, systemID: report.SystemID, snapshot: "skipped", applied: at, confirmed: at}, err
+		}
+		// A snapshot that did not finish: start over with a new slot.
+		if err := pglogrepl.DropReplicationSlot(ctx, repl, cfg.Slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
+			return pos, fmt.Errorf("drop the slot of an unfinished snapshot: %w", err)
+		}
+	}
+	if pos.exists {
+		if _, err := r.pool.Exec(ctx, deletePositionSQL, r.src.Name); err != nil {
+			return pos, err
+		}
+	}
+	action := "NOEXPORT_SNAPSHOT"
+	if cfg.Snapshot == config.SnapshotInitial {
+		action = "EXPORT_SNAPSHOT"
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: action})
+	if err != nil {
+		return pos, fmt.Errorf("%w: sources.%s.cdc.slot: create slot %s: %w", ErrSetup, r.src.Name, cfg.Slot, err)
+	}
+	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return pos, err
+	}
+	state := "skipped"
+	if cfg.Snapshot == config.SnapshotInitial {
+		state = "pending"
+	}
+	if _, err := r.pool.Exec(ctx, insertPositionSQL, r.src.Name, cfg.Slot, report.SystemID, at.String(), state, r.now()); err != nil {
+		return pos, fmt.Errorf("store the position: %w", err)
+	}
+	r.log.Info("created replication slot", "slot", cfg.Slot, "consistent_point", at, "snapshot", cfg.Snapshot)
+	if cfg.Snapshot == config.SnapshotInitial {
+		// The exported snapshot lives as long as repl stays idle.
+		if err := r.snapshot(ctx, res.SnapshotName, tables); err != nil {
+			return pos, fmt.Errorf("initial snapshot: %w", err)
+		}
+	}
+	return position{exists: true, systemID: report.SystemID, snapshot: "done", applied: at, confirmed: at}, nil
+}
+
+// heartbeat writes a logical message on the source every interval, so
+// that WAL moves and the slot can be confirmed past it while the tracked
+// tables are quiet.
+func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
+	conn, err := mirror.Connect(ctx, r.src.CDC.DSN, "tidemark-cdc-heartbeat")
+	if err != nil {
+		r.log.Warn("cdc heartbeat: cannot connect", "err", err)
+		return
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := conn.Exec(ctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano)); err != nil && ctx.Err() == nil {
+				r.log.Warn("cdc heartbeat failed", "err", err)
+			}
+		}
+	}
+}
+
+// receive reads one message, or returns nil when the deadline passes.
+func receive(ctx context.Context, conn *pgconn.PgConn, wait time.Duration) (pgproto3.BackendMessage, error) {
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	msg, err := conn.ReceiveMessage(rctx)
+	if err != nil {
+		if pgconn.Timeout(err) && ctx.Err() == nil {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return msg, nil
+}

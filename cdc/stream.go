@@ -1,0 +1,373 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// stream is one replication session: it decodes pgoutput messages, applies
+// committed transactions in groups, and confirms the slot only after the
+// warehouse has committed what it confirms.
+type stream struct {
+	r      *Reader
+	repl   *pgconn.PgConn
+	src    *pgx.Conn
+	byName map[string]*table // tracked tables by schema.table
+	rels   map[uint32]*table // by relation id, from relation messages
+	a      *applier
+
+	// applied is the end of the last transaction the warehouse holds;
+	// confirmed the position last confirmed to the slot; walEnd the
+	// server's WAL end from its last keepalive.
+	applied, confirmed, walEnd pglogrepl.LSN
+	sentAt                     time.Time // last status update
+	storedConfirmed            pglogrepl.LSN
+
+	// The source transaction being received (not streamed).
+	inTxn      bool
+	skip       bool
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+	seq        int
+	groupStart time.Time
+
+	// Streamed in-progress transactions, by top-level xid.
+	inStream bool
+	streamX  uint32
+	buffers  map[uint32]*buffer
+}
+
+// pluginArgs selects pgoutput protocol 2 with streaming of large
+// in-progress transactions.
+func pluginArgs(publication string) []string {
+	return []string{"proto_version '2'", fmt.Sprintf("publication_names '%s'", publication), "streaming 'on'"}
+}
+
+func (s *stream) run(ctx context.Context) error {
+	cfg := s.r.src.CDC
+	err := pglogrepl.StartReplication(ctx, s.repl, cfg.Slot, s.applied,
+		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(cfg.Publication)})
+	if err != nil {
+		return fmt.Errorf("start replication from %s: %w", s.applied, err)
+	}
+	s.r.log.Info("streaming", "slot", cfg.Slot, "from", s.applied)
+	interval := cfg.StatusEvery.D()
+	for {
+		if ctx.Err() != nil {
+			return s.finish(ctx)
+		}
+		wait := interval - time.Since(s.sentAt)
+		if s.a.open() && !s.inTxn {
+			// Between transactions, a group waits for more only briefly.
+			wait = min(wait, s.r.opts.GroupAge-time.Since(s.groupStart))
+		}
+		var msg pgproto3.BackendMessage
+		if wait <= 0 && s.inTxn {
+			// Inside a transaction there is nothing to commit: keep
+			// receiving, and send the status update that is due.
+			if err := s.status(ctx, false); err != nil {
+				return err
+			}
+			wait = interval
+		}
+		if wait > 0 {
+			var err error
+			if msg, err = receive(ctx, s.repl, wait); err != nil {
+				if ctx.Err() != nil {
+					return s.finish(ctx)
+				}
+				s.a.rollback(ctx)
+				return fmt.Errorf("receive: %w", err)
+			}
+		}
+		if msg == nil {
+			// Nothing arrived in time: commit a waiting group between
+			// transactions, and tell the server where we stand.
+			if s.a.open() && !s.inTxn {
+				if err := s.commitGroup(ctx); err != nil {
+					return err
+				}
+			}
+			if err := s.status(ctx, false); err != nil {
+				return err
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.copyData(ctx, m.Data); err != nil {
+				s.a.rollback(ctx)
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			s.a.rollback(ctx)
+			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m))
+		default:
+			s.a.rollback(ctx)
+			return fmt.Errorf("replication: unexpected message %T", msg)
+		}
+	}
+}
+
+// finish commits a complete group before stopping.
+func (s *stream) finish(ctx context.Context) error {
+	if s.a.open() && !s.inTxn {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := s.commitGroup(wctx); err != nil {
+			return err
+		}
+		_ = s.status(wctx, false)
+	}
+	return nil
+}
+
+func (s *stream) copyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("keepalive: %w", err)
+		}
+		s.walEnd = max(s.walEnd, ka.ServerWALEnd)
+		return s.status(ctx, ka.ReplyRequested)
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("xlog data: %w", err)
+		}
+		s.walEnd = max(s.walEnd, x.ServerWALEnd)
+		msg, err := pglogrepl.ParseV2(x.WALData, s.inStream)
+		if err != nil {
+			return fmt.Errorf("decode pgoutput: %w", err)
+		}
+		return s.message(ctx, msg)
+	}
+	return nil
+}
+
+// idle reports whether no tracked change is pending: nothing received and
+// not yet committed to the warehouse, no streamed transaction buffered.
+func (s *stream) idle() bool {
+	return !s.inTxn && !s.a.open() && !s.inStream && len(s.buffers) == 0
+}
+
+// status sends a standby status update with every position set
+// explicitly (a zero flush position would become the write position). It
+// confirms the end of the last transaction the warehouse committed, or,
+// when nothing tracked is pending, the server's WAL end, so that an idle
+// slot does not pin WAL.
+func (s *stream) status(ctx context.Context, force bool) error {
+	pos := max(s.confirmed, s.applied)
+	if s.idle() && s.walEnd > pos {
+		pos = s.walEnd
+	}
+	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.src.CDC.StatusEvery.D() {
+		return nil
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.repl, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now()})
+	if err != nil {
+		return fmt.Errorf("standby status update: %w", err)
+	}
+	s.confirmed, s.sentAt = pos, time.Now()
+	s.r.m.confirmed.Set(float64(pos))
+	if pos > s.storedConfirmed {
+		// Remembered so that a restart can tell this slot's own advance
+		// from another client's.
+		if _, err := s.r.pool.Exec(ctx, storeConfirmedSQL, s.r.src.Name, pos.String()); err == nil {
+			s.storedConfirmed = pos
+		}
+	}
+	return nil
+}
+
+func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessageV2:
+		return s.relation(ctx, &m.RelationMessage)
+	case *pglogrepl.BeginMessage:
+		s.inTxn, s.seq = true, 0
+		s.commitLSN, s.commitTime = m.FinalLSN, m.CommitTime
+		// Transactions the warehouse already holds are skipped: after a
+		// restart the slot sends again what was not confirmed.
+		s.skip = m.FinalLSN < s.applied
+		if !s.skip && !s.a.open() {
+			if err := s.a.begin(ctx); err != nil {
+				return err
+			}
+			s.groupStart = time.Now()
+		}
+	case *pglogrepl.CommitMessage:
+		s.inTxn = false
+		if s.skip {
+			s.skip = false
+			return nil
+		}
+		s.a.done(m.TransactionEndLSN, m.CommitTime)
+		s.r.m.txns.Inc()
+		if s.a.changes >= int64(s.r.opts.GroupChanges) || time.Since(s.groupStart) >= s.r.opts.GroupAge {
+			return s.commitGroup(ctx)
+		}
+	case *pglogrepl.InsertMessageV2:
+		return s.change(ctx, opInsert, m.Xid, m.RelationID, m.Tuple, nil)
+	case *pglogrepl.UpdateMessageV2:
+		return s.change(ctx, opUpdate, m.Xid, m.RelationID, m.NewTuple, m.OldTuple)
+	case *pglogrepl.DeleteMessageV2:
+		return s.change(ctx, opDelete, m.Xid, m.RelationID, nil, m.OldTuple)
+	case *pglogrepl.TruncateMessageV2:
+		for _, id := range m.RelationIDs {
+			if err := s.change(ctx, opTruncate, m.Xid, id, nil, nil); err != nil {
+				return err
+			}
+		}
+	case *pglogrepl.StreamStartMessageV2:
+		s.inStream, s.streamX = true, m.Xid
+		if s.buffers[m.Xid] == nil {
+			s.buffers[m.Xid] = newBuffer(int(s.r.src.CDC.MaxBufferBytes))
+		}
+	case *pglogrepl.StreamStopMessageV2:
+		s.inStream = false
+	case *pglogrepl.StreamAbortMessageV2:
+		if b := s.buffers[m.Xid]; b != nil {
+			if m.SubXid == m.Xid {
+				b.close()
+				delete(s.buffers, m.Xid)
+			} else {
+				b.abort(m.SubXid)
+			}
+		}
+	case *pglogrepl.StreamCommitMessageV2:
+		return s.streamCommit(ctx, m)
+	}
+	return nil
+}
+
+// relation records a relation message. A tracked table that gained
+// columns has them added to its mirror, inside the open group when there
+// is one, so that the change that first carries them is applied with them.
+func (s *stream) relation(ctx context.Context, m *pglogrepl.RelationMessage) error {
+	t := s.byName[m.Namespace+"."+m.RelationName]
+	if t == nil {
+		return nil
+	}
+	cols := make([]column, len(m.Columns))
+	for i, c := range m.Columns {
+		cols[i] = column{name: c.Name, oid: c.DataType, mod: c.TypeModifier}
+	}
+	var added []column
+	for _, c := range cols {
+		if _, ok := t.mirror.Column(c.name); !ok {
+			added = append(added, c)
+		}
+	}
+	t.relID, t.columns = m.RelationID, cols
+	s.rels[m.RelationID] = t
+	if len(added) == 0 {
+		return nil
+	}
+	for _, c := range added {
+		var typ string
+		if err := s.src.QueryRow(ctx, formatTypeSQL, c.oid, c.mod).Scan(&typ); err != nil {
+			return fmt.Errorf("type of %s.%s: %w", t.name, c.name, err)
+		}
+		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), quote(c.name), typ)
+		var err error
+		if s.a.open() {
+			_, err = s.a.tx.Exec(ctx, ddl)
+		} else {
+			_, err = s.r.pool.Exec(ctx, ddl)
+		}
+		if err != nil {
+			return fmt.Errorf("add column %s to %s: %w", c.name, t.mirror.Target.Sanitize(), err)
+		}
+		t.mirror.Columns = append(t.mirror.Columns, mirrorColumn(c.name, typ))
+		s.r.log.Info("source table gained a column; added to the mirror", "table", t.name, "column", c.name, "type", typ)
+	}
+	return nil
+}
+
+// change decodes one row change and applies it, or buffers it when it
+// belongs to a streamed transaction.
+func (s *stream) change(ctx context.Context, op string, xid, rel uint32, newT, oldT *pglogrepl.TupleData) error {
+	t := s.rels[rel]
+	if t == nil {
+		// Not a tracked table (a publication may hold more).
+		return nil
+	}
+	c := change{op: op, table: t}
+	var err error
+	if c.newRow, err = t.decodeTuple(newT); err != nil {
+		return err
+	}
+	if c.oldRow, err = t.decodeTuple(oldT); err != nil {
+		return err
+	}
+	if s.inStream {
+		return s.buffers[s.streamX].add(xid, c)
+	}
+	if s.skip {
+		return nil
+	}
+	c.seq, c.commitLSN, c.commitTime = s.seq, s.commitLSN, s.commitTime
+	s.seq++
+	s.r.m.changes.WithLabelValues(op).Inc()
+	return s.a.add(ctx, c)
+}
+
+// streamCommit applies a streamed transaction that committed, as one
+// transaction of a group.
+func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMessageV2) error {
+	b := s.buffers[m.Xid]
+	delete(s.buffers, m.Xid)
+	if b == nil {
+		return nil
+	}
+	defer b.close()
+	if m.CommitLSN < s.applied {
+		return nil
+	}
+	if !s.a.open() {
+		if err := s.a.begin(ctx); err != nil {
+			return err
+		}
+		s.groupStart = time.Now()
+	}
+	seq := 0
+	err := b.each(func(c change) error {
+		c.seq, c.commitLSN, c.commitTime = seq, m.CommitLSN, m.CommitTime
+		seq++
+		s.r.m.changes.WithLabelValues(c.op).Inc()
+		return s.a.add(ctx, c)
+	}, s.rels)
+	if err != nil {
+		return err
+	}
+	s.a.done(m.TransactionEndLSN, m.CommitTime)
+	s.r.m.txns.Inc()
+	return s.commitGroup(ctx)
+}
+
+// commitGroup commits the open group and confirms it to the slot.
+func (s *stream) commitGroup(ctx context.Context) error {
+	last := s.a.lastCommit
+	end, err := s.a.commit(ctx)
+	if err != nil {
+		return err
+	}
+	if end > s.applied {
+		s.applied = end
+	}
+	s.r.m.applyLag.Observe(time.Since(last).Seconds())
+	s.r.m.applied.Set(float64(s.applied))
+	return s.status(ctx, true)
+}
