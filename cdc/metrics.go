@@ -13,7 +13,12 @@ type metrics struct {
 	applyLag  prometheus.Observer
 	applied   prometheus.Gauge
 	confirmed prometheus.Gauge
+	slotLag   prometheus.Gauge
+	walStatus *prometheus.GaugeVec
 }
+
+// walStatuses are the values of pg_replication_slots.wal_status.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
 func newMetrics(reg prometheus.Registerer, source string) *metrics {
 	changes := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -37,7 +42,17 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Name: "tidemark_cdc_confirmed_lsn",
 		Help: "LSN last confirmed to the replication slot, as a number.",
 	}, []string{"source"})
+	slotLag := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_slot_lag_bytes",
+		Help: "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn on the source: WAL the slot keeps, as of the last status update.",
+	}, []string{"source"})
+	walStatus := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_slot_wal_status",
+		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others.",
+	}, []string{"source", "status"})
 	if reg != nil {
+		slotLag = shared(reg, slotLag)
+		walStatus = shared(reg, walStatus)
 		changes = shared(reg, changes)
 		txns = shared(reg, txns)
 		lag = shared(reg, lag)
@@ -53,6 +68,8 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		applyLag:  lag.WithLabelValues(source),
 		applied:   applied.WithLabelValues(source),
 		confirmed: confirmed.WithLabelValues(source),
+		slotLag:   slotLag.WithLabelValues(source),
+		walStatus: walStatus.MustCurryWith(prometheus.Labels{"source": source}),
 	}
 }
 

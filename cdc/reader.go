@@ -38,6 +38,10 @@ FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = AN
 WHERE i.indrelid = to_regclass($1) AND i.indisprimary`
 	formatTypeSQL = `SELECT format_type($1::oid, $2)`
 	heartbeatSQL  = `SELECT pg_logical_emit_message(false, 'tidemark.heartbeat', $1)`
+	// slotMetricsSQL is the WAL a slot keeps and its wal_status.
+	slotMetricsSQL = `
+SELECT coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::int8, 0), coalesce(wal_status, '')
+FROM pg_replication_slots WHERE slot_name = $1`
 )
 
 // Options customise a Reader.

@@ -181,6 +181,7 @@ func (s *stream) status(ctx context.Context, force bool) error {
 	}
 	s.confirmed, s.sentAt = pos, time.Now()
 	s.r.m.confirmed.Set(float64(pos))
+	s.slotMetrics(ctx)
 	if pos > s.storedConfirmed {
 		// Remembered so that a restart can tell this slot's own advance
 		// from another client's.
@@ -189,6 +190,25 @@ func (s *stream) status(ctx context.Context, force bool) error {
 		}
 	}
 	return nil
+}
+
+// slotMetrics reads the slot's lag and WAL status from the source.
+func (s *stream) slotMetrics(ctx context.Context) {
+	var (
+		lag    int64
+		status string
+	)
+	if err := s.src.QueryRow(ctx, slotMetricsSQL, s.r.src.CDC.Slot).Scan(&lag, &status); err != nil {
+		return
+	}
+	s.r.m.slotLag.Set(float64(lag))
+	for _, w := range walStatuses {
+		v := 0.0
+		if w == status {
+			v = 1
+		}
+		s.r.m.walStatus.WithLabelValues(w).Set(v)
+	}
 }
 
 func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {

@@ -95,6 +95,40 @@ type Source struct {
 	Partitions          []Partition      `json:"partitions"`
 	// Poll is the state of a poll source.
 	Poll *Poll `json:"poll,omitempty"`
+	// CDC is the state of a CDC source.
+	CDC *CDC `json:"cdc,omitempty"`
+}
+
+// CDC is the state of a CDC source as the warehouse records it; the
+// slot's lag is a metric (tidemark_cdc_slot_lag_bytes).
+type CDC struct {
+	Slot           string     `json:"slot"`
+	Tables         []string   `json:"tables"`
+	Snapshot       string     `json:"snapshot"` // pending, done, skipped; "" before the first start
+	AppliedLSN     string     `json:"applied_lsn"`
+	ConfirmedLSN   string     `json:"confirmed_lsn"`
+	LastCommitTime *time.Time `json:"last_commit_time"`
+	Transactions   int64      `json:"transactions"`
+	Changes        int64      `json:"changes"`
+	UpdatedAt      *time.Time `json:"updated_at"`
+}
+
+const cdcStateSQL = `
+SELECT snapshot, applied_lsn::text, confirmed_lsn::text, last_commit_time, transactions, changes, updated_at
+FROM tidemark.cdc_positions WHERE source = $1`
+
+func gatherCDC(ctx context.Context, q Querier, sc *config.Source, version int) (*CDC, error) {
+	c := &CDC{Slot: sc.CDC.Slot, Tables: sc.CDC.Tables}
+	if version < 4 {
+		return c, nil
+	}
+	var last, upd *time.Time
+	err := q.QueryRow(ctx, cdcStateSQL, sc.Name).Scan(&c.Snapshot, &c.AppliedLSN, &c.ConfirmedLSN, &last, &c.Transactions, &c.Changes, &upd)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("read the CDC position of source %s: %w", sc.Name, err)
+	}
+	c.LastCommitTime, c.UpdatedAt = utc(last), utc(upd)
+	return c, nil
 }
 
 // Poll is the state of a poll source: its watermark, its last run and its
@@ -224,6 +258,8 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 			kind = "table"
 		case sc.Poll != nil:
 			kind = "poll"
+		case sc.CDC != nil:
+			kind = "cdc"
 		}
 		s := Source{Name: name, Kind: kind, DeadLettersByReason: reasons[name]}
 		if s.DeadLettersByReason == nil {
@@ -234,6 +270,11 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		}
 		if sc.Poll != nil {
 			if s.Poll, err = gatherPoll(ctx, q, sc, v); err != nil {
+				return nil, err
+			}
+		}
+		if sc.CDC != nil {
+			if s.CDC, err = gatherCDC(ctx, q, sc, v); err != nil {
 				return nil, err
 			}
 		}
@@ -454,6 +495,18 @@ func (r *Report) WriteText(w io.Writer) error {
 			}
 			continue
 		}
+		if c := s.CDC; c != nil {
+			fmt.Fprintf(tw, "\nsource %s (cdc: slot %s, %s)\n", s.Name, c.Slot, strings.Join(c.Tables, ", "))
+			snap := c.Snapshot
+			if snap == "" {
+				snap = "not started"
+			}
+			fmt.Fprintf(tw, "  snapshot\t%s\n", snap)
+			fmt.Fprintf(tw, "  applied / confirmed LSN\t%s / %s\n", orDash(c.AppliedLSN), orDash(c.ConfirmedLSN))
+			fmt.Fprintf(tw, "  last source commit applied\t%s\n", fmtTime(c.LastCommitTime))
+			fmt.Fprintf(tw, "  transactions / changes\t%d / %d\n", c.Transactions, c.Changes)
+			continue
+		}
 		if s.Kind != "kafka" {
 			fmt.Fprintf(tw, "\nsource %s (table, read by the reconciler in timestamp mode)\n", s.Name)
 			fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))
@@ -538,4 +591,11 @@ func fmtReasons(m map[string]int64) string {
 		parts[i] = fmt.Sprintf("%s %d", k, m[k])
 	}
 	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

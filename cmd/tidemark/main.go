@@ -1,7 +1,7 @@
 // Command tidemark loads Kafka events into a PostgreSQL warehouse exactly
 // once and keeps its state there.
 //
-//	tidemark run       [-c tidemark.yaml] [--only ingest,reconcile]
+//	tidemark run       [-c tidemark.yaml] [--only ingest,poll,cdc,reconcile]
 //	tidemark migrate   [-c tidemark.yaml]
 //	tidemark reconcile --once [-c tidemark.yaml] [--aggregate NAME]
 //	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
@@ -54,10 +54,10 @@ const (
 	exitUsage   = 2
 )
 
-const usage = `tidemark: load Kafka events into PostgreSQL exactly once.
+const usage = `tidemark: load Kafka events and PostgreSQL tables into a PostgreSQL warehouse.
 
 Usage:
-  tidemark run       [-c FILE] [--only ingest,reconcile]  run the service until SIGINT/SIGTERM
+  tidemark run       [-c FILE] [--only COMPONENTS]        run the service until SIGINT/SIGTERM
   tidemark migrate   [-c FILE]                            apply the warehouse schema migrations
   tidemark reconcile --once [-c FILE] [--aggregate NAME]  reconcile aggregates once (for cron)
   tidemark poll      --once --source NAME [-c FILE] [--upper T] [--lookback D]

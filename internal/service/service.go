@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/migrate"
@@ -38,11 +39,12 @@ import (
 const (
 	ComponentIngest    = "ingest"    // the Kafka ingester; needs Kafka sources
 	ComponentPoll      = "poll"      // timestamp-watermark loads; needs poll sources
+	ComponentCDC       = "cdc"       // logical replication readers; needs CDC sources
 	ComponentReconcile = "reconcile" // the reconciler; needs aggregates
 )
 
 // Components lists what this version can run.
-var Components = []string{ComponentIngest, ComponentPoll, ComponentReconcile}
+var Components = []string{ComponentIngest, ComponentPoll, ComponentCDC, ComponentReconcile}
 
 // Configured returns the components the configuration gives work to.
 func Configured(cfg *config.Config) []string {
@@ -51,8 +53,9 @@ func Configured(cfg *config.Config) []string {
 	for _, name := range cfg.SourceNames() {
 		kinds[ComponentIngest] = kinds[ComponentIngest] || cfg.Sources[name].Kafka != nil
 		kinds[ComponentPoll] = kinds[ComponentPoll] || cfg.Sources[name].Poll != nil
+		kinds[ComponentCDC] = kinds[ComponentCDC] || cfg.Sources[name].CDC != nil
 	}
-	for _, c := range []string{ComponentIngest, ComponentPoll} {
+	for _, c := range []string{ComponentIngest, ComponentPoll, ComponentCDC} {
 		if kinds[c] {
 			out = append(out, c)
 		}
@@ -134,12 +137,12 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	for _, c := range running {
 		if !slices.Contains(configured, c) {
 			return fmt.Errorf("component %s has nothing to do: configure %s", c, map[string]string{
-				ComponentIngest: "a source with a kafka block", ComponentPoll: "a source with a poll block",
+				ComponentIngest: "a source with a kafka block", ComponentPoll: "a source with a poll block", ComponentCDC: "a source with a cdc block",
 				ComponentReconcile: "aggregates"}[c])
 		}
 	}
 	if len(running) == 0 {
-		return errors.New("nothing to run: configure Kafka or poll sources, or aggregates")
+		return errors.New("nothing to run: configure Kafka, poll or CDC sources, or aggregates")
 	}
 	enabled := func(c string) bool { return slices.Contains(running, c) }
 
@@ -177,7 +180,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	h := &handler{log: log, cfg: cfg, pool: pool, adm: adm, now: now, reg: reg}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	errs := make(chan error, 2)
+	errs := make(chan error, len(cfg.Sources)+4) // every component can report once without blocking
 	if cfg.HTTP.Enabled() {
 		ln, err := net.Listen("tcp", cfg.HTTP.Listen)
 		if err != nil {
@@ -251,6 +254,26 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 					keyLoop(runCtx, p, cfg.Sources[name].Poll.DSN, pool, every, reconcile.KeyOptions{Logger: log, Registerer: reg, Now: now})
 				}()
 			}
+		}
+	}
+	if enabled(ComponentCDC) {
+		for _, name := range cfg.SourceNames() {
+			if cfg.Sources[name].CDC == nil {
+				continue
+			}
+			rd, err := cdc.New(cfg, name, pool, cdc.Options{Logger: log, Registerer: reg, Now: now})
+			if err != nil {
+				return err
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Connection failures are retried inside; a setup the
+				// reader cannot use stops the service with its reason.
+				if err := rd.Run(runCtx); err != nil {
+					errs <- err
+				}
+			}()
 		}
 	}
 	if enabled(ComponentReconcile) {
