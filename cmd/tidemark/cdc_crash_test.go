@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+// TestCDCCrashSafety is acceptance item 2 of the CDC issue: `tidemark run`
+// reading a slot is SIGKILLed at random moments during a stream of mixed
+// changes and restarted each time; afterwards the mirror equals the source
+// and every change has exactly one raw change row.
+func TestCDCCrashSafety(t *testing.T) {
+	kills := 6
+	if testing.Short() {
+		kills = 5
+	}
+	ctx := context.Background()
+	src, srcDSN := pgtest.NewPool(t)
+	wh, whDSN := pgtest.NewPool(t)
+	if _, err := src.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL, note text);
+		INSERT INTO orders SELECT i, i, 'seed' FROM generate_series(1, 1000) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeFile(t, "cdc.yaml", fmt.Sprintf(`warehouse: {dsn: %q}
+http: {listen: "off"}
+log: {level: info}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders], snapshot: initial, status_every: 200ms}
+    mirror: {table: dw_orders, deletes: hard}
+`, whDSN, srcDSN))
+
+	clock := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	// The first run creates the slot and copies the table. Changes made
+	// before the slot exists are in the snapshot, not in the stream, so
+	// the writer starts once the snapshot is done.
+	first := startCommand(t, clock, "run", "--only", "cdc", "-c", cfg)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var state string
+		if err := wh.QueryRow(ctx, "SELECT snapshot FROM tidemark.cdc_positions WHERE source = 'shop'").Scan(&state); err == nil && state == "done" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the snapshot did not finish:\n%s", first.output.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// The writer: transactions of 1 to 50 inserts, updates and deletes,
+	// counting every row change it commits.
+	var changes atomic.Int64
+	stop := make(chan struct{})
+	written := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		next := int64(100_000)
+		for {
+			select {
+			case <-stop:
+				written <- nil
+				return
+			default:
+			}
+			var n int64
+			err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+				n = 0
+				for range 1 + rng.IntN(50) {
+					var q string
+					var arg int64
+					switch rng.IntN(3) {
+					case 0:
+						next++
+						q, arg = `INSERT INTO orders VALUES ($1, 1, 'new')`, next
+					case 1:
+						q, arg = `UPDATE orders SET amount = amount + 1, note = 'upd' WHERE id = $1`, 1+rng.Int64N(next)
+					default:
+						q, arg = `DELETE FROM orders WHERE id = $1`, 1+rng.Int64N(next)
+					}
+					tag, err := tx.Exec(ctx, q, arg)
+					if err != nil {
+						return err
+					}
+					n += tag.RowsAffected()
+				}
+				return nil
+			})
+			if err != nil {
+				written <- err
+				return
+			}
+			changes.Add(n)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	for i := 0; i < kills; i++ {
+		p := first
+		if i > 0 {
+			p = startCommand(t, clock, "run", "--only", "cdc", "-c", cfg)
+		}
+		time.Sleep(time.Duration(400+rng.IntN(1200)) * time.Millisecond)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-p.exited
+	}
+	close(stop)
+	if err := <-written; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	total := changes.Load()
+	t.Logf("%d row changes committed at the source across %d kills", total, kills)
+
+	p := startCommand(t, clock, "run", "--only", "cdc", "-c", cfg)
+	defer func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		<-p.exited
+	}()
+	const srcRows = `SELECT id, amount::text, note FROM %s ORDER BY id`
+	deadline = time.Now().Add(90 * time.Second)
+	for {
+		want := strings.Join(rowsText(t, src, fmt.Sprintf(srcRows, "orders")), "\n")
+		got := strings.Join(rowsText(t, wh, fmt.Sprintf(srcRows, "dw_orders")), "\n")
+		var raw int64
+		_ = wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop").Scan(&raw)
+		if want == got && raw >= total {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no convergence: mirror equal %v, raw change rows %d of %d\n%s", want == got, raw, total, p.output.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var raw, distinct int64
+	if err := wh.QueryRow(ctx, "SELECT count(*), count(DISTINCT (commit_lsn, event_id)) FROM raw.shop").Scan(&raw, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if raw != total || distinct != total {
+		t.Errorf("raw change rows %d (%d distinct), want exactly %d", raw, distinct, total)
+	}
+}
+
+func rowsText(t *testing.T, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string) []string {
+	t.Helper()
+	rs, err := q.Query(context.Background(), sql)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (string, error) {
+		v, err := r.Values()
+		return fmt.Sprint(v...), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
