@@ -15,6 +15,8 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/mirror"
+	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
 // cdcEnv is a source database, a migrated warehouse and a CDC source
@@ -218,6 +220,23 @@ func TestMirrorsFollowTheSource(t *testing.T) {
 			if mode == "soft" {
 				if n := e.count("SELECT count(*) FROM mirror.orders WHERE deleted_at IS NOT NULL"); n != 10 {
 					t.Errorf("orders flagged deleted %d, want 10", n)
+				}
+			}
+			// Acceptance item 8: key reconciliation, the drift check, finds
+			// nothing to do on either mirror.
+			for _, tbl := range []string{"customers", "orders"} {
+				m := &mirror.Table{Name: "shop", Source: pgx.Identifier{"public", tbl}, Target: pgx.Identifier{"mirror", tbl},
+					Key: []string{"id"}, DeletedColumn: "deleted_at", LoadedColumn: "loaded_at", Hard: mode == "hard"}
+				k, err := reconcile.NewKeyReconciler(m, e.srcDSN, e.wh, reconcile.KeyOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				rep, err := k.Run(e.ctx, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rep.Deleted != 0 || rep.MissingInMirror != 0 || rep.SourceKeys != rep.MirrorKeys || rep.SourceKeys == 0 {
+					t.Errorf("key reconciliation of %s: %+v, want no drift", tbl, rep)
 				}
 			}
 		})
