@@ -130,12 +130,10 @@ func (a *applier) begin(ctx context.Context) error {
 		conn.Release()
 		return fmt.Errorf("warehouse: %w", err)
 	}
-	for k, v := range mirror.SessionParams {
-		if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", k, v); err != nil {
-			_ = tx.Rollback(ctx)
-			conn.Release()
-			return fmt.Errorf("warehouse: %w", err)
-		}
+	if err := mirror.SetLocal(ctx, tx); err != nil {
+		_ = tx.Rollback(ctx)
+		conn.Release()
+		return fmt.Errorf("warehouse: %w", err)
 	}
 	if _, err := tx.Exec(ctx, createStageSQL); err != nil {
 		_ = tx.Rollback(ctx)

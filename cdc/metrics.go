@@ -1,9 +1,9 @@
 package cdc
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
 
 // metrics are the Prometheus series of one CDC source.
@@ -51,13 +51,13 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others.",
 	}, []string{"source", "status"})
 	if reg != nil {
-		slotLag = shared(reg, slotLag)
-		walStatus = shared(reg, walStatus)
-		changes = shared(reg, changes)
-		txns = shared(reg, txns)
-		lag = shared(reg, lag)
-		applied = shared(reg, applied)
-		confirmed = shared(reg, confirmed)
+		slotLag = promreg.Shared(reg, slotLag)
+		walStatus = promreg.Shared(reg, walStatus)
+		changes = promreg.Shared(reg, changes)
+		txns = promreg.Shared(reg, txns)
+		lag = promreg.Shared(reg, lag)
+		applied = promreg.Shared(reg, applied)
+		confirmed = promreg.Shared(reg, confirmed)
 	}
 	for _, op := range []string{opInsert, opUpdate, opDelete, opTruncate} {
 		changes.WithLabelValues(source, op)
@@ -71,18 +71,4 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		slotLag:   slotLag.WithLabelValues(source),
 		walStatus: walStatus.MustCurryWith(prometheus.Labels{"source": source}),
 	}
-}
-
-// shared registers c, or returns the equal collector registered before by
-// the reader of another source.
-func shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }

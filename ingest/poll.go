@@ -413,10 +413,8 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 		return rep, fmt.Errorf("warehouse: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	for k, v := range mirror.SessionParams {
-		if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", k, v); err != nil {
-			return rep, fmt.Errorf("warehouse: %w", err)
-		}
+	if err := mirror.SetLocal(ctx, tx); err != nil {
+		return rep, fmt.Errorf("warehouse: %w", err)
 	}
 	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
 		return rep, fmt.Errorf("warehouse: %w", err)

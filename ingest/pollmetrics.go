@@ -1,11 +1,12 @@
 package ingest
 
 import (
-	"errors"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
 
 // pollMetrics are the Prometheus series of poll sources. Pollers sharing a
@@ -57,31 +58,16 @@ func newPollMetrics(reg prometheus.Registerer) *pollMetrics {
 			[]string{"source"}, nil), at: map[string]time.Time{}},
 	}
 	if reg != nil {
-		m.read = shared(reg, m.read)
-		m.merged = shared(reg, m.merged)
-		m.runs = shared(reg, m.runs)
-		m.seconds = shared(reg, m.seconds)
-		m.watermark = shared(reg, m.watermark)
-		m.window = shared(reg, m.window)
-		m.lastSuccess = shared(reg, m.lastSuccess)
-		m.age = shared(reg, m.age)
+		m.read = promreg.Shared(reg, m.read)
+		m.merged = promreg.Shared(reg, m.merged)
+		m.runs = promreg.Shared(reg, m.runs)
+		m.seconds = promreg.Shared(reg, m.seconds)
+		m.watermark = promreg.Shared(reg, m.watermark)
+		m.window = promreg.Shared(reg, m.window)
+		m.lastSuccess = promreg.Shared(reg, m.lastSuccess)
+		m.age = promreg.Shared(reg, m.age)
 	}
 	return m
-}
-
-// shared registers c, or returns the equal collector registered before
-// (the pollers of several sources share one registry). A registration
-// that fails otherwise leaves c unregistered: metrics never stop a load.
-func shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }
 
 // register makes the series of source appear before its first run.

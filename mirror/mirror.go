@@ -304,6 +304,20 @@ var SessionParams = map[string]string{
 	"bytea_output":       "hex",
 }
 
+// setLocalSQL sets one session parameter for the current transaction.
+const setLocalSQL = `SELECT set_config($1, $2, true)`
+
+// SetLocal applies SessionParams to the transaction tx only, on a pooled
+// connection whose session settings belong to others.
+func SetLocal(ctx context.Context, tx pgx.Tx) error {
+	for name, value := range SessionParams {
+		if _, err := tx.Exec(ctx, setLocalSQL, name, value); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // QuoteAll quotes column names and joins them with commas.
 func QuoteAll(cols []string) string { return quoteAll(cols) }
 

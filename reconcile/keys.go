@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -264,7 +265,7 @@ func (r *keyRun) compare(ctx context.Context, src *pgx.Conn) error {
 		return fmt.Errorf("warehouse: %w", err)
 	}
 	defer func() { _ = wtx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := setLocal(ctx, wtx); err != nil {
+	if err := mirror.SetLocal(ctx, wtx); err != nil {
 		return err
 	}
 	r.src, r.wh = stx, wtx
@@ -623,7 +624,7 @@ func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) e
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := setLocal(ctx, tx); err != nil {
+	if err := mirror.SetLocal(ctx, tx); err != nil {
 		return err
 	}
 	apply := !rep.DryRun && len(r.found) > 0
@@ -675,17 +676,6 @@ func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) e
 		return fmt.Errorf("record the run: %w", err)
 	}
 	return tx.Commit(ctx)
-}
-
-// setLocal applies mirror.SessionParams to the transaction, so the
-// warehouse prints values as the source connection does.
-func setLocal(ctx context.Context, tx pgx.Tx) error {
-	for name, value := range mirror.SessionParams {
-		if _, err := tx.Exec(ctx, keySetLocalSQL, name, value); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
-	}
-	return nil
 }
 
 func texts(keys []keyFound) []string {
@@ -950,11 +940,11 @@ func newKeyMetrics(reg prometheus.Registerer, source string) *keyMetrics {
 		}, []string{"source"}),
 	}
 	if reg != nil {
-		m.checked = sharedCollector(reg, m.checked)
-		m.transferred = sharedCollector(reg, m.transferred)
-		m.found = sharedCollector(reg, m.found)
-		m.runs = sharedCollector(reg, m.runs)
-		m.lastSuccess = sharedCollector(reg, m.lastSuccess)
+		m.checked = promreg.Shared(reg, m.checked)
+		m.transferred = promreg.Shared(reg, m.transferred)
+		m.found = promreg.Shared(reg, m.found)
+		m.runs = promreg.Shared(reg, m.runs)
+		m.lastSuccess = promreg.Shared(reg, m.lastSuccess)
 	}
 	m.checked.WithLabelValues(source)
 	m.transferred.WithLabelValues(source)
@@ -962,21 +952,6 @@ func newKeyMetrics(reg prometheus.Registerer, source string) *keyMetrics {
 	m.runs.WithLabelValues(source, "ok")
 	m.runs.WithLabelValues(source, "error")
 	return m
-}
-
-// sharedCollector registers c, or returns the equal collector registered
-// before by another KeyReconciler. A registration that fails otherwise
-// leaves c unregistered: metrics never stop a run.
-func sharedCollector[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }
 
 func (m *keyMetrics) observe(rep KeyReport, err error, now time.Time) {

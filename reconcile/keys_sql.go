@@ -6,10 +6,6 @@ package reconcile
 // mirror.SessionParams, the source side in another, so every checksum of a
 // run sees the same rows.
 const (
-	// keySetLocalSQL sets one of mirror.SessionParams for the current
-	// transaction only (the same as SET LOCAL, with parameters).
-	keySetLocalSQL = `SELECT set_config($1, $2, true)`
-
 	// keyCollationSQL tells, for each key column of a table ($1 quoted,
 	// qualified name; $2 the key columns in order), whether it is
 	// collatable and whether its native ordering is bytewise (the C or

@@ -1,0 +1,25 @@
+// Package promreg registers Prometheus collectors that several components
+// of one process create alike (the pollers, key reconcilers and CDC
+// readers of different sources share one registry).
+package promreg
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Shared registers c with reg, or returns the equal collector registered
+// before. A registration that fails otherwise leaves c unregistered:
+// metrics never stop a load.
+func Shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}
