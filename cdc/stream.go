@@ -174,6 +174,18 @@ func (s *stream) status(ctx context.Context, force bool) error {
 	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.src.CDC.StatusEvery.D() {
 		return nil
 	}
+	if durable := max(s.applied, s.storedConfirmed); pos > durable {
+		// Beyond what the warehouse has applied: record the position
+		// first, so that a restart can tell this reader's own advance
+		// from another client's. The slot is never confirmed past what
+		// the warehouse records.
+		if _, err := s.r.pool.Exec(ctx, storeConfirmedSQL, s.r.src.Name, pos.String()); err != nil {
+			s.r.log.Debug("could not record the idle position; confirming what is applied", "err", err)
+			pos = max(s.confirmed, durable)
+		} else {
+			s.storedConfirmed = pos
+		}
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.repl, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now()})
 	if err != nil {
@@ -182,13 +194,6 @@ func (s *stream) status(ctx context.Context, force bool) error {
 	s.confirmed, s.sentAt = pos, time.Now()
 	s.r.m.confirmed.Set(float64(pos))
 	s.slotMetrics(ctx)
-	if pos > s.storedConfirmed {
-		// Remembered so that a restart can tell this slot's own advance
-		// from another client's.
-		if _, err := s.r.pool.Exec(ctx, storeConfirmedSQL, s.r.src.Name, pos.String()); err == nil {
-			s.storedConfirmed = pos
-		}
-	}
 	return nil
 }
 
