@@ -3,6 +3,9 @@ package cdc
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,50 +21,53 @@ import (
 // warehouse transaction: its raw change rows, its ledger rows, the changes
 // to the mirrors and the position of its last transaction.
 const (
+	// copyRawSQL writes change rows straight into raw.<source> (the
+	// partitioned table routes them); %s is the raw table.
+	copyRawSQL = `COPY %s (event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn) FROM STDIN`
+
+	// createStageSQL creates the stage of one mirror: the net change of
+	// each key of a chunk, with the source table's columns in the
+	// mirror's types. "tidemark absent" lists the columns the change did
+	// not carry (unchanged TOAST values), which keep their stored value;
+	// the "tidemark from" columns hold, for a row whose key changed, the
+	// old key, whose mirror row provides those values. %[1]s stage, %[2]s
+	// old-key columns, %[3]s columns.
 	createStageSQL = `
-CREATE TEMP TABLE IF NOT EXISTS tidemark_cdc_raw (
-    event_id text, event_time timestamptz, op text, source_table text,
-    payload jsonb, row_key text, old_row jsonb, commit_lsn text
-) ON COMMIT DELETE ROWS;
-CREATE TEMP TABLE IF NOT EXISTS tidemark_cdc_apply (
-    source_table text, kind text, at timestamptz, payload jsonb
+CREATE TEMP TABLE IF NOT EXISTS %[1]s (
+    "tidemark kind" text, "tidemark at" timestamptz, "tidemark absent" text[], %[2]s, %[3]s
 ) ON COMMIT DELETE ROWS`
-	truncateStageSQL = `TRUNCATE pg_temp.tidemark_cdc_raw, pg_temp.tidemark_cdc_apply`
+	// copyStageSQL fills a stage; %[1]s is the stage.
+	copyStageSQL     = `COPY %[1]s FROM STDIN`
+	truncateStageSQL = `TRUNCATE %s`
 
-	// insertRawSQL moves the staged change rows into raw.<source>; %s is
-	// the raw table.
-	insertRawSQL = `
-INSERT INTO %s (event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn)
-SELECT event_id, event_time, $1, op, source_table, coalesce(payload, old_row, '{}'), row_key, old_row, commit_lsn::pg_lsn
-FROM pg_temp.tidemark_cdc_raw`
-
-	// updateMirrorSQL updates the mirror rows of staged upserts; a column
-	// the change did not carry (an unchanged TOAST value) keeps its stored
-	// value. %[1]s mirror, %[2]s SET list, %[3]s key match of t and r.
+	// updateMirrorSQL updates the mirror rows of staged upserts. %[1]s
+	// mirror, %[2]s stage, %[3]s SET list, %[4]s key match of t and s.
 	updateMirrorSQL = `
-UPDATE %[1]s AS t SET %[2]s
-FROM pg_temp.tidemark_cdc_apply AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.payload) AS r
-WHERE s.source_table = $1 AND s.kind = 'upsert' AND %[3]s`
+UPDATE %[1]s AS t SET %[3]s
+FROM %[2]s AS s
+WHERE s."tidemark kind" = 'upsert' AND %[4]s`
 
 	// insertMirrorSQL inserts the staged upserts whose key the mirror does
-	// not have. %[1]s mirror, %[2]s columns, %[3]s r's columns, %[4]s key
-	// match of t and r, %[5]s loaded and deleted columns.
+	// not have. %[1]s mirror, %[2]s stage, %[3]s columns, %[4]s values,
+	// %[5]s key match of t and s, %[6]s loaded and deleted columns, %[7]s
+	// the join of the old key's row o (or nothing).
 	insertMirrorSQL = `
-INSERT INTO %[1]s (%[2]s, %[5]s)
-SELECT %[3]s, $2, NULL
-FROM pg_temp.tidemark_cdc_apply AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.payload) AS r
-WHERE s.source_table = $1 AND s.kind = 'upsert' AND NOT EXISTS (SELECT 1 FROM %[1]s AS t WHERE %[4]s)`
+INSERT INTO %[1]s (%[3]s, %[6]s)
+SELECT %[4]s, $1, NULL
+FROM %[2]s AS s %[7]s
+WHERE s."tidemark kind" = 'upsert' AND NOT EXISTS (SELECT 1 FROM %[1]s AS t WHERE %[5]s)`
 
 	// flagMirrorSQL marks staged deletes (soft); removeMirrorSQL removes
-	// them (hard). %[1]s mirror, %[2]s deleted column, %[3]s key match.
+	// them (hard). %[1]s mirror, %[2]s stage, %[3]s deleted column, %[4]s
+	// key match.
 	flagMirrorSQL = `
-UPDATE %[1]s AS t SET %[2]s = s.at
-FROM pg_temp.tidemark_cdc_apply AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.payload) AS r
-WHERE s.source_table = $1 AND s.kind = 'delete' AND %[3]s AND t.%[2]s IS NULL`
+UPDATE %[1]s AS t SET %[3]s = s."tidemark at"
+FROM %[2]s AS s
+WHERE s."tidemark kind" = 'delete' AND %[4]s AND t.%[3]s IS NULL`
 	removeMirrorSQL = `
 DELETE FROM %[1]s AS t
-USING pg_temp.tidemark_cdc_apply AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.payload) AS r
-WHERE s.source_table = $1 AND s.kind = 'delete' AND %[3]s`
+USING %[2]s AS s
+WHERE s."tidemark kind" = 'delete' AND %[4]s`
 
 	// truncateFlagSQL and truncateRemoveSQL apply a TRUNCATE of the source
 	// table. %[1]s mirror, %[2]s deleted column.
@@ -79,12 +85,6 @@ UPDATE tidemark.cdc_positions SET
 WHERE source = $1`
 )
 
-// stagedRawColumns are the columns of tidemark_cdc_raw.
-var stagedRawColumns = []string{"event_id", "event_time", "op", "source_table", "payload", "row_key", "old_row", "commit_lsn"}
-
-// stagedApplyColumns are the columns of tidemark_cdc_apply.
-var stagedApplyColumns = []string{"source_table", "kind", "at", "payload"}
-
 // applier writes groups of source transactions to the warehouse.
 type applier struct {
 	pool     *pgxpool.Pool
@@ -98,7 +98,8 @@ type applier struct {
 	conn *pgxpool.Conn
 	tx   pgx.Tx
 
-	pending []change // not yet written, in order
+	pending []change        // not yet written, in order
+	staged  map[string]bool // stages this group has used
 	buckets map[time.Time]*bucket
 	// The group so far: transactions, changes, the end of the last
 	// transaction and its commit time.
@@ -135,12 +136,8 @@ func (a *applier) begin(ctx context.Context) error {
 		conn.Release()
 		return fmt.Errorf("warehouse: %w", err)
 	}
-	if _, err := tx.Exec(ctx, createStageSQL); err != nil {
-		_ = tx.Rollback(ctx)
-		conn.Release()
-		return fmt.Errorf("staging tables: %w", err)
-	}
 	a.conn, a.tx = conn, tx
+	a.staged = map[string]bool{}
 	a.buckets = map[time.Time]*bucket{}
 	a.txns, a.changes, a.end = 0, 0, 0
 	a.ingestedAt = a.now()
@@ -213,29 +210,8 @@ func (a *applier) flush(ctx context.Context) error {
 	if err := a.ensurePartitions(ctx, changes); err != nil {
 		return err
 	}
-	if _, err := a.tx.Exec(ctx, truncateStageSQL); err != nil {
-		return fmt.Errorf("staging tables: %w", err)
-	}
-	_, err := a.tx.CopyFrom(ctx, pgx.Identifier{"tidemark_cdc_raw"}, stagedRawColumns, pgx.CopyFromSlice(len(changes), func(i int) ([]any, error) {
-		c := &changes[i]
-		var key any
-		r := c.newRow
-		if r == nil {
-			r = c.oldRow
-		}
-		if r != nil {
-			if k, ok := c.table.keyOf(r); ok {
-				key = k
-			}
-		}
-		return []any{fmt.Sprintf("%s/%d", c.commitLSN, c.seq), c.commitTime, c.op, c.table.name,
-			jsonArg(c.table.json(c.newRow)), key, jsonArg(c.table.json(c.oldRow)), c.commitLSN.String()}, nil
-	}))
-	if err != nil {
-		return fmt.Errorf("stage change rows: %w", err)
-	}
-	if _, err := a.tx.Exec(ctx, fmt.Sprintf(insertRawSQL, a.raw.Ident()), a.ingestedAt); err != nil {
-		return fmt.Errorf("write %s: %w", a.raw.Ident(), err)
+	if err := a.writeRaw(ctx, changes); err != nil {
+		return err
 	}
 	for _, c := range changes {
 		h := c.commitTime.UTC().Truncate(time.Hour)
@@ -270,18 +246,65 @@ func (a *applier) flush(ctx context.Context) error {
 	return nil
 }
 
+// writeRaw writes one raw change row per change with COPY.
+func (a *applier) writeRaw(ctx context.Context, changes []change) error {
+	w := newCopyRows()
+	var (
+		lsn     pglogrepl.LSN
+		lsnText string
+	)
+	for i := range changes {
+		c := &changes[i]
+		if lsnText == "" || c.commitLSN != lsn {
+			lsn, lsnText = c.commitLSN, c.commitLSN.String()
+		}
+		payload, old := c.table.json(c.newRow), c.table.json(c.oldRow)
+		if payload == nil {
+			payload = old
+		}
+		if payload == nil {
+			payload = []byte("{}")
+		}
+		w.text(lsnText + "/" + strconv.Itoa(c.seq))
+		w.time(c.commitTime)
+		w.time(a.ingestedAt)
+		w.text(c.op)
+		w.text(c.table.name)
+		w.bytes(payload)
+		r := c.newRow
+		if r == nil {
+			r = c.oldRow
+		}
+		if k, ok := c.table.keyOf(r); ok && r != nil {
+			w.text(k)
+		} else {
+			w.null()
+		}
+		w.bytes(old)
+		w.text(lsnText)
+		w.end()
+	}
+	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, &w.buf, fmt.Sprintf(copyRawSQL, a.raw.Ident())); err != nil {
+		return fmt.Errorf("write %s: %w", a.raw.Ident(), err)
+	}
+	return nil
+}
+
 // state is the net effect of a chunk's changes on one key.
 type state struct {
 	table  *table
 	delete bool
 	at     time.Time
 	cols   row // upsert: the columns known; absent ones keep their stored value
-	key    row // delete: the key columns
-	// before is, for a delete, the row as this chunk had upserted it:
+	// from is, for an upsert whose key changed, a row holding the old
+	// key: columns absent from cols take the old key's stored values.
+	from row
+	key  row // delete: the key columns
+	// before is, for a delete, the upsert this chunk made of the row:
 	// with soft deletes it is written and then flagged, so that the
 	// mirror keeps it whether or not the upsert and the delete fall into
 	// the same chunk.
-	before row
+	before *state
 }
 
 // applyMirrors folds the changes per table and key, in order, and writes
@@ -310,23 +333,32 @@ func (a *applier) applyMirrors(ctx context.Context, changes []change) error {
 			if !ok {
 				return fmt.Errorf("cdc: %s: a row without its key columns %v", t.name, t.mirror.Key)
 			}
+			// prev is what the row was before this change, as far as
+			// this chunk knows.
+			prev := states[tk{t, newKey}]
+			var from row
 			if c.oldRow != nil {
 				if oldKey, ok := t.keyOf(c.oldRow); ok && oldKey != newKey {
-					// The key changed: the old key is gone.
-					set(tk{t, oldKey}, &state{table: t, delete: true, at: c.commitTime, key: c.oldRow, before: upserted(states[tk{t, oldKey}])})
+					// The key changed: the old key is gone, and the
+					// row's unsent columns are those of the old key.
+					prev = states[tk{t, oldKey}]
+					from = c.oldRow
+					set(tk{t, oldKey}, &state{table: t, delete: true, at: c.commitTime, key: c.oldRow, before: upserted(prev)})
 				}
 			}
-			k := tk{t, newKey}
 			cols := make(row, len(c.newRow))
-			if prev := states[k]; prev != nil && !prev.delete && c.op == opUpdate {
-				for name, v := range prev.cols {
+			if p := upserted(prev); p != nil && c.op == opUpdate {
+				for name, v := range p.cols {
 					cols[name] = v
+				}
+				if p.from != nil {
+					from = p.from
 				}
 			}
 			for name, v := range c.newRow {
 				cols[name] = v
 			}
-			set(k, &state{table: t, cols: cols, at: c.commitTime})
+			set(tk{t, newKey}, &state{table: t, cols: cols, from: from, at: c.commitTime})
 		case opDelete:
 			key, ok := t.keyOf(c.oldRow)
 			if !ok {
@@ -335,67 +367,177 @@ func (a *applier) applyMirrors(ctx context.Context, changes []change) error {
 			set(tk{t, key}, &state{table: t, delete: true, at: c.commitTime, key: c.oldRow, before: upserted(states[tk{t, key}])})
 		}
 	}
-	tables := map[*table]bool{}
-	rows := make([][]any, 0, len(order))
+	byTable := map[*table]*stageRows{}
+	var tables []*table
 	for _, k := range order {
 		s := states[k]
-		tables[s.table] = true
-		kind, payload := "upsert", s.cols
-		if s.delete {
-			kind, payload = "delete", s.key
-			if s.before != nil && !s.table.mirror.Hard {
-				rows = append(rows, []any{s.table.name, "upsert", s.at, jsonArg(s.table.json(s.before))})
-			}
+		st := byTable[s.table]
+		if st == nil {
+			st = newStageRows(s.table)
+			byTable[s.table] = st
+			tables = append(tables, s.table)
 		}
-		rows = append(rows, []any{s.table.name, kind, s.at, jsonArg(s.table.json(payload))})
+		if s.delete {
+			if s.before != nil && !s.table.mirror.Hard {
+				st.upsert(s.before)
+			}
+			st.delete(s)
+			continue
+		}
+		st.upsert(s)
 	}
-	if _, err := a.tx.CopyFrom(ctx, pgx.Identifier{"tidemark_cdc_apply"}, stagedApplyColumns, pgx.CopyFromRows(rows)); err != nil {
-		return fmt.Errorf("stage mirror changes: %w", err)
-	}
-	for t := range tables {
-		if err := a.applyTable(ctx, t); err != nil {
+	for _, t := range tables {
+		if err := a.applyTable(ctx, byTable[t]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// upserted returns the columns of an upsert state, or nil.
-func upserted(s *state) row {
+// upserted returns s when it is an upsert, or nil.
+func upserted(s *state) *state {
 	if s == nil || s.delete {
 		return nil
 	}
-	return s.cols
+	return s
 }
 
-// applyTable writes the staged upserts and deletes of one table.
-func (a *applier) applyTable(ctx context.Context, t *table) error {
-	m := t.mirror
-	target := m.Target.Sanitize()
-	var match, sets, cols, rcols []string
-	for _, k := range m.Key {
-		match = append(match, fmt.Sprintf("t.%[1]s = r.%[1]s", quote(k)))
+// stageRows are the staged net changes of one table.
+type stageRows struct {
+	t       *table
+	name    string // the temp table
+	ddl     string
+	w       *copyRows
+	absent  bool // some upsert lacks a column
+	renamed bool // some upsert takes columns from an old key
+}
+
+func newStageRows(t *table) *stageRows {
+	h := fnv.New64a()
+	var from, cols []string
+	for _, k := range t.mirror.Key {
+		c, _ := t.mirror.Column(k)
+		from = append(from, quote("tidemark from "+k)+" "+c.Type)
+		fmt.Fprintf(h, "%s\x00%s\x00", k, c.Type)
 	}
 	for _, c := range t.columns {
+		typ := "text"
+		if mc, ok := t.mirror.Column(c.name); ok {
+			typ = mc.Type
+		}
+		cols = append(cols, quote(c.name)+" "+typ)
+		fmt.Fprintf(h, "%s\x00%s\x00", c.name, typ)
+	}
+	name := pgx.Identifier{"pg_temp", fmt.Sprintf("tidemark_cdc_%016x", h.Sum64())}.Sanitize()
+	return &stageRows{t: t, name: name, w: newCopyRows(),
+		ddl: fmt.Sprintf(createStageSQL, name, strings.Join(from, ", "), strings.Join(cols, ", "))}
+}
+
+// upsert stages an upsert.
+func (st *stageRows) upsert(s *state) {
+	st.w.text("upsert")
+	st.w.time(s.at)
+	var absent []string
+	for _, c := range st.t.columns {
+		if _, ok := s.cols[c.name]; !ok {
+			absent = append(absent, c.name)
+		}
+	}
+	st.w.textArray(absent)
+	st.absent = st.absent || len(absent) > 0
+	for _, k := range st.t.mirror.Key {
+		if s.from == nil || len(absent) == 0 {
+			st.w.null()
+			continue
+		}
+		st.renamed = true
+		st.w.value(s.from[k])
+	}
+	for _, c := range st.t.columns {
+		if v, ok := s.cols[c.name]; ok {
+			st.w.value(v)
+		} else {
+			st.w.null()
+		}
+	}
+	st.w.end()
+}
+
+// delete stages a delete.
+func (st *stageRows) delete(s *state) {
+	st.w.text("delete")
+	st.w.time(s.at)
+	st.w.null()
+	for range st.t.mirror.Key {
+		st.w.null()
+	}
+	for _, c := range st.t.columns {
+		if v, ok := s.key[c.name]; ok && slices.Contains(st.t.mirror.Key, c.name) {
+			st.w.value(v)
+		} else {
+			st.w.null()
+		}
+	}
+	st.w.end()
+}
+
+// applyTable writes a table's staged upserts and deletes to its mirror.
+func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
+	if a.staged[st.name] {
+		if _, err := a.tx.Exec(ctx, fmt.Sprintf(truncateStageSQL, st.name)); err != nil {
+			return fmt.Errorf("stage of %s: %w", st.t.name, err)
+		}
+	} else {
+		if _, err := a.tx.Exec(ctx, st.ddl); err != nil {
+			return fmt.Errorf("stage of %s: %w", st.t.name, err)
+		}
+		a.staged[st.name] = true
+	}
+	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, &st.w.buf, fmt.Sprintf(copyStageSQL, st.name)); err != nil {
+		return fmt.Errorf("stage of %s: %w", st.t.name, err)
+	}
+	m := st.t.mirror
+	target := m.Target.Sanitize()
+	var match, fromMatch, sets, cols, vals []string
+	for _, k := range m.Key {
+		match = append(match, fmt.Sprintf("t.%[1]s = s.%[1]s", quote(k)))
+		fromMatch = append(fromMatch, fmt.Sprintf("o.%s = s.%s", quote(k), quote("tidemark from "+k)))
+	}
+	for _, c := range st.t.columns {
 		q := quote(c.name)
 		cols = append(cols, q)
-		rcols = append(rcols, "r."+q)
-		sets = append(sets, fmt.Sprintf("%[1]s = CASE WHEN s.payload ? %[2]s THEN r.%[1]s ELSE t.%[1]s END", q, literal(c.name)))
+		switch {
+		case !st.absent:
+			sets = append(sets, fmt.Sprintf("%[1]s = s.%[1]s", q))
+			vals = append(vals, "s."+q)
+		default:
+			absent := fmt.Sprintf(`%s = ANY(s."tidemark absent")`, literal(c.name))
+			sets = append(sets, fmt.Sprintf("%[1]s = CASE WHEN %[2]s THEN t.%[1]s ELSE s.%[1]s END", q, absent))
+			if st.renamed {
+				vals = append(vals, fmt.Sprintf("CASE WHEN %[2]s THEN o.%[1]s ELSE s.%[1]s END", q, absent))
+			} else {
+				vals = append(vals, "s."+q)
+			}
+		}
 	}
-	sets = append(sets, quote(m.LoadedColumn)+" = $2", quote(m.DeletedColumn)+" = NULL")
+	sets = append(sets, quote(m.LoadedColumn)+" = $1", quote(m.DeletedColumn)+" = NULL")
+	join := ""
+	if st.renamed {
+		join = fmt.Sprintf("LEFT JOIN %s AS o ON %s", target, strings.Join(fromMatch, " AND "))
+	}
 	keyMatch := strings.Join(match, " AND ")
-	if _, err := a.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, strings.Join(sets, ", "), keyMatch), t.name, a.ingestedAt); err != nil {
+	if _, err := a.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch), a.ingestedAt); err != nil {
 		return fmt.Errorf("update %s: %w", target, err)
 	}
-	if _, err := a.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, strings.Join(cols, ", "), strings.Join(rcols, ", "), keyMatch,
-		quote(m.LoadedColumn)+", "+quote(m.DeletedColumn)), t.name, a.ingestedAt); err != nil {
+	if _, err := a.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
+		quote(m.LoadedColumn)+", "+quote(m.DeletedColumn), join), a.ingestedAt); err != nil {
 		return fmt.Errorf("insert into %s: %w", target, err)
 	}
-	del := fmt.Sprintf(flagMirrorSQL, target, quote(m.DeletedColumn), keyMatch)
+	del := fmt.Sprintf(flagMirrorSQL, target, st.name, quote(m.DeletedColumn), keyMatch)
 	if m.Hard {
-		del = fmt.Sprintf(removeMirrorSQL, target, "", keyMatch)
+		del = fmt.Sprintf(removeMirrorSQL, target, st.name, "", keyMatch)
 	}
-	if _, err := a.tx.Exec(ctx, del, t.name); err != nil {
+	if _, err := a.tx.Exec(ctx, del); err != nil {
 		return fmt.Errorf("delete from %s: %w", target, err)
 	}
 	return nil

@@ -3,7 +3,6 @@ package cdc
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -131,8 +130,8 @@ func (t *table) json(r row) []byte {
 	if r == nil {
 		return nil
 	}
-	var b strings.Builder
-	b.WriteByte('{')
+	b := make([]byte, 0, 256)
+	b = append(b, '{')
 	first := true
 	for _, c := range t.columns {
 		v, ok := r[c.name]
@@ -140,22 +139,19 @@ func (t *table) json(r row) []byte {
 			continue
 		}
 		if !first {
-			b.WriteByte(',')
+			b = append(b, ',')
 		}
 		first = false
-		name, _ := json.Marshal(c.name)
-		b.Write(name)
-		b.WriteByte(':')
+		b = appendJSONString(b, c.name)
+		b = append(b, ':')
 		switch {
 		case v == nil:
-			b.WriteString("null")
+			b = append(b, "null"...)
 		case c.oid == jsonOID || c.oid == jsonbOID:
-			b.WriteString(*v)
+			b = append(b, *v...)
 		default:
-			s, _ := json.Marshal(*v)
-			b.Write(s)
+			b = appendJSONString(b, *v)
 		}
 	}
-	b.WriteByte('}')
-	return []byte(b.String())
+	return append(b, '}')
 }

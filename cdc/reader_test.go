@@ -270,6 +270,19 @@ func TestToastSchemaAndIdle(t *testing.T) {
 	if err := e.wh.QueryRow(e.ctx, "SELECT length(big) FROM mirror.customers WHERE id = 1 AND tier = 'pro'").Scan(&size); err != nil || size != 320000 {
 		t.Errorf("the TOASTed value after an update of another column: length %d (%v), want 320000", size, err)
 	}
+	// A key change does not send the unchanged TOASTed value either: it
+	// comes from the old key's mirror row, or from earlier changes of the
+	// same group (a chain of key changes in one transaction).
+	e.exec(`UPDATE customers SET id = 10 WHERE id = 1`)
+	e.waitMirrored("WHERE deleted_at IS NULL")
+	e.exec(`INSERT INTO customers SELECT 2, 'ben', 'free', NULL, big FROM customers WHERE id = 10`)
+	e.waitMirrored("WHERE deleted_at IS NULL")
+	e.exec(`BEGIN; UPDATE customers SET id = 20 WHERE id = 2; UPDATE customers SET tier = 'gold' WHERE id = 20;
+		UPDATE customers SET id = 21 WHERE id = 20; UPDATE customers SET id = 11, name = 'ana2' WHERE id = 10; COMMIT`)
+	e.waitMirrored("WHERE deleted_at IS NULL")
+	if n := e.count("SELECT count(*) FROM mirror.customers WHERE deleted_at IS NULL AND id IN (11, 21) AND length(big) = 320000"); n != 2 {
+		t.Errorf("after key changes, %d rows keep their TOASTed value, want 2", n)
+	}
 
 	e.exec(`ALTER TABLE orders ADD COLUMN channel text`)
 	e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00', 'app'), (2, 1, 1.00, '2026-10-05 09:05+00', NULL)`)
@@ -314,7 +327,7 @@ func TestToastSchemaAndIdle(t *testing.T) {
 func (e *cdcEnv) confirmed() string {
 	e.t.Helper()
 	var lsn string
-	if err := e.src.QueryRow(e.ctx, "SELECT coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&lsn); err != nil {
+	if err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'), '')").Scan(&lsn); err != nil {
 		e.t.Fatal(err)
 	}
 	return lsn
@@ -370,5 +383,75 @@ func TestInitialSnapshot(t *testing.T) {
 	t.Logf("%d write transactions ran during and after the snapshot", n)
 	if n == 0 {
 		t.Error("no writes ran while the snapshot was taken")
+	}
+}
+
+// TestIdleConfirmIsRecordedFirst: a reader that confirms an idle slot past
+// what it applied records that position in the warehouse first. When the
+// warehouse cannot record it (here: cdc_positions is locked) the slot is
+// not advanced, so a restart does not mistake the reader's own advance
+// for another client consuming the slot.
+func TestIdleConfirmIsRecordedFirst(t *testing.T) {
+	e := newCDCEnv(t)
+	cfg := e.config("snapshot: never\nheartbeat_every: 0s", "deletes: hard")
+	run := func() (context.CancelFunc, chan error) {
+		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(e.ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		return cancel, done
+	}
+	cancel, done := run()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.confirmed() == "" || e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE confirmed_lsn > '0/0'") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the reader did not confirm the idle slot")
+		}
+		e.exec(`INSERT INTO untracked (note) VALUES ('x')`)
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The warehouse stalls on cdc_positions while only untracked tables
+	// change; then the reader stops.
+	lock, err := e.wh.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(e.ctx, "LOCK TABLE tidemark.cdc_positions IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	before := e.confirmed()
+	for range 10 {
+		e.exec(`INSERT INTO untracked (note) SELECT repeat('x', 100) FROM generate_series(1, 100)`)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if after := e.confirmed(); after != before {
+		t.Errorf("the slot was confirmed from %s to %s while the warehouse could not record it", before, after)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("reader: %v", err)
+	}
+	if err := lock.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new reader takes over without refusing, and streams.
+	cancel, done = run()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("reader: %v", err)
+		}
+	}()
+	e.exec(`INSERT INTO customers VALUES (1, 'ana', 'free', NULL, NULL)`)
+	e.waitMirrored("")
+	select {
+	case err := <-done:
+		t.Fatalf("the restarted reader stopped: %v", err)
+	default:
 	}
 }
