@@ -1,0 +1,357 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+)
+
+// cdcChanges is how many row changes the CDC throughput benchmark streams.
+var cdcChanges = envInt("CDC_CHANGES", 1_000_000)
+
+// cdcSourceDDL is the source table of the CDC benchmark: about 150 bytes
+// a row.
+const cdcSourceDDL = `
+CREATE TABLE orders (
+    id          bigint PRIMARY KEY,
+    customer_id bigint NOT NULL,
+    amount      numeric(12,2) NOT NULL,
+    status      text NOT NULL,
+    note        text NOT NULL,
+    placed_at   timestamptz NOT NULL
+)`
+
+// cdcWorkload writes cdcChanges changes in transactions of 1,000: 600
+// transactions of inserts, 300 of updates and 100 of deletes, interleaved.
+const (
+	cdcInsertSQL = `INSERT INTO orders SELECT i, i % 5000, (i % 997) * 1.25, 'placed', repeat('x', 80),
+	timestamptz '2026-11-01 00:00+00' + i * interval '1 second' FROM generate_series($1::bigint, $2::bigint) AS i`
+	cdcUpdateSQL = `UPDATE orders SET status = 'paid', amount = amount + 1 WHERE id BETWEEN $1 AND $2`
+	cdcDeleteSQL = `DELETE FROM orders WHERE id BETWEEN $1 AND $2`
+)
+
+// BenchmarkCDC measures the CDC reader on one PostgreSQL server with fsync
+// on (source and warehouse are two databases of it):
+//
+//	(a) pg_recvlogical decoding 1,000,000 changes (600k inserts, 300k
+//	    updates, 100k deletes in transactions of 1,000) from a pgoutput
+//	    slot and throwing the output away: the limit of what the server
+//	    can decode and send;
+//	(b) tidemark applying the same changes from its own slot: raw change
+//	    rows, ledger, mirror, positions, confirmed to the slot;
+//	(c) apply lag at a steady 5,000 changes/s for 30 s: for each source
+//	    transaction, the time from its COMMIT returning at the source to
+//	    the first moment its rows are visible in the warehouse mirror.
+func BenchmarkCDC(b *testing.B) {
+	bin, err := pgserver.FindBinDir()
+	if err != nil {
+		b.Skip(err)
+	}
+	recvlogical := filepath.Join(bin, "pg_recvlogical")
+	for range b.N {
+		ctx := context.Background()
+		srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
+			"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min"}})
+		e := &env{srv: srv}
+		srcDSN := pgtest.NewDatabaseOn(b, srv)
+		src := pgtest.Pool(b, srcDSN)
+		if _, err := src.Exec(ctx, cdcSourceDDL); err != nil {
+			b.Fatal(err)
+		}
+		whDSN := pgtest.NewDatabaseOn(b, srv)
+		if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
+			b.Fatal(err)
+		}
+		wh := pgtest.Pool(b, whDSN)
+		cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders], heartbeat_every: 0s}
+    mirror: {table: dw_orders, deletes: hard}
+`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
+		if err != nil {
+			b.Fatal(err)
+		}
+
+		// tidemark creates its publication and slot (empty snapshot), then
+		// stops; the decode-only slot is created next to it, so both
+		// slots hold exactly the changes written below.
+		rd := startReader(b, cfg, wh)
+		waitSlotActive(b, src, "tidemark_shop")
+		rd.stop(b)
+		if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode', 'pgoutput')`); err != nil {
+			b.Fatal(err)
+		}
+		end := writeCDCWorkload(b, src)
+
+		// (a) pg_recvlogical to the end LSN.
+		e.settle(b)
+		started := time.Now()
+		cmd := exec.CommandContext(ctx, recvlogical, "-d", srcDSN, "--slot", "bench_decode", "--start", "--no-loop",
+			"--endpos", end, "-F", "0", "-f", "-",
+			"-o", "proto_version=2", "-o", "publication_names=tidemark_shop", "-o", "streaming=on")
+		var decoded countingWriter
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &decoded, &stderr
+		if err := cmd.Run(); err != nil {
+			b.Fatalf("pg_recvlogical: %v\n%s", err, stderr.String())
+		}
+		decodeTook := time.Since(started)
+		if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot('bench_decode')`); err != nil {
+			b.Fatal(err)
+		}
+
+		// (b) tidemark from the same position to the same end LSN.
+		e.settle(b)
+		started = time.Now()
+		rd = startReader(b, cfg, wh)
+		rd.waitApplied(b, wh, end, 10*time.Minute)
+		applyTook := time.Since(started)
+		var raw, mirrored int64
+		if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_orders)`).Scan(&raw, &mirrored); err != nil {
+			b.Fatal(err)
+		}
+		if raw != int64(cdcChanges) || mirrored != int64(cdcChanges/2) {
+			b.Fatalf("tidemark wrote %d raw change rows and %d mirror rows, want %d and %d", raw, mirrored, cdcChanges, cdcChanges/2)
+		}
+
+		// (c) apply lag at a steady 5,000 changes/s.
+		lags, rate := steadyLag(b, src, wh, 5000, 30*time.Second)
+		rd.stop(b)
+
+		decodeRate := float64(cdcChanges) / decodeTook.Seconds()
+		applyRate := float64(cdcChanges) / applyTook.Seconds()
+		p50, p99, worst := percentile(lags, 0.50), percentile(lags, 0.99), lags[len(lags)-1]
+		b.ReportMetric(decodeRate, "decode_changes/s")
+		b.ReportMetric(applyRate, "apply_changes/s")
+		b.ReportMetric(applyRate/decodeRate, "apply/decode")
+		b.ReportMetric(p99.Seconds(), "lag_p99_s")
+		fmt.Fprintf(os.Stderr, `
+CDC, %d changes (600k inserts, 300k updates, 100k deletes; transactions of 1,000), fsync on:
+  (a) pg_recvlogical decode only, output discarded   %8.0f changes/s  (%s, %d MiB of pgoutput)
+  (b) tidemark apply (raw, ledger, mirror, confirm)   %8.0f changes/s  (%s)   (b)/(a) = %.2f
+  (c) steady %.0f changes/s for 30s, %d transactions: lag p50 %s, p99 %s, max %s
+`, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decoded.n>>20,
+			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate,
+			rate, len(lags), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
+	}
+}
+
+// countingWriter counts and discards what is written to it.
+type countingWriter struct{ n int64 }
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.n += int64(len(p))
+	return len(p), nil
+}
+
+// runningReader is a CDC reader running in the background.
+type runningReader struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startReader(b *testing.B, cfg *config.Config, wh *pgxpool.Pool) *runningReader {
+	b.Helper()
+	r, err := cdc.New(cfg, "shop", wh, cdc.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rr := &runningReader{cancel: cancel, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(ctx) }()
+	return rr
+}
+
+func (rr *runningReader) stop(b *testing.B) {
+	b.Helper()
+	rr.cancel()
+	if err := <-rr.done; err != nil {
+		b.Fatal(err)
+	}
+}
+
+func waitSlotActive(b *testing.B, src *pgxpool.Pool, slot string) {
+	b.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		var active bool
+		err := src.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		if err == nil && active {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Fatalf("slot %s did not become active", slot)
+}
+
+// waitApplied waits until the reader has applied the source's WAL up to
+// end.
+func (rr *runningReader) waitApplied(b *testing.B, wh *pgxpool.Pool, end string, limit time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-rr.done:
+			b.Fatalf("the reader stopped: %v", err)
+		default:
+		}
+		var done bool
+		err := wh.QueryRow(context.Background(), `SELECT coalesce(applied_lsn >= $1::pg_lsn, false) FROM tidemark.cdc_positions WHERE source = 'shop'`, end).Scan(&done)
+		if err == nil && done {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var applied, confirmed string
+	_ = wh.QueryRow(context.Background(), `SELECT applied_lsn::text, confirmed_lsn::text FROM tidemark.cdc_positions WHERE source = 'shop'`).Scan(&applied, &confirmed)
+	b.Fatalf("the reader did not apply up to %s within %s: applied %s, confirmed %s", end, limit, applied, confirmed)
+}
+
+// writeCDCWorkload writes the 1M changes and returns the source's WAL
+// position after the last commit.
+func writeCDCWorkload(b *testing.B, src *pgxpool.Pool) string {
+	b.Helper()
+	ctx := context.Background()
+	const txn = 1000
+	// Each block of ten transactions inserts 6,000 rows, updates the
+	// first 3,000 of them and deletes the next 1,000.
+	for i := range cdcChanges / txn {
+		block := int64(i/10) * 6 * txn
+		sql, from := cdcInsertSQL, block+int64(i%10)*txn+1
+		switch {
+		case i%10 >= 6 && i%10 < 9:
+			sql, from = cdcUpdateSQL, block+int64(i%10-6)*txn+1
+		case i%10 == 9:
+			sql, from = cdcDeleteSQL, block+3*txn+1
+		}
+		tag, err := src.Exec(ctx, sql, from, from+txn-1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if tag.RowsAffected() != txn {
+			b.Fatalf("%s changed %d rows, want %d", tag, tag.RowsAffected(), txn)
+		}
+	}
+	var end string
+	if err := src.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		b.Fatal(err)
+	}
+	return end
+}
+
+// steadyLag writes transactions of 50 changes (35 inserts, 10 updates, 5
+// deletes) at the given rate while a watcher polls the mirror every 5 ms,
+// and returns each transaction's lag (sorted) and the rate achieved.
+func steadyLag(b *testing.B, src, wh *pgxpool.Pool, perSecond int, d time.Duration) ([]time.Duration, float64) {
+	b.Helper()
+	ctx := context.Background()
+	var base int64
+	if err := src.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM orders`).Scan(&base); err != nil {
+		b.Fatal(err)
+	}
+	const perTxn = 50
+	every := time.Second * perTxn / time.Duration(perSecond)
+
+	type committed struct {
+		maxID int64
+		at    time.Time
+	}
+	var (
+		mu   sync.Mutex
+		seen []committed // watcher observations: max id visible at a time
+	)
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for wctx.Err() == nil {
+			var m int64
+			if err := wh.QueryRow(wctx, `SELECT coalesce(max(id), 0) FROM dw_orders`).Scan(&m); err == nil {
+				mu.Lock()
+				seen = append(seen, committed{m, time.Now()})
+				mu.Unlock()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+
+	var sent []committed
+	var changes int64
+	tick := time.NewTicker(every)
+	started := time.Now()
+	next := base + 1
+	for time.Since(started) < d {
+		<-tick.C
+		tx, err := src.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, st := range []struct {
+			sql      string
+			from, to int64
+		}{{cdcInsertSQL, next, next + 34}, {cdcUpdateSQL, next - 300, next - 291}, {cdcDeleteSQL, next - 600, next - 596}} {
+			tag, err := tx.Exec(ctx, st.sql, st.from, st.to)
+			if err != nil {
+				b.Fatal(err)
+			}
+			changes += tag.RowsAffected()
+		}
+		if err := tx.Commit(ctx); err != nil {
+			b.Fatal(err)
+		}
+		sent = append(sent, committed{next + 34, time.Now()})
+		next += 35
+	}
+	tick.Stop()
+	took := time.Since(started)
+	last := sent[len(sent)-1].maxID
+	deadline := time.Now().Add(time.Minute)
+	for {
+		mu.Lock()
+		caught := len(seen) > 0 && seen[len(seen)-1].maxID >= last
+		mu.Unlock()
+		if caught {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the mirror did not catch up within a minute of the steady load")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopWatch()
+	<-watched
+
+	lags := make([]time.Duration, 0, len(sent))
+	j := 0
+	for _, s := range sent {
+		for j < len(seen) && seen[j].maxID < s.maxID {
+			j++
+		}
+		lags = append(lags, seen[j].at.Sub(s.at))
+	}
+	slices.Sort(lags)
+	return lags, float64(changes) / took.Seconds()
+}
+
+// percentile returns the q-quantile of sorted durations.
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
+}
