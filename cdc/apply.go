@@ -98,8 +98,9 @@ type applier struct {
 	conn *pgxpool.Conn
 	tx   pgx.Tx
 
-	pending []change        // not yet written, in order
-	staged  map[string]bool // stages this group has used
+	pending []change         // not yet written, in order
+	staged  map[string]bool  // stages this group has used
+	ops     map[string]int64 // the group's changes by operation
 	buckets map[time.Time]*bucket
 	// The group so far: transactions, changes, the end of the last
 	// transaction and its commit time.
@@ -137,7 +138,7 @@ func (a *applier) begin(ctx context.Context) error {
 		return fmt.Errorf("warehouse: %w", err)
 	}
 	a.conn, a.tx = conn, tx
-	a.staged = map[string]bool{}
+	a.staged, a.ops = map[string]bool{}, map[string]int64{}
 	a.buckets = map[time.Time]*bucket{}
 	a.txns, a.changes, a.end = 0, 0, 0
 	a.ingestedAt = a.now()
@@ -149,6 +150,7 @@ func (a *applier) begin(ctx context.Context) error {
 func (a *applier) add(ctx context.Context, c change) error {
 	a.pending = append(a.pending, c)
 	a.changes++
+	a.ops[c.op]++
 	if c.op == opTruncate || len(a.pending) >= a.chunk {
 		return a.flush(ctx)
 	}

@@ -15,6 +15,7 @@ type metrics struct {
 	confirmed prometheus.Gauge
 	slotLag   prometheus.Gauge
 	walStatus *prometheus.GaugeVec
+	streaming prometheus.Gauge
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -32,7 +33,7 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 	lag := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tidemark_cdc_apply_lag_seconds",
 		Help:    "Time from the source commit of a group's last transaction to the warehouse commit of the group.",
-		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 18), // 5ms to about 11 minutes
 	}, []string{"source"})
 	applied := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tidemark_cdc_applied_lsn",
@@ -50,7 +51,12 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Name: "tidemark_cdc_slot_wal_status",
 		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others.",
 	}, []string{"source", "status"})
+	streaming := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_streaming",
+		Help: "1 while this process holds the slot's lock and streams from it, 0 otherwise; the slot series are those of the last status update.",
+	}, []string{"source"})
 	if reg != nil {
+		streaming = promreg.Shared(reg, streaming)
 		slotLag = promreg.Shared(reg, slotLag)
 		walStatus = promreg.Shared(reg, walStatus)
 		changes = promreg.Shared(reg, changes)
@@ -70,5 +76,6 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		confirmed: confirmed.WithLabelValues(source),
 		slotLag:   slotLag.WithLabelValues(source),
 		walStatus: walStatus.MustCurryWith(prometheus.Labels{"source": source}),
+		streaming: streaming.WithLabelValues(source),
 	}
 }

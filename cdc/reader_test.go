@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
@@ -28,6 +29,7 @@ type cdcEnv struct {
 	srcDSN string
 	wh     *pgxpool.Pool
 	whDSN  string
+	reg    *prometheus.Registry
 }
 
 const shopDDL = `
@@ -37,7 +39,7 @@ CREATE TABLE untracked (id bigserial PRIMARY KEY, note text);`
 
 func newCDCEnv(t *testing.T) *cdcEnv {
 	t.Helper()
-	e := &cdcEnv{t: t, ctx: context.Background()}
+	e := &cdcEnv{t: t, ctx: context.Background(), reg: prometheus.NewRegistry()}
 	e.src, e.srcDSN = pgtest.NewPool(t)
 	e.wh, e.whDSN = pgtest.NewPool(t)
 	if _, err := migrate.Up(e.ctx, e.whDSN, nil); err != nil {
@@ -87,7 +89,7 @@ func indent(s string) string {
 // start runs a reader until the test ends.
 func (e *cdcEnv) start(cfg *config.Config) {
 	e.t.Helper()
-	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(e.t)})
+	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(e.t), Registerer: e.reg})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -210,6 +212,9 @@ func TestMirrorsFollowTheSource(t *testing.T) {
 			// Changes, one raw row each: 3 + 100 + 1 + 10 + 7 + 100000 + 1000.
 			if n := e.count("SELECT count(*) FROM raw.shop"); n != 101121 {
 				t.Errorf("raw change rows %d, want 101121", n)
+			}
+			if n := e.metric("tidemark_cdc_changes_applied_total"); n != 101121 {
+				t.Errorf("tidemark_cdc_changes_applied_total is %v, want 101121", n)
 			}
 			if n := e.count("SELECT count(*) FROM raw.shop WHERE op = 'delete'"); n != 11 {
 				t.Errorf("raw delete rows %d, want 11", n)
@@ -454,4 +459,23 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 		t.Fatalf("the restarted reader stopped: %v", err)
 	default:
 	}
+}
+
+// metric sums the samples of a counter or gauge family.
+func (e *cdcEnv) metric(name string) float64 {
+	e.t.Helper()
+	families, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
 }

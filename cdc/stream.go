@@ -57,6 +57,8 @@ func (s *stream) run(ctx context.Context) error {
 		return fmt.Errorf("start replication from %s: %w", s.applied, err)
 	}
 	s.r.log.Info("streaming", "slot", cfg.Slot, "from", s.applied)
+	s.r.m.streaming.Set(1)
+	defer s.r.m.streaming.Set(0)
 	interval := cfg.StatusEvery.D()
 	for {
 		if ctx.Err() != nil {
@@ -239,7 +241,6 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 			return nil
 		}
 		s.a.done(m.TransactionEndLSN, m.CommitTime)
-		s.r.m.txns.Inc()
 		if s.a.changes >= int64(s.r.opts.GroupChanges) || time.Since(s.groupStart) >= s.r.opts.GroupAge {
 			return s.commitGroup(ctx)
 		}
@@ -345,7 +346,6 @@ func (s *stream) change(ctx context.Context, op string, xid, rel uint32, newT, o
 	}
 	c.seq, c.commitLSN, c.commitTime = s.seq, s.commitLSN, s.commitTime
 	s.seq++
-	s.r.m.changes.WithLabelValues(op).Inc()
 	return s.a.add(ctx, c)
 }
 
@@ -371,23 +371,27 @@ func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMess
 	err := b.each(func(c change) error {
 		c.seq, c.commitLSN, c.commitTime = seq, m.CommitLSN, m.CommitTime
 		seq++
-		s.r.m.changes.WithLabelValues(c.op).Inc()
 		return s.a.add(ctx, c)
 	}, s.rels)
 	if err != nil {
 		return err
 	}
 	s.a.done(m.TransactionEndLSN, m.CommitTime)
-	s.r.m.txns.Inc()
 	return s.commitGroup(ctx)
 }
 
 // commitGroup commits the open group and confirms it to the slot.
 func (s *stream) commitGroup(ctx context.Context) error {
-	last := s.a.lastCommit
+	last, txns, ops := s.a.lastCommit, s.a.txns, s.a.ops
 	end, err := s.a.commit(ctx)
 	if err != nil {
 		return err
+	}
+	// Counted once committed, so that a group that failed and is read
+	// again is not counted twice.
+	s.r.m.txns.Add(float64(txns))
+	for op, n := range ops {
+		s.r.m.changes.WithLabelValues(op).Add(float64(n))
 	}
 	if end > s.applied {
 		s.applied = end
