@@ -16,6 +16,10 @@ type metrics struct {
 	slotLag   prometheus.Gauge
 	walStatus *prometheus.GaugeVec
 	streaming prometheus.Gauge
+
+	snapshotPlanned prometheus.Gauge
+	snapshotCopied  prometheus.Gauge
+	snapshotRows    prometheus.Counter
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -55,8 +59,23 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Name: "tidemark_cdc_streaming",
 		Help: "1 while this process holds the slot's lock and streams from it, 0 otherwise; the slot series are those of the last status update.",
 	}, []string{"source"})
+	planned := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_snapshot_chunks_planned",
+		Help: "Key-range chunks of the initial snapshot in progress or last taken.",
+	}, []string{"source"})
+	copied := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_snapshot_chunks_copied",
+		Help: "Chunks of the initial snapshot committed to the warehouse.",
+	}, []string{"source"})
+	snapRows := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tidemark_cdc_snapshot_rows_total",
+		Help: "Rows copied into mirrors by initial snapshots.",
+	}, []string{"source"})
 	if reg != nil {
 		streaming = promreg.Shared(reg, streaming)
+		planned = promreg.Shared(reg, planned)
+		copied = promreg.Shared(reg, copied)
+		snapRows = promreg.Shared(reg, snapRows)
 		slotLag = promreg.Shared(reg, slotLag)
 		walStatus = promreg.Shared(reg, walStatus)
 		changes = promreg.Shared(reg, changes)
@@ -77,5 +96,9 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		slotLag:   slotLag.WithLabelValues(source),
 		walStatus: walStatus.MustCurryWith(prometheus.Labels{"source": source}),
 		streaming: streaming.WithLabelValues(source),
+
+		snapshotPlanned: planned.WithLabelValues(source),
+		snapshotCopied:  copied.WithLabelValues(source),
+		snapshotRows:    snapRows.WithLabelValues(source),
 	}
 }

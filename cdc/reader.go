@@ -31,7 +31,7 @@ VALUES ($1, $2, $3, $4::pg_lsn, $5, $4::pg_lsn, $4::pg_lsn, $6)`
 	snapshotDoneSQL      = `UPDATE tidemark.cdc_positions SET snapshot = 'done', updated_at = $2 WHERE source = $1`
 	storeConfirmedSQL    = `UPDATE tidemark.cdc_positions SET confirmed_lsn = greatest(confirmed_lsn, $2::pg_lsn) WHERE source = $1`
 	lockSlotSQL          = `SELECT pg_advisory_lock(hashtextextended('tidemark.cdc.' || $1, 0))`
-	createPublicationSQL = `CREATE PUBLICATION %s FOR TABLE %s`
+	createPublicationSQL = `CREATE PUBLICATION %s FOR TABLE %s WITH (publish_via_partition_root = true)`
 	primaryKeySQL        = `
 SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey, a.attnum))
 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)

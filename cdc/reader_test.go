@@ -380,7 +380,8 @@ func TestInitialSnapshot(t *testing.T) {
 			n++
 		}
 	}()
-	e.start(e.config("snapshot: initial", "deletes: hard"))
+	e.exec(`ANALYZE orders`)
+	e.start(e.config("snapshot: initial\nsnapshot_workers: 3\nsnapshot_chunk_rows: 100000", "deletes: hard"))
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	n := <-wrote
@@ -388,6 +389,45 @@ func TestInitialSnapshot(t *testing.T) {
 	t.Logf("%d write transactions ran during and after the snapshot", n)
 	if n == 0 {
 		t.Error("no writes ran while the snapshot was taken")
+	}
+	// orders in about ten key ranges, customers in one.
+	if planned, copied := e.metric("tidemark_cdc_snapshot_chunks_planned"), e.metric("tidemark_cdc_snapshot_chunks_copied"); planned < 8 || copied != planned {
+		t.Errorf("snapshot chunks: %v planned, %v copied; want about 11, all copied", planned, copied)
+	}
+}
+
+// TestSnapshotChunksCompositeKey: a table with a two-column text and
+// integer key is copied in key-range chunks that together hold every row
+// once, whatever the sample's boundaries.
+func TestSnapshotChunksCompositeKey(t *testing.T) {
+	e := newCDCEnv(t)
+	e.exec(`CREATE TABLE lines (order_id text COLLATE "C", line int, qty int, PRIMARY KEY (order_id, line));
+		INSERT INTO lines SELECT 'order-' || (i / 7), i % 7, i FROM generate_series(1, 20000) AS i;
+		ANALYZE lines`)
+	cfg, err := config.Parse("t.yaml", []byte(fmt.Sprintf(`warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [lines], snapshot_workers: 3, snapshot_chunk_rows: 1000}
+    mirror: {table: mirror_lines}
+`, e.whDSN, e.srcDSN)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start(cfg)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot = 'done'") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the snapshot did not finish")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	const q = `SELECT order_id, line, qty FROM %s ORDER BY 1, 2`
+	want, got := rows(t, e.src, fmt.Sprintf(q, "lines")), rows(t, e.wh, fmt.Sprintf(q, "mirror_lines"))
+	if strings.Join(want, "\n") != strings.Join(got, "\n") {
+		t.Errorf("mirror has %d rows, source %d", len(got), len(want))
+	}
+	if planned := e.metric("tidemark_cdc_snapshot_chunks_planned"); planned < 10 {
+		t.Errorf("%v chunks planned, want about 20", planned)
 	}
 }
 
@@ -428,6 +468,9 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 	if _, err := lock.Exec(e.ctx, "LOCK TABLE tidemark.cdc_positions IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
+	// A status update that recorded its position before the lock may
+	// still be on its way to the source.
+	time.Sleep(500 * time.Millisecond)
 	before := e.confirmed()
 	for range 10 {
 		e.exec(`INSERT INTO untracked (note) SELECT repeat('x', 100) FROM generate_series(1, 100)`)

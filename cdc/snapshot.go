@@ -4,69 +4,278 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
+// SQL of the initial snapshot.
+const (
+	// estimateRowsSQL is the planner's row count of a table; -1 when the
+	// table was never analyzed.
+	estimateRowsSQL = `SELECT reltuples::float8 FROM pg_class WHERE oid = $1::regclass`
+	// sampleKeysSQL reads the keys of a block sample of a table, in key
+	// order, as text. %[1]s key columns as text, %[2]s table, %[3]s key
+	// columns.
+	sampleKeysSQL = `SELECT %[1]s FROM %[2]s TABLESAMPLE SYSTEM ($1) ORDER BY %[3]s`
+	// copyChunkSQL reads one chunk of a table. %[1]s columns, %[2]s the
+	// load time literal, %[3]s table, %[4]s key-range condition.
+	copyChunkSQL = `COPY (SELECT %[1]s, %[2]s::timestamptz FROM %[3]s WHERE %[4]s) TO STDOUT`
+	// truncateMirrorSQL empties a mirror before a snapshot fills it.
+	truncateMirrorSQL = `TRUNCATE %s`
+)
+
+// chunk is one key range of a table, copied in one warehouse transaction.
+type chunk struct {
+	t     *table
+	id    pgx.Identifier // the source table
+	where string         // the key range, as a condition on the source table
+}
+
 // snapshot copies every tracked table, as of the snapshot the new slot
-// exported, into its mirror, in ONE warehouse transaction that also marks
-// the snapshot done. A mirror's earlier rows are removed first: a
-// snapshot replaces what a mirror held.
+// exported, into its mirror. Tables are split into key ranges of about
+// snapshot_chunk_rows rows, copied by snapshot_workers workers, each in its
+// own source transaction that imports the exported snapshot and one
+// warehouse transaction per chunk. The mirrors are emptied first: a
+// snapshot replaces what a mirror held. The snapshot is marked done only
+// when every chunk is committed; a snapshot cut short stays pending, and
+// the next start drops the slot and begins again.
 func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*table) error {
-	src, err := mirror.Connect(ctx, r.src.CDC.DSN, "tidemark-cdc-snapshot")
+	cfg := r.src.CDC
+	started := time.Now()
+	plan, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc-snapshot")
 	if err != nil {
 		return err
 	}
-	defer src.Close(context.WithoutCancel(ctx))
-	stx, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	defer plan.Close(context.WithoutCancel(ctx))
+	ptx, err := importSnapshot(ctx, plan, name)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = stx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := stx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+literal(name)); err != nil {
-		return fmt.Errorf("use the slot's snapshot: %w", err)
+	var chunks []chunk
+	for _, id := range r.specs {
+		t := tables[id[0]+"."+id[1]]
+		wheres, err := planChunks(ctx, ptx, t, id, cfg.SnapshotChunkRows)
+		if err != nil {
+			return fmt.Errorf("plan the snapshot of %s: %w", t.name, err)
+		}
+		for _, w := range wheres {
+			chunks = append(chunks, chunk{t: t, id: id, where: w})
+		}
 	}
+	_ = ptx.Rollback(ctx)
+
+	var mirrors []string
+	for _, id := range r.specs {
+		mirrors = append(mirrors, tables[id[0]+"."+id[1]].mirror.Target.Sanitize())
+	}
+	if _, err := r.pool.Exec(ctx, fmt.Sprintf(truncateMirrorSQL, strings.Join(mirrors, ", "))); err != nil {
+		return fmt.Errorf("empty the mirrors: %w", err)
+	}
+	r.m.snapshotPlanned.Set(float64(len(chunks)))
+	r.m.snapshotCopied.Set(0)
+	workers := min(cfg.SnapshotWorkers, len(chunks))
+	r.log.Info("snapshot planned", "tables", len(r.specs), "chunks", len(chunks), "workers", workers)
+
+	loaded := r.now().UTC().Format("2006-01-02 15:04:05.999999") + "+00"
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	todo := make(chan chunk)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		rows     int64
+	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if firstErr == nil {
+			firstErr = err
+			cancel()
+		}
+	}
+	for range workers {
+		wg.Go(func() {
+			conn, err := mirror.Connect(wctx, cfg.DSN, "tidemark-cdc-snapshot")
+			if err != nil {
+				fail(err)
+				return
+			}
+			defer conn.Close(context.WithoutCancel(wctx))
+			stx, err := importSnapshot(wctx, conn, name)
+			if err != nil {
+				fail(err)
+				return
+			}
+			defer func() { _ = stx.Rollback(context.WithoutCancel(wctx)) }()
+			for c := range todo {
+				n, err := r.copyChunk(wctx, conn, c, loaded)
+				if err != nil {
+					fail(fmt.Errorf("copy %s: %w", c.t.name, err))
+					return
+				}
+				mu.Lock()
+				rows += n
+				mu.Unlock()
+				r.m.snapshotRows.Add(float64(n))
+				r.m.snapshotCopied.Inc()
+			}
+		})
+	}
+feed:
+	for _, c := range chunks {
+		select {
+		case todo <- c:
+		case <-wctx.Done():
+			break feed
+		}
+	}
+	close(todo)
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, err := r.pool.Exec(ctx, snapshotDoneSQL, r.src.Name, r.now()); err != nil {
+		return err
+	}
+	r.log.Info("snapshot copied", "rows", rows, "chunks", len(chunks), "took", time.Since(started).Round(time.Millisecond))
+	return nil
+}
+
+// importSnapshot begins a read-only transaction on src in the exported
+// snapshot.
+func importSnapshot(ctx context.Context, src *pgx.Conn, name string) (pgx.Tx, error) {
+	tx, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+literal(name)); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("use the slot's snapshot: %w", err)
+	}
+	return tx, nil
+}
+
+// copyChunk copies one chunk from the source connection (inside its
+// snapshot transaction) into the mirror, in one warehouse transaction, and
+// returns the rows copied.
+func (r *Reader) copyChunk(ctx context.Context, src *pgx.Conn, c chunk, loaded string) (int64, error) {
+	m := c.t.mirror
+	cols := mirror.QuoteAll(m.ColumnNames())
 	wh, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer wh.Release()
 	tx, err := wh.Begin(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	loaded := r.now().UTC().Format("2006-01-02 15:04:05.999999") + "+00"
-	for _, id := range r.specs {
-		t := tables[id[0]+"."+id[1]]
-		m := t.mirror
-		cols := mirror.QuoteAll(m.ColumnNames())
-		if _, err := tx.Exec(ctx, "DELETE FROM "+m.Target.Sanitize()); err != nil {
-			return err
-		}
-		pr, pw := io.Pipe()
-		done := make(chan error, 1)
-		go func() {
-			_, err := src.PgConn().CopyTo(ctx, pw, fmt.Sprintf("COPY (SELECT %s, %s::timestamptz FROM %s) TO STDOUT", cols, literal(loaded), id.Sanitize()))
-			pw.CloseWithError(err)
-			done <- err
-		}()
-		tag, err := tx.Conn().PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s, %s) FROM STDIN", m.Target.Sanitize(), cols, quote(m.LoadedColumn)))
-		_ = pr.CloseWithError(err)
-		if serr := <-done; err == nil {
-			err = serr
-		}
-		if err != nil {
-			return fmt.Errorf("copy %s: %w", t.name, err)
-		}
-		r.log.Info("snapshot copied", "table", t.name, "rows", tag.RowsAffected())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := src.PgConn().CopyTo(ctx, pw, fmt.Sprintf(copyChunkSQL, cols, literal(loaded), c.id.Sanitize(), c.where))
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s, %s) FROM STDIN", m.Target.Sanitize(), cols, quote(m.LoadedColumn)))
+	_ = pr.CloseWithError(err)
+	if serr := <-done; err == nil {
+		err = serr
 	}
-	if _, err := tx.Exec(ctx, snapshotDoneSQL, r.src.Name, r.now()); err != nil {
-		return err
+	if err != nil {
+		return 0, err
 	}
-	return tx.Commit(ctx)
+	return tag.RowsAffected(), tx.Commit(ctx)
+}
+
+// planChunks splits a table into key ranges of about chunkRows rows and
+// returns their conditions. The boundaries come from a block sample of
+// the keys; any boundaries cover the whole key space, so a poor sample
+// makes chunks uneven, never incomplete.
+func planChunks(ctx context.Context, tx pgx.Tx, t *table, id pgx.Identifier, chunkRows int) ([]string, error) {
+	var est float64
+	if err := tx.QueryRow(ctx, estimateRowsSQL, id.Sanitize()).Scan(&est); err != nil {
+		return nil, err
+	}
+	if est < 0 {
+		// Never analyzed: count.
+		var n int64
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+id.Sanitize()).Scan(&n); err != nil {
+			return nil, err
+		}
+		est = float64(n)
+	}
+	n := int(math.Ceil(est / float64(chunkRows)))
+	if n <= 1 {
+		return []string{"true"}, nil
+	}
+	key := t.mirror.Key
+	var asText, quoted, types []string
+	for _, k := range key {
+		c, ok := t.mirror.Column(k)
+		if !ok {
+			return nil, fmt.Errorf("key column %s is not in the mirror", k)
+		}
+		asText = append(asText, quote(k)+"::text")
+		quoted = append(quoted, quote(k))
+		types = append(types, c.Type)
+	}
+	// About 32 sampled keys per chunk.
+	pct := min(100, 100*float64(n*32)/est)
+	rows, err := tx.Query(ctx, fmt.Sprintf(sampleKeysSQL, strings.Join(asText, ", "), id.Sanitize(), strings.Join(quoted, ", ")), pct)
+	if err != nil {
+		return nil, err
+	}
+	sample, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([]string, error) {
+		vals := make([]string, len(key))
+		ptrs := make([]any, len(key))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		return vals, row.Scan(ptrs...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	n = min(n, len(sample))
+	var bounds []string
+	for i := 1; i < n; i++ {
+		var lits []string
+		for j, v := range sample[i*len(sample)/n] {
+			lits = append(lits, literal(v)+"::"+types[j])
+		}
+		b := "(" + strings.Join(lits, ", ") + ")"
+		if len(bounds) == 0 || bounds[len(bounds)-1] != b {
+			bounds = append(bounds, b)
+		}
+	}
+	if len(bounds) == 0 {
+		return []string{"true"}, nil
+	}
+	k := "(" + strings.Join(quoted, ", ") + ")"
+	if len(quoted) == 1 {
+		// A one-element row constructor needs ROW.
+		k = quoted[0]
+		for i, b := range bounds {
+			bounds[i] = strings.TrimSuffix(strings.TrimPrefix(b, "("), ")")
+		}
+	}
+	wheres := []string{fmt.Sprintf("%s < %s", k, bounds[0])}
+	for i := 1; i < len(bounds); i++ {
+		wheres = append(wheres, fmt.Sprintf("%s >= %s AND %s < %s", k, bounds[i-1], k, bounds[i]))
+	}
+	return append(wheres, fmt.Sprintf("%s >= %s", k, bounds[len(bounds)-1])), nil
 }
 
 // mirrorColumn describes a column added to a mirror.

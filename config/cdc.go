@@ -20,6 +20,11 @@ type CDCSource struct {
 	// Snapshot is initial (default: copy the tables before streaming,
 	// when the slot is created) or never.
 	Snapshot string `yaml:"snapshot"`
+	// SnapshotWorkers is how many key-range chunks are copied at once
+	// (default 2); SnapshotChunkRows is the rows of a chunk, as
+	// estimated from the table's statistics (default 250000).
+	SnapshotWorkers   int `yaml:"snapshot_workers"`
+	SnapshotChunkRows int `yaml:"snapshot_chunk_rows"`
 	// Truncate is apply (default: empty the mirror) or ignore.
 	Truncate string `yaml:"truncate"`
 	// HeartbeatEvery writes a logical message on the source at this
@@ -56,6 +61,12 @@ func (c *Config) applyCDCDefaults(s *Source) {
 	}
 	if p.Snapshot == "" {
 		p.Snapshot = SnapshotInitial
+	}
+	if p.SnapshotWorkers == 0 {
+		p.SnapshotWorkers = 2
+	}
+	if p.SnapshotChunkRows == 0 {
+		p.SnapshotChunkRows = 250000
 	}
 	if p.Truncate == "" {
 		p.Truncate = TruncateApply
@@ -106,6 +117,12 @@ func validateCDCSource(ix *index, p string, s *Source) {
 	}
 	oneOf(ix, p+".cdc.snapshot", c.Snapshot, SnapshotInitial, SnapshotNever)
 	oneOf(ix, p+".cdc.truncate", c.Truncate, TruncateApply, TruncateIgnore)
+	if c.SnapshotWorkers < 1 || c.SnapshotWorkers > 32 {
+		ix.add(p+".cdc.snapshot_workers", "must be between 1 and 32, got %d", c.SnapshotWorkers)
+	}
+	if c.SnapshotChunkRows < 1000 {
+		ix.add(p+".cdc.snapshot_chunk_rows", "must be at least 1000, got %d", c.SnapshotChunkRows)
+	}
 	if *c.HeartbeatEvery != 0 && c.HeartbeatEvery.D() < time.Second {
 		ix.add(p+".cdc.heartbeat_every", "must be 0 (off) or at least 1s")
 	}

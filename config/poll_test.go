@@ -96,7 +96,7 @@ func TestCDCConfig(t *testing.T) {
 	s := cfg.Sources["shop"]
 	c := s.CDC
 	if c.Slot != "tidemark_shop" || c.Publication != "tidemark_shop" || c.Snapshot != SnapshotInitial || c.Truncate != TruncateApply ||
-		c.HeartbeatEvery.D() != time.Minute || c.StatusEvery.D() != 10*time.Second || s.RawPartition != PartitionMonth || s.Mirror.Deletes != DeletesSoft {
+		c.HeartbeatEvery.D() != time.Minute || c.SnapshotWorkers != 2 || c.SnapshotChunkRows != 250000 || c.StatusEvery.D() != 10*time.Second || s.RawPartition != PartitionMonth || s.Mirror.Deletes != DeletesSoft {
 		t.Errorf("defaults: %+v %+v", c, s.Mirror)
 	}
 	if got := s.MirrorTables(); got["public.customers"] != "mirror.customers" || got["public.orders"] != "mirror.orders" {
@@ -108,6 +108,8 @@ func TestCDCConfig(t *testing.T) {
 		{"twice", "tables: [public.customers, orders]", "tables: [customers, public.customers]", "sources.shop.cdc.tables[1]: table public.customers is listed twice"},
 		{"slot", "      tables:", "      slot: Bad-Slot\n      tables:", "sources.shop.cdc.slot: must match"},
 		{"snapshot", "      tables:", "      snapshot: later\n      tables:", `sources.shop.cdc.snapshot: must be one of initial, never, got "later"`},
+		{"snapshot workers", "      tables:", "      snapshot_workers: 40\n      tables:", "sources.shop.cdc.snapshot_workers: must be between 1 and 32, got 40"},
+		{"snapshot chunk", "      tables:", "      snapshot_chunk_rows: 10\n      tables:", "sources.shop.cdc.snapshot_chunk_rows: must be at least 1000, got 10"},
 		{"one mirror for two tables", "mirror: {schema: mirror}", "mirror: {table: dw}", "sources.shop.mirror.table: names one mirror but cdc.tables lists 2 tables"},
 		{"no mirror", "    mirror: {schema: mirror}\n", "", "sources.shop.mirror: is required for a CDC source"},
 		{"tidemark schema", "mirror: {schema: mirror}", "mirror: {schema: raw}", "sources.shop.mirror.schema: schema raw belongs to tidemark"},
