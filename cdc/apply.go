@@ -98,10 +98,14 @@ type applier struct {
 	conn *pgxpool.Conn
 	tx   pgx.Tx
 
-	pending []change         // not yet written, in order
-	staged  map[string]bool  // stages this group has used
-	ops     map[string]int64 // the group's changes by operation
-	buckets map[time.Time]*bucket
+	pending []change // not yet written, in order
+	// inflight reports the end of the chunk being written in the
+	// background, nil when none is. One chunk is written while the next
+	// is received and decoded.
+	inflight chan error
+	staged   map[string]bool  // stages this group has used
+	ops      map[string]int64 // the group's changes by operation
+	buckets  map[time.Time]*bucket
 	// The group so far: transactions, changes, the end of the last
 	// transaction and its commit time.
 	txns, changes int64
@@ -145,16 +149,35 @@ func (a *applier) begin(ctx context.Context) error {
 	return nil
 }
 
-// add queues a change of the open group, writing a chunk when it is full.
-// A truncate is applied at once, after the changes before it.
+// add queues a change of the open group, writing a chunk in the
+// background when it is full. A truncate is applied at once, after the
+// changes before it.
 func (a *applier) add(ctx context.Context, c change) error {
 	a.pending = append(a.pending, c)
 	a.changes++
 	a.ops[c.op]++
 	if c.op == opTruncate || len(a.pending) >= a.chunk {
-		return a.flush(ctx)
+		if err := a.wait(); err != nil {
+			return err
+		}
+		changes := a.pending
+		a.pending = make([]change, 0, a.chunk)
+		done := make(chan error, 1)
+		a.inflight = done
+		go func() { done <- a.write(ctx, changes) }()
 	}
 	return nil
+}
+
+// wait waits for the chunk being written, if any, and returns its error.
+// Whoever uses the group's transaction waits first.
+func (a *applier) wait() error {
+	if a.inflight == nil {
+		return nil
+	}
+	err := <-a.inflight
+	a.inflight = nil
+	return err
 }
 
 // done records that a source transaction of the group is complete.
@@ -166,6 +189,7 @@ func (a *applier) done(end pglogrepl.LSN, commitTime time.Time) {
 
 // rollback abandons the open group.
 func (a *applier) rollback(ctx context.Context) {
+	_ = a.wait()
 	if a.tx != nil {
 		_ = a.tx.Rollback(context.WithoutCancel(ctx))
 		a.conn.Release()
@@ -200,15 +224,23 @@ func (a *applier) commit(ctx context.Context) (pglogrepl.LSN, error) {
 	return a.end, nil
 }
 
-// flush writes the pending changes: their raw change rows, one for each,
-// and their effect on the mirrors, folded per key so that a key changed
-// several times is written once.
+// flush writes what is pending, after the chunk in flight.
 func (a *applier) flush(ctx context.Context) error {
+	if err := a.wait(); err != nil {
+		return err
+	}
 	if len(a.pending) == 0 {
 		return nil
 	}
 	changes := a.pending
 	a.pending = nil
+	return a.write(ctx, changes)
+}
+
+// write writes a chunk of changes: their raw change rows, one for each,
+// and their effect on the mirrors, folded per key so that a key changed
+// several times is written once.
+func (a *applier) write(ctx context.Context, changes []change) error {
 	if err := a.ensurePartitions(ctx, changes); err != nil {
 		return err
 	}
@@ -286,6 +318,7 @@ func (a *applier) writeRaw(ctx context.Context, changes []change) error {
 		w.text(lsnText)
 		w.end()
 	}
+	defer w.release()
 	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, &w.buf, fmt.Sprintf(copyRawSQL, a.raw.Ident())); err != nil {
 		return fmt.Errorf("write %s: %w", a.raw.Ident(), err)
 	}
@@ -495,6 +528,7 @@ func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
 		}
 		a.staged[st.name] = true
 	}
+	defer st.w.release()
 	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, &st.w.buf, fmt.Sprintf(copyStageSQL, st.name)); err != nil {
 		return fmt.Errorf("stage of %s: %w", st.t.name, err)
 	}

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"bytes"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -11,12 +12,26 @@ import (
 // is exactly what COPY's text format takes, so values pass through
 // without conversion.
 type copyRows struct {
-	buf   bytes.Buffer
-	first bool // the next field starts a row
-	rows  int
+	buf     bytes.Buffer
+	first   bool // the next field starts a row
+	rows    int
+	scratch [48]byte
 }
 
-func newCopyRows() *copyRows { return &copyRows{first: true} }
+// copyRowsPool keeps the buffers of written chunks: a chunk's COPY data
+// runs to megabytes, and growing a new buffer for each is most of the
+// cost of building it.
+var copyRowsPool = sync.Pool{New: func() any { return new(copyRows) }}
+
+func newCopyRows() *copyRows {
+	w := copyRowsPool.Get().(*copyRows)
+	w.buf.Reset()
+	w.first, w.rows = true, 0
+	return w
+}
+
+// release returns w to the pool; w is not used afterwards.
+func (w *copyRows) release() { copyRowsPool.Put(w) }
 
 // sep writes the separator before a field.
 func (w *copyRows) sep() {
@@ -60,7 +75,7 @@ func (w *copyRows) bytes(b []byte) {
 // time writes a timestamptz field.
 func (w *copyRows) time(t time.Time) {
 	w.sep()
-	w.buf.Write(t.UTC().AppendFormat(nil, "2006-01-02 15:04:05.999999Z07:00"))
+	w.buf.Write(t.UTC().AppendFormat(w.scratch[:0], "2006-01-02 15:04:05.999999Z07:00"))
 }
 
 // textArray writes a text[] field, NULL when names is empty.

@@ -309,6 +309,9 @@ func (s *stream) relation(ctx context.Context, m *pglogrepl.RelationMessage) err
 		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), quote(c.name), typ)
 		var err error
 		if s.a.open() {
+			if err := s.a.wait(); err != nil {
+				return err
+			}
 			_, err = s.a.tx.Exec(ctx, ddl)
 		} else {
 			_, err = s.r.pool.Exec(ctx, ddl)
