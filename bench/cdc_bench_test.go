@@ -132,6 +132,17 @@ sources:
 			b.Fatalf("tidemark wrote %d raw change rows and %d mirror rows, want %d and %d", raw, mirrored, cdcChanges, cdcChanges/2)
 		}
 
+		// The bulk changes leave the source's table to be vacuumed; the
+		// WAL of that vacuum (full-page images of every page) has to be
+		// read by logical decoding before any later commit, which stalls
+		// every reader for a second or two. Steady state starts after it.
+		if _, err := src.Exec(ctx, `VACUUM (ANALYZE) orders`); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := wh.Exec(ctx, `VACUUM (ANALYZE) dw_orders`); err != nil {
+			b.Fatal(err)
+		}
+		waitConfirmed(b, src, "tidemark_shop", time.Minute)
 		// (c) apply lag at a steady 5,000 changes/s.
 		lags, rate := steadyLag(b, src, wh, 5000, 30*time.Second)
 		rd.stop(b)
@@ -200,6 +211,26 @@ func waitSlotActive(b *testing.B, src *pgxpool.Pool, slot string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	b.Fatalf("slot %s did not become active", slot)
+}
+
+// waitConfirmed waits until the slot is confirmed up to the source's
+// current WAL position.
+func waitConfirmed(b *testing.B, src *pgxpool.Pool, slot string, limit time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	var end string
+	if err := src.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		b.Fatal(err)
+	}
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		var done bool
+		if err := src.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, slot, end).Scan(&done); err == nil && done {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Fatalf("slot %s was not confirmed up to %s within %s", slot, end, limit)
 }
 
 // waitApplied waits until the reader has applied the source's WAL up to
