@@ -12,10 +12,15 @@ import (
 // is exactly what COPY's text format takes, so values pass through
 // without conversion.
 type copyRows struct {
-	buf     bytes.Buffer
-	first   bool // the next field starts a row
-	rows    int
-	scratch [48]byte
+	buf   bytes.Buffer
+	first bool // the next field starts a row
+	rows  int
+	// times caches the text of the last two times written: a chunk's
+	// rows share their transaction's commit time and the load time.
+	times [2]struct {
+		t    time.Time
+		text []byte
+	}
 }
 
 // copyRowsPool keeps the buffers of written chunks: a chunk's COPY data
@@ -75,7 +80,16 @@ func (w *copyRows) bytes(b []byte) {
 // time writes a timestamptz field.
 func (w *copyRows) time(t time.Time) {
 	w.sep()
-	w.buf.Write(t.UTC().AppendFormat(w.scratch[:0], "2006-01-02 15:04:05.999999Z07:00"))
+	for i := range w.times {
+		if c := &w.times[i]; c.text != nil && c.t.Equal(t) {
+			w.buf.Write(c.text)
+			return
+		}
+	}
+	w.times[1] = w.times[0]
+	w.times[0].t = t
+	w.times[0].text = t.UTC().AppendFormat(make([]byte, 0, 40), "2006-01-02 15:04:05.999999Z07:00")
+	w.buf.Write(w.times[0].text)
 }
 
 // textArray writes a text[] field, NULL when names is empty.
