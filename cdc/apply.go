@@ -41,10 +41,11 @@ CREATE TEMP TABLE IF NOT EXISTS %[1]s (
 	truncateStageSQL = `TRUNCATE %s`
 
 	// updateMirrorSQL updates the mirror rows of staged upserts. %[1]s
-	// mirror, %[2]s stage, %[3]s SET list, %[4]s key match of t and s.
+	// mirror, %[2]s stage, %[3]s SET list, %[4]s key match of t and s,
+	// %[5]s the join of the old key's row o (or nothing).
 	updateMirrorSQL = `
 UPDATE %[1]s AS t SET %[3]s
-FROM %[2]s AS s
+FROM %[2]s AS s %[5]s
 WHERE s."tidemark kind" = 'upsert' AND %[4]s`
 
 	// insertMirrorSQL inserts the staged upserts whose key the mirror does
@@ -539,6 +540,7 @@ func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
 		match = append(match, fmt.Sprintf("t.%[1]s = s.%[1]s", quote(k)))
 		fromMatch = append(fromMatch, fmt.Sprintf("o.%s = s.%s", quote(k), quote("tidemark from "+k)))
 	}
+	oldFound := fmt.Sprintf("o.%s IS NOT NULL", quote(m.Key[0]))
 	for _, c := range st.t.columns {
 		q := quote(c.name)
 		cols = append(cols, q)
@@ -548,10 +550,13 @@ func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
 			vals = append(vals, "s."+q)
 		default:
 			absent := fmt.Sprintf(`%s = ANY(s."tidemark absent")`, literal(c.name))
-			sets = append(sets, fmt.Sprintf("%[1]s = CASE WHEN %[2]s THEN t.%[1]s ELSE s.%[1]s END", q, absent))
 			if st.renamed {
+				// An unsent value of a row whose key changed is the old
+				// key's, even when the new key has a (flagged) row.
+				sets = append(sets, fmt.Sprintf("%[1]s = CASE WHEN %[2]s THEN CASE WHEN %[3]s THEN o.%[1]s ELSE t.%[1]s END ELSE s.%[1]s END", q, absent, oldFound))
 				vals = append(vals, fmt.Sprintf("CASE WHEN %[2]s THEN o.%[1]s ELSE s.%[1]s END", q, absent))
 			} else {
+				sets = append(sets, fmt.Sprintf("%[1]s = CASE WHEN %[2]s THEN t.%[1]s ELSE s.%[1]s END", q, absent))
 				vals = append(vals, "s."+q)
 			}
 		}
@@ -562,7 +567,7 @@ func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
 		join = fmt.Sprintf("LEFT JOIN %s AS o ON %s", target, strings.Join(fromMatch, " AND "))
 	}
 	keyMatch := strings.Join(match, " AND ")
-	if _, err := a.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch), a.ingestedAt); err != nil {
+	if _, err := a.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), a.ingestedAt); err != nil {
 		return fmt.Errorf("update %s: %w", target, err)
 	}
 	if _, err := a.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,

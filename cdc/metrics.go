@@ -28,7 +28,7 @@ var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 func newMetrics(reg prometheus.Registerer, source string) *metrics {
 	changes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tidemark_cdc_changes_applied_total",
-		Help: "Row changes received from the slot and written to the warehouse (raw change rows), by operation.",
+		Help: "Row changes written to the warehouse (raw change rows), by operation; counted when their group commits.",
 	}, []string{"source", "op"})
 	txns := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tidemark_cdc_transactions_total",

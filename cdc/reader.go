@@ -145,7 +145,7 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	report, err := Check(ctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.applied})
+	report, err := Check(ctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.readFrom()})
 	if err != nil {
 		return err
 	}
@@ -212,6 +212,16 @@ type position struct {
 	exists             bool
 	systemID, snapshot string
 	applied, confirmed pglogrepl.LSN
+}
+
+// readFrom is the position tidemark has read the slot from, 0 when it has
+// not: a snapshot still pending is taken again with a new slot, so its
+// slot missing is no loss.
+func (p position) readFrom() pglogrepl.LSN {
+	if !p.exists || p.snapshot == "pending" {
+		return 0
+	}
+	return p.applied
 }
 
 func (r *Reader) position(ctx context.Context) (position, error) {

@@ -288,6 +288,13 @@ func TestToastSchemaAndIdle(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM mirror.customers WHERE deleted_at IS NULL AND id IN (11, 21) AND length(big) = 320000"); n != 2 {
 		t.Errorf("after key changes, %d rows keep their TOASTed value, want 2", n)
 	}
+	// A key change onto a key whose mirror row is flagged deleted (id 1,
+	// holding another large value) takes the old key's value, not the
+	// flagged row's.
+	e.exec(`INSERT INTO customers VALUES (30, 'cy', 'free', NULL, (SELECT string_agg(md5((i + 7)::text), '') FROM generate_series(1, 10000) AS i))`)
+	e.waitMirrored("WHERE deleted_at IS NULL")
+	e.exec(`UPDATE customers SET id = 1 WHERE id = 30`)
+	e.waitMirrored("WHERE deleted_at IS NULL")
 
 	e.exec(`ALTER TABLE orders ADD COLUMN channel text`)
 	e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00', 'app'), (2, 1, 1.00, '2026-10-05 09:05+00', NULL)`)
