@@ -26,7 +26,7 @@ import (
 )
 
 // cdcChanges is how many row changes the CDC throughput benchmark streams.
-var cdcChanges = envInt("CDC_CHANGES", 1_000_000)
+var cdcChanges = envInt("TIDEMARK_BENCH_CDC_CHANGES", 1_000_000)
 
 // cdcSourceDDL is the source table of the CDC benchmark: about 150 bytes
 // a row.
