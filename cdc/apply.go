@@ -635,14 +635,6 @@ func (a *applier) close(ctx context.Context) {
 	}
 }
 
-// jsonArg passes JSON text to COPY as jsonb, or NULL.
-func jsonArg(b []byte) any {
-	if b == nil {
-		return nil
-	}
-	return string(b)
-}
-
 func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
