@@ -254,28 +254,63 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 		return nil, fmt.Errorf("warehouse: %w", err)
 	}
 	defer wh.Release()
-	targets := r.src.MirrorTables()
 	out := map[string]*table{}
 	for _, id := range r.specs {
 		name := id[0] + "." + id[1]
-		var key []string
-		if err := src.QueryRow(ctx, primaryKeySQL, id.Sanitize()).Scan(&key); err != nil {
-			return nil, fmt.Errorf("sources.%s.cdc.tables: %s: %w", r.src.Name, name, err)
-		}
-		if len(key) == 0 {
-			return nil, fmt.Errorf("%w: sources.%s.cdc.tables: %s has no primary key; the mirror needs one to apply updates and deletes",
-				ErrSetup, r.src.Name, name)
-		}
-		ts, tn := config.SplitTable(targets[name])
-		m := &mirror.Table{Name: r.src.Name, Source: id, Target: pgx.Identifier{ts, tn}, Key: key,
-			DeletedColumn: r.src.Mirror.DeletedColumn, LoadedColumn: r.src.Mirror.LoadedColumn, Hard: r.src.Mirror.Deletes == config.DeletesHard}
-		if err := m.Describe(ctx, src); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrSetup, err)
+		m, err := describeMirror(ctx, src, r.src, id)
+		if err != nil {
+			return nil, err
 		}
 		if err := m.Ensure(ctx, wh.Conn()); err != nil {
 			return nil, err
 		}
 		out[name] = &table{name: name, mirror: m}
+	}
+	return out, nil
+}
+
+// describeMirror describes a source table, with its primary key as the
+// mirror's key, and returns its mirror.
+func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx.Identifier) (*mirror.Table, error) {
+	name := id[0] + "." + id[1]
+	var key []string
+	if err := src.QueryRow(ctx, primaryKeySQL, id.Sanitize()).Scan(&key); err != nil {
+		return nil, fmt.Errorf("sources.%s.cdc.tables: %s: %w", s.Name, name, err)
+	}
+	if len(key) == 0 {
+		return nil, fmt.Errorf("%w: sources.%s.cdc.tables: %s has no primary key; the mirror needs one to apply updates and deletes",
+			ErrSetup, s.Name, name)
+	}
+	ts, tn := config.SplitTable(s.MirrorTables()[name])
+	m := &mirror.Table{Name: s.Name, Source: id, Target: pgx.Identifier{ts, tn}, Key: key,
+		DeletedColumn: s.Mirror.DeletedColumn, LoadedColumn: s.Mirror.LoadedColumn, Hard: s.Mirror.Deletes == config.DeletesHard}
+	if err := m.Describe(ctx, src); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSetup, err)
+	}
+	return m, nil
+}
+
+// Mirrors describes the mirror of each table of the CDC source called
+// name, as the reader does, without changing anything: for drift checks
+// with key reconciliation.
+func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Table, error) {
+	s := cfg.Sources[name]
+	if s == nil || s.CDC == nil {
+		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
+	}
+	src, err := mirror.Connect(ctx, s.CDC.DSN, "tidemark-keys")
+	if err != nil {
+		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", name, err)
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	var out []*mirror.Table
+	for _, t := range s.CDC.Tables {
+		schema, table := config.SplitTable(t)
+		m, err := describeMirror(ctx, src, s, pgx.Identifier{schema, table})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
 	}
 	return out, nil
 }

@@ -187,6 +187,10 @@ func validateCDCMirror(ix *index, p string, s *Source, tables map[string]string)
 	if !identRe.MatchString(m.LoadedColumn) || m.LoadedColumn == m.DeletedColumn {
 		ix.add(p+".mirror.loaded_column", "must be a column name other than mirror.deleted_column")
 	}
+	if m.KeyReconcileEvery != 0 {
+		ix.add(p+".mirror.key_reconcile_every", "applies to poll sources: a CDC source's deletes arrive through its slot; "+
+			"check its mirrors for drift with `tidemark keys --source %s --dry-run`", s.Name)
+	}
 	if m.Table != "" && !ValidTableName(m.Table) {
 		ix.add(p+".mirror.table", "must be a table name such as dw_customers, got %q", m.Table)
 		return

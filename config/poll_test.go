@@ -110,6 +110,7 @@ func TestCDCConfig(t *testing.T) {
 		{"snapshot", "      tables:", "      snapshot: later\n      tables:", `sources.shop.cdc.snapshot: must be one of initial, never, got "later"`},
 		{"snapshot workers", "      tables:", "      snapshot_workers: 40\n      tables:", "sources.shop.cdc.snapshot_workers: must be between 1 and 32, got 40"},
 		{"snapshot chunk", "      tables:", "      snapshot_chunk_rows: 10\n      tables:", "sources.shop.cdc.snapshot_chunk_rows: must be at least 1000, got 10"},
+		{"key reconcile", "mirror: {schema: mirror}", "mirror: {schema: mirror, key_reconcile_every: 1h}", "sources.shop.mirror.key_reconcile_every: applies to poll sources"},
 		{"one mirror for two tables", "mirror: {schema: mirror}", "mirror: {table: dw}", "sources.shop.mirror.table: names one mirror but cdc.tables lists 2 tables"},
 		{"no mirror", "    mirror: {schema: mirror}\n", "", "sources.shop.mirror: is required for a CDC source"},
 		{"tidemark schema", "mirror: {schema: mirror}", "mirror: {schema: raw}", "sources.shop.mirror.schema: schema raw belongs to tidemark"},

@@ -91,4 +91,21 @@ func TestCDCRunAndStatus(t *testing.T) {
 			t.Errorf("status lacks %q (exit %d):\n%s%s", want, code, stdout, stderr)
 		}
 	}
+
+	// A drift check of the CDC mirror: none, then a row the source does
+	// not have. Applying deletes is left to the slot.
+	code, stdout, stderr = invoke(t, "keys", "-c", cfg, "--source", "shop", "--dry-run")
+	if code != exitOK || !strings.Contains(stdout, "shop public.orders: 0 missing at the source") {
+		t.Errorf("keys --dry-run on a CDC source: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if _, err := wh.Exec(ctx, `INSERT INTO dw_orders (id, amount, loaded_at) VALUES (999, 1, now())`); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = invoke(t, "keys", "-c", cfg, "--source", "shop", "--dry-run")
+	if code != exitFailure || !strings.Contains(stdout, "shop public.orders: 1 missing at the source") {
+		t.Errorf("keys --dry-run with drift: exit %d, want %d\n%s%s", code, exitFailure, stdout, stderr)
+	}
+	if code, _, stderr = invoke(t, "keys", "-c", cfg, "--source", "shop"); code != exitUsage || !strings.Contains(stderr, "is a CDC source") {
+		t.Errorf("keys without --dry-run on a CDC source: exit %d, want %d\n%s", code, exitUsage, stderr)
+	}
 }

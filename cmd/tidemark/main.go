@@ -33,6 +33,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/demo"
@@ -367,6 +368,17 @@ func listed(labels []string) string {
 	return " (" + strings.Join(labels, ", ") + ")"
 }
 
+// keySources lists the sources whose mirrors key reconciliation checks.
+func keySources(cfg *config.Config) []string {
+	var names []string
+	for _, n := range cfg.SourceNames() {
+		if s := cfg.Sources[n]; s.Poll != nil || s.CDC != nil {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
 // pollSources lists the configured poll sources.
 func pollSources(cfg *config.Config) []string {
 	var names []string
@@ -486,7 +498,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, path := flags("keys", stderr)
-	name := fs.String("source", "", "the poll source whose mirror to check")
+	name := fs.String("source", "", "the poll or CDC source whose mirrors to check")
 	dryRun := fs.Bool("dry-run", false, "report only; exit 1 when rows are missing at the source")
 	if code, ok := parse(fs, args, stderr); !ok {
 		return code
@@ -495,8 +507,11 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
+	if src := cfg.Sources[*name]; src != nil && src.CDC != nil {
+		return keysCDC(ctx, cfg, *name, *dryRun, stdout, stderr)
+	}
 	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
-		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll source (configured: %s)\n", *name, strings.Join(pollSources(cfg), ", "))
+		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll or CDC source (configured: %s)\n", *name, strings.Join(keySources(cfg), ", "))
 		return exitUsage
 	}
 	pool, ok := prepareWarehouse(ctx, cfg, "tidemark keys", stderr)
@@ -550,6 +565,15 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure
 	}
+	printKeyReport(stdout, *name, rep)
+	if rep.DryRun && rep.Deleted > 0 {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// printKeyReport prints a key reconciliation's result.
+func printKeyReport(stdout io.Writer, label string, rep reconcile.KeyReport) {
 	action := map[bool]string{false: "flagged", true: "removed"}[rep.Hard]
 	if rep.DryRun {
 		action = "dry run, nothing changed"
@@ -557,11 +581,55 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		action = fmt.Sprintf("%d %s", rep.Applied, action)
 	}
 	fmt.Fprintf(stdout, "%s: %d source keys, %d mirror keys; compared %d ranges, transferred %d keys\n",
-		*name, rep.SourceKeys, rep.MirrorKeys, rep.RangesCompared, rep.KeysTransferred)
+		label, rep.SourceKeys, rep.MirrorKeys, rep.RangesCompared, rep.KeysTransferred)
 	fmt.Fprintf(stdout, "%s: %d missing at the source (%s)%s; %d not yet in the mirror\n",
-		*name, rep.Deleted, action, listed(rep.MissingAtSource), rep.MissingInMirror)
-	if rep.DryRun && rep.Deleted > 0 {
+		label, rep.Deleted, action, listed(rep.MissingAtSource), rep.MissingInMirror)
+}
+
+// keysCDC checks the mirrors of a CDC source for drift: a dry run of key
+// reconciliation over each of its tables. Deletes reach those mirrors
+// through the slot, so nothing is applied here.
+func keysCDC(ctx context.Context, cfg *config.Config, name string, dryRun bool, stdout, stderr io.Writer) int {
+	if !dryRun {
+		fmt.Fprintf(stderr, "tidemark keys: --source %s is a CDC source: its deletes arrive through the replication slot; "+
+			"add --dry-run to check its mirrors for drift\n", name)
+		return exitUsage
+	}
+	pool, ok := prepareWarehouse(ctx, cfg, "tidemark keys", stderr)
+	if !ok {
 		return exitFailure
 	}
-	return exitOK
+	defer pool.Close()
+	mirrors, err := cdc.Mirrors(ctx, cfg, name)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		return exitFailure
+	}
+	code := exitOK
+	for _, t := range mirrors {
+		var exists bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t.Target.Sanitize()).Scan(&exists); err != nil {
+			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+			return exitFailure
+		}
+		if !exists {
+			fmt.Fprintf(stderr, "tidemark keys: the mirror %s does not exist yet; it is created when the CDC reader of %s starts\n", t.Target.Sanitize(), name)
+			return exitFailure
+		}
+		k, err := reconcile.NewKeyReconciler(t, cfg.Sources[name].CDC.DSN, pool, reconcile.KeyOptions{Logger: logger(cfg, stderr), Now: serviceClock})
+		if err != nil {
+			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+			return exitFailure
+		}
+		rep, err := k.Run(ctx, true)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidemark keys: %s: %v\n", t.Source.Sanitize(), err)
+			return exitFailure
+		}
+		printKeyReport(stdout, name+" "+t.Source[0]+"."+t.Source[1], rep)
+		if rep.Deleted > 0 {
+			code = exitFailure
+		}
+	}
+	return code
 }

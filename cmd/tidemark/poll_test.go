@@ -201,7 +201,7 @@ func TestKeysCommand(t *testing.T) {
 	if got := scalar(t, wh2, "SELECT (to_regclass('public.dw_customers') IS NULL AND to_regclass('raw.customers') IS NULL)::text"); got != "true" {
 		t.Errorf("a dry run created the mirror or the raw table")
 	}
-	if code, _, errOut := invoke(t, "keys", "-c", cfg, "--source", "nope"); code != exitUsage || !strings.Contains(errOut, `--source: "nope" is not a poll source`) {
+	if code, _, errOut := invoke(t, "keys", "-c", cfg, "--source", "nope"); code != exitUsage || !strings.Contains(errOut, `--source: "nope" is not a poll or CDC source`) {
 		t.Errorf("keys --source nope: exit %d, %s", code, errOut)
 	}
 }
