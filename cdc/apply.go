@@ -58,6 +58,17 @@ SELECT %[4]s, $1, NULL
 FROM %[2]s AS s %[7]s
 WHERE s."tidemark kind" = 'upsert' AND NOT EXISTS (SELECT 1 FROM %[1]s AS t WHERE %[5]s)`
 
+	// upsertMirrorSQL writes staged upserts that carry every column, in
+	// one statement: a chunk holds one upsert per key at most. %[1]s
+	// mirror, %[2]s stage, %[3]s columns, %[4]s s's columns, %[5]s key
+	// columns, %[6]s SET list, %[7]s loaded and deleted columns.
+	upsertMirrorSQL = `
+INSERT INTO %[1]s AS t (%[3]s, %[7]s)
+SELECT %[4]s, $1, NULL
+FROM %[2]s AS s
+WHERE s."tidemark kind" = 'upsert'
+ON CONFLICT (%[5]s) DO UPDATE SET %[6]s`
+
 	// flagMirrorSQL marks staged deletes (soft); removeMirrorSQL removes
 	// them (hard). %[1]s mirror, %[2]s stage, %[3]s deleted column, %[4]s
 	// key match.
@@ -567,13 +578,33 @@ func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
 		join = fmt.Sprintf("LEFT JOIN %s AS o ON %s", target, strings.Join(fromMatch, " AND "))
 	}
 	keyMatch := strings.Join(match, " AND ")
+	loadedDeleted := quote(m.LoadedColumn) + ", " + quote(m.DeletedColumn)
+	if !st.absent {
+		var excluded []string
+		for _, c := range cols {
+			excluded = append(excluded, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", c))
+		}
+		excluded = append(excluded, quote(m.LoadedColumn)+" = EXCLUDED."+quote(m.LoadedColumn), quote(m.DeletedColumn)+" = NULL")
+		if _, err := a.tx.Exec(ctx, fmt.Sprintf(upsertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "),
+			mirror.QuoteAll(m.Key), strings.Join(excluded, ", "), loadedDeleted), a.ingestedAt); err != nil {
+			return fmt.Errorf("upsert into %s: %w", target, err)
+		}
+		return a.applyDeletes(ctx, st, keyMatch)
+	}
 	if _, err := a.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), a.ingestedAt); err != nil {
 		return fmt.Errorf("update %s: %w", target, err)
 	}
 	if _, err := a.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
-		quote(m.LoadedColumn)+", "+quote(m.DeletedColumn), join), a.ingestedAt); err != nil {
+		loadedDeleted, join), a.ingestedAt); err != nil {
 		return fmt.Errorf("insert into %s: %w", target, err)
 	}
+	return a.applyDeletes(ctx, st, keyMatch)
+}
+
+// applyDeletes flags or removes the staged deletes of a table.
+func (a *applier) applyDeletes(ctx context.Context, st *stageRows, keyMatch string) error {
+	m := st.t.mirror
+	target := m.Target.Sanitize()
 	del := fmt.Sprintf(flagMirrorSQL, target, st.name, quote(m.DeletedColumn), keyMatch)
 	if m.Hard {
 		del = fmt.Sprintf(removeMirrorSQL, target, st.name, "", keyMatch)
