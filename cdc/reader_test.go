@@ -15,6 +15,7 @@ import (
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -514,18 +515,9 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 // metric sums the samples of a counter or gauge family.
 func (e *cdcEnv) metric(name string) float64 {
 	e.t.Helper()
-	families, err := e.reg.Gather()
+	sum, err := promreg.Sum(e.reg, name)
 	if err != nil {
 		e.t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
 	}
 	return sum
 }

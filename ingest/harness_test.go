@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
@@ -232,18 +233,9 @@ func (b *bundle) waitStored(t *testing.T, end map[int32]int64, timeout time.Dura
 // counterSum adds up every series of a counter or gauge in r's registry.
 func counterSum(t *testing.T, r *running, name string) float64 {
 	t.Helper()
-	mfs, err := r.reg.Gather()
+	sum, err := promreg.Sum(r.reg, name)
 	if err != nil {
 		t.Fatalf("gather: %v", err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
 	}
 	return sum
 }

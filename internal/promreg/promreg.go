@@ -23,3 +23,22 @@ func Shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	}
 	return c
 }
+
+// Sum adds up the values of every series of the counter or gauge family
+// called name that g gathers; 0 when there is none.
+func Sum(g prometheus.Gatherer, name string) (float64, error) {
+	families, err := g.Gather()
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum, nil
+}
