@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -93,11 +92,11 @@ sources:
 			b.Fatal(err)
 		}
 
-		// tidemark creates its publication and slot (empty snapshot), then
-		// stops; the decode-only slot is created next to it, so both
-		// slots hold exactly the changes written below.
+		// tidemark creates its publication and slot, takes its (empty)
+		// snapshot and stops; the decode-only slot is created next to it,
+		// so both slots hold exactly the changes written below.
 		rd := startReader(b, cfg, wh)
-		waitSlotActive(b, src, "tidemark_shop")
+		rd.waitSnapshotDone(b, wh)
 		rd.stop(b)
 		if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode', 'pgoutput')`); err != nil {
 			b.Fatal(err)
@@ -205,23 +204,7 @@ func copyRawRows(b *testing.B, whDSN string) time.Duration {
 	}
 	const cols = "event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn"
 	started := time.Now()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		_, err := src.PgConn().CopyTo(ctx, pw, "COPY (SELECT "+cols+" FROM raw.shop) TO STDOUT")
-		pw.CloseWithError(err)
-		done <- err
-	}()
-	tag, err := dst.PgConn().CopyFrom(ctx, pr, "COPY raw.shop_copy ("+cols+") FROM STDIN")
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	if tag.RowsAffected() != int64(cdcChanges) {
-		b.Fatalf("copied %d raw rows, want %d", tag.RowsAffected(), cdcChanges)
-	}
+	pipeCOPY(b, src, dst, "COPY (SELECT "+cols+" FROM raw.shop) TO STDOUT", "COPY raw.shop_copy ("+cols+") FROM STDIN", int64(cdcChanges))
 	return time.Since(started)
 }
 
@@ -259,18 +242,25 @@ func (rr *runningReader) stop(b *testing.B) {
 	}
 }
 
-func waitSlotActive(b *testing.B, src *pgxpool.Pool, slot string) {
+// waitSnapshotDone waits until the reader's initial snapshot is done; a
+// reader stopped before that takes a new slot when it starts again.
+func (rr *runningReader) waitSnapshotDone(b *testing.B, wh *pgxpool.Pool) {
 	b.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		var active bool
-		err := src.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
-		if err == nil && active {
+		select {
+		case err := <-rr.done:
+			b.Fatalf("the reader stopped: %v", err)
+		default:
+		}
+		var done bool
+		err := wh.QueryRow(context.Background(), `SELECT snapshot = 'done' FROM tidemark.cdc_positions WHERE source = 'shop'`).Scan(&done)
+		if err == nil && done {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	b.Fatalf("slot %s did not become active", slot)
+	b.Fatal("the reader's initial snapshot did not finish within a minute")
 }
 
 // waitDecodedPast writes one row after everything written so far and waits

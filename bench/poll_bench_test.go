@@ -220,23 +220,7 @@ func pipeCopy(b *testing.B, srcDSN, baseDSN string) (mirrorTook, rawTook time.Du
 	}
 	pipe := func(out, in string) time.Duration {
 		started := time.Now()
-		pr, pw := io.Pipe()
-		done := make(chan error, 1)
-		go func() {
-			_, err := src.PgConn().CopyTo(ctx, pw, out)
-			pw.CloseWithError(err)
-			done <- err
-		}()
-		tag, err := dst.PgConn().CopyFrom(ctx, pr, in)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
-		if tag.RowsAffected() != pollRows {
-			b.Fatalf("copied %d rows, want %d", tag.RowsAffected(), pollRows)
-		}
+		pipeCOPY(b, src, dst, out, in, pollRows)
 		return time.Since(started)
 	}
 	mirrorTook = pipe("COPY src_customers (customer_id, email, tier, note, updated_at) TO STDOUT",
@@ -244,6 +228,30 @@ func pipeCopy(b *testing.B, srcDSN, baseDSN string) (mirrorTook, rawTook time.Du
 	rawTook = pipe(`COPY (SELECT customer_id::text, updated_at, now(), 'insert', 'public.src_customers', to_jsonb(s) FROM src_customers s) TO STDOUT`,
 		"COPY raw.customers (event_id, event_time, ingested_at, op, source_table, payload) FROM STDIN")
 	return mirrorTook, rawTook
+}
+
+// pipeCOPY runs COPY out on src piped into COPY in on dst and fails the
+// benchmark unless it moved want rows.
+func pipeCOPY(b *testing.B, src, dst *pgx.Conn, out, in string, want int64) {
+	b.Helper()
+	ctx := context.Background()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := src.PgConn().CopyTo(ctx, pw, out)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	tag, err := dst.PgConn().CopyFrom(ctx, pr, in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	if tag.RowsAffected() != want {
+		b.Fatalf("copied %d rows, want %d", tag.RowsAffected(), want)
+	}
 }
 
 // naiveKeyDiff reads every key of both tables in key order and merges the
