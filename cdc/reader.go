@@ -101,7 +101,12 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 func (r *Reader) Run(ctx context.Context) error {
 	backoff := time.Second
 	for {
+		started := time.Now()
 		err := r.RunOnce(ctx)
+		if time.Since(started) > time.Minute {
+			// A run that lasted is not a crash loop: retry soon.
+			backoff = time.Second
+		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -395,12 +400,12 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 // that WAL moves and the slot can be confirmed past it while the tracked
 // tables are quiet.
 func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
-	conn, err := mirror.Connect(ctx, r.src.CDC.DSN, "tidemark-cdc-heartbeat")
-	if err != nil {
-		r.log.Warn("cdc heartbeat: cannot connect", "err", err)
-		return
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -408,9 +413,23 @@ func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if _, err := conn.Exec(ctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano)); err != nil && ctx.Err() == nil {
-				r.log.Warn("cdc heartbeat failed", "err", err)
+		}
+		// (Re)connect at each beat that has no live connection: a
+		// source restart must not end the heartbeats.
+		if conn == nil || conn.IsClosed() {
+			c, err := mirror.Connect(ctx, r.src.CDC.DSN, "tidemark-cdc-heartbeat")
+			if err != nil {
+				if ctx.Err() == nil {
+					r.log.Warn("cdc heartbeat: cannot connect", "err", err)
+				}
+				continue
 			}
+			conn = c
+		}
+		if _, err := conn.Exec(ctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano)); err != nil && ctx.Err() == nil {
+			r.log.Warn("cdc heartbeat failed", "err", err)
+			conn.Close(context.WithoutCancel(ctx))
+			conn = nil
 		}
 	}
 }

@@ -521,3 +521,35 @@ func (e *cdcEnv) metric(name string) float64 {
 	}
 	return sum
 }
+
+// TestHeartbeatReconnects: the heartbeat connection is opened again after
+// the source ends it, so heartbeats go on after a source restart.
+func TestHeartbeatReconnects(t *testing.T) {
+	e := newCDCEnv(t)
+	e.start(e.config("snapshot: never\nheartbeat_every: 1s", "deletes: hard"))
+	heartbeats := func() int64 {
+		var n int64
+		if err := e.src.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tidemark-cdc-heartbeat' AND datname = current_database()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for heartbeats() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no heartbeat connection")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tidemark-cdc-heartbeat' AND datname = current_database()`)
+	for heartbeats() != 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for heartbeats() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the heartbeat did not reconnect after its connection was ended")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
