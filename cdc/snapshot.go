@@ -69,6 +69,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 		}
 	}
 	_ = ptx.Rollback(ctx)
+	_ = plan.Close(ctx) // idle from here on; the deferred Close is then a no-op
 
 	var mirrors []string
 	for _, id := range r.specs {
