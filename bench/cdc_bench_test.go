@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/cdc"
@@ -181,16 +180,7 @@ CDC, %d changes (600k inserts, 300k updates, 100k deletes; transactions of 1,000
 func copyRawRows(b *testing.B, whDSN string) time.Duration {
 	b.Helper()
 	ctx := context.Background()
-	src, err := pgx.Connect(ctx, whDSN)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Close(ctx)
-	dst, err := pgx.Connect(ctx, whDSN)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dst.Close(ctx)
+	src, dst := connect(b, whDSN), connect(b, whDSN)
 	raw := ingest.NewChangeTable("shop_copy", config.PartitionMonth)
 	if err := raw.Ensure(ctx, dst); err != nil {
 		b.Fatal(err)
@@ -246,21 +236,7 @@ func (rr *runningReader) stop(b *testing.B) {
 // reader stopped before that takes a new slot when it starts again.
 func (rr *runningReader) waitSnapshotDone(b *testing.B, wh *pgxpool.Pool) {
 	b.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-rr.done:
-			b.Fatalf("the reader stopped: %v", err)
-		default:
-		}
-		var done bool
-		err := wh.QueryRow(context.Background(), `SELECT snapshot = 'done' FROM tidemark.cdc_positions WHERE source = 'shop'`).Scan(&done)
-		if err == nil && done {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	b.Fatal("the reader's initial snapshot did not finish within a minute")
+	rr.waitFor(b, wh, "the initial snapshot to finish", time.Minute, `SELECT snapshot = 'done' FROM tidemark.cdc_positions WHERE source = 'shop'`)
 }
 
 // waitDecodedPast writes one row after everything written so far and waits
@@ -291,23 +267,30 @@ func waitDecodedPast(b *testing.B, src, wh *pgxpool.Pool) {
 // end.
 func (rr *runningReader) waitApplied(b *testing.B, wh *pgxpool.Pool, end string, limit time.Duration) {
 	b.Helper()
+	rr.waitFor(b, wh, "the changes up to "+end+" to be applied", limit,
+		`SELECT coalesce(applied_lsn >= $1::pg_lsn, false) FROM tidemark.cdc_positions WHERE source = 'shop'`, end)
+}
+
+// waitFor polls query, which returns one boolean, until it is true; the
+// reader stopping or the limit passing fails the benchmark.
+func (rr *runningReader) waitFor(b *testing.B, wh *pgxpool.Pool, what string, limit time.Duration, query string, args ...any) {
+	b.Helper()
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-rr.done:
-			b.Fatalf("the reader stopped: %v", err)
+			b.Fatalf("the reader stopped while waiting for %s: %v", what, err)
 		default:
 		}
 		var done bool
-		err := wh.QueryRow(context.Background(), `SELECT coalesce(applied_lsn >= $1::pg_lsn, false) FROM tidemark.cdc_positions WHERE source = 'shop'`, end).Scan(&done)
-		if err == nil && done {
+		if err := wh.QueryRow(context.Background(), query, args...).Scan(&done); err == nil && done {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	var applied, confirmed string
 	_ = wh.QueryRow(context.Background(), `SELECT applied_lsn::text, confirmed_lsn::text FROM tidemark.cdc_positions WHERE source = 'shop'`).Scan(&applied, &confirmed)
-	b.Fatalf("the reader did not apply up to %s within %s: applied %s, confirmed %s", end, limit, applied, confirmed)
+	b.Fatalf("waited %s for %s: applied %s, confirmed %s", limit, what, applied, confirmed)
 }
 
 // writeCDCWorkload writes the 1M changes and returns the source's WAL

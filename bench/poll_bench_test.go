@@ -197,16 +197,7 @@ func pipeCopy(b *testing.B, srcDSN, baseDSN string) (mirrorTook, rawTook time.Du
 	if _, err := migrate.Up(ctx, baseDSN, nil); err != nil {
 		b.Fatal(err)
 	}
-	src, err := pgx.Connect(ctx, srcDSN)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Close(ctx)
-	dst, err := pgx.Connect(ctx, baseDSN)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dst.Close(ctx)
+	src, dst := connect(b, srcDSN), connect(b, baseDSN)
 	if _, err := dst.Exec(ctx, baselineMirrorDDL); err != nil {
 		b.Fatal(err)
 	}
@@ -228,6 +219,17 @@ func pipeCopy(b *testing.B, srcDSN, baseDSN string) (mirrorTook, rawTook time.Du
 	rawTook = pipe(`COPY (SELECT customer_id::text, updated_at, now(), 'insert', 'public.src_customers', to_jsonb(s) FROM src_customers s) TO STDOUT`,
 		"COPY raw.customers (event_id, event_time, ingested_at, op, source_table, payload) FROM STDIN")
 	return mirrorTook, rawTook
+}
+
+// connect opens a connection that is closed when the benchmark ends.
+func connect(b *testing.B, dsn string) *pgx.Conn {
+	b.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
 
 // pipeCOPY runs COPY out on src piped into COPY in on dst and fails the
