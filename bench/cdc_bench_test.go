@@ -67,8 +67,7 @@ func BenchmarkCDC(b *testing.B) {
 	recvlogical := filepath.Join(bin, "pg_recvlogical")
 	for range b.N {
 		ctx := context.Background()
-		srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
-			"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min"}})
+		srv := durableServer(b)
 		e := &env{srv: srv}
 		srcDSN := pgtest.NewDatabaseOn(b, srv)
 		src := pgtest.Pool(b, srcDSN)

@@ -68,16 +68,23 @@ func (e *env) settle(b *testing.B) {
 
 func newEnv(b *testing.B) *env {
 	b.Helper()
-	// fsync and synchronous_commit on: the numbers are those of a server
-	// that keeps its promises.
-	srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
-		"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min"}})
+	srv := durableServer(b)
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(parts, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(kc.Close)
 	return &env{srv: srv, kc: kc}
+}
+
+// durableServer starts the benchmarks' PostgreSQL server: fsync and
+// synchronous_commit on, so that the numbers are those of a server that
+// keeps its promises, with room for a million-row load between
+// checkpoints.
+func durableServer(b *testing.B) *pgserver.Server {
+	b.Helper()
+	return pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
+		"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min"}})
 }
 
 // database creates a migrated warehouse database with raw.app_events. It

@@ -13,7 +13,6 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
-	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -65,8 +64,7 @@ CREATE TABLE dw_customers (
 func BenchmarkPoll(b *testing.B) {
 	for range b.N {
 		ctx := context.Background()
-		srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
-			"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "15min"}})
+		srv := durableServer(b)
 		e := &env{srv: srv}
 		srcDSN := pgtest.NewDatabaseOn(b, srv)
 		src := pgtest.Pool(b, srcDSN)

@@ -124,23 +124,6 @@ func (e *cdcEnv) start(cfg *config.Config) {
 	}
 }
 
-// rows returns a query's rows as text lines.
-func rows(t *testing.T, pool *pgxpool.Pool, sql string) []string {
-	t.Helper()
-	rs, err := pool.Query(context.Background(), sql)
-	if err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (string, error) {
-		vals, err := r.Values()
-		return fmt.Sprint(vals...), err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // customerRows and orderRows render a table's rows the same way on both
 // sides; mirrorFilter hides rows flagged deleted.
 const (
@@ -156,8 +139,8 @@ func (e *cdcEnv) waitMirrored(liveFilter string) {
 		same := true
 		var diff string
 		for _, q := range []struct{ sql, src, dst string }{{customerRows, "customers", "mirror.customers"}, {orderRows, "orders", "mirror.orders"}} {
-			want := rows(e.t, e.src, fmt.Sprintf(q.sql, q.src, ""))
-			got := rows(e.t, e.wh, fmt.Sprintf(q.sql, q.dst, liveFilter))
+			want := pgtest.Rows(e.t, e.src, fmt.Sprintf(q.sql, q.src, ""))
+			got := pgtest.Rows(e.t, e.wh, fmt.Sprintf(q.sql, q.dst, liveFilter))
 			if strings.Join(want, "\n") != strings.Join(got, "\n") {
 				same = false
 				diff = fmt.Sprintf("%s: source %d rows, mirror %d rows", q.src, len(want), len(got))
@@ -430,7 +413,7 @@ sources:
 		time.Sleep(20 * time.Millisecond)
 	}
 	const q = `SELECT order_id, line, qty FROM %s ORDER BY 1, 2`
-	want, got := rows(t, e.src, fmt.Sprintf(q, "lines")), rows(t, e.wh, fmt.Sprintf(q, "mirror_lines"))
+	want, got := pgtest.Rows(t, e.src, fmt.Sprintf(q, "lines")), pgtest.Rows(t, e.wh, fmt.Sprintf(q, "mirror_lines"))
 	if strings.Join(want, "\n") != strings.Join(got, "\n") {
 		t.Errorf("mirror has %d rows, source %d", len(got), len(want))
 	}

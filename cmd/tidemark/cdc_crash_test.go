@@ -131,8 +131,8 @@ sources:
 	const srcRows = `SELECT id, amount::text, note FROM %s ORDER BY id`
 	deadline = time.Now().Add(90 * time.Second)
 	for {
-		want := strings.Join(rowsText(t, src, fmt.Sprintf(srcRows, "orders")), "\n")
-		got := strings.Join(rowsText(t, wh, fmt.Sprintf(srcRows, "dw_orders")), "\n")
+		want := strings.Join(pgtest.Rows(t, src, fmt.Sprintf(srcRows, "orders")), "\n")
+		got := strings.Join(pgtest.Rows(t, wh, fmt.Sprintf(srcRows, "dw_orders")), "\n")
 		var raw int64
 		_ = wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop").Scan(&raw)
 		if want == got && raw >= total {
@@ -150,22 +150,4 @@ sources:
 	if raw != total || distinct != total {
 		t.Errorf("raw change rows %d (%d distinct), want exactly %d", raw, distinct, total)
 	}
-}
-
-func rowsText(t *testing.T, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, sql string) []string {
-	t.Helper()
-	rs, err := q.Query(context.Background(), sql)
-	if err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (string, error) {
-		v, err := r.Values()
-		return fmt.Sprint(v...), err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }

@@ -156,3 +156,23 @@ func redact(dsn string) string {
 	}
 	return u.Redacted()
 }
+
+// Rows runs sql and returns its rows as text lines, one per row (the
+// values printed with fmt.Sprint), for comparing result sets.
+func Rows(tb testing.TB, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string) []string {
+	tb.Helper()
+	rs, err := q.Query(context.Background(), sql)
+	if err != nil {
+		tb.Fatalf("%s: %v", sql, err)
+	}
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (string, error) {
+		vals, err := r.Values()
+		return fmt.Sprint(vals...), err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
