@@ -385,15 +385,20 @@ func TestInitialSnapshot(t *testing.T) {
 	if planned, copied := e.metric("tidemark_cdc_snapshot_chunks_planned"), e.metric("tidemark_cdc_snapshot_chunks_copied"); planned < 8 || copied != planned {
 		t.Errorf("snapshot chunks: %v planned, %v copied; want about 11, all copied", planned, copied)
 	}
+	// One attempt: each write transaction adds one row and removes at most
+	// one, so a single snapshot copies 1,001,000 rows give or take n.
+	if rows := e.metric("tidemark_cdc_snapshot_rows_total"); rows > float64(1001000+n) || rows < float64(1001000-n) {
+		t.Errorf("%v rows copied by snapshots, want 1001000 ± %d (one attempt)", rows, n)
+	}
 }
 
 // TestSnapshotChunksCompositeKey: a table with a two-column text and
-// integer key is copied in key-range chunks that together hold every row
-// once, whatever the sample's boundaries.
+// integer key, its rows stored in no particular order, is copied in
+// key-range chunks that together hold every row once.
 func TestSnapshotChunksCompositeKey(t *testing.T) {
 	e := newCDCEnv(t)
 	e.exec(`CREATE TABLE lines (order_id text COLLATE "C", line int, qty int, PRIMARY KEY (order_id, line));
-		INSERT INTO lines SELECT 'order-' || (i / 7), i % 7, i FROM generate_series(1, 20000) AS i;
+		INSERT INTO lines SELECT 'order-' || (i % 2), i, i FROM generate_series(1, 20000) AS i ORDER BY md5(i::text);
 		ANALYZE lines`)
 	cfg, err := config.Parse("t.yaml", []byte(fmt.Sprintf(`warehouse: {dsn: %q}
 sources:
@@ -419,6 +424,12 @@ sources:
 	}
 	if planned := e.metric("tidemark_cdc_snapshot_chunks_planned"); planned < 10 {
 		t.Errorf("%v chunks planned, want about 20", planned)
+	}
+	// Chunk bounds in the key order of the columns (line 10000 after line
+	// 9999, not after line 1): no chunk overlapped another and had to be
+	// redone.
+	if copied := e.metric("tidemark_cdc_snapshot_rows_total"); copied != 20000 {
+		t.Errorf("%v rows copied by snapshots, want 20000 (one attempt)", copied)
 	}
 }
 

@@ -18,17 +18,21 @@ import (
 const (
 	// estimateRowsSQL is the planner's row count of a table; -1 when the
 	// table was never analyzed.
-	estimateRowsSQL = `SELECT reltuples::float8 FROM pg_class WHERE oid = $1::regclass`
+	estimateRowsSQL = `SELECT reltuples::float8, relpages::float8 FROM pg_class WHERE oid = $1::regclass`
 	// sampleKeysSQL reads the keys of a block sample of a table, in key
-	// order, as text. %[1]s key columns as text, %[2]s table, %[3]s key
-	// columns.
-	sampleKeysSQL = `SELECT %[1]s FROM %[2]s TABLESAMPLE SYSTEM ($1) ORDER BY %[3]s`
+	// order, as text. %[1]s key columns of t as text, %[2]s table, %[3]s
+	// key columns of t: qualified, so that the order is the columns'
+	// own, not that of the text output columns of the same names.
+	sampleKeysSQL = `SELECT %[1]s FROM %[2]s AS t TABLESAMPLE SYSTEM ($1) ORDER BY %[3]s`
 	// copyChunkSQL reads one chunk of a table. %[1]s columns, %[2]s the
 	// load time literal, %[3]s table, %[4]s key-range condition.
 	copyChunkSQL = `COPY (SELECT %[1]s, %[2]s::timestamptz FROM %[3]s WHERE %[4]s) TO STDOUT`
 	// truncateMirrorSQL empties a mirror before a snapshot fills it.
 	truncateMirrorSQL = `TRUNCATE %s`
 )
+
+// minSampleBlocks is the fewest blocks a chunk plan samples.
+const minSampleBlocks = 256
 
 // chunk is one key range of a table, copied in one warehouse transaction.
 type chunk struct {
@@ -205,8 +209,8 @@ func (r *Reader) copyChunk(ctx context.Context, src *pgx.Conn, c chunk, loaded s
 // the keys; any boundaries cover the whole key space, so a poor sample
 // makes chunks uneven, never incomplete.
 func planChunks(ctx context.Context, tx pgx.Tx, t *table, id pgx.Identifier, chunkRows int) ([]string, error) {
-	var est float64
-	if err := tx.QueryRow(ctx, estimateRowsSQL, id.Sanitize()).Scan(&est); err != nil {
+	var est, pages float64
+	if err := tx.QueryRow(ctx, estimateRowsSQL, id.Sanitize()).Scan(&est, &pages); err != nil {
 		return nil, err
 	}
 	if est < 0 {
@@ -228,13 +232,23 @@ func planChunks(ctx context.Context, tx pgx.Tx, t *table, id pgx.Identifier, chu
 		if !ok {
 			return nil, fmt.Errorf("key column %s is not in the mirror", k)
 		}
-		asText = append(asText, quote(k)+"::text")
+		asText = append(asText, "t."+quote(k)+"::text")
 		quoted = append(quoted, quote(k))
 		types = append(types, c.Type)
 	}
-	// About 32 sampled keys per chunk.
-	pct := min(100, 100*float64(n*32)/est)
-	rows, err := tx.Query(ctx, fmt.Sprintf(sampleKeysSQL, strings.Join(asText, ", "), id.Sanitize(), strings.Join(quoted, ", ")), pct)
+	// About 32 sampled keys per chunk, and at least minSampleBlocks
+	// blocks: the sample picks whole blocks at random, and a handful of
+	// them may hold none of a table's rows, or too few to split it.
+	pct := 100 * float64(n*32) / est
+	if pages > 0 {
+		pct = max(pct, 100*minSampleBlocks/pages)
+	}
+	pct = min(100, pct)
+	var byKey []string
+	for _, q := range quoted {
+		byKey = append(byKey, "t."+q)
+	}
+	rows, err := tx.Query(ctx, fmt.Sprintf(sampleKeysSQL, strings.Join(asText, ", "), id.Sanitize(), strings.Join(byKey, ", ")), pct)
 	if err != nil {
 		return nil, err
 	}
