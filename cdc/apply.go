@@ -321,7 +321,7 @@ func (a *applier) writeRaw(ctx context.Context, changes []change) error {
 		if r == nil {
 			r = c.oldRow
 		}
-		if k, ok := c.table.keyOf(r); ok && r != nil {
+		if k, ok := c.table.keyOf(r); ok {
 			w.text(k)
 		} else {
 			w.null()

@@ -14,7 +14,6 @@ import (
 type copyRows struct {
 	buf   bytes.Buffer
 	first bool // the next field starts a row
-	rows  int
 	// times caches the text of the last two times written: a chunk's
 	// rows share their transaction's commit time and the load time.
 	times [2]struct {
@@ -31,7 +30,7 @@ var copyRowsPool = sync.Pool{New: func() any { return new(copyRows) }}
 func newCopyRows() *copyRows {
 	w := copyRowsPool.Get().(*copyRows)
 	w.buf.Reset()
-	w.first, w.rows = true, 0
+	w.first = true
 	return w
 }
 
@@ -121,7 +120,6 @@ func (w *copyRows) textArray(names []string) {
 func (w *copyRows) end() {
 	w.buf.WriteByte('\n')
 	w.first = true
-	w.rows++
 }
 
 // copyEscape writes s escaped for COPY's text format.
