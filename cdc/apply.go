@@ -2,11 +2,13 @@ package cdc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -98,6 +100,14 @@ WHERE source = $1`
 )
 
 // applier writes groups of source transactions to the warehouse.
+//
+// Groups are pipelined: while one group commits in the background, the
+// next is received and its raw change rows are written in a transaction
+// of its own. Everything a group does that depends on the groups before
+// it (its mirror changes, its ledger and position, its COMMIT) waits until
+// the group before it has committed, so the warehouse commits groups in
+// source order and each group's statements see the mirror the earlier
+// groups left. A group whose predecessor failed fails too.
 type applier struct {
 	pool     *pgxpool.Pool
 	source   string
@@ -106,9 +116,23 @@ type applier struct {
 	truncate bool // apply TRUNCATE to the mirrors
 	chunk    int  // changes folded and applied at a time
 
-	ddl  *pgx.Conn // raw partition DDL, outside the load transaction
+	ddlMu sync.Mutex
+	ddl   *pgx.Conn // raw partition DDL, outside the load transactions
+
+	g *group // the open group, nil when none is
+	// committing are the groups whose commit has started, oldest first,
+	// until the stream has taken their result.
+	committing []*group
+	last       *group // the group committed most recently
+}
+
+// group is one warehouse transaction: a run of source transactions.
+type group struct {
 	conn *pgxpool.Conn
 	tx   pgx.Tx
+	// prev is the group committed before this one, nil once it has
+	// committed (or when there was none).
+	prev *group
 
 	pending []change // not yet written, in order
 	// inflight reports the end of the chunk being written in the
@@ -124,6 +148,12 @@ type applier struct {
 	end           pglogrepl.LSN
 	lastCommit    time.Time
 	ingestedAt    time.Time
+
+	// done is closed when the group's commit has finished: err is nil
+	// when it committed, and committedAt is when.
+	done        chan struct{}
+	err         error
+	committedAt time.Time
 }
 
 type bucket struct {
@@ -132,11 +162,23 @@ type bucket struct {
 }
 
 // open reports whether a group is open.
-func (a *applier) open() bool { return a.tx != nil }
+func (a *applier) open() bool { return a.g != nil }
+
+// busy reports whether a group is open or committing: changes have been
+// received that the warehouse may not hold yet.
+func (a *applier) busy() bool { return a.g != nil || len(a.committing) > 0 }
+
+// changes is the number of changes of the open group.
+func (a *applier) changes() int64 {
+	if a.g == nil {
+		return 0
+	}
+	return a.g.changes
+}
 
 // begin opens a group if none is open.
 func (a *applier) begin(ctx context.Context) error {
-	if a.tx != nil {
+	if a.g != nil {
 		return nil
 	}
 	conn, err := a.pool.Acquire(ctx)
@@ -153,11 +195,9 @@ func (a *applier) begin(ctx context.Context) error {
 		conn.Release()
 		return fmt.Errorf("warehouse: %w", err)
 	}
-	a.conn, a.tx = conn, tx
-	a.staged, a.ops = map[string]bool{}, map[string]int64{}
-	a.buckets = map[time.Time]*bucket{}
-	a.txns, a.changes, a.end = 0, 0, 0
-	a.ingestedAt = a.now()
+	a.g = &group{conn: conn, tx: tx, prev: a.last, done: make(chan struct{}),
+		staged: map[string]bool{}, ops: map[string]int64{}, buckets: map[time.Time]*bucket{}, ingestedAt: a.now()}
+	a.last = a.g
 	return nil
 }
 
@@ -165,109 +205,195 @@ func (a *applier) begin(ctx context.Context) error {
 // background when it is full. A truncate is applied at once, after the
 // changes before it.
 func (a *applier) add(ctx context.Context, c change) error {
-	a.pending = append(a.pending, c)
-	a.changes++
-	a.ops[c.op]++
-	if c.op == opTruncate || len(a.pending) >= a.chunk {
-		if err := a.wait(); err != nil {
+	g := a.g
+	g.pending = append(g.pending, c)
+	g.changes++
+	g.ops[c.op]++
+	if c.op == opTruncate || len(g.pending) >= a.chunk {
+		if err := g.wait(); err != nil {
 			return err
 		}
-		changes := a.pending
-		a.pending = make([]change, 0, a.chunk)
+		changes := g.pending
+		g.pending = make([]change, 0, a.chunk)
 		done := make(chan error, 1)
-		a.inflight = done
-		go func() { done <- a.write(ctx, changes) }()
+		g.inflight = done
+		go func() { done <- a.write(ctx, g, changes) }()
 	}
 	return nil
 }
 
-// wait waits for the chunk being written, if any, and returns its error.
-// Whoever uses the group's transaction waits first.
-func (a *applier) wait() error {
-	if a.inflight == nil {
+// wait waits for the group's chunk being written, if any, and returns its
+// error. Whoever uses the group's transaction waits first.
+func (g *group) wait() error {
+	if g.inflight == nil {
 		return nil
 	}
-	err := <-a.inflight
-	a.inflight = nil
+	err := <-g.inflight
+	g.inflight = nil
 	return err
+}
+
+// waitPrev waits until the group before g has committed.
+func (g *group) waitPrev() error {
+	if g.prev == nil {
+		return nil
+	}
+	<-g.prev.done
+	if err := g.prev.err; err != nil {
+		return fmt.Errorf("the group before failed: %w", err)
+	}
+	g.prev = nil
+	return nil
+}
+
+// settle waits until the open group's transaction is free and every
+// earlier group has committed, so that the stream may use the transaction
+// itself (for DDL that locks the mirror, say).
+func (a *applier) settle() error {
+	if err := a.g.wait(); err != nil {
+		return err
+	}
+	return a.g.waitPrev()
+}
+
+// quiesce waits until nothing is written in the background: the groups
+// committing have finished (the stream takes their results later) and the
+// open group's chunk is written.
+func (a *applier) quiesce() error {
+	for _, g := range a.committing {
+		<-g.done
+	}
+	if a.g != nil {
+		return a.g.wait()
+	}
+	return nil
 }
 
 // done records that a source transaction of the group is complete.
 func (a *applier) done(end pglogrepl.LSN, commitTime time.Time) {
-	a.txns++
-	a.end = max(a.end, end)
-	a.lastCommit = commitTime
+	g := a.g
+	g.txns++
+	g.end = max(g.end, end)
+	g.lastCommit = commitTime
 }
 
-// rollback abandons the open group.
+// rollback abandons the open group and waits for the groups committing.
 func (a *applier) rollback(ctx context.Context) {
-	_ = a.wait()
-	if a.tx != nil {
-		_ = a.tx.Rollback(context.WithoutCancel(ctx))
-		a.conn.Release()
+	if g := a.g; g != nil {
+		_ = g.wait()
+		_ = g.tx.Rollback(context.WithoutCancel(ctx))
+		g.conn.Release()
+		g.err = errors.New("rolled back")
+		close(g.done)
+		a.g = nil
 	}
-	a.tx, a.conn, a.pending = nil, nil, nil
+	for _, g := range a.committing {
+		<-g.done
+	}
+	a.committing, a.last = nil, nil
 }
 
-// commit writes what is pending, the ledger and the position, and commits
-// the group. It returns the end of the group's last transaction.
-func (a *applier) commit(ctx context.Context) (pglogrepl.LSN, error) {
-	if a.tx == nil {
-		return 0, nil
+// commit starts committing the open group in the background: it writes
+// what is pending, the ledger and the position once the group before has
+// committed, and commits. finished reports the result.
+func (a *applier) commit(ctx context.Context) {
+	g := a.g
+	if g == nil {
+		return
 	}
-	if err := a.flush(ctx); err != nil {
-		a.rollback(ctx)
-		return 0, err
+	a.g = nil
+	a.committing = append(a.committing, g)
+	// A commit under way outlives a stop of the stream for a while, so
+	// that a complete group is not thrown away at shutdown.
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(commitGrace, cancel) })
+	go func() {
+		defer cancel()
+		defer stop()
+		g.err = a.finish(cctx, g)
+		g.committedAt = time.Now()
+		close(g.done)
+	}()
+}
+
+// commitGrace is how long a group's commit may go on after the stream is
+// stopped.
+const commitGrace = 30 * time.Second
+
+// finish writes the rest of a group and commits it.
+func (a *applier) finish(ctx context.Context, g *group) error {
+	err := g.wait()
+	if err == nil && len(g.pending) > 0 {
+		changes := g.pending
+		g.pending = nil
+		err = a.write(ctx, g, changes)
 	}
-	if err := a.ledger(ctx); err != nil {
-		a.rollback(ctx)
-		return 0, err
+	if err == nil {
+		err = g.waitPrev()
 	}
-	if _, err := a.tx.Exec(ctx, advancePositionSQL, a.source, a.end.String(), a.lastCommit, a.txns, a.changes, a.ingestedAt); err != nil {
-		a.rollback(ctx)
-		return 0, fmt.Errorf("store the position: %w", err)
+	if err == nil {
+		err = a.ledger(ctx, g)
 	}
-	err := a.tx.Commit(ctx)
-	a.conn.Release()
-	a.tx, a.conn = nil, nil
+	if err == nil {
+		if _, err = g.tx.Exec(ctx, advancePositionSQL, a.source, g.end.String(), g.lastCommit, g.txns, g.changes, g.ingestedAt); err != nil {
+			err = fmt.Errorf("store the position: %w", err)
+		}
+	}
 	if err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
-	}
-	return a.end, nil
-}
-
-// flush writes what is pending, after the chunk in flight.
-func (a *applier) flush(ctx context.Context) error {
-	if err := a.wait(); err != nil {
+		_ = g.tx.Rollback(context.WithoutCancel(ctx))
+		g.conn.Release()
 		return err
 	}
-	if len(a.pending) == 0 {
+	err = g.tx.Commit(ctx)
+	g.conn.Release()
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// finished returns the oldest group whose commit has started, once it has
+// finished (waiting for it when block is set), or nil.
+func (a *applier) finished(block bool) *group {
+	if len(a.committing) == 0 {
 		return nil
 	}
-	changes := a.pending
-	a.pending = nil
-	return a.write(ctx, changes)
+	g := a.committing[0]
+	if block {
+		<-g.done
+	} else {
+		select {
+		case <-g.done:
+		default:
+			return nil
+		}
+	}
+	a.committing = a.committing[1:]
+	return g
 }
 
 // write writes a chunk of changes: their raw change rows, one for each,
-// and their effect on the mirrors, folded per key so that a key changed
-// several times is written once.
-func (a *applier) write(ctx context.Context, changes []change) error {
+// and, once the group before has committed, their effect on the mirrors,
+// folded per key so that a key changed several times is written once.
+func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 	if err := a.ensurePartitions(ctx, changes); err != nil {
 		return err
 	}
-	if err := a.writeRaw(ctx, changes); err != nil {
+	if err := a.writeRaw(ctx, g, changes); err != nil {
 		return err
 	}
 	for _, c := range changes {
 		h := c.commitTime.UTC().Truncate(time.Hour)
-		b := a.buckets[h]
+		b := g.buckets[h]
 		if b == nil {
 			b = &bucket{min: c.commitTime, max: c.commitTime}
-			a.buckets[h] = b
+			g.buckets[h] = b
 		}
 		b.rows++
 		b.min, b.max = minTime(b.min, c.commitTime), maxTime(b.max, c.commitTime)
+	}
+	if err := g.waitPrev(); err != nil {
+		return err
 	}
 	// A truncate can only be the last change of a chunk (add flushes at
 	// once): fold and apply what came before it, then the truncate.
@@ -275,7 +401,7 @@ func (a *applier) write(ctx context.Context, changes []change) error {
 	if last.op == opTruncate {
 		changes = changes[:len(changes)-1]
 	}
-	if err := a.applyMirrors(ctx, changes); err != nil {
+	if err := a.applyMirrors(ctx, g, changes); err != nil {
 		return err
 	}
 	if last.op == opTruncate && a.truncate {
@@ -285,7 +411,7 @@ func (a *applier) write(ctx context.Context, changes []change) error {
 		if m.Hard {
 			q, args = fmt.Sprintf(truncateRemoveSQL, m.Target.Sanitize()), nil
 		}
-		if _, err := a.tx.Exec(ctx, q, args...); err != nil {
+		if _, err := g.tx.Exec(ctx, q, args...); err != nil {
 			return fmt.Errorf("truncate %s: %w", m.Target.Sanitize(), err)
 		}
 	}
@@ -293,7 +419,7 @@ func (a *applier) write(ctx context.Context, changes []change) error {
 }
 
 // writeRaw writes one raw change row per change with COPY.
-func (a *applier) writeRaw(ctx context.Context, changes []change) error {
+func (a *applier) writeRaw(ctx context.Context, g *group, changes []change) error {
 	w := newCopyRows()
 	var (
 		lsn     pglogrepl.LSN
@@ -313,7 +439,7 @@ func (a *applier) writeRaw(ctx context.Context, changes []change) error {
 		}
 		w.text(lsnText + "/" + strconv.Itoa(c.seq))
 		w.time(c.commitTime)
-		w.time(a.ingestedAt)
+		w.time(g.ingestedAt)
 		w.text(c.op)
 		w.text(c.table.name)
 		w.bytes(payload)
@@ -331,7 +457,7 @@ func (a *applier) writeRaw(ctx context.Context, changes []change) error {
 		w.end()
 	}
 	defer w.release()
-	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, &w.buf, fmt.Sprintf(copyRawSQL, a.raw.Ident())); err != nil {
+	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, &w.buf, fmt.Sprintf(copyRawSQL, a.raw.Ident())); err != nil {
 		return fmt.Errorf("write %s: %w", a.raw.Ident(), err)
 	}
 	return nil
@@ -356,7 +482,7 @@ type state struct {
 
 // applyMirrors folds the changes per table and key, in order, and writes
 // the result: one upsert or delete per key.
-func (a *applier) applyMirrors(ctx context.Context, changes []change) error {
+func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) error {
 	if len(changes) == 0 {
 		return nil
 	}
@@ -434,7 +560,7 @@ func (a *applier) applyMirrors(ctx context.Context, changes []change) error {
 		st.upsert(s)
 	}
 	for _, t := range tables {
-		if err := a.applyTable(ctx, byTable[t]); err != nil {
+		if err := a.applyTable(ctx, g, byTable[t]); err != nil {
 			return err
 		}
 	}
@@ -529,19 +655,19 @@ func (st *stageRows) delete(s *state) {
 }
 
 // applyTable writes a table's staged upserts and deletes to its mirror.
-func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
-	if a.staged[st.name] {
-		if _, err := a.tx.Exec(ctx, fmt.Sprintf(truncateStageSQL, st.name)); err != nil {
+func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error {
+	if g.staged[st.name] {
+		if _, err := g.tx.Exec(ctx, fmt.Sprintf(truncateStageSQL, st.name)); err != nil {
 			return fmt.Errorf("stage of %s: %w", st.t.name, err)
 		}
 	} else {
-		if _, err := a.tx.Exec(ctx, st.ddl); err != nil {
+		if _, err := g.tx.Exec(ctx, st.ddl); err != nil {
 			return fmt.Errorf("stage of %s: %w", st.t.name, err)
 		}
-		a.staged[st.name] = true
+		g.staged[st.name] = true
 	}
 	defer st.w.release()
-	if _, err := a.tx.Conn().PgConn().CopyFrom(ctx, &st.w.buf, fmt.Sprintf(copyStageSQL, st.name)); err != nil {
+	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, &st.w.buf, fmt.Sprintf(copyStageSQL, st.name)); err != nil {
 		return fmt.Errorf("stage of %s: %w", st.t.name, err)
 	}
 	m := st.t.mirror
@@ -585,38 +711,38 @@ func (a *applier) applyTable(ctx context.Context, st *stageRows) error {
 			excluded = append(excluded, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", c))
 		}
 		excluded = append(excluded, quote(m.LoadedColumn)+" = EXCLUDED."+quote(m.LoadedColumn), quote(m.DeletedColumn)+" = NULL")
-		if _, err := a.tx.Exec(ctx, fmt.Sprintf(upsertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "),
-			mirror.QuoteAll(m.Key), strings.Join(excluded, ", "), loadedDeleted), a.ingestedAt); err != nil {
+		if _, err := g.tx.Exec(ctx, fmt.Sprintf(upsertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "),
+			mirror.QuoteAll(m.Key), strings.Join(excluded, ", "), loadedDeleted), g.ingestedAt); err != nil {
 			return fmt.Errorf("upsert into %s: %w", target, err)
 		}
-		return a.applyDeletes(ctx, st, keyMatch)
+		return a.applyDeletes(ctx, g, st, keyMatch)
 	}
-	if _, err := a.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), a.ingestedAt); err != nil {
+	if _, err := g.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), g.ingestedAt); err != nil {
 		return fmt.Errorf("update %s: %w", target, err)
 	}
-	if _, err := a.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
-		loadedDeleted, join), a.ingestedAt); err != nil {
+	if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
+		loadedDeleted, join), g.ingestedAt); err != nil {
 		return fmt.Errorf("insert into %s: %w", target, err)
 	}
-	return a.applyDeletes(ctx, st, keyMatch)
+	return a.applyDeletes(ctx, g, st, keyMatch)
 }
 
 // applyDeletes flags or removes the staged deletes of a table.
-func (a *applier) applyDeletes(ctx context.Context, st *stageRows, keyMatch string) error {
+func (a *applier) applyDeletes(ctx context.Context, g *group, st *stageRows, keyMatch string) error {
 	m := st.t.mirror
 	target := m.Target.Sanitize()
 	del := fmt.Sprintf(flagMirrorSQL, target, st.name, quote(m.DeletedColumn), keyMatch)
 	if m.Hard {
 		del = fmt.Sprintf(removeMirrorSQL, target, st.name, "", keyMatch)
 	}
-	if _, err := a.tx.Exec(ctx, del); err != nil {
+	if _, err := g.tx.Exec(ctx, del); err != nil {
 		return fmt.Errorf("delete from %s: %w", target, err)
 	}
 	return nil
 }
 
 // ensurePartitions creates the raw partitions the changes' commit times
-// need, on a connection of its own.
+// need, on a connection of its own (which two groups' writes share).
 func (a *applier) ensurePartitions(ctx context.Context, changes []change) error {
 	times := make([]time.Time, len(changes))
 	for i, c := range changes {
@@ -626,6 +752,8 @@ func (a *applier) ensurePartitions(ctx context.Context, changes []change) error 
 	if len(missing) == 0 {
 		return nil
 	}
+	a.ddlMu.Lock()
+	defer a.ddlMu.Unlock()
 	if a.ddl == nil || a.ddl.IsClosed() {
 		conn, err := pgx.ConnectConfig(ctx, a.pool.Config().ConnConfig.Copy())
 		if err != nil {
@@ -637,8 +765,8 @@ func (a *applier) ensurePartitions(ctx context.Context, changes []change) error 
 }
 
 // ledger writes the group's ledger rows, one per UTC hour of commit time.
-func (a *applier) ledger(ctx context.Context) error {
-	if len(a.buckets) == 0 {
+func (a *applier) ledger(ctx context.Context, g *group) error {
+	if len(g.buckets) == 0 {
 		return nil
 	}
 	var (
@@ -647,11 +775,11 @@ func (a *applier) ledger(ctx context.Context) error {
 		counts      []int64
 		mins, maxes []time.Time
 	)
-	for h, b := range a.buckets {
+	for h, b := range g.buckets {
 		sources, hours, counts = append(sources, a.source), append(hours, h), append(counts, b.rows)
 		mins, maxes = append(mins, b.min), append(maxes, b.max)
 	}
-	if _, err := a.tx.Exec(ctx, ingest.InsertLedgerSQL, a.ingestedAt, sources, hours, counts, mins, maxes); err != nil {
+	if _, err := g.tx.Exec(ctx, ingest.InsertLedgerSQL, g.ingestedAt, sources, hours, counts, mins, maxes); err != nil {
 		return fmt.Errorf("write ledger: %w", err)
 	}
 	return nil

@@ -16,8 +16,12 @@
 // (raw.<source>, event time = source commit time), the ingest ledger, the
 // changes to the mirrors (folded per key in order, so a key changed several
 // times is written once; unchanged TOAST values keep the stored value), and
-// the end LSN of the group's last transaction. Only after that commit is
-// the slot confirmed, with every position field set. On restart,
+// the end LSN of the group's last transaction. A group commits in the
+// background while the next is received and its raw rows written; its
+// mirror changes and its COMMIT wait for the group before it, so groups
+// commit in source order and a failed group fails those after it. Only
+// after a group's commit is the slot confirmed, with every position field
+// set. On restart,
 // transactions that end at or below the stored position are skipped. Large
 // transactions that the server streams while in progress are buffered in
 // memory up to a bound, then on disk, and applied at their commit; aborted

@@ -3,6 +3,7 @@ package cdc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -64,10 +65,18 @@ func (s *stream) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return s.finish(ctx)
 		}
+		if err := s.committed(ctx, false); err != nil {
+			s.a.rollback(ctx)
+			return err
+		}
 		wait := interval - time.Since(s.sentAt)
 		if s.a.open() && !s.inTxn {
 			// Between transactions, a group waits for more only briefly.
 			wait = min(wait, s.r.opts.GroupAge-time.Since(s.groupStart))
+		}
+		if len(s.a.committing) > 0 {
+			// A group is committing: look again soon, to confirm it.
+			wait = min(wait, commitPoll)
 		}
 		var msg pgproto3.BackendMessage
 		if wait <= 0 && s.inTxn {
@@ -117,16 +126,22 @@ func (s *stream) run(ctx context.Context) error {
 	}
 }
 
-// finish commits a complete group before stopping.
+// finish commits a complete group before stopping, and confirms the
+// groups that committed.
 func (s *stream) finish(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitGrace)
+	defer cancel()
 	if s.a.open() && !s.inTxn {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
 		if err := s.commitGroup(wctx); err != nil {
+			s.a.rollback(wctx)
 			return err
 		}
-		_ = s.status(wctx, false)
 	}
+	if err := s.committed(wctx, true); err != nil {
+		s.a.rollback(wctx)
+		return err
+	}
+	_ = s.status(wctx, false)
 	return nil
 }
 
@@ -160,7 +175,7 @@ func (s *stream) copyData(ctx context.Context, data []byte) error {
 // idle reports whether no tracked change is pending: nothing received and
 // not yet committed to the warehouse, no streamed transaction buffered.
 func (s *stream) idle() bool {
-	return !s.inTxn && !s.a.open() && !s.inStream && len(s.buffers) == 0
+	return !s.inTxn && !s.a.busy() && !s.inStream && len(s.buffers) == 0
 }
 
 // status sends a standby status update with every position set
@@ -241,7 +256,7 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 			return nil
 		}
 		s.a.done(m.TransactionEndLSN, m.CommitTime)
-		if s.a.changes >= int64(s.r.opts.GroupChanges) || time.Since(s.groupStart) >= s.r.opts.GroupAge {
+		if s.a.changes() >= int64(s.r.opts.GroupChanges) || time.Since(s.groupStart) >= s.r.opts.GroupAge {
 			return s.commitGroup(ctx)
 		}
 	case *pglogrepl.InsertMessageV2:
@@ -296,8 +311,17 @@ func (s *stream) relation(ctx context.Context, m *pglogrepl.RelationMessage) err
 			added = append(added, c)
 		}
 	}
-	t.relID, t.columns = m.RelationID, cols
 	s.rels[m.RelationID] = t
+	t.relID = m.RelationID
+	if slices.Equal(cols, t.columns) && len(added) == 0 {
+		return nil
+	}
+	// Chunks and groups written in the background read the table's
+	// columns: they finish before the columns change.
+	if err := s.a.quiesce(); err != nil {
+		return err
+	}
+	t.columns = cols
 	if len(added) == 0 {
 		return nil
 	}
@@ -309,10 +333,10 @@ func (s *stream) relation(ctx context.Context, m *pglogrepl.RelationMessage) err
 		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), quote(c.name), typ)
 		var err error
 		if s.a.open() {
-			if err := s.a.wait(); err != nil {
+			if err := s.a.settle(); err != nil {
 				return err
 			}
-			_, err = s.a.tx.Exec(ctx, ddl)
+			_, err = s.a.g.tx.Exec(ctx, ddl)
 		} else {
 			_, err = s.r.pool.Exec(ctx, ddl)
 		}
@@ -383,23 +407,58 @@ func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMess
 	return s.commitGroup(ctx)
 }
 
-// commitGroup commits the open group and confirms it to the slot.
+// commitGroup starts committing the open group; committed confirms it
+// once it has committed. At most maxCommitting groups commit at once.
 func (s *stream) commitGroup(ctx context.Context) error {
-	last, txns, ops := s.a.lastCommit, s.a.txns, s.a.ops
-	end, err := s.a.commit(ctx)
-	if err != nil {
-		return err
+	for len(s.a.committing) >= maxCommitting {
+		if err := s.committedOne(ctx, true); err != nil {
+			return err
+		}
+	}
+	s.a.commit(ctx)
+	return nil
+}
+
+// maxCommitting bounds the groups committing at once; commitPoll is how
+// often the stream looks for a commit that finished while nothing arrives.
+const (
+	maxCommitting = 2
+	commitPoll    = 5 * time.Millisecond
+)
+
+// committed confirms the groups that finished committing, oldest first,
+// waiting for all of them when block is set. A group that failed fails
+// the stream: it is read again from the slot.
+func (s *stream) committed(ctx context.Context, block bool) error {
+	for len(s.a.committing) > 0 {
+		n := len(s.a.committing)
+		if err := s.committedOne(ctx, block); err != nil {
+			return err
+		}
+		if len(s.a.committing) == n {
+			return nil
+		}
+	}
+	return nil
+}
+
+// committedOne confirms the oldest committing group if it has finished.
+func (s *stream) committedOne(ctx context.Context, block bool) error {
+	g := s.a.finished(block)
+	if g == nil {
+		return nil
+	}
+	if g.err != nil {
+		return g.err
 	}
 	// Counted once committed, so that a group that failed and is read
 	// again is not counted twice.
-	s.r.m.txns.Add(float64(txns))
-	for op, n := range ops {
+	s.r.m.txns.Add(float64(g.txns))
+	for op, n := range g.ops {
 		s.r.m.changes.WithLabelValues(op).Add(float64(n))
 	}
-	if end > s.applied {
-		s.applied = end
-	}
-	s.r.m.applyLag.Observe(time.Since(last).Seconds())
+	s.applied = max(s.applied, g.end)
+	s.r.m.applyLag.Observe(g.committedAt.Sub(g.lastCommit).Seconds())
 	s.r.m.applied.Set(float64(s.applied))
 	return s.status(ctx, true)
 }
