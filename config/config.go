@@ -396,6 +396,7 @@ func (c *Config) validate(ix *index) {
 	}
 	topics := map[string]string{}
 	mirrors := map[string]string{}
+	slots := map[string]string{}
 	usesKafka := false
 	for _, name := range c.SourceNames() {
 		s := c.Sources[name]
@@ -440,6 +441,14 @@ func (c *Config) validate(ix *index) {
 		case s.CDC != nil:
 			validateCDCSource(ix, p, s)
 			oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
+			// One reader per slot is enforced by a lock named after the
+			// slot: two sources naming one slot would wait on each other
+			// (or, on one server, share its changes).
+			if other, ok := slots[s.CDC.Slot]; ok {
+				ix.add(p+".cdc.slot", "slot %q is also the slot of source %s; each CDC source needs a slot name of its own", s.CDC.Slot, other)
+			} else {
+				slots[s.CDC.Slot] = name
+			}
 			continue
 		case s.Kafka == nil:
 			ix.add(p, "needs a kafka block (kafka: {topics: [...]}), a poll block, a cdc block or a table block")

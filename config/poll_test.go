@@ -114,6 +114,8 @@ func TestCDCConfig(t *testing.T) {
 		{"one mirror for two tables", "mirror: {schema: mirror}", "mirror: {table: dw}", "sources.shop.mirror.table: names one mirror but cdc.tables lists 2 tables"},
 		{"no mirror", "    mirror: {schema: mirror}\n", "", "sources.shop.mirror: is required for a CDC source"},
 		{"tidemark schema", "mirror: {schema: mirror}", "mirror: {schema: raw}", "sources.shop.mirror.schema: schema raw belongs to tidemark"},
+		{"shared slot", "    mirror: {schema: mirror}\n", "    mirror: {schema: mirror}\n  stock:\n    cdc: {dsn: postgres://other/db, slot: tidemark_shop, tables: [items]}\n    mirror: {schema: stock}\n",
+			`sources.stock.cdc.slot: slot "tidemark_shop" is also the slot of source shop`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
