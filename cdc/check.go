@@ -389,9 +389,9 @@ func (c *checker) checkPublication(ctx context.Context) error {
 		return fmt.Errorf("cdc check: read publication %s: %w", c.spec.Publication, err)
 	}
 	c.report.PublicationExists = true
-	if allTables {
-		return nil
-	}
+	// A publication FOR ALL TABLES lists every table, but a partitioned
+	// table only when it publishes via the partition root; otherwise its
+	// changes arrive under its partitions' names.
 	rows, err := c.conn.Query(ctx, checkPublicationTablesSQL, c.spec.Publication)
 	if err != nil {
 		return fmt.Errorf("cdc check: read tables of publication %s: %w", c.spec.Publication, err)
@@ -419,6 +419,15 @@ func (c *checker) checkPublication(ctx context.Context) error {
 		return nil
 	}
 	pub := pgx.Identifier{c.spec.Publication}.Sanitize()
+	if allTables {
+		fix := "ALTER PUBLICATION " + pub + " SET (publish_via_partition_root = true)"
+		if !partitioned {
+			fix = "a publication FOR ALL TABLES leaves out unlogged and temporary tables: publish regular tables"
+		}
+		c.problem("%s: publication %s (FOR ALL TABLES) does not publish %s under its own name: %s",
+			c.key("publication"), c.spec.Publication, strings.Join(missing, ", "), fix)
+		return nil
+	}
 	fix := "ALTER PUBLICATION " + pub + " ADD TABLE " + strings.Join(quoted, ", ")
 	if partitioned {
 		fix += " (for a partitioned table already in it: ALTER PUBLICATION " + pub + " SET (publish_via_partition_root = true))"

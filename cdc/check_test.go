@@ -240,6 +240,22 @@ func TestCheck(t *testing.T) {
 			},
 		},
 		{
+			name: "publication for all tables without the partition root",
+			setup: []string{`CREATE TABLE public.orders (id int, at date, PRIMARY KEY (id, at)) PARTITION BY RANGE (at)`,
+				`CREATE TABLE public.orders_2026 PARTITION OF public.orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+				`CREATE PUBLICATION tidemark_shop FOR ALL TABLES`},
+			wantErr: []string{"sources.shop.cdc.publication", "FOR ALL TABLES", "public.orders",
+				`ALTER PUBLICATION "tidemark_shop" SET (publish_via_partition_root = true)`},
+			warnings: []string{"public.orders"},
+		},
+		{
+			name: "publication for all tables via the partition root",
+			setup: []string{`CREATE TABLE public.orders (id int, at date, PRIMARY KEY (id, at)) PARTITION BY RANGE (at)`,
+				`CREATE TABLE public.orders_2026 PARTITION OF public.orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')`,
+				`ALTER TABLE public.orders REPLICA IDENTITY FULL`,
+				`CREATE PUBLICATION tidemark_shop FOR ALL TABLES WITH (publish_via_partition_root = true)`},
+		},
+		{
 			name:    "table missing",
 			setup:   []string{ordersDDL, ordersPubDDL},
 			spec:    func(s *cdc.CheckSpec) { s.Tables = []pgx.Identifier{{"public", "nope"}} },
