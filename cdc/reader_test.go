@@ -313,16 +313,6 @@ func TestGroupsCommitInOrder(t *testing.T) {
 	}
 }
 
-// lsn returns a WAL position the source reports.
-func (e *cdcEnv) lsn(sql string) string {
-	e.t.Helper()
-	var pos string
-	if err := e.src.QueryRow(e.ctx, sql).Scan(&pos); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
-	return pos
-}
-
 // testLogger sends the reader's log to the test log.
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
