@@ -102,8 +102,8 @@ ON CONFLICT (aggregate) DO NOTHING`
 	stateSourceSQL = `SELECT source FROM tidemark.load_watermarks WHERE aggregate = $1`
 )
 
-// prepare makes sure the raw table of a Kafka source exists (or that a
-// table source's table has the configured columns), checks the aggregate
+// prepare makes sure the raw table of a Kafka, poll or CDC source exists
+// (or that a table source's table has the configured columns), checks the aggregate
 // against the warehouse (see aggregate.Prepare), creating a missing
 // target table, and creates its state.
 func (r *Reconciler) prepare(ctx context.Context, name string) error {
@@ -122,7 +122,7 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 		if err := ingest.NewRawTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
 			return err
 		}
-	case src.Poll != nil:
+	case src.Poll != nil, src.CDC != nil:
 		if err := ingest.NewChangeTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
 			return err
 		}

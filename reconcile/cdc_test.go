@@ -1,0 +1,117 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/reconcile"
+)
+
+// TestAggregateOverCDCSource: an aggregate over a CDC source's raw change
+// rows can be reconciled before the reader has ever run (its raw table is
+// created, with nothing to rebuild), and afterwards it is rebuilt from the
+// change rows the reader wrote, equal to a full recompute.
+func TestAggregateOverCDCSource(t *testing.T) {
+	ctx := context.Background()
+	src, srcDSN := pgtest.NewPool(t)
+	wh, whDSN := pgtest.NewPool(t)
+	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := src.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`CREATE TABLE orders (order_id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL)`)
+	yaml := fmt.Sprintf(`warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders], snapshot: never, status_every: 200ms}
+    mirror: {table: dw_orders, deletes: hard}
+aggregates:
+  daily_order_changes:
+    source: shop
+    table: daily_order_changes
+    partition: {by: day, column: day}
+    lateness_horizon: 2d
+    sql: |
+      SELECT {{partition}} AS day, count(*)::int AS changes, count(*) FILTER (WHERE op = 'delete')::int AS deletes,
+             sum((payload->>'amount')::numeric) FILTER (WHERE op <> 'delete') AS amount
+      FROM {{events}}
+`, whDSN, srcDSN)
+	cfg, err := config.Parse("t.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := reconcile.New(cfg, wh, reconcile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := r.RunOnce(ctx, "daily_order_changes", true)
+	if err != nil {
+		t.Fatalf("reconcile before the CDC reader ran: %v", err)
+	}
+	if len(rep.Rebuilt) != 0 {
+		t.Errorf("reconcile before the CDC reader ran rebuilt %v, want nothing", rep.Rebuilt)
+	}
+
+	rd, err := cdc.New(cfg, "shop", wh, cdc.Options{GroupAge: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rd.Run(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("reader: %v", err)
+		}
+	}()
+	waitFor(t, "the reader to stream", func() bool {
+		var active bool
+		err := src.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&active)
+		return err == nil && active
+	})
+	exec(`INSERT INTO orders SELECT i, i FROM generate_series(1, 50) AS i`)
+	exec(`UPDATE orders SET amount = amount * 2 WHERE order_id <= 10`)
+	exec(`DELETE FROM orders WHERE order_id > 45`)
+	waitFor(t, "the 65 changes to be applied", func() bool {
+		var n int64
+		err := wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop").Scan(&n)
+		return err == nil && n == 65
+	})
+
+	rep, err = r.RunOnce(ctx, "daily_order_changes", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rebuilt) == 0 {
+		t.Error("reconcile after the changes rebuilt nothing")
+	}
+	equal(t, "aggregate over the CDC change rows",
+		rowsOf(t, wh, "SELECT day, changes, deletes, amount FROM daily_order_changes ORDER BY 1"),
+		rowsOf(t, wh, `SELECT (event_time AT TIME ZONE 'UTC')::date, count(*), count(*) FILTER (WHERE op = 'delete'),
+			sum((payload->>'amount')::numeric) FILTER (WHERE op <> 'delete') FROM raw.shop GROUP BY 1 ORDER BY 1`))
+	equal(t, "changes in the aggregate", rowsOf(t, wh, "SELECT sum(changes), sum(deletes) FROM daily_order_changes"), []string{"65 | 5"})
+}
+
+// waitFor polls cond every 20ms for up to 30s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 30s for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
