@@ -91,6 +91,9 @@ sources:
   customers:
     poll: {dsn: %q, table: src_customers, key: [customer_id], updated_at: updated_at}
     mirror: {table: dw_customers, deletes: soft}
+  shop:
+    cdc: {dsn: %q, tables: [orders]}
+    mirror: {table: dw_orders, deletes: hard}
 aggregates:
   daily_sales:
     source: app_events
@@ -102,7 +105,7 @@ aggregates:
       SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total,
              count(*) AS event_count
       FROM {{events}} GROUP BY 1
-`, pg.URL("postgres"), broker, topic, pg.URL("app"))
+`, pg.URL("postgres"), broker, topic, pg.URL("app"), pg.URL("app"))
 	cfg, err := config.Parse("demo.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
 		return err
@@ -148,7 +151,7 @@ aggregates:
 	if err != nil {
 		return err
 	}
-	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec}
+	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec, log: log}
 	fmt.Fprintln(out, "The service clock follows the ingestion times of the worked example (UTC); after each step the")
 	fmt.Fprintln(out, "reconciler runs once and rebuilds the daily_sales partitions that the new rows touched:")
 	steps := []struct {
@@ -193,6 +196,9 @@ aggregates:
 	if err := d.pollPart(cfg, src); err != nil {
 		return err
 	}
+	if err := d.cdcPart(cfg, src); err != nil {
+		return err
+	}
 	rep, err := status.Gather(ctx, pool, cfg, kadm.NewClient(prod), clk.Now())
 	if err != nil {
 		return err
@@ -230,6 +236,7 @@ type run struct {
 	clk  *clock.Settable
 	end  map[int32]int64
 	rec  *reconcile.Reconciler
+	log  *slog.Logger
 }
 
 // reconcile runs the reconciler once and says what it rebuilt.

@@ -37,6 +37,11 @@ func TestDemo(t *testing.T) {
 		"keys --dry-run: 3 source keys, 4 mirror keys",
 		"missing at the source: 2 (1 flagged with deleted_at)",
 		"2            pro   2026-10-05 12:30",
+		"order 2 is deleted at the source (a hard delete, which no updated_at would show)\n      raw change rows so far: 3",
+		"  1         paid    20.00", "  3         paid    12.00",
+		"delete  public.orders  2        placed  true",
+		"source shop (cdc: slot tidemark_shop, orders)",
+		"transactions / changes      3 / 4",
 		"done: the service committed its last batch",
 	} {
 		if !strings.Contains(text, want) {
