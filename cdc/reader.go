@@ -267,6 +267,11 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 			return nil, err
 		}
 		if err := m.Ensure(ctx, wh.Conn()); err != nil {
+			if errors.Is(err, mirror.ErrMirror) {
+				// A mirror that does not fit the source does not fix
+				// itself: retrying would only repeat the error.
+				return nil, fmt.Errorf("%w: sources.%s: %w", ErrSetup, r.src.Name, err)
+			}
 			return nil, err
 		}
 		out[name] = &table{name: name, mirror: m}

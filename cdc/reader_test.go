@@ -2,6 +2,7 @@ package cdc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -111,8 +112,14 @@ func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 			e.t.Errorf("reader: %v", err)
 		}
 	})
-	// Changes made before the slot exists are not streamed (snapshot:
-	// never); wait until the reader streams.
+	e.waitStreaming(done)
+}
+
+// waitStreaming waits until the reader whose Run ends on done streams:
+// changes made before the slot exists are not streamed (snapshot: never).
+// A reader stopping meanwhile fails the test.
+func (e *cdcEnv) waitStreaming(done chan error) {
+	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var active bool
@@ -627,4 +634,62 @@ func TestHeartbeatReconnects(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestColumnTypeChangeStops: a source column whose type changes while the
+// reader streams stops the reader with a setup error naming the column and
+// the fix, before any value of the new type reaches the mirror; a start
+// with the mirror still of the old type stops too; once the mirror's
+// column is altered, the reader goes on where it stopped.
+func TestColumnTypeChangeStops(t *testing.T) {
+	e := newCDCEnv(t)
+	cfg := e.config("snapshot: never", "deletes: hard")
+	run := func() (chan error, context.CancelFunc) {
+		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(e.ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		return done, cancel
+	}
+	stopped := func(done chan error, want ...string) {
+		t.Helper()
+		select {
+		case err := <-done:
+			if !errors.Is(err, cdc.ErrSetup) {
+				t.Fatalf("reader stopped with %v, want an ErrSetup", err)
+			}
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("reader error %q does not mention %q", err, w)
+				}
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the reader did not stop; want an ErrSetup mentioning %q", want)
+		}
+	}
+
+	done, cancel := run()
+	defer cancel()
+	e.waitStreaming(done)
+	e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
+	e.waitMirrored("")
+	e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`)
+	e.exec(`INSERT INTO orders VALUES (2, 1, 'n/a', '2026-10-05 09:05+00')`)
+	stopped(done, "amount", "numeric(12,2) to text", `ALTER TABLE "mirror"."orders" ALTER COLUMN "amount" TYPE text`)
+	if n := e.count(`SELECT count(*) FROM mirror.orders`); n != 1 {
+		t.Errorf("mirror holds %d orders after the stop, want 1", n)
+	}
+
+	done, cancel = run()
+	defer cancel()
+	stopped(done, "amount", "numeric(12,2)", "text")
+
+	if _, err := e.wh.Exec(e.ctx, `ALTER TABLE mirror.orders ALTER COLUMN amount TYPE text`); err != nil {
+		t.Fatal(err)
+	}
+	e.start(cfg)
+	e.waitMirrored("")
 }

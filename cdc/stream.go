@@ -311,6 +311,9 @@ func (s *stream) relation(ctx context.Context, m *pglogrepl.RelationMessage) err
 			added = append(added, c)
 		}
 	}
+	if err := s.typesKept(ctx, t, cols); err != nil {
+		return err
+	}
 	s.rels[m.RelationID] = t
 	t.relID = m.RelationID
 	if slices.Equal(cols, t.columns) && len(added) == 0 {
@@ -345,6 +348,36 @@ func (s *stream) relation(ctx context.Context, m *pglogrepl.RelationMessage) err
 		}
 		t.mirror.Columns = append(t.mirror.Columns, mirrorColumn(c.name, typ))
 		s.r.log.Info("source table gained a column; added to the mirror", "table", t.name, "column", c.name, "type", typ)
+	}
+	return nil
+}
+
+// typesKept fails with ErrSetup when a column the stream has seen before
+// arrives with another type than the mirror's: its values would go into a
+// column of the old type, failing or changing on the way. The operator
+// alters the mirror's column and starts the reader again (the start checks
+// the mirror against the source's current columns). The first relation
+// message after a start is not compared: it may describe older WAL, whose
+// values the mirror as checked at start can take.
+func (s *stream) typesKept(ctx context.Context, t *table, cols []column) error {
+	for _, c := range cols {
+		i := slices.IndexFunc(t.columns, func(p column) bool { return p.name == c.name })
+		if i < 0 || (t.columns[i].oid == c.oid && t.columns[i].mod == c.mod) {
+			continue
+		}
+		m, ok := t.mirror.Column(c.name)
+		if !ok {
+			continue
+		}
+		var typ string
+		if err := s.src.QueryRow(ctx, formatTypeSQL, c.oid, c.mod).Scan(&typ); err != nil {
+			return fmt.Errorf("type of %s.%s: %w", t.name, c.name, err)
+		}
+		if typ != m.Type {
+			return fmt.Errorf("%w: sources.%s: column %s of %s changed type at the source from %s to %s; "+
+				"alter the mirror's column to match (ALTER TABLE %s ALTER COLUMN %s TYPE %s) and start tidemark again",
+				ErrSetup, s.r.src.Name, c.name, t.name, m.Type, typ, t.mirror.Target.Sanitize(), quote(c.name), typ)
+		}
 	}
 	return nil
 }
