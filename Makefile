@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test test-short bench lint build
+.PHONY: demo test test-short bench lint rules build
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
 demo:
@@ -20,12 +20,23 @@ test-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 90m ./bench/
 
-## lint: formatting, vet and staticcheck
-lint:
+## lint: formatting, vet, staticcheck, and the alerting rules (with promtool, when installed)
+lint: rules
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+
+## rules: check deploy/prometheus/alerts.yaml and run its unit tests
+rules:
+	@if command -v promtool >/dev/null 2>&1; then \
+		promtool check rules deploy/prometheus/alerts.yaml && \
+		promtool test rules deploy/prometheus/alerts_test.yaml; \
+	elif [ -n "$${TIDEMARK_REQUIRE_PROMTOOL:-}" ]; then \
+		echo "promtool not found (TIDEMARK_REQUIRE_PROMTOOL is set)"; exit 1; \
+	else \
+		echo "promtool not found: alerting rules not checked"; \
+	fi
 
 ## build: the tidemark binary in bin/
 build:
