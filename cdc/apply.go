@@ -269,6 +269,22 @@ func (a *applier) quiesce() error {
 	return nil
 }
 
+// flush quiesces, then writes the open group's pending changes when some
+// are of table t: before t's columns change, its rows decoded with the old
+// columns are written with them.
+func (a *applier) flush(ctx context.Context, t *table) error {
+	if err := a.quiesce(); err != nil {
+		return err
+	}
+	g := a.g
+	if g == nil || !slices.ContainsFunc(g.pending, func(c change) bool { return c.table == t }) {
+		return nil
+	}
+	changes := g.pending
+	g.pending = make([]change, 0, a.chunk)
+	return a.write(ctx, g, changes)
+}
+
 // done records that a source transaction of the group is complete.
 func (a *applier) done(end pglogrepl.LSN, commitTime time.Time) {
 	g := a.g

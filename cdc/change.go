@@ -75,19 +75,19 @@ const (
 	jsonbOID = 3802
 )
 
-// decodeTuple turns a tuple of the stream into a row. Unchanged TOAST
-// values ('u') are left out, so that applying the row keeps the stored
-// value.
-func (t *table) decodeTuple(td *pglogrepl.TupleData) (row, error) {
+// decodeTuple turns a tuple of the stream into a row, by the relation's
+// columns cols. Unchanged TOAST values ('u') are left out, so that
+// applying the row keeps the stored value.
+func (t *table) decodeTuple(cols []column, td *pglogrepl.TupleData) (row, error) {
 	if td == nil {
 		return nil, nil
 	}
-	if len(td.Columns) != len(t.columns) {
-		return nil, fmt.Errorf("cdc: %s: tuple has %d columns, the relation %d", t.name, len(td.Columns), len(t.columns))
+	if len(td.Columns) != len(cols) {
+		return nil, fmt.Errorf("cdc: %s: tuple has %d columns, the relation %d", t.name, len(td.Columns), len(cols))
 	}
 	r := make(row, len(td.Columns))
 	for i, c := range td.Columns {
-		name := t.columns[i].name
+		name := cols[i].name
 		switch c.DataType {
 		case pglogrepl.TupleDataTypeNull:
 			r[name] = nil

@@ -66,6 +66,9 @@ type Reader struct {
 	raw   *ingest.RawTable
 	m     *metrics
 	specs []pgx.Identifier
+	// stopAt, once set, stops the next run before a transaction (see
+	// stopBefore).
+	stopAt *stopBefore
 }
 
 // New returns the reader of the CDC source called name.
@@ -129,6 +132,7 @@ func (r *Reader) Run(ctx context.Context) error {
 // until ctx ends or an error.
 func (r *Reader) RunOnce(ctx context.Context) error {
 	cfg := r.src.CDC
+	r.stopAt = nil
 	srcConn, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc")
 	if err != nil {
 		return fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
@@ -194,7 +198,7 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer repl.Close(context.WithoutCancel(ctx))
+	defer func() { repl.Close(context.WithoutCancel(ctx)) }()
 	if !pos.exists || pos.snapshot == "pending" {
 		if pos, err = r.createSlot(ctx, repl, srcConn, report, pos, tables); err != nil {
 			return err
@@ -209,7 +213,31 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 		defer stop()
 		go r.heartbeat(hctx, hb)
 	}
-	return s.run(ctx)
+	for {
+		err := s.run(ctx)
+		var stop *stopBefore
+		if !errors.As(err, &stop) {
+			return err
+		}
+		if r.stopAt != nil {
+			return stop.err
+		}
+		// The stream stopped inside a transaction it must not apply:
+		// read the slot again, here, from what is applied (the start's
+		// checks would now refuse the changed source), and stop before
+		// that transaction.
+		r.log.Info("reading the slot again to apply what comes before the transaction that stops the reader", "commit_lsn", stop.lsn)
+		r.stopAt = stop
+		repl.Close(context.WithoutCancel(ctx))
+		if repl, err = r.replicationConn(ctx); err != nil {
+			return err
+		}
+		for _, t := range tables {
+			t.columns = nil
+		}
+		s = &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
+			applied: s.applied, confirmed: s.confirmed, storedConfirmed: s.storedConfirmed, buffers: map[uint32]*buffer{}, a: s.a}
+	}
 }
 
 // position is what the warehouse stores about the source.

@@ -638,14 +638,19 @@ func TestHeartbeatReconnects(t *testing.T) {
 
 // TestColumnTypeChangeStops: a source column whose type changes while the
 // reader streams stops the reader with a setup error naming the column and
-// the fix, before any value of the new type reaches the mirror; a start
-// with the mirror still of the old type stops too; once the mirror's
-// column is altered, the reader goes on where it stopped.
+// the fix, before any value of the new type reaches the mirror, and after
+// every transaction before the change is applied: one still waiting in
+// the open group, and one whose group already holds part of the
+// transaction that brings the new type (the reader reads the slot again
+// to stop before it). A start with the mirror still of the old type stops
+// too; once the mirror's column is altered, the reader goes on where it
+// stopped.
 func TestColumnTypeChangeStops(t *testing.T) {
 	e := newCDCEnv(t)
 	cfg := e.config("snapshot: never", "deletes: hard")
 	run := func() (chan error, context.CancelFunc) {
-		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
+		// Groups wait long enough for changes to be pending in them.
+		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 3 * time.Second, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -671,25 +676,151 @@ func TestColumnTypeChangeStops(t *testing.T) {
 		}
 	}
 
-	done, cancel := run()
-	defer cancel()
-	e.waitStreaming(done)
-	e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
-	e.waitMirrored("")
-	e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`)
-	e.exec(`INSERT INTO orders VALUES (2, 1, 'n/a', '2026-10-05 09:05+00')`)
-	stopped(done, "amount", "numeric(12,2) to text", `ALTER TABLE "mirror"."orders" ALTER COLUMN "amount" TYPE text`)
-	if n := e.count(`SELECT count(*) FROM mirror.orders`); n != 1 {
-		t.Errorf("mirror holds %d orders after the stop, want 1", n)
-	}
+	for _, tc := range []struct {
+		name string
+		// before is applied before the type change; after brings the
+		// first value of the new type.
+		before, after string
+		orders        int64 // mirrored when the reader stops
+	}{
+		{"first change of the transaction", `INSERT INTO orders VALUES (2, 1, 9.75, '2026-10-05 09:01+00')`,
+			`INSERT INTO orders VALUES (3, 1, 'n/a', '2026-10-05 09:05+00')`, 2},
+		{"after a change of another table", `INSERT INTO orders VALUES (4, 1, 1.25, '2026-10-05 09:06+00')`,
+			`BEGIN; INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL);
+			 INSERT INTO orders VALUES (5, 1, 'none', '2026-10-05 09:07+00'); COMMIT`, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			done, cancel := run()
+			defer cancel()
+			e.waitStreaming(done)
+			if tc.orders == 2 {
+				e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
+				e.waitMirrored("")
+			}
+			e.exec(tc.before)
+			if tc.orders == 2 {
+				e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`)
+			} else {
+				e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE varchar(20)`)
+			}
+			e.exec(tc.after)
+			stopped(done, "amount", "changed type at the source", `ALTER TABLE "mirror"."orders" ALTER COLUMN "amount" TYPE`)
+			if n := e.count(`SELECT count(*) FROM mirror.orders`); n != tc.orders {
+				t.Errorf("mirror holds %d orders after the stop, want %d (those before the change)", n, tc.orders)
+			}
+			if n := e.count(`SELECT count(*) FROM mirror.customers`); n != 0 {
+				t.Errorf("mirror holds %d customers after the stop, want 0: the transaction with the new type is not applied", n)
+			}
 
-	done, cancel = run()
-	defer cancel()
-	stopped(done, "amount", "numeric(12,2)", "text")
+			done, cancel = run()
+			defer cancel()
+			stopped(done, "amount", "in the mirror but")
 
-	if _, err := e.wh.Exec(e.ctx, `ALTER TABLE mirror.orders ALTER COLUMN amount TYPE text`); err != nil {
-		t.Fatal(err)
+			typ := "text"
+			if tc.orders == 4 {
+				typ = "varchar(20)"
+			}
+			if _, err := e.wh.Exec(e.ctx, `ALTER TABLE mirror.orders ALTER COLUMN amount TYPE `+typ); err != nil {
+				t.Fatal(err)
+			}
+			done, cancel = run()
+			defer cancel()
+			e.waitStreaming(done)
+			e.waitMirrored("")
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("reader: %v", err)
+			}
+		})
 	}
-	e.start(cfg)
+}
+
+// TestDroppedColumnPending: a change waiting in the open group when a
+// column is dropped at the source keeps that column's value, in the raw
+// change row and in the mirror (which keeps the column).
+func TestDroppedColumnPending(t *testing.T) {
+	e := newCDCEnv(t)
+	e.startWith(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupAge: 3 * time.Second})
+	e.exec(`INSERT INTO customers VALUES (1, 'ana', 'free', NULL, NULL)`)
+	e.exec(`ALTER TABLE customers DROP COLUMN tier`)
+	e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL)`)
+	deadline := time.Now().Add(30 * time.Second)
+	for e.count("SELECT count(*) FROM mirror.customers") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the changes were not applied")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := pgtest.Rows(t, e.wh, `SELECT concat_ws(' ', m.id, coalesce(m.tier, 'NULL'), coalesce(r.payload->>'tier', 'absent')) FROM mirror.customers m JOIN raw.shop r ON r.row_key = m.id::text ORDER BY m.id`)
+	want := []string{"1 free free", "2 NULL absent"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("mirror tier and raw payload tier by id:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestStreamedTransactions: with logical_decoding_work_mem at its least,
+// the source streams large transactions while they run; the reader keeps
+// them, in memory and then on disk, until they commit. NULLs survive the
+// spill file; a rolled-back subtransaction leaves nothing; DDL of a
+// streamed transaction counts only if it commits (a type change or a new
+// column rolled back with it neither stops the reader nor reaches the
+// mirror; a committed new column does, with its values).
+func TestStreamedTransactions(t *testing.T) {
+	e := newCDCEnv(t)
+	e.srcDSN += "&options=-c%20logical_decoding_work_mem%3D64kB"
+	e.start(e.config("snapshot: never\nmax_buffer_bytes: 1MiB", "deletes: hard"))
+	e.exec(`INSERT INTO customers SELECT i, repeat('x', 200), NULL, NULL, NULL FROM generate_series(1, 20000) AS i`)
+	e.exec(`BEGIN;
+		INSERT INTO orders SELECT i, 1, i, '2026-10-05 09:00+00' FROM generate_series(1, 3000) AS i;
+		SAVEPOINT s;
+		INSERT INTO orders SELECT i, 2, i, '2026-10-05 09:00+00' FROM generate_series(3001, 6000) AS i;
+		ROLLBACK TO SAVEPOINT s;
+		UPDATE orders SET amount = 0 WHERE id <= 10;
+		COMMIT`)
+	e.exec(`BEGIN;
+		ALTER TABLE customers ALTER COLUMN tier TYPE jsonb USING to_jsonb(tier);
+		ALTER TABLE customers ADD COLUMN ghost text;
+		UPDATE customers SET tier = '"t"', ghost = 'g' WHERE id <= 3000;
+		SELECT pg_sleep(1); -- streamed while in progress
+		ROLLBACK`)
+	e.exec(`UPDATE customers SET tier = 'pro' WHERE id = 1`)
+	e.exec(`BEGIN;
+		UPDATE customers SET name = 'y' WHERE id <= 3000;
+		ALTER TABLE customers ADD COLUMN region text;
+		UPDATE customers SET region = 'eu' WHERE id <= 3000;
+		COMMIT`)
 	e.waitMirrored("")
+	// 20000 + 3010 + 1 + 6000 changes.
+	deadline := time.Now().Add(30 * time.Second)
+	for e.count("SELECT count(*) FROM raw.shop") < 29011 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := e.count("SELECT count(*) FROM raw.shop"); n != 29011 {
+		t.Errorf("raw change rows %d, want 29011", n)
+	}
+	if n := e.count("SELECT count(*) FROM mirror.customers WHERE region = 'eu' AND name = 'y'"); n != 3000 {
+		t.Errorf("%d mirror rows hold the committed new column's value, want 3000", n)
+	}
+	if n := e.count("SELECT count(*) FROM raw.shop WHERE payload->>'tier' IS NULL AND payload ? 'tier' AND (payload->>'id')::int > 3000"); n != 17000 {
+		t.Errorf("%d raw rows keep tier as JSON null, want 17000", n)
+	}
+	if n := e.count("SELECT count(*) FROM information_schema.columns WHERE table_schema = 'mirror' AND table_name = 'customers' AND column_name = 'ghost'"); n != 0 {
+		t.Error("a column added by a rolled-back transaction reached the mirror")
+	}
+	// The test is about streamed transactions: the source must have
+	// streamed and spilled (the statistics arrive with a delay).
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		var streamed int64
+		if err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'tidemark_shop'), 0)").Scan(&streamed); err != nil {
+			t.Fatal(err)
+		}
+		if streamed >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source streamed %d transactions, want at least 3", streamed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -38,6 +38,9 @@ type stream struct {
 	seq        int
 	groupStart time.Time
 
+	// current is the commit LSN of the transaction being applied.
+	current pglogrepl.LSN
+
 	// Streamed in-progress transactions, by top-level xid.
 	inStream bool
 	streamX  uint32
@@ -60,6 +63,11 @@ func (s *stream) run(ctx context.Context) error {
 	s.r.log.Info("streaming", "slot", cfg.Slot, "from", s.applied)
 	s.r.m.streaming.Set(1)
 	defer s.r.m.streaming.Set(0)
+	defer func() {
+		for _, b := range s.buffers {
+			b.close()
+		}
+	}()
 	interval := cfg.StatusEvery.D()
 	for {
 		if ctx.Err() != nil {
@@ -236,10 +244,26 @@ func (s *stream) slotMetrics(ctx context.Context) {
 func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessageV2:
-		return s.relation(ctx, &m.RelationMessage)
+		r := newRelationInfo(&m.RelationMessage)
+		if s.inStream {
+			// It may describe the streamed transaction's own DDL: it
+			// takes effect if and when the transaction commits.
+			t := s.byName[r.Namespace+"."+r.Name]
+			if t == nil {
+				return nil
+			}
+			s.rels[r.ID] = t
+			t.relID = r.ID
+			return s.buffers[s.streamX].relation(m.Xid, &m.RelationMessage)
+		}
+		return s.relation(ctx, r, s.seq)
 	case *pglogrepl.BeginMessage:
+		if at := s.r.stopAt; at != nil && m.FinalLSN >= at.lsn {
+			return s.stopHere(ctx)
+		}
 		s.inTxn, s.seq = true, 0
 		s.commitLSN, s.commitTime = m.FinalLSN, m.CommitTime
+		s.current = m.FinalLSN
 		// Transactions the warehouse already holds are skipped: after a
 		// restart the slot sends again what was not confirmed.
 		s.skip = m.FinalLSN < s.applied
@@ -296,32 +320,44 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 // relation records a relation message. A tracked table that gained
 // columns has them added to its mirror, inside the open group when there
 // is one, so that the change that first carries them is applied with them.
-func (s *stream) relation(ctx context.Context, m *pglogrepl.RelationMessage) error {
-	t := s.byName[m.Namespace+"."+m.RelationName]
+//
+// seq is the number of changes the current source transaction has added to
+// the open group. A column whose type changed stops the reader (see
+// typesKept) once every transaction before the current one is applied.
+func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
+	t := s.byName[r.Namespace+"."+r.Name]
 	if t == nil {
 		return nil
 	}
-	cols := make([]column, len(m.Columns))
-	for i, c := range m.Columns {
-		cols[i] = column{name: c.Name, oid: c.DataType, mod: c.TypeModifier}
-	}
+	cols := r.Columns
 	var added []column
 	for _, c := range cols {
 		if _, ok := t.mirror.Column(c.name); !ok {
 			added = append(added, c)
 		}
 	}
-	if err := s.typesKept(ctx, t, cols); err != nil {
-		return err
+	if changed := s.typesKept(ctx, t, cols); changed != nil {
+		if seq > 0 {
+			// The group holds part of this transaction: read again,
+			// and stop before it.
+			return &stopBefore{lsn: s.current, err: changed}
+		}
+		// Nothing of this transaction is in the group: apply what came
+		// before it, and stop.
+		if err := s.applyComplete(ctx); err != nil {
+			return err
+		}
+		return changed
 	}
-	s.rels[m.RelationID] = t
-	t.relID = m.RelationID
+	s.rels[r.ID] = t
+	t.relID = r.ID
 	if slices.Equal(cols, t.columns) && len(added) == 0 {
 		return nil
 	}
-	// Chunks and groups written in the background read the table's
-	// columns: they finish before the columns change.
-	if err := s.a.quiesce(); err != nil {
+	// Rows decoded with the old columns are written with them: chunks
+	// and groups in the background finish, and the open group's pending
+	// changes of the table are written, before the columns change.
+	if err := s.a.flush(ctx, t); err != nil {
 		return err
 	}
 	t.columns = cols
@@ -391,11 +427,15 @@ func (s *stream) change(ctx context.Context, op string, xid, rel uint32, newT, o
 		return nil
 	}
 	c := change{op: op, table: t}
+	cols := t.columns
+	if s.inStream {
+		cols = s.buffers[s.streamX].columns(rel, t)
+	}
 	var err error
-	if c.newRow, err = t.decodeTuple(newT); err != nil {
+	if c.newRow, err = t.decodeTuple(cols, newT); err != nil {
 		return err
 	}
-	if c.oldRow, err = t.decodeTuple(oldT); err != nil {
+	if c.oldRow, err = t.decodeTuple(cols, oldT); err != nil {
 		return err
 	}
 	if s.inStream {
@@ -421,23 +461,68 @@ func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMess
 	if m.CommitLSN < s.applied {
 		return nil
 	}
+	if at := s.r.stopAt; at != nil && m.CommitLSN >= at.lsn {
+		return s.stopHere(ctx)
+	}
 	if !s.a.open() {
 		if err := s.a.begin(ctx); err != nil {
 			return err
 		}
 		s.groupStart = time.Now()
 	}
+	s.current = m.CommitLSN
 	seq := 0
-	err := b.each(func(c change) error {
-		c.seq, c.commitLSN, c.commitTime = seq, m.CommitLSN, m.CommitTime
+	err := b.each(func(e entry) error {
+		if e.Relation != nil {
+			return s.relation(ctx, e.Relation, seq)
+		}
+		t := s.rels[e.Rel]
+		if t == nil {
+			return nil
+		}
+		c := change{op: e.Op, table: t, newRow: e.New, oldRow: e.Old, seq: seq, commitLSN: m.CommitLSN, commitTime: m.CommitTime}
 		seq++
 		return s.a.add(ctx, c)
-	}, s.rels)
+	})
 	if err != nil {
 		return err
 	}
 	s.a.done(m.TransactionEndLSN, m.CommitTime)
 	return s.commitGroup(ctx)
+}
+
+// stopBefore asks Run to read the slot again and to stop, with err, before
+// the transaction that commits at lsn, once every transaction before it
+// is applied: an open group that already holds part of that transaction
+// cannot commit without it.
+type stopBefore struct {
+	lsn pglogrepl.LSN
+	err error
+}
+
+func (e *stopBefore) Error() string { return e.err.Error() }
+
+// stopHere applies what came before the transaction Run stops before, and
+// stops with the reason.
+func (s *stream) stopHere(ctx context.Context) error {
+	if err := s.applyComplete(ctx); err != nil {
+		return err
+	}
+	return s.r.stopAt.err
+}
+
+// applyComplete commits the open group when it holds complete source
+// transactions, and nothing of the current one, and waits until every
+// group has committed and is confirmed. A group without a complete
+// transaction is left to the rollback that ends the stream: it has no
+// position or commit time to store.
+func (s *stream) applyComplete(ctx context.Context) error {
+	if s.a.open() && s.a.g.txns > 0 {
+		if err := s.commitGroup(ctx); err != nil {
+			return err
+		}
+	}
+	return s.committed(ctx, true)
 }
 
 // commitGroup starts committing the open group; committed confirms it
