@@ -130,6 +130,11 @@ type applier struct {
 type group struct {
 	conn *pgxpool.Conn
 	tx   pgx.Tx
+	// ctx is what the group's background writes and its commit run
+	// under: it outlives a stop of the stream by commitGrace, so that a
+	// complete group is not thrown away at shutdown; release ends it.
+	ctx     context.Context
+	release context.CancelFunc
 	// prev is the group committed before this one, nil once it has
 	// committed (or when there was none).
 	prev *group
@@ -195,7 +200,9 @@ func (a *applier) begin(ctx context.Context) error {
 		conn.Release()
 		return fmt.Errorf("warehouse: %w", err)
 	}
-	a.g = &group{conn: conn, tx: tx, prev: a.last, done: make(chan struct{}),
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(commitGrace, cancel) })
+	a.g = &group{conn: conn, tx: tx, ctx: gctx, release: func() { stop(); cancel() }, prev: a.last, done: make(chan struct{}),
 		staged: map[string]bool{}, ops: map[string]int64{}, buckets: map[time.Time]*bucket{}, ingestedAt: a.now()}
 	a.last = a.g
 	return nil
@@ -217,7 +224,7 @@ func (a *applier) add(ctx context.Context, c change) error {
 		g.pending = make([]change, 0, a.chunk)
 		done := make(chan error, 1)
 		g.inflight = done
-		go func() { done <- a.write(ctx, g, changes) }()
+		go func() { done <- a.write(g.ctx, g, changes) }()
 	}
 	return nil
 }
@@ -282,7 +289,7 @@ func (a *applier) flush(ctx context.Context, t *table) error {
 	}
 	changes := g.pending
 	g.pending = make([]change, 0, a.chunk)
-	return a.write(ctx, g, changes)
+	return a.write(g.ctx, g, changes)
 }
 
 // done records that a source transaction of the group is complete.
@@ -296,6 +303,7 @@ func (a *applier) done(end pglogrepl.LSN, commitTime time.Time) {
 // rollback abandons the open group and waits for the groups committing.
 func (a *applier) rollback(ctx context.Context) {
 	if g := a.g; g != nil {
+		g.release() // a chunk under way stops at once
 		_ = g.wait()
 		_ = g.tx.Rollback(context.WithoutCancel(ctx))
 		g.conn.Release()
@@ -312,21 +320,16 @@ func (a *applier) rollback(ctx context.Context) {
 // commit starts committing the open group in the background: it writes
 // what is pending, the ledger and the position once the group before has
 // committed, and commits. finished reports the result.
-func (a *applier) commit(ctx context.Context) {
+func (a *applier) commit() {
 	g := a.g
 	if g == nil {
 		return
 	}
 	a.g = nil
 	a.committing = append(a.committing, g)
-	// A commit under way outlives a stop of the stream for a while, so
-	// that a complete group is not thrown away at shutdown.
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(commitGrace, cancel) })
 	go func() {
-		defer cancel()
-		defer stop()
-		g.err = a.finish(cctx, g)
+		defer g.release()
+		g.err = a.finish(g.ctx, g)
 		g.committedAt = time.Now()
 		close(g.done)
 	}()

@@ -533,7 +533,7 @@ func (s *stream) commitGroup(ctx context.Context) error {
 			return err
 		}
 	}
-	s.a.commit(ctx)
+	s.a.commit()
 	return nil
 }
 
