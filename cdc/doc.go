@@ -25,7 +25,11 @@
 // transactions that end at or below the stored position are skipped. Large
 // transactions that the server streams while in progress are buffered in
 // memory up to a bound, then on disk, and applied at their commit; aborted
-// ones and rolled-back subtransactions are dropped. When nothing tracked is
+// ones and rolled-back subtransactions are dropped, and so is their DDL
+// (relation messages inside a stream take effect at its commit). A column
+// added at the source is added to the mirror; a column whose type changes
+// stops the reader with ErrSetup once everything before the change is
+// applied. When nothing tracked is
 // pending, the slot is confirmed up to the server's WAL end, and a logical
 // message written on an interval keeps WAL moving, so an idle slot does not
 // pin WAL.
