@@ -18,7 +18,10 @@ import (
 // TestCDCCrashSafety is acceptance item 2 of the CDC issue: `tidemark run`
 // reading a slot is SIGKILLed at random moments during a stream of mixed
 // changes and restarted each time; afterwards the mirror equals the source
-// and every change has exactly one raw change row.
+// and every change has exactly one raw change row. The source streams
+// large transactions while they run (logical_decoding_work_mem at its
+// least, set for the replication session), and the reader spills them to
+// disk, so kills also hit streamed and spilled transactions.
 func TestCDCCrashSafety(t *testing.T) {
 	kills := 6
 	if testing.Short() {
@@ -36,9 +39,9 @@ http: {listen: "off"}
 log: {level: info}
 sources:
   shop:
-    cdc: {dsn: %q, tables: [orders], snapshot: initial, status_every: 200ms}
+    cdc: {dsn: %q, tables: [orders], snapshot: initial, status_every: 200ms, max_buffer_bytes: 1MiB}
     mirror: {table: dw_orders, deletes: hard}
-`, whDSN, srcDSN))
+`, whDSN, srcDSN+"&options=-c%20logical_decoding_work_mem%3D64kB"))
 
 	clock := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
 	// The first run creates the slot and copies the table. Changes made
@@ -75,6 +78,15 @@ sources:
 			var n int64
 			err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
 				n = 0
+				if rng.IntN(25) == 0 {
+					// A large transaction, some of its notes NULL: the
+					// source streams it, the reader spills it.
+					tag, err := tx.Exec(ctx, `INSERT INTO orders SELECT g, 2, CASE WHEN g % 3 = 0 THEN NULL ELSE repeat('b', 400) END
+						FROM generate_series($1::bigint, $1::bigint + 2999) AS g`, next+1)
+					next += 3000
+					n = tag.RowsAffected()
+					return err
+				}
 				for range 1 + rng.IntN(50) {
 					var q string
 					var arg int64
@@ -142,6 +154,19 @@ sources:
 			t.Fatalf("no convergence: mirror equal %v, raw change rows %d of %d\n%s", want == got, raw, total, p.output.String())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// The source did stream transactions (its statistics arrive late).
+	for deadline = time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var streamed int64
+		if err := src.QueryRow(ctx, "SELECT coalesce(sum(stream_txns), 0) FROM pg_stat_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&streamed); err != nil {
+			t.Fatal(err)
+		}
+		if streamed > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the source streamed no transaction: the test does not cover streamed transactions")
+		}
 	}
 	var raw, distinct int64
 	if err := wh.QueryRow(ctx, "SELECT count(*), count(DISTINCT (commit_lsn, event_id)) FROM raw.shop").Scan(&raw, &distinct); err != nil {
