@@ -467,11 +467,23 @@ func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
 	}
 }
 
-// receive reads one message, or returns nil when the deadline passes.
+// receive reads one message, or returns nil when wait passes first. The
+// wait is a read deadline on the connection, not a context: pgconn would
+// register and remove a context watcher, and this a timer, for every
+// message, at hundreds of thousands of messages a second. pgconn keeps
+// the connection after a read deadline passes, and the next call finishes
+// a message read in part. ctx ends the wait at once through the deadline
+// that watchStop sets.
 func receive(ctx context.Context, conn *pgconn.PgConn, wait time.Duration) (pgproto3.BackendMessage, error) {
-	rctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	msg, err := conn.ReceiveMessage(rctx)
+	if err := conn.Conn().SetReadDeadline(time.Now().Add(wait)); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Checked after the deadline is set: a stop from now on moves
+		// the deadline to the past.
+		return nil, err
+	}
+	msg, err := conn.ReceiveMessage(context.Background())
 	if err != nil {
 		if pgconn.Timeout(err) && ctx.Err() == nil {
 			return nil, nil
@@ -479,4 +491,10 @@ func receive(ctx context.Context, conn *pgconn.PgConn, wait time.Duration) (pgpr
 		return nil, err
 	}
 	return msg, nil
+}
+
+// watchStop makes a read that receive is waiting in return at once when
+// ctx ends; the returned function stops watching.
+func watchStop(ctx context.Context, conn *pgconn.PgConn) func() bool {
+	return context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 }

@@ -63,6 +63,7 @@ func (s *stream) run(ctx context.Context) error {
 	s.r.log.Info("streaming", "slot", cfg.Slot, "from", s.applied)
 	s.r.m.streaming.Set(1)
 	defer s.r.m.streaming.Set(0)
+	defer watchStop(ctx, s.repl)()
 	defer func() {
 		for _, b := range s.buffers {
 			b.close()
