@@ -86,6 +86,23 @@ func (t *table) decodeTuple(cols []column, td *pglogrepl.TupleData) (row, error)
 		return nil, fmt.Errorf("cdc: %s: tuple has %d columns, the relation %d", t.name, len(td.Columns), len(cols))
 	}
 	r := make(row, len(td.Columns))
+	// The text values share one string and one slice of strings: three
+	// allocations a tuple, not two a column.
+	n := 0
+	for _, c := range td.Columns {
+		if c.DataType == pglogrepl.TupleDataTypeText {
+			n += len(c.Data)
+		}
+	}
+	buf := make([]byte, 0, n)
+	for _, c := range td.Columns {
+		if c.DataType == pglogrepl.TupleDataTypeText {
+			buf = append(buf, c.Data...)
+		}
+	}
+	all := string(buf)
+	vals := make([]string, len(td.Columns))
+	off := 0
 	for i, c := range td.Columns {
 		name := cols[i].name
 		switch c.DataType {
@@ -94,8 +111,9 @@ func (t *table) decodeTuple(cols []column, td *pglogrepl.TupleData) (row, error)
 		case pglogrepl.TupleDataTypeToast:
 			// Unchanged TOASTed value: not sent, keep what is stored.
 		case pglogrepl.TupleDataTypeText:
-			s := string(c.Data)
-			r[name] = &s
+			vals[i] = all[off : off+len(c.Data)]
+			off += len(c.Data)
+			r[name] = &vals[i]
 		default:
 			return nil, fmt.Errorf("cdc: %s: column %s arrived in format %q; only text is supported", t.name, name, c.DataType)
 		}
