@@ -28,6 +28,7 @@ type stream struct {
 	// server's WAL end from its last keepalive.
 	applied, confirmed, walEnd pglogrepl.LSN
 	sentAt                     time.Time // last status update
+	metricsAt                  time.Time // last read of the slot's metrics
 	storedConfirmed            pglogrepl.LSN
 
 	// The source transaction being received (not streamed).
@@ -219,7 +220,11 @@ func (s *stream) status(ctx context.Context, force bool) error {
 	}
 	s.confirmed, s.sentAt = pos, time.Now()
 	s.r.m.confirmed.Set(float64(pos))
-	s.slotMetrics(ctx)
+	if time.Since(s.metricsAt) >= s.r.src.CDC.StatusEvery.D() {
+		// A query on the source: once per interval, not per group.
+		s.slotMetrics(ctx)
+		s.metricsAt = time.Now()
+	}
 	return nil
 }
 
