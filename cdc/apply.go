@@ -115,6 +115,9 @@ type applier struct {
 	now      func() time.Time
 	truncate bool // apply TRUNCATE to the mirrors
 	chunk    int  // changes folded and applied at a time
+	// keepalive, when set, is how the stream waits for a chunk being
+	// written: it keeps answering the source meanwhile.
+	keepalive func(ctx context.Context, done <-chan struct{}) error
 
 	ddlMu sync.Mutex
 	ddl   *pgx.Conn // raw partition DDL, outside the load transactions
@@ -143,7 +146,7 @@ type group struct {
 	// inflight reports the end of the chunk being written in the
 	// background, nil when none is. One chunk is written while the next
 	// is received and decoded.
-	inflight chan error
+	inflight *writing
 	staged   map[string]bool  // stages this group has used
 	ops      map[string]int64 // the group's changes by operation
 	buckets  map[time.Time]*bucket
@@ -217,16 +220,31 @@ func (a *applier) add(ctx context.Context, c change) error {
 	g.changes++
 	g.ops[c.op]++
 	if c.op == opTruncate || len(g.pending) >= a.chunk {
+		if g.inflight != nil && a.keepalive != nil {
+			if err := a.keepalive(ctx, g.inflight.done); err != nil {
+				return err
+			}
+		}
 		if err := g.wait(); err != nil {
 			return err
 		}
 		changes := g.pending
 		g.pending = make([]change, 0, a.chunk)
-		done := make(chan error, 1)
-		g.inflight = done
-		go func() { done <- a.write(g.ctx, g, changes) }()
+		ch := &writing{done: make(chan struct{})}
+		g.inflight = ch
+		go func() {
+			ch.err = a.write(g.ctx, g, changes)
+			close(ch.done)
+		}()
 	}
 	return nil
+}
+
+// writing is a chunk of a group being written in the background: done is
+// closed when it is written, err then says how.
+type writing struct {
+	done chan struct{}
+	err  error
 }
 
 // wait waits for the group's chunk being written, if any, and returns its
@@ -235,7 +253,8 @@ func (g *group) wait() error {
 	if g.inflight == nil {
 		return nil
 	}
-	err := <-g.inflight
+	<-g.inflight.done
+	err := g.inflight.err
 	g.inflight = nil
 	return err
 }

@@ -824,3 +824,49 @@ func TestStreamedTransactions(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestSlowWarehouseKeepsSession: while the warehouse waits for a lock on a
+// mirror for longer than the source's wal_sender_timeout, the reader keeps
+// answering the source, so the replication session survives (the source
+// does not decode the slot's WAL again), and everything is applied once
+// the lock is gone.
+func TestSlowWarehouseKeepsSession(t *testing.T) {
+	e := newCDCEnv(t)
+	e.srcDSN += "&options=-c%20wal_sender_timeout%3D2s"
+	e.startWith(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupChanges: 1, GroupAge: 20 * time.Millisecond})
+	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 09:00+00')`)
+	e.waitMirrored("")
+	pid := func() int64 {
+		t.Helper()
+		var p int64
+		if err := e.src.QueryRow(e.ctx, "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	before := pid()
+
+	tx, err := e.wh.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, "LOCK TABLE mirror.orders IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	// Transactions enough to fill the groups that may commit at once and
+	// the open one: the stream itself has to wait.
+	for i := 2; i <= 40; i++ {
+		e.exec(`INSERT INTO orders VALUES ($1, 1, 1, '2026-10-05 09:00+00')`, i)
+	}
+	time.Sleep(5 * time.Second) // more than twice wal_sender_timeout
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitMirrored("")
+	if after := pid(); after != before {
+		t.Errorf("the replication session was replaced (walsender %d, now %d): the reader stopped answering while the warehouse waited", before, after)
+	}
+	if n := e.count("SELECT count(*) FROM raw.shop"); n != 40 {
+		t.Errorf("raw change rows %d, want 40", n)
+	}
+}

@@ -535,12 +535,39 @@ func (s *stream) applyComplete(ctx context.Context) error {
 // once it has committed. At most maxCommitting groups commit at once.
 func (s *stream) commitGroup(ctx context.Context) error {
 	for len(s.a.committing) >= maxCommitting {
+		if err := s.keepalive(ctx, s.a.committing[0].done); err != nil {
+			return err
+		}
 		if err := s.committedOne(ctx, true); err != nil {
 			return err
 		}
 	}
 	s.a.commit()
 	return nil
+}
+
+// keepalive waits until done is closed (a group committed, a chunk
+// written), sending status updates meanwhile: a warehouse that is slow or
+// waits for a lock must not let the source's wal_sender_timeout end the
+// session, which would make the source decode the slot's WAL again.
+func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	t := time.NewTicker(s.r.src.CDC.StatusEvery.D())
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-t.C:
+			if err := s.status(ctx, true); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 // maxCommitting bounds the groups committing at once; commitPoll is how
