@@ -31,13 +31,13 @@ type buffer struct {
 }
 
 // entry is one buffered item with the (sub)transaction that sent it: a row
-// change, or, when Op is empty, a relation message (Rel, Relation).
+// change, or, when Relation is set, a relation message.
 type entry struct {
 	Xid      uint32
 	Op       string
 	Rel      uint32
 	New, Old row
-	Relation *relationInfo
+	Relation *pglogrepl.RelationMessage
 }
 
 // relationInfo is what the stream keeps of a relation message.
@@ -55,33 +55,20 @@ func newRelationInfo(m *pglogrepl.RelationMessage) *relationInfo {
 	return r
 }
 
-// spilled is an entry as written to the file. gob encodes neither nil
-// pointers in maps nor unexported fields, so values and columns take
-// forms of their own; a column absent from a row (an unchanged TOASTed
-// value) stays absent.
+// spilled is an entry as written to the file. gob does not encode nil
+// pointers in maps, so values take a form of their own; a column absent
+// from a row (an unchanged TOASTed value) stays absent.
 type spilled struct {
 	Xid      uint32
 	Op       string
 	Rel      uint32
 	New, Old map[string]spilledValue
-	Relation *spilledRelation
+	Relation *pglogrepl.RelationMessage
 }
 
 type spilledValue struct {
 	S    string
 	Null bool
-}
-
-type spilledRelation struct {
-	ID              uint32
-	Namespace, Name string
-	Columns         []spilledColumn
-}
-
-type spilledColumn struct {
-	Name string
-	OID  uint32
-	Mod  int32
 }
 
 func spillRow(r row) map[string]spilledValue {
@@ -116,25 +103,11 @@ func unspillRow(r map[string]spilledValue) row {
 }
 
 func (e *entry) spill() spilled {
-	s := spilled{Xid: e.Xid, Op: e.Op, Rel: e.Rel, New: spillRow(e.New), Old: spillRow(e.Old)}
-	if r := e.Relation; r != nil {
-		s.Relation = &spilledRelation{ID: r.ID, Namespace: r.Namespace, Name: r.Name}
-		for _, c := range r.Columns {
-			s.Relation.Columns = append(s.Relation.Columns, spilledColumn{Name: c.name, OID: c.oid, Mod: c.mod})
-		}
-	}
-	return s
+	return spilled{Xid: e.Xid, Op: e.Op, Rel: e.Rel, New: spillRow(e.New), Old: spillRow(e.Old), Relation: e.Relation}
 }
 
 func (s *spilled) entry() entry {
-	e := entry{Xid: s.Xid, Op: s.Op, Rel: s.Rel, New: unspillRow(s.New), Old: unspillRow(s.Old)}
-	if r := s.Relation; r != nil {
-		e.Relation = &relationInfo{ID: r.ID, Namespace: r.Namespace, Name: r.Name}
-		for _, c := range r.Columns {
-			e.Relation.Columns = append(e.Relation.Columns, column{name: c.Name, oid: c.OID, mod: c.Mod})
-		}
-	}
-	return e
+	return entry{Xid: s.Xid, Op: s.Op, Rel: s.Rel, New: unspillRow(s.New), Old: unspillRow(s.Old), Relation: s.Relation}
 }
 
 func newBuffer(limit int) *buffer {
@@ -152,9 +125,8 @@ func (b *buffer) columns(rel uint32, t *table) []column {
 
 // relation keeps a relation message of the transaction.
 func (b *buffer) relation(xid uint32, m *pglogrepl.RelationMessage) error {
-	r := newRelationInfo(m)
-	b.cols[r.ID] = r.Columns
-	return b.put(entry{Xid: xid, Rel: r.ID, Relation: r}, 64+32*len(r.Columns))
+	b.cols[m.RelationID] = newRelationInfo(m).Columns
+	return b.put(entry{Xid: xid, Rel: m.RelationID, Relation: m}, 64+32*len(m.Columns))
 }
 
 // add keeps a row change of the transaction.

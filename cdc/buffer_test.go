@@ -26,7 +26,7 @@ func TestBufferKeepsWhatWasSent(t *testing.T) {
 	}
 	want := []entry{
 		{Xid: 10, Op: opInsert, Rel: 7, New: changes[0].newRow},
-		{Xid: 10, Rel: 7, Relation: newRelationInfo(rel)},
+		{Xid: 10, Rel: 7, Relation: rel},
 		{Xid: 10, Op: opUpdate, Rel: 7, New: changes[1].newRow, Old: changes[1].oldRow},
 		{Xid: 12, Op: opDelete, Rel: 7, Old: changes[2].oldRow},
 	}

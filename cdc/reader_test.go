@@ -171,6 +171,19 @@ func (e *cdcEnv) waitMirrored(liveFilter string) {
 	}
 }
 
+// wantCount checks that the warehouse query sql counts want rows, after
+// waiting up to 30 s for the count to reach want.
+func (e *cdcEnv) wantCount(what string, want int64, sql string) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.count(sql) < want && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := e.count(sql); n != want {
+		e.t.Errorf("%s: %d, want %d", what, n, want)
+	}
+}
+
 func (e *cdcEnv) count(sql string) int64 {
 	e.t.Helper()
 	var n int64
@@ -744,13 +757,7 @@ func TestDroppedColumnPending(t *testing.T) {
 	e.exec(`INSERT INTO customers VALUES (1, 'ana', 'free', NULL, NULL)`)
 	e.exec(`ALTER TABLE customers DROP COLUMN tier`)
 	e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL)`)
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count("SELECT count(*) FROM mirror.customers") < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the changes were not applied")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	e.wantCount("mirrored customers", 2, "SELECT count(*) FROM mirror.customers")
 	got := pgtest.Rows(t, e.wh, `SELECT concat_ws(' ', m.id, coalesce(m.tier, 'NULL'), coalesce(r.payload->>'tier', 'absent')) FROM mirror.customers m JOIN raw.shop r ON r.row_key = m.id::text ORDER BY m.id`)
 	want := []string{"1 free free", "2 NULL absent"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -791,25 +798,16 @@ func TestStreamedTransactions(t *testing.T) {
 		COMMIT`)
 	e.waitMirrored("")
 	// 20000 + 3010 + 1 + 6000 changes.
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count("SELECT count(*) FROM raw.shop") < 29011 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := e.count("SELECT count(*) FROM raw.shop"); n != 29011 {
-		t.Errorf("raw change rows %d, want 29011", n)
-	}
-	if n := e.count("SELECT count(*) FROM mirror.customers WHERE region = 'eu' AND name = 'y'"); n != 3000 {
-		t.Errorf("%d mirror rows hold the committed new column's value, want 3000", n)
-	}
-	if n := e.count("SELECT count(*) FROM raw.shop WHERE payload->>'tier' IS NULL AND payload ? 'tier' AND (payload->>'id')::int > 3000"); n != 17000 {
-		t.Errorf("%d raw rows keep tier as JSON null, want 17000", n)
-	}
-	if n := e.count("SELECT count(*) FROM information_schema.columns WHERE table_schema = 'mirror' AND table_name = 'customers' AND column_name = 'ghost'"); n != 0 {
-		t.Error("a column added by a rolled-back transaction reached the mirror")
-	}
+	e.wantCount("raw change rows", 29011, "SELECT count(*) FROM raw.shop")
+	e.wantCount("mirror rows holding the committed new column's value", 3000,
+		"SELECT count(*) FROM mirror.customers WHERE region = 'eu' AND name = 'y'")
+	e.wantCount("raw rows keeping tier as JSON null", 17000,
+		"SELECT count(*) FROM raw.shop WHERE payload->>'tier' IS NULL AND payload ? 'tier' AND (payload->>'id')::int > 3000")
+	e.wantCount("mirror columns added by a rolled-back transaction", 0,
+		"SELECT count(*) FROM information_schema.columns WHERE table_schema = 'mirror' AND table_name = 'customers' AND column_name = 'ghost'")
 	// The test is about streamed transactions: the source must have
 	// streamed and spilled (the statistics arrive with a delay).
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var streamed int64
 		if err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'tidemark_shop'), 0)").Scan(&streamed); err != nil {
@@ -866,7 +864,5 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 	if after := pid(); after != before {
 		t.Errorf("the replication session was replaced (walsender %d, now %d): the reader stopped answering while the warehouse waited", before, after)
 	}
-	if n := e.count("SELECT count(*) FROM raw.shop"); n != 40 {
-		t.Errorf("raw change rows %d, want 40", n)
-	}
+	e.wantCount("raw change rows", 40, "SELECT count(*) FROM raw.shop")
 }

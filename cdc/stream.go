@@ -480,7 +480,7 @@ func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMess
 	seq := 0
 	err := b.each(func(e entry) error {
 		if e.Relation != nil {
-			return s.relation(ctx, e.Relation, seq)
+			return s.relation(ctx, newRelationInfo(e.Relation), seq)
 		}
 		t := s.rels[e.Rel]
 		if t == nil {
