@@ -207,8 +207,8 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
 		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: 10000}}
-	a := s.a
-	a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
+	// s is the stream reading now: the loop below may replace it.
+	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)
 	if hb := cfg.HeartbeatEvery.D(); hb > 0 {
 		hctx, stop := context.WithCancel(ctx)
