@@ -198,7 +198,11 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer func() { repl.Close(context.WithoutCancel(ctx)) }()
+	defer func() {
+		if repl != nil {
+			repl.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	if !pos.exists || pos.snapshot == "pending" {
 		if pos, err = r.createSlot(ctx, repl, srcConn, report, pos, tables); err != nil {
 			return err
@@ -230,16 +234,45 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 		// that transaction.
 		r.log.Info("reading the slot again to apply what comes before the transaction that stops the reader", "commit_lsn", stop.lsn)
 		r.stopAt = stop
-		repl.Close(context.WithoutCancel(ctx))
-		if repl, err = r.replicationConn(ctx); err != nil {
+		// The groups that were committing when the stream stopped were
+		// not confirmed, and DDL of the group rolled back is gone: start
+		// from what the warehouse holds.
+		pos, err := r.position(ctx)
+		if err != nil {
 			return err
 		}
+		if err := r.reloadMirrors(ctx, tables); err != nil {
+			return err
+		}
+		repl.Close(context.WithoutCancel(ctx))
+		next, err := r.replicationConn(ctx)
+		if err != nil {
+			repl = nil
+			return err
+		}
+		repl = next
 		for _, t := range tables {
 			t.columns = nil
 		}
 		s = &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
-			applied: s.applied, confirmed: s.confirmed, storedConfirmed: s.storedConfirmed, buffers: map[uint32]*buffer{}, a: s.a}
+			applied: max(s.applied, pos.applied), confirmed: s.confirmed, storedConfirmed: max(s.storedConfirmed, pos.confirmed),
+			buffers: map[uint32]*buffer{}, a: s.a}
 	}
+}
+
+// reloadMirrors reads each mirror's columns from the warehouse again.
+func (r *Reader) reloadMirrors(ctx context.Context, tables map[string]*table) error {
+	wh, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("warehouse: %w", err)
+	}
+	defer wh.Release()
+	for _, t := range tables {
+		if err := t.mirror.Reload(ctx, wh.Conn()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // position is what the warehouse stores about the source.

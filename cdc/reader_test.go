@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -113,6 +114,40 @@ func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 		}
 	})
 	e.waitStreaming(done)
+}
+
+// run starts a reader with opts (its logger and registry set here) and
+// returns the channel its Run ends on and the function that stops it.
+func (e *cdcEnv) run(cfg *config.Config, opts cdc.Options) (chan error, context.CancelFunc) {
+	e.t.Helper()
+	opts.Logger, opts.Registerer = testLogger(e.t), prometheus.NewRegistry()
+	r, err := cdc.New(cfg, "shop", e.wh, opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return done, cancel
+}
+
+// stopped waits for the reader whose Run ends on done to stop with an
+// ErrSetup holding every text of want.
+func (e *cdcEnv) stopped(done chan error, want ...string) {
+	e.t.Helper()
+	select {
+	case err := <-done:
+		if !errors.Is(err, cdc.ErrSetup) {
+			e.t.Fatalf("reader stopped with %v, want an ErrSetup", err)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				e.t.Errorf("reader error %q does not mention %q", err, w)
+			}
+		}
+	case <-time.After(40 * time.Second):
+		e.t.Fatalf("the reader did not stop; want an ErrSetup mentioning %q", want)
+	}
 }
 
 // waitStreaming waits until the reader whose Run ends on done streams:
@@ -663,31 +698,9 @@ func TestColumnTypeChangeStops(t *testing.T) {
 	cfg := e.config("snapshot: never", "deletes: hard")
 	run := func() (chan error, context.CancelFunc) {
 		// Groups wait long enough for changes to be pending in them.
-		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 3 * time.Second, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(e.ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(ctx) }()
-		return done, cancel
+		return e.run(cfg, cdc.Options{GroupAge: 3 * time.Second})
 	}
-	stopped := func(done chan error, want ...string) {
-		t.Helper()
-		select {
-		case err := <-done:
-			if !errors.Is(err, cdc.ErrSetup) {
-				t.Fatalf("reader stopped with %v, want an ErrSetup", err)
-			}
-			for _, w := range want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("reader error %q does not mention %q", err, w)
-				}
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("the reader did not stop; want an ErrSetup mentioning %q", want)
-		}
-	}
+	stopped := e.stopped
 
 	for _, tc := range []struct {
 		name string
@@ -865,4 +878,132 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 		t.Errorf("the replication session was replaced (walsender %d, now %d): the reader stopped answering while the warehouse waited", before, after)
 	}
 	e.wantCount("raw change rows", 40, "SELECT count(*) FROM raw.shop")
+}
+
+// TestTypeChangeStopCommitsWhatCameBefore: the stop before a transaction
+// that brings a new column type applies every transaction before it, in
+// three harder cases. A group still committing (blocked by a lock on its
+// mirror) when the type change arrives is not read again; a column that a
+// rolled-back open group had added to a mirror is added again when the
+// slot is read again; and a streamed transaction whose first item is the
+// type change is not confirmed by the stop, so that it is applied once the
+// mirror's column is altered.
+func TestTypeChangeStopCommitsWhatCameBefore(t *testing.T) {
+	t.Run("while a group commits", func(t *testing.T) {
+		e := newCDCEnv(t)
+		done, cancel := e.run(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupAge: 20 * time.Millisecond})
+		defer cancel()
+		e.waitStreaming(done)
+		e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
+		e.exec(`INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL)`)
+		e.waitMirrored("")
+		lock := e.lockMirror("customers")
+		e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL, NULL)`)
+		time.Sleep(500 * time.Millisecond) // its group commits, waiting for the lock
+		e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`)
+		e.exec(`BEGIN; INSERT INTO customers VALUES (3, 'cy', NULL, NULL, NULL);
+			INSERT INTO orders VALUES (5, 1, 'none', '2026-10-05 09:07+00'); COMMIT`)
+		time.Sleep(time.Second)
+		lock()
+		e.stopped(done, "changed type at the source")
+		e.wantCount("mirrored customers (ana and ben, not cy)", 2, "SELECT count(*) FROM mirror.customers")
+		e.wantCount("raw change rows", 3, "SELECT count(*) FROM raw.shop")
+	})
+	t.Run("after a column added in the open group", func(t *testing.T) {
+		e := newCDCEnv(t)
+		done, cancel := e.run(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupAge: 3 * time.Second})
+		defer cancel()
+		e.waitStreaming(done)
+		e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
+		e.exec(`INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL)`)
+		e.waitMirrored("")
+		e.exec(`ALTER TABLE customers ADD COLUMN region text`)
+		e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`)
+		e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL, NULL, 'eu')`)
+		e.exec(`BEGIN; INSERT INTO customers VALUES (3, 'cy', NULL, NULL, NULL, 'us');
+			INSERT INTO orders VALUES (5, 1, 'none', '2026-10-05 09:07+00'); COMMIT`)
+		e.stopped(done, "changed type at the source")
+		e.wantCount("mirrored customers in region eu (ben, not cy)", 1, "SELECT count(*) FROM mirror.customers WHERE region = 'eu'")
+		e.wantCount("mirrored customers", 2, "SELECT count(*) FROM mirror.customers")
+	})
+	t.Run("streamed transaction", func(t *testing.T) {
+		e := newCDCEnv(t)
+		e.srcDSN += "&options=-c%20logical_decoding_work_mem%3D64kB"
+		cfg := e.config("snapshot: never", "deletes: hard")
+		done, cancel := e.run(cfg, cdc.Options{GroupAge: 3 * time.Second})
+		defer cancel()
+		e.waitStreaming(done)
+		e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
+		e.exec(`INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL)`)
+		e.waitMirrored("")
+		lock := e.lockMirror("customers")
+		x, err := e.src.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = x.Rollback(e.ctx) }()
+		for _, q := range []string{`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`,
+			`INSERT INTO orders SELECT i, 1, 'n/a', '2026-10-05 09:00+00' FROM generate_series(10, 3009) AS i`} {
+			if _, err := x.Exec(e.ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Second) // streamed while in progress
+		e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL, NULL)`)
+		if err := x.Commit(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		lock()
+		e.stopped(done, "changed type at the source")
+		if _, err := e.wh.Exec(e.ctx, `ALTER TABLE mirror.orders ALTER COLUMN amount TYPE text`); err != nil {
+			t.Fatal(err)
+		}
+		e.start(cfg)
+		e.waitMirrored("")
+	})
+}
+
+// TestStopWhileChunkWaits: a stop while the stream waits for a chunk that
+// waits for a lock on its mirror ends the reader at once; the chunk's
+// group holds an unfinished transaction and cannot commit anyway.
+func TestStopWhileChunkWaits(t *testing.T) {
+	e := newCDCEnv(t)
+	done, cancel := e.run(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupAge: 20 * time.Millisecond})
+	defer cancel()
+	e.waitStreaming(done)
+	e.exec(`INSERT INTO customers VALUES (0, 'ana', NULL, NULL, NULL)`)
+	e.waitMirrored("")
+	lock := e.lockMirror("customers")
+	defer lock()
+	e.exec(`INSERT INTO customers SELECT i, 'x', NULL, NULL, NULL FROM generate_series(1, 25000) AS i`)
+	time.Sleep(3 * time.Second)
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("reader: %v", err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("the reader took %v to stop", took)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the reader did not stop")
+	}
+}
+
+// lockMirror takes an ACCESS EXCLUSIVE lock on a mirror table and returns
+// the function that releases it (once).
+func (e *cdcEnv) lockMirror(table string) func() {
+	e.t.Helper()
+	tx, err := e.wh.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, "LOCK TABLE "+pgx.Identifier{"mirror", table}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		e.t.Fatal(err)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { _ = tx.Rollback(e.ctx) }) }
 }

@@ -41,6 +41,10 @@ type stream struct {
 
 	// current is the commit LSN of the transaction being applied.
 	current pglogrepl.LSN
+	// stopping is set once the stream stops before a transaction it
+	// received: the server's WAL end, past that transaction, may not be
+	// confirmed as if nothing were pending.
+	stopping bool
 
 	// Streamed in-progress transactions, by top-level xid.
 	inStream bool
@@ -185,7 +189,7 @@ func (s *stream) copyData(ctx context.Context, data []byte) error {
 // idle reports whether no tracked change is pending: nothing received and
 // not yet committed to the warehouse, no streamed transaction buffered.
 func (s *stream) idle() bool {
-	return !s.inTxn && !s.a.busy() && !s.inStream && len(s.buffers) == 0
+	return !s.inTxn && !s.a.busy() && !s.inStream && len(s.buffers) == 0 && !s.stopping
 }
 
 // status sends a standby status update with every position set
@@ -523,6 +527,7 @@ func (s *stream) stopHere(ctx context.Context) error {
 // transaction is left to the rollback that ends the stream: it has no
 // position or commit time to store.
 func (s *stream) applyComplete(ctx context.Context) error {
+	s.stopping = true
 	if s.a.open() && s.a.g.txns > 0 {
 		if err := s.commitGroup(ctx); err != nil {
 			return err
@@ -550,6 +555,10 @@ func (s *stream) commitGroup(ctx context.Context) error {
 // written), sending status updates meanwhile: a warehouse that is slow or
 // waits for a lock must not let the source's wal_sender_timeout end the
 // session, which would make the source decode the slot's WAL again.
+//
+// A stop (ctx) ends the wait: the open group cannot commit anyway while the
+// stream is inside a transaction, and a committing group keeps its commit
+// grace without the stream waiting for it.
 func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
 	select {
 	case <-done:
@@ -562,6 +571,8 @@ func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
 		select {
 		case <-done:
 			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-t.C:
 			if err := s.status(ctx, true); err != nil {
 				return err

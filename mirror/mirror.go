@@ -152,6 +152,18 @@ func (t *Table) Describe(ctx context.Context, src *pgx.Conn) error {
 	return nil
 }
 
+// Reload replaces Columns with the columns the mirror table has in the
+// warehouse now, its loaded and deleted columns left out: after DDL on
+// the mirror was rolled back, what the table has is what counts.
+func (t *Table) Reload(ctx context.Context, wh *pgx.Conn) error {
+	cols, err := readColumns(ctx, wh, t.Target)
+	if err != nil {
+		return fmt.Errorf("mirror %s: read the mirror's columns: %w", t.Name, err)
+	}
+	t.Columns = slices.DeleteFunc(cols, func(c Column) bool { return c.Name == t.LoadedColumn || c.Name == t.DeletedColumn })
+	return nil
+}
+
 func readColumns(ctx context.Context, conn *pgx.Conn, table pgx.Identifier) ([]Column, error) {
 	rows, err := conn.Query(ctx, columnsSQL, table.Sanitize())
 	if err != nil {
