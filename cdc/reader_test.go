@@ -857,22 +857,14 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 	}
 	before := pid()
 
-	tx, err := e.wh.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, "LOCK TABLE mirror.orders IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	unlock := e.lockMirror("orders")
 	// Transactions enough to fill the groups that may commit at once and
 	// the open one: the stream itself has to wait.
 	for i := 2; i <= 40; i++ {
 		e.exec(`INSERT INTO orders VALUES ($1, 1, 1, '2026-10-05 09:00+00')`, i)
 	}
 	time.Sleep(5 * time.Second) // more than twice wal_sender_timeout
-	if err := tx.Rollback(e.ctx); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	e.waitMirrored("")
 	if after := pid(); after != before {
 		t.Errorf("the replication session was replaced (walsender %d, now %d): the reader stopped answering while the warehouse waited", before, after)
