@@ -99,6 +99,7 @@ func (e *cdcEnv) start(cfg *config.Config) {
 // until the test ends.
 func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 	e.t.Helper()
+	e.waitSlotFree()
 	opts.Logger, opts.Registerer = testLogger(e.t), e.reg
 	r, err := cdc.New(cfg, "shop", e.wh, opts)
 	if err != nil {
@@ -120,6 +121,7 @@ func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 // returns the channel its Run ends on and the function that stops it.
 func (e *cdcEnv) run(cfg *config.Config, opts cdc.Options) (chan error, context.CancelFunc) {
 	e.t.Helper()
+	e.waitSlotFree()
 	opts.Logger, opts.Registerer = testLogger(e.t), prometheus.NewRegistry()
 	r, err := cdc.New(cfg, "shop", e.wh, opts)
 	if err != nil {
@@ -147,6 +149,28 @@ func (e *cdcEnv) stopped(done chan error, want ...string) {
 		}
 	case <-time.After(40 * time.Second):
 		e.t.Fatalf("the reader did not stop; want an ErrSetup mentioning %q", want)
+	}
+}
+
+// waitSlotFree waits until no session streams from the slot: the
+// walsender of a reader that just stopped may still hold it for a moment,
+// which waitStreaming would take for the next reader streaming.
+func (e *cdcEnv) waitSlotFree() {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var active bool
+		err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'), false)").Scan(&active)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if !active {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatal("the slot stayed in use by an earlier reader")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
