@@ -220,8 +220,8 @@ func (a *applier) add(ctx context.Context, c change) error {
 	g.changes++
 	g.ops[c.op]++
 	if c.op == opTruncate || len(g.pending) >= a.chunk {
-		if g.inflight != nil && a.keepalive != nil {
-			if err := a.keepalive(ctx, g.inflight.done); err != nil {
+		if g.inflight != nil {
+			if err := a.waitFor(ctx, g.inflight.done); err != nil {
 				return err
 			}
 		}
@@ -285,13 +285,29 @@ func (a *applier) settle() error {
 // quiesce waits until nothing is written in the background: the groups
 // committing have finished (the stream takes their results later) and the
 // open group's chunk is written.
-func (a *applier) quiesce() error {
+func (a *applier) quiesce(ctx context.Context) error {
 	for _, g := range a.committing {
-		<-g.done
+		if err := a.waitFor(ctx, g.done); err != nil {
+			return err
+		}
 	}
-	if a.g != nil {
-		return a.g.wait()
+	if a.g == nil {
+		return nil
 	}
+	if a.g.inflight != nil {
+		if err := a.waitFor(ctx, a.g.inflight.done); err != nil {
+			return err
+		}
+	}
+	return a.g.wait()
+}
+
+// waitFor waits until done is closed, through keepalive when it is set.
+func (a *applier) waitFor(ctx context.Context, done <-chan struct{}) error {
+	if a.keepalive != nil {
+		return a.keepalive(ctx, done)
+	}
+	<-done
 	return nil
 }
 
@@ -299,7 +315,7 @@ func (a *applier) quiesce() error {
 // are of table t: before t's columns change, its rows decoded with the old
 // columns are written with them.
 func (a *applier) flush(ctx context.Context, t *table) error {
-	if err := a.quiesce(); err != nil {
+	if err := a.quiesce(ctx); err != nil {
 		return err
 	}
 	g := a.g

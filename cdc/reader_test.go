@@ -894,6 +894,22 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 		t.Errorf("the replication session was replaced (walsender %d, now %d): the reader stopped answering while the warehouse waited", before, after)
 	}
 	e.wantCount("raw change rows", 40, "SELECT count(*) FROM raw.shop")
+
+	// A schema change makes the stream wait for the group before it,
+	// which waits for the lock.
+	unlock = e.lockMirror("orders")
+	e.exec(`INSERT INTO orders VALUES (41, 1, 1, '2026-10-05 09:00+00')`)
+	time.Sleep(300 * time.Millisecond)
+	e.exec(`ALTER TABLE orders ADD COLUMN channel text`)
+	e.exec(`INSERT INTO orders VALUES (42, 1, 1, '2026-10-05 09:00+00', 'app')`)
+	time.Sleep(5 * time.Second)
+	unlock()
+	e.wantCount("mirror columns named channel", 1,
+		"SELECT count(*) FROM information_schema.columns WHERE table_schema = 'mirror' AND table_name = 'orders' AND column_name = 'channel'")
+	e.wantCount("mirrored orders with the new column's value", 1, "SELECT count(*) FROM mirror.orders WHERE channel = 'app'")
+	if after := pid(); after != before {
+		t.Errorf("the replication session was replaced at a schema change (walsender %d, now %d)", before, after)
+	}
 }
 
 // TestTypeChangeStopCommitsWhatCameBefore: the stop before a transaction
