@@ -921,14 +921,24 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 // type change is not confirmed by the stop, so that it is applied once the
 // mirror's column is altered.
 func TestTypeChangeStopCommitsWhatCameBefore(t *testing.T) {
-	t.Run("while a group commits", func(t *testing.T) {
+	// seeded returns a source (its DSN extended by options) with one order
+	// and one customer, mirrored by a reader that groups for age, and the
+	// channel that reader's Run ends on.
+	seeded := func(t *testing.T, options string, age time.Duration) (*cdcEnv, *config.Config, chan error) {
+		t.Helper()
 		e := newCDCEnv(t)
-		done, cancel := e.run(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupAge: 20 * time.Millisecond})
-		defer cancel()
+		e.srcDSN += options
+		cfg := e.config("snapshot: never", "deletes: hard")
+		done, cancel := e.run(cfg, cdc.Options{GroupAge: age})
+		t.Cleanup(cancel)
 		e.waitStreaming(done)
 		e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
 		e.exec(`INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL)`)
 		e.waitMirrored("")
+		return e, cfg, done
+	}
+	t.Run("while a group commits", func(t *testing.T) {
+		e, _, done := seeded(t, "", 20*time.Millisecond)
 		lock := e.lockMirror("customers")
 		e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL, NULL)`)
 		time.Sleep(500 * time.Millisecond) // its group commits, waiting for the lock
@@ -942,13 +952,7 @@ func TestTypeChangeStopCommitsWhatCameBefore(t *testing.T) {
 		e.wantCount("raw change rows", 3, "SELECT count(*) FROM raw.shop")
 	})
 	t.Run("after a column added in the open group", func(t *testing.T) {
-		e := newCDCEnv(t)
-		done, cancel := e.run(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupAge: 3 * time.Second})
-		defer cancel()
-		e.waitStreaming(done)
-		e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
-		e.exec(`INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL)`)
-		e.waitMirrored("")
+		e, _, done := seeded(t, "", 3*time.Second)
 		e.exec(`ALTER TABLE customers ADD COLUMN region text`)
 		e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`)
 		e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL, NULL, 'eu')`)
@@ -959,15 +963,7 @@ func TestTypeChangeStopCommitsWhatCameBefore(t *testing.T) {
 		e.wantCount("mirrored customers", 2, "SELECT count(*) FROM mirror.customers")
 	})
 	t.Run("streamed transaction", func(t *testing.T) {
-		e := newCDCEnv(t)
-		e.srcDSN += "&options=-c%20logical_decoding_work_mem%3D64kB"
-		cfg := e.config("snapshot: never", "deletes: hard")
-		done, cancel := e.run(cfg, cdc.Options{GroupAge: 3 * time.Second})
-		defer cancel()
-		e.waitStreaming(done)
-		e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00')`)
-		e.exec(`INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL)`)
-		e.waitMirrored("")
+		e, cfg, done := seeded(t, "&options=-c%20logical_decoding_work_mem%3D64kB", 3*time.Second)
 		lock := e.lockMirror("customers")
 		x, err := e.src.Begin(e.ctx)
 		if err != nil {
