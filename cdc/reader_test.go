@@ -99,15 +99,8 @@ func (e *cdcEnv) start(cfg *config.Config) {
 // until the test ends.
 func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 	e.t.Helper()
-	e.waitSlotFree()
-	opts.Logger, opts.Registerer = testLogger(e.t), e.reg
-	r, err := cdc.New(cfg, "shop", e.wh, opts)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	opts.Registerer = e.reg
+	done, cancel := e.run(cfg, opts)
 	e.t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -117,12 +110,16 @@ func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 	e.waitStreaming(done)
 }
 
-// run starts a reader with opts (its logger and registry set here) and
-// returns the channel its Run ends on and the function that stops it.
+// run starts a reader with opts (its logger set here, and a registry of
+// its own unless opts has one) and returns the channel its Run ends on and
+// the function that stops it.
 func (e *cdcEnv) run(cfg *config.Config, opts cdc.Options) (chan error, context.CancelFunc) {
 	e.t.Helper()
 	e.waitSlotFree()
-	opts.Logger, opts.Registerer = testLogger(e.t), prometheus.NewRegistry()
+	opts.Logger = testLogger(e.t)
+	if opts.Registerer == nil {
+		opts.Registerer = prometheus.NewRegistry()
+	}
 	r, err := cdc.New(cfg, "shop", e.wh, opts)
 	if err != nil {
 		e.t.Fatal(err)

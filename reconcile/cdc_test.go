@@ -7,9 +7,6 @@ import (
 	"time"
 
 	"github.com/tidemark-dev/tidemark/cdc"
-	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -19,17 +16,7 @@ import (
 // change rows the reader wrote, equal to a full recompute.
 func TestAggregateOverCDCSource(t *testing.T) {
 	ctx := context.Background()
-	src, srcDSN := pgtest.NewPool(t)
-	wh, whDSN := pgtest.NewPool(t)
-	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
-		t.Fatal(err)
-	}
-	exec := func(sql string) {
-		t.Helper()
-		if _, err := src.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	src, srcDSN, wh, whDSN, exec := sourceAndWarehouse(t)
 	exec(`CREATE TABLE orders (order_id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL)`)
 	yaml := fmt.Sprintf(`warehouse: {dsn: %q}
 sources:
@@ -47,10 +34,7 @@ aggregates:
              sum((payload->>'amount')::numeric) FILTER (WHERE op <> 'delete') AS amount
       FROM {{events}}
 `, whDSN, srcDSN)
-	cfg, err := config.Parse("t.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := parseConfig(t, yaml)
 	r, err := reconcile.New(cfg, wh, reconcile.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -239,3 +239,32 @@ func equal(t *testing.T, what string, got, want []string) {
 		t.Errorf("%s:\n got  %q\n want %q", what, got, want)
 	}
 }
+
+// sourceAndWarehouse starts a source database and a migrated warehouse,
+// and returns their pools and DSNs and a function running SQL on the
+// source.
+func sourceAndWarehouse(t *testing.T) (src *pgxpool.Pool, srcDSN string, wh *pgxpool.Pool, whDSN string, exec func(string)) {
+	t.Helper()
+	src, srcDSN = pgtest.NewPool(t)
+	wh, whDSN = pgtest.NewPool(t)
+	if _, err := migrate.Up(context.Background(), whDSN, nil); err != nil {
+		t.Fatal(err)
+	}
+	exec = func(sql string) {
+		t.Helper()
+		if _, err := src.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	return src, srcDSN, wh, whDSN, exec
+}
+
+// parseConfig parses a test configuration without environment.
+func parseConfig(t *testing.T, yaml string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse("t.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}

@@ -7,11 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/clock"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -21,17 +18,7 @@ import (
 // equals a full recompute.
 func TestAggregateOverPollSource(t *testing.T) {
 	ctx := context.Background()
-	src, srcDSN := pgtest.NewPool(t)
-	wh, whDSN := pgtest.NewPool(t)
-	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
-		t.Fatal(err)
-	}
-	exec := func(sql string) {
-		t.Helper()
-		if _, err := src.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	_, srcDSN, wh, whDSN, exec := sourceAndWarehouse(t)
 	exec(`CREATE TABLE orders (order_id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL, updated_at timestamptz NOT NULL)`)
 	exec(`INSERT INTO orders SELECT i, i, timestamptz '2026-10-03 00:00+00' + i * interval '1 hour' FROM generate_series(1, 60) AS i`)
 	yaml := fmt.Sprintf(`warehouse: {dsn: %q}
@@ -50,10 +37,7 @@ aggregates:
              sum((payload->>'amount')::numeric) AS amount
       FROM {{events}}
 `, whDSN, srcDSN)
-	cfg, err := config.Parse("t.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := parseConfig(t, yaml)
 	clk := clock.New(at("2026-10-06 12:00"))
 	p, err := ingest.NewPoller(cfg, "orders", wh, ingest.PollOptions{Now: clk.Now})
 	if err != nil {
