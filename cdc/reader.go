@@ -82,6 +82,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 		r.log = slog.New(slog.DiscardHandler)
 	}
 	r.log = r.log.With("source", name)
+	r.raw.Log = r.log
 	if r.now == nil {
 		r.now = time.Now
 	}

@@ -109,6 +109,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
 		}
 		src := &source{name: name, dec: dec, raw: NewRawTable(name, sc.RawPartition)}
+		src.raw.Log = in.log
 		in.sources = append(in.sources, src)
 		names = append(names, name)
 		for _, t := range sc.Kafka.Topics {

@@ -172,6 +172,7 @@ func NewPoller(cfg *config.Config, name string, pool *pgxpool.Pool, opts PollOpt
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.raw.Log = p.log
 	if p.now == nil {
 		p.now = time.Now
 	}

@@ -63,6 +63,19 @@ func (h *writerHarness) count(t *testing.T, sql string) int {
 	return n
 }
 
+func (h *writerHarness) strings(t *testing.T, sql string) []string {
+	t.Helper()
+	rows, err := h.w.conn.Query(context.Background(), sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 var tp0 = topicPartition{"events", 0}
 
 // TestWriterFencesStalePartitions: a batch whose partition another member
@@ -174,6 +187,50 @@ func TestRawPartitioningMustMatch(t *testing.T) {
 	}
 	if missing := same.Missing([]time.Time{time.Date(2026, 10, 5, 13, 0, 0, 0, time.UTC)}); len(missing) != 0 {
 		t.Errorf("existing partition not known: %v", missing)
+	}
+}
+
+// TestRawTableIndexUpgrade: a raw table created with the load_xid b-tree
+// (and a partition that inherited it) gets the BRIN index on ingested_at
+// and loses the b-tree on its next Ensure, rows untouched; a second Ensure
+// changes nothing.
+func TestRawTableIndexUpgrade(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	day := time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC)
+	for _, sql := range []string{
+		`DROP INDEX raw.app_events_ingested_at`,
+		`CREATE INDEX app_events_load_xid ON raw.app_events (load_xid)`,
+	} {
+		if _, err := h.w.conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.src.raw.EnsurePartitions(ctx, h.w.conn, []time.Time{day}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.w.conn.Exec(ctx, `INSERT INTO raw.app_events (event_id, event_time, ingested_at, payload)
+		SELECT 'e' || g, $1::timestamptz + g * interval '1 s', now(), '{}' FROM generate_series(1, 100) g`, day); err != nil {
+		t.Fatal(err)
+	}
+	indexes := `SELECT c.relname || ' ' || am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		JOIN pg_am am ON am.oid = c.relam WHERE NOT i.indisprimary
+		AND i.indrelid IN ('raw.app_events'::regclass, 'raw.app_events_p20261005'::regclass) ORDER BY 1`
+	before := h.strings(t, indexes)
+	if len(before) != 2 || !strings.HasPrefix(before[0], "app_events_load_xid btree") {
+		t.Fatalf("legacy indexes not set up: %v", before)
+	}
+	for i := 0; i < 2; i++ {
+		if err := NewRawTable("app_events", config.PartitionDay).Ensure(ctx, h.w.conn); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"app_events_ingested_at brin", "app_events_p20261005_ingested_at_idx brin"}
+		if got := h.strings(t, indexes); strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("Ensure %d: indexes %v, want %v", i+1, got, want)
+		}
+	}
+	if n := h.count(t, "SELECT count(*) FROM raw.app_events"); n != 100 {
+		t.Errorf("raw rows %d, want 100", n)
 	}
 }
 

@@ -75,7 +75,7 @@ ON CONFLICT (aggregate, event_key) DO NOTHING`
 // and which beyond-horizon events it had, plus counts for metrics.
 type window struct {
 	queue    map[time.Time]queued
-	beyond   map[beyondKey][]string // xids (ledger mode) of events to record
+	beyond   map[beyondKey]*loads // loads (ledger mode) of events to record
 	arrivals map[arrivalKey]int64
 	late     map[string]int64 // rows by lateness label
 	rows     int64            // ledger rows or table rows read
@@ -93,13 +93,39 @@ type beyondKey struct {
 	event, arrival time.Time
 }
 
+// loads are the load transactions of a window that wrote beyond-horizon
+// events of one beyondKey, and the range of their ingestion times. A raw
+// row carries its load's ingestion time, the same value as the load's
+// ledger rows, so the range lets recordBeyond find the rows through the raw
+// table's BRIN index on ingested_at.
+type loads struct {
+	xids     []string
+	from, to time.Time
+}
+
+func (l *loads) add(xid string, ingestedAt time.Time) {
+	if len(l.xids) == 0 || ingestedAt.Before(l.from) {
+		l.from = ingestedAt
+	}
+	if len(l.xids) == 0 || ingestedAt.After(l.to) {
+		l.to = ingestedAt
+	}
+	l.xids = append(l.xids, xid)
+}
+
+// filter selects the rows of the loads.
+func (l *loads) filter(ingestedAt string) string {
+	return fmt.Sprintf("e.load_xid = ANY('{%s}'::xid8[]) AND e.%s BETWEEN %s AND %s", strings.Join(dedupe(l.xids), ","),
+		ingestedAt, literal(pgtype.Timestamptz{Time: l.from, Valid: true}), literal(pgtype.Timestamptz{Time: l.to, Valid: true}))
+}
+
 type arrivalKey struct {
 	start time.Time
 	age   int64
 }
 
 func newWindow() *window {
-	return &window{queue: map[time.Time]queued{}, beyond: map[beyondKey][]string{},
+	return &window{queue: map[time.Time]queued{}, beyond: map[beyondKey]*loads{},
 		arrivals: map[arrivalKey]int64{}, late: map[string]int64{}}
 }
 
@@ -179,16 +205,20 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 		arrival := d.Of(ingestedAt).Start
 		for i, p := range d.Calendar.Overlapping(minT, maxT) {
 			k := beyondKey{p.Start, arrival}
-			w.account(d, p, ingestedAt, n, i == 0, func() { w.beyond[k] = append(w.beyond[k], xid) })
+			w.account(d, p, ingestedAt, n, i == 0, func() {
+				if w.beyond[k] == nil {
+					w.beyond[k] = &loads{}
+				}
+				w.beyond[k].add(xid, ingestedAt)
+			})
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, "", fmt.Errorf("read ledger: %w", err)
 	}
-	for k, xids := range w.beyond {
-		filter := fmt.Sprintf("e.load_xid = ANY('{%s}'::xid8[])", strings.Join(dedupe(xids), ","))
-		if err := r.recordBeyond(ctx, tx, d, k, filter, now, w); err != nil {
+	for k, l := range w.beyond {
+		if err := r.recordBeyond(ctx, tx, d, k, l.filter(quote(d.IngestedAt)), now, w); err != nil {
 			return nil, "", err
 		}
 	}

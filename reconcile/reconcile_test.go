@@ -163,8 +163,10 @@ func TestLatenessHorizon(t *testing.T) {
 		}
 	}
 
-	// Beyond the horizon: 1 October ended 84 hours before this arrives.
+	// Beyond the horizon: 1 October ended 84 hours before these arrive,
+	// in two loads of different ingestion times that one run reads.
 	b.ingestAt("2026-10-05 12:00", event(0, "late-beyond", "2026-10-01T20:00:00Z", "1000"))
+	b.ingestAt("2026-10-05 12:30", event(0, "late-beyond-2", "2026-10-01T21:00:00Z", "2000"))
 	rebuilt := runAll()
 	equal(t, "correction rebuilt", rebuilt["sales_correction"], nil)
 	equal(t, "arrival rebuilt", rebuilt["sales_arrival"], []string{"2026-10-05"})
@@ -176,19 +178,21 @@ func TestLatenessHorizon(t *testing.T) {
 	base := []string{"2026-10-01 | 1.00 | 1", "2026-10-02 | 2.00 | 1", "2026-10-03 | 103.00 | 2", "2026-10-04 | 4.00 | 1", "2026-10-05 | 5.00 | 1"}
 	equal(t, "correction", sales("sales_correction"), base)
 	arrival := append([]string(nil), base...)
-	arrival[4] = "2026-10-05 | 1005.00 | 2"
+	arrival[4] = "2026-10-05 | 3005.00 | 3"
 	equal(t, "arrival", sales("sales_arrival"), arrival)
 	rebuildAll := append([]string(nil), base...)
-	rebuildAll[0] = "2026-10-01 | 1001.00 | 2"
+	rebuildAll[0] = "2026-10-01 | 3001.00 | 3"
 	equal(t, "rebuild", sales("sales_rebuild"), rebuildAll)
 
-	// The correction and arrival policies record the event with its row.
+	// The correction and arrival policies record the events with their rows.
 	equal(t, "corrections", b.rows(`SELECT aggregate, policy, event_key, to_char(event_partition_start, 'MM-DD'),
-		to_char(arrival_partition_start, 'MM-DD'), event->>'event_id' FROM tidemark.corrections ORDER BY 1`),
-		[]string{"sales_arrival | arrival | late-beyond|2026-10-01 20:00:00+00 | 10-01 | 10-05 | late-beyond",
+		to_char(arrival_partition_start, 'MM-DD'), event->>'event_id' FROM tidemark.corrections ORDER BY 1, 3`),
+		[]string{"sales_arrival | arrival | late-beyond-2|2026-10-01 21:00:00+00 | 10-01 | 10-05 | late-beyond-2",
+			"sales_arrival | arrival | late-beyond|2026-10-01 20:00:00+00 | 10-01 | 10-05 | late-beyond",
+			"sales_correction | correction | late-beyond-2|2026-10-01 21:00:00+00 | 10-01 | 10-05 | late-beyond-2",
 			"sales_correction | correction | late-beyond|2026-10-01 20:00:00+00 | 10-01 | 10-05 | late-beyond"})
 	for _, policy := range []string{"correction", "arrival", "rebuild"} {
-		want := 1.0
+		want := 2.0
 		if policy == "rebuild" {
 			want = 0
 		}

@@ -118,12 +118,11 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	d := r.defs[name]
 	src := r.cfg.Sources[d.Source]
 	switch {
-	case src.Kafka != nil:
-		if err := ingest.NewRawTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
-			return err
-		}
-	case src.Poll != nil, src.CDC != nil:
-		if err := ingest.NewChangeTable(d.Source, src.RawPartition).Ensure(ctx, conn.Conn()); err != nil {
+	case src.Kafka != nil, src.Poll != nil, src.CDC != nil:
+		raw := ingest.NewRawTable(d.Source, src.RawPartition)
+		raw.Changes = src.Kafka == nil
+		raw.Log = r.log
+		if err := raw.Ensure(ctx, conn.Conn()); err != nil {
 			return err
 		}
 	default:
