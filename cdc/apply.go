@@ -205,8 +205,12 @@ func (a *applier) begin(ctx context.Context) error {
 	}
 	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(commitGrace, cancel) })
+	// The raw rows carry the ingestion time as COPY text and the ledger as
+	// a bound parameter; at PostgreSQL's precision both are the same value,
+	// which the reconciler relies on to find a load's raw rows.
+	ingestedAt := a.now().Truncate(time.Microsecond)
 	a.g = &group{conn: conn, tx: tx, ctx: gctx, release: func() { stop(); cancel() }, prev: a.last, done: make(chan struct{}),
-		staged: map[string]bool{}, ops: map[string]int64{}, buckets: map[time.Time]*bucket{}, ingestedAt: a.now()}
+		staged: map[string]bool{}, ops: map[string]int64{}, buckets: map[time.Time]*bucket{}, ingestedAt: ingestedAt}
 	a.last = a.g
 	return nil
 }
