@@ -195,3 +195,41 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	}
 	return Result{Rows: rows}, nil
 }
+
+// Drift compares partition p as published in the aggregate's table with
+// what Rebuild would write for it, in tx's snapshot: the query's rows go
+// into a temporary table shaped like the aggregate's (so they are coerced
+// to its column types as Rebuild's insert would), and the two row sets
+// are compared as multisets. missing counts rows Rebuild would add, extra
+// rows it would remove. It writes nothing that outlives tx; callers roll
+// tx back. Columns of types without equality (json, point) cannot be
+// compared and make it fail.
+func Drift(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (missing, extra int64, err error) {
+	if d.columns == nil {
+		return 0, 0, ErrNotPrepared
+	}
+	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
+	cols := make([]string, len(d.columns))
+	for i, c := range d.columns {
+		cols[i] = quote(c)
+	}
+	list := strings.Join(cols, ", ")
+	steps := []string{
+		"DROP TABLE IF EXISTS pg_temp.tidemark_verify",
+		fmt.Sprintf("CREATE TEMP TABLE tidemark_verify (LIKE %s) ON COMMIT DROP", target),
+		fmt.Sprintf("INSERT INTO pg_temp.tidemark_verify (%s) %s", list, d.query(p)),
+	}
+	for _, sql := range steps {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return 0, 0, fmt.Errorf("verify %s %s: %w", d.Name, p, err)
+		}
+	}
+	compare := fmt.Sprintf(`SELECT
+    (SELECT count(*) FROM (SELECT %[1]s FROM pg_temp.tidemark_verify EXCEPT ALL SELECT %[1]s FROM %[2]s WHERE %[3]s = %[4]s) m),
+    (SELECT count(*) FROM (SELECT %[1]s FROM %[2]s WHERE %[3]s = %[4]s EXCEPT ALL SELECT %[1]s FROM pg_temp.tidemark_verify) x)`,
+		list, target, col, key)
+	if err := tx.QueryRow(ctx, compare).Scan(&missing, &extra); err != nil {
+		return 0, 0, fmt.Errorf("verify %s %s: compare: %w", d.Name, p, err)
+	}
+	return missing, extra, nil
+}

@@ -91,6 +91,18 @@ func (r *Reconciler) Prepare(ctx context.Context) error {
 	return nil
 }
 
+// Definition prepares the named aggregate (see Prepare) and returns it:
+// backfills and verification rebuild through the same definition.
+func (r *Reconciler) Definition(ctx context.Context, name string) (*aggregate.Definition, error) {
+	if r.defs[name] == nil {
+		return nil, fmt.Errorf("reconcile: no aggregate named %q", name)
+	}
+	if err := r.prepare(ctx, name); err != nil {
+		return nil, err
+	}
+	return r.defs[name], nil
+}
+
 // ensureStateSQL creates an aggregate's load watermark row; stateSourceSQL
 // reads the source it was created for. They are two statements so that the
 // read sees a row another instance inserted concurrently (a statement's

@@ -61,6 +61,13 @@ Usage:
   tidemark run       [-c FILE] [--only COMPONENTS]        run the service until SIGINT/SIGTERM
   tidemark migrate   [-c FILE]                            apply the warehouse schema migrations
   tidemark reconcile --once [-c FILE] [--aggregate NAME]  reconcile aggregates once (for cron)
+  tidemark backfill  --aggregate NAME --from D --to D [-c FILE] [--chunk 1d] [--concurrency N]
+                     [--reprocess missing|failed|completed] [--dry-run]
+                                                          rebuild a range of partitions in chunks
+  tidemark verify    --aggregate NAME [-c FILE] [--from D --to D]
+                                                          compare partitions with a rebuild; exit 1 on drift
+  tidemark refresh   --aggregate NAME --full [-c FILE] [--chunk 1d] [--concurrency N] [--dry-run]
+                                                          rebuild every partition of the raw table
   tidemark poll      --once --source NAME [-c FILE] [--upper T] [--lookback D]
                                                           load one timestamp-watermark window
   tidemark keys      --source NAME [-c FILE] [--dry-run]  find rows deleted at the source (key reconciliation)
@@ -95,6 +102,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdStatus(ctx, rest, stdout, stderr)
 	case "reconcile":
 		return cmdReconcile(ctx, rest, stdout, stderr)
+	case "backfill":
+		return cmdBackfill(ctx, rest, stdout, stderr)
+	case "verify":
+		return cmdVerify(ctx, rest, stdout, stderr)
+	case "refresh":
+		return cmdRefresh(ctx, rest, stdout, stderr)
 	case "poll":
 		return cmdPoll(ctx, rest, stdout, stderr)
 	case "keys":

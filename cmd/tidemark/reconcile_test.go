@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
@@ -104,5 +105,53 @@ aggregates:
 		if code, _, _ := invoke(t, args...); code != exitUsage {
 			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
 		}
+	}
+	backfillVerifyRefresh(t, cfg, pool)
+}
+
+// backfillVerifyRefresh drives `tidemark verify`, `backfill` and `refresh`
+// over the reconciled worked example.
+func backfillVerifyRefresh(t *testing.T, cfg string, pool *pgxpool.Pool) {
+	t.Helper()
+	expect := func(wantCode int, wants []string, args ...string) {
+		t.Helper()
+		code, out, errOut := invoke(t, append(args, "-c", cfg)...)
+		if code != wantCode {
+			t.Errorf("%v: exit %d, want %d\n%s%s", args, code, wantCode, out, errOut)
+		}
+		compact := strings.Join(strings.Fields(out+errOut), " ")
+		for _, want := range wants {
+			if !strings.Contains(compact, want) {
+				t.Errorf("%v: output lacks %q:\n%s%s", args, want, out, errOut)
+			}
+		}
+	}
+	expect(exitOK, []string{"daily_sales: 2 partitions verified, 0 differ"}, "verify", "--aggregate", "daily_sales")
+	if _, err := pool.Exec(context.Background(), "UPDATE daily_sales SET total = 0 WHERE sale_date = '2026-10-04'"); err != nil {
+		t.Fatal(err)
+	}
+	expect(exitFailure, []string{"2 partitions verified, 1 differ", "2026-10-04 1 rows missing, 1 rows extra", "--reprocess completed"},
+		"verify", "--aggregate", "daily_sales")
+	expect(exitOK, []string{"3 chunks, 1 to rebuild (--reprocess missing)", "run 2026-10-03 1 of 1 partitions never built",
+		"skip 2026-10-04 built"}, "backfill", "--aggregate", "daily_sales", "--from", "2026-10-03", "--to", "2026-10-05", "--dry-run")
+	expect(exitOK, []string{"3 chunks, 3 to rebuild (--reprocess completed)", "3 chunks rebuilt (2 rows), 0 failed, 0 skipped"},
+		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-03", "--to", "2026-10-05", "--reprocess", "completed", "--concurrency", "2")
+	expect(exitOK, []string{"2 partitions verified, 0 differ"}, "verify", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05")
+	expect(exitOK, []string{"refresh 2026-10-04 .. 2026-10-05 (UTC), chunks of 2d: 1 chunks, 1 to rebuild", "1 chunks rebuilt (2 rows)"},
+		"refresh", "--full", "--aggregate", "daily_sales", "--chunk", "2d")
+	if got := ingesttest.Scalar(t, pool, "SELECT count(*) FROM tidemark.backfill_runs WHERE status = 'done'"); got != 2 {
+		t.Errorf("%d runs recorded as done, want 2", got)
+	}
+	for _, args := range [][]string{
+		{"backfill", "--aggregate", "nope", "--from", "2026-10-01", "--to", "2026-10-02"},
+		{"backfill", "--aggregate", "daily_sales", "--from", "2026-10-05", "--to", "2026-10-01"},
+		{"backfill", "--aggregate", "daily_sales", "--from", "2026-10-01"},
+		{"backfill", "--aggregate", "daily_sales", "--from", "2026-10-01", "--to", "2026-10-02", "--reprocess", "sometimes"},
+		{"backfill", "--aggregate", "daily_sales", "--from", "2026-10-01", "--to", "2026-10-02", "--chunk", "0"},
+		{"backfill", "--aggregate", "daily_sales", "--from", "2026-10-01", "--to", "2026-10-02", "--concurrency", "0"},
+		{"refresh", "--aggregate", "daily_sales"},
+		{"verify", "--aggregate", "daily_sales", "--from", "2026-10-01"},
+	} {
+		expect(exitUsage, nil, args...)
 	}
 }

@@ -1,0 +1,413 @@
+package backfill_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/backfill"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/reconcile"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// warehouse is a migrated warehouse with the daily_sales aggregate over
+// the raw table of a Kafka source, whose rows the tests write directly.
+type warehouse struct {
+	t    *testing.T
+	ctx  context.Context
+	pool *pgxpool.Pool
+	cfg  *config.Config
+	raw  *ingest.RawTable
+	d    *aggregate.Definition
+	now  time.Time
+}
+
+func newWarehouse(t *testing.T, policy string) *warehouse {
+	t.Helper()
+	ctx := context.Background()
+	pool, dsn := pgtest.NewPool(t)
+	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	yaml := fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+kafka: {brokers: ["127.0.0.1:1"], group: g}
+sources:
+  app_events:
+    kafka: {topics: [app-events]}
+    event_id: /event_id
+    event_time: /event_time
+aggregates:
+  daily_sales:
+    source: app_events
+    table: daily_sales
+    partition: {by: day, column: sale_date, time_zone: UTC}
+    lateness_horizon: 72h
+    beyond_horizon: %s
+    sql: |
+      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
+      FROM {{events}} GROUP BY 1
+`, dsn, policy)
+	cfg, err := config.Parse("test.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &warehouse{t: t, ctx: ctx, pool: pool, cfg: cfg, raw: ingest.NewRawTable("app_events", config.PartitionDay),
+		now: time.Date(2026, 9, 20, 12, 0, 0, 0, time.UTC)}
+	r, err := reconcile.New(cfg, pool, reconcile.Options{Now: func() time.Time { return w.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.d, err = r.Definition(ctx, "daily_sales"); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// sale writes one raw event, as an ingest transaction would (with its
+// ledger row), ingested an hour after it happened.
+func (w *warehouse) sale(id, eventTime string, amount int) {
+	w.t.Helper()
+	et, err := time.Parse("2006-01-02 15:04", eventTime)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	conn, err := w.pool.Acquire(w.ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Release()
+	if err := w.raw.EnsurePartitions(w.ctx, conn.Conn(), w.raw.Missing([]time.Time{et})); err != nil {
+		w.t.Fatal(err)
+	}
+	err = pgx.BeginFunc(w.ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(w.ctx, `INSERT INTO raw.app_events (event_id, event_time, ingested_at, payload)
+			VALUES ($1, $2, $3, jsonb_build_object('event_id', $1::text, 'amount', $4::int))`, id, et, et.Add(time.Hour), amount); err != nil {
+			return err
+		}
+		_, err := tx.Exec(w.ctx, `INSERT INTO tidemark.ingest_ledger (source, load_xid, bucket, rows, min_event_time, max_event_time, ingested_at)
+			VALUES ('app_events', pg_current_xact_id(), date_bin('1 hour', $1::timestamptz, timestamptz '2000-01-01 00:00:00+00'), 1, $1, $1, $2)`,
+			et, et.Add(time.Hour))
+		return err
+	})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *warehouse) exec(sql string, args ...any) {
+	w.t.Helper()
+	if _, err := w.pool.Exec(w.ctx, sql, args...); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *warehouse) rows(sql string, args ...any) []string {
+	w.t.Helper()
+	rows, err := w.pool.Query(w.ctx, sql, args...)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		parts := make([]string, len(vals))
+		for i, v := range vals {
+			parts[i] = fmt.Sprint(v)
+		}
+		out = append(out, strings.Join(parts, " | "))
+	}
+	if err := rows.Err(); err != nil {
+		w.t.Fatal(err)
+	}
+	return out
+}
+
+func (w *warehouse) sales() []string {
+	w.t.Helper()
+	return w.rows("SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1")
+}
+
+func (w *warehouse) backfill(from, to string, opts backfill.Options) (*backfill.Report, error) {
+	w.t.Helper()
+	opts.Now = func() time.Time { return w.now }
+	return backfill.Run(w.ctx, w.pool, w.d, dates(w.t, from, to), opts)
+}
+
+func dates(t *testing.T, from, to string) backfill.Range {
+	t.Helper()
+	f, err := time.Parse("2006-01-02", from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := time.Parse("2006-01-02", to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return backfill.Range{From: f, To: l}
+}
+
+func labels(cs []backfill.Chunk, run bool) []string {
+	var out []string
+	for _, c := range cs {
+		if c.Run == run {
+			out = append(out, c.Label())
+		}
+	}
+	return out
+}
+
+func equal(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("%s:\n got  %q\n want %q", what, got, want)
+	}
+}
+
+// TestFailedChunkRunsAgainAlone is the lesson's backfill example: four
+// days in one-day chunks, the third failing ("source busy"). The run
+// records the failure and goes on; the failed day is then run again on its
+// own, without touching the others; --reprocess decides what runs; and
+// the load watermark never moves.
+func TestFailedChunkRunsAgainAlone(t *testing.T) {
+	w := newWarehouse(t, "correction")
+	for i, day := range []string{"01", "02", "03", "04"} {
+		w.sale("s"+day, "2026-09-"+day+" 10:00", 10*(i+1))
+	}
+	w.exec(`CREATE FUNCTION busy() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.sale_date = '2026-09-03' THEN RAISE EXCEPTION 'source busy'; END IF; RETURN NEW; END $$`)
+	w.exec(`CREATE TRIGGER busy BEFORE INSERT ON daily_sales FOR EACH ROW EXECUTE FUNCTION busy()`)
+	watermark := w.rows("SELECT load_xid::text, runs FROM tidemark.load_watermarks")
+
+	rep, err := w.backfill("2026-09-01", "2026-09-04", backfill.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "chunks run", labels(rep.Chunks, true), []string{"2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"})
+	if rep.Done != 3 || len(rep.Failed) != 1 || rep.Failed[0].Chunk.Label() != "2026-09-03" || !strings.Contains(rep.Failed[0].Err.Error(), "source busy") {
+		t.Fatalf("report: done %d, failed %v", rep.Done, rep.Failed)
+	}
+	equal(t, "sales after the first run", w.sales(), []string{"2026-09-01 | 10.00 | 1", "2026-09-02 | 20.00 | 1", "2026-09-04 | 40.00 | 1"})
+	equal(t, "recorded run", w.rows("SELECT kind, status, chunks, chunks_done, chunks_failed, reprocess, chunk FROM tidemark.backfill_runs"),
+		[]string{"backfill | failed | 4 | 3 | 1 | missing | 1d"})
+	equal(t, "recorded chunks", w.rows(`SELECT to_char(chunk_start, 'MM-DD'), status, coalesce(rows::text, '-'), coalesce(error, '-') LIKE '%source busy%'
+		FROM tidemark.backfill_chunks ORDER BY chunk_start`),
+		[]string{"09-01 | done | 1 | false", "09-02 | done | 1 | false", "09-03 | failed | - | true", "09-04 | done | 1 | false"})
+
+	// The cause is fixed; the failed day runs again, alone.
+	w.exec(`DROP TRIGGER busy ON daily_sales`)
+	w.now = w.now.Add(time.Hour)
+	rep, err = w.backfill("2026-09-01", "2026-09-04", backfill.Options{Reprocess: backfill.Failed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "chunks run again", labels(rep.Chunks, true), []string{"2026-09-03"})
+	equal(t, "sales after the retry", w.sales(), []string{"2026-09-01 | 10.00 | 1", "2026-09-02 | 20.00 | 1", "2026-09-03 | 30.00 | 1", "2026-09-04 | 40.00 | 1"})
+	equal(t, "rebuilds per partition", w.rows("SELECT partition_key, rebuilds FROM tidemark.partitions ORDER BY 1"),
+		[]string{"2026-09-01 | 1", "2026-09-02 | 1", "2026-09-03 | 1", "2026-09-04 | 1"})
+
+	// Nothing is missing or failed any more; completed runs everything.
+	for _, tc := range []struct {
+		reprocess backfill.Reprocess
+		run       []string
+	}{
+		{backfill.Missing, nil},
+		{backfill.Failed, nil},
+		{backfill.Completed, []string{"2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"}},
+	} {
+		plan, err := backfill.Plan(w.ctx, w.pool, w.d, dates(t, "2026-09-01", "2026-09-04"), 24*time.Hour, tc.reprocess)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equal(t, "plan with --reprocess "+string(tc.reprocess), labels(plan, true), tc.run)
+	}
+	// A new day in the range is missing.
+	w.sale("s05", "2026-09-05 10:00", 50)
+	plan, err := backfill.Plan(w.ctx, w.pool, w.d, dates(t, "2026-09-01", "2026-09-07"), 48*time.Hour, backfill.Missing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "missing in two-day chunks", labels(plan, true), []string{"2026-09-05 .. 2026-09-06", "2026-09-07"})
+	equal(t, "load watermark", w.rows("SELECT load_xid::text, runs FROM tidemark.load_watermarks"), watermark)
+}
+
+// TestInterruptedRunResumes: a run whose context ends leaves the chunk in
+// flight and those not started pending, is recorded as interrupted, and
+// --reprocess failed finishes it.
+func TestInterruptedRunResumes(t *testing.T) {
+	w := newWarehouse(t, "correction")
+	for _, day := range []string{"01", "02", "03", "04"} {
+		w.sale("s"+day, "2026-09-"+day+" 10:00", 1)
+	}
+	w.exec(`CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.sale_date = '2026-09-02' THEN PERFORM pg_sleep(30); END IF; RETURN NEW; END $$`)
+	w.exec(`CREATE TRIGGER slow BEFORE INSERT ON daily_sales FOR EACH ROW EXECUTE FUNCTION slow()`)
+	ctx, cancel := context.WithCancel(w.ctx)
+	go func() {
+		// Cancel once the second chunk is running.
+		for ctx.Err() == nil {
+			var n int
+			_ = w.pool.QueryRow(w.ctx, "SELECT count(*) FROM tidemark.backfill_chunks WHERE status = 'running'").Scan(&n)
+			if n > 0 {
+				cancel()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	_, err := backfill.Run(ctx, w.pool, w.d, dates(t, "2026-09-01", "2026-09-04"), backfill.Options{Now: func() time.Time { return w.now }})
+	cancel()
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted run: %v", err)
+	}
+	equal(t, "interrupted run", w.rows("SELECT status, chunks_done FROM tidemark.backfill_runs"), []string{"interrupted | 1"})
+	equal(t, "chunks", w.rows("SELECT to_char(chunk_start, 'MM-DD'), status FROM tidemark.backfill_chunks ORDER BY 1"),
+		[]string{"09-01 | done", "09-02 | pending", "09-03 | pending", "09-04 | pending"})
+	w.exec(`DROP TRIGGER slow ON daily_sales`)
+	rep, err := w.backfill("2026-09-01", "2026-09-04", backfill.Options{Reprocess: backfill.Failed, Concurrency: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "resumed", labels(rep.Chunks, true), []string{"2026-09-02", "2026-09-03", "2026-09-04"})
+	if len(w.sales()) != 4 {
+		t.Errorf("sales %v, want four days", w.sales())
+	}
+}
+
+// TestOneBackfillAtATime: a second backfill of the aggregate is refused
+// while one runs.
+func TestOneBackfillAtATime(t *testing.T) {
+	w := newWarehouse(t, "correction")
+	conn, err := w.pool.Acquire(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(w.ctx, `SELECT pg_advisory_lock(hashtextextended('tidemark.backfill.daily_sales', 0))`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(w.ctx, `SELECT pg_advisory_unlock_all()`) }()
+	if _, err := w.backfill("2026-09-01", "2026-09-02", backfill.Options{}); !errors.Is(err, backfill.ErrBusy) {
+		t.Fatalf("second backfill: %v, want ErrBusy", err)
+	}
+}
+
+// TestRefreshEqualsIncremental: the reconciler's incremental runs and a
+// full refresh from nothing publish the same rows, for every policy
+// (late events inside and beyond the horizon included), and verify finds
+// no drift in either.
+func TestRefreshEqualsIncremental(t *testing.T) {
+	for _, policy := range []string{"correction", "arrival", "rebuild"} {
+		t.Run(policy, func(t *testing.T) {
+			w := newWarehouse(t, policy)
+			r, err := reconcile.New(w.cfg, w.pool, reconcile.Options{Now: func() time.Time { return w.now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			load := func(id, eventTime string, amount int, ingested string) {
+				t.Helper()
+				w.sale(id, eventTime, amount)
+				ia, _ := time.Parse("2006-01-02 15:04", ingested)
+				w.exec("UPDATE raw.app_events SET ingested_at = $2 WHERE event_id = $1", id, ia)
+				w.exec("UPDATE tidemark.ingest_ledger SET ingested_at = $1 WHERE id = (SELECT max(id) FROM tidemark.ingest_ledger)", ia)
+				w.now = ia
+				if _, err := r.RunOnce(w.ctx, "daily_sales", true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			load("a", "2026-09-01 10:00", 1, "2026-09-01 11:00")
+			load("b", "2026-09-02 10:00", 2, "2026-09-02 11:00")
+			load("c", "2026-09-01 20:00", 4, "2026-09-03 09:00")  // late, inside the horizon
+			load("d", "2026-09-05 10:00", 8, "2026-09-05 11:00")  // a day with no sales in between
+			load("e", "2026-09-02 05:00", 16, "2026-09-09 12:00") // beyond the horizon
+			incremental := w.sales()
+			if len(incremental) == 0 {
+				t.Fatal("nothing published")
+			}
+			checks, err := backfill.Verify(w.ctx, w.pool, w.d, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range checks {
+				if c.Drifted() {
+					t.Errorf("incremental: %s drifted: %+v", c.Partition, c)
+				}
+			}
+
+			w.exec("TRUNCATE daily_sales")
+			w.exec("DELETE FROM tidemark.partitions")
+			rng, ok, err := backfill.FullRange(w.ctx, w.pool, w.d)
+			if err != nil || !ok {
+				t.Fatalf("full range: %v %v", ok, err)
+			}
+			rep, err := backfill.Run(w.ctx, w.pool, w.d, rng, backfill.Options{Kind: "refresh", Reprocess: backfill.Completed, Concurrency: 2,
+				Now: func() time.Time { return w.now }})
+			if err != nil || len(rep.Failed) > 0 {
+				t.Fatalf("refresh: %v %v", err, rep)
+			}
+			equal(t, "refreshed", w.sales(), incremental)
+		})
+	}
+}
+
+// TestVerifyFindsDrift: verify reports a changed row and a load not yet
+// rebuilt, partition by partition, and nothing once a backfill with
+// --reprocess completed has run.
+func TestVerifyFindsDrift(t *testing.T) {
+	w := newWarehouse(t, "correction")
+	for i, day := range []string{"01", "02", "03"} {
+		w.sale("s"+day, "2026-09-"+day+" 10:00", i+1)
+	}
+	if _, err := w.backfill("2026-09-01", "2026-09-03", backfill.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	w.exec("UPDATE daily_sales SET total = total + 1 WHERE sale_date = '2026-09-02'")
+	w.sale("late", "2026-09-03 11:00", 5)
+	w.exec(`INSERT INTO tidemark.pending_partitions (aggregate, partition_start, partition_end, reason, queued_at)
+		VALUES ('daily_sales', '2026-09-03', '2026-09-04', 'late', now())`)
+	rng := dates(t, "2026-09-01", "2026-09-04")
+	checks, err := backfill.Verify(w.ctx, w.pool, w.d, &rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range checks {
+		got = append(got, fmt.Sprintf("%s missing %d extra %d queued %v", c.Partition, c.Missing, c.Extra, c.Queued))
+	}
+	equal(t, "checks", got, []string{
+		"2026-09-01 missing 0 extra 0 queued false",
+		"2026-09-02 missing 1 extra 1 queued false",
+		"2026-09-03 missing 1 extra 1 queued true",
+		"2026-09-04 missing 0 extra 0 queued false",
+	})
+	if _, err := w.backfill("2026-09-01", "2026-09-04", backfill.Options{Reprocess: backfill.Completed}); err != nil {
+		t.Fatal(err)
+	}
+	checks, err = backfill.Verify(w.ctx, w.pool, w.d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(checks) != 4 {
+		t.Errorf("verified %d built partitions, want 4", len(checks))
+	}
+	for _, c := range checks {
+		if c.Drifted() {
+			t.Errorf("after the backfill %s drifted: %+v", c.Partition, c)
+		}
+	}
+}

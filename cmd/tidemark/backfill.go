@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/backfill"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/reconcile"
+)
+
+// rebuildFlags are the flags backfill and refresh share.
+type rebuildFlags struct {
+	name        *string
+	chunk       *string
+	concurrency *int
+	dryRun      *bool
+}
+
+func addRebuildFlags(fs *flag.FlagSet) rebuildFlags {
+	return rebuildFlags{
+		name:        fs.String("aggregate", "", "the aggregate to rebuild"),
+		chunk:       fs.String("chunk", "1d", "span of one chunk, rebuilt in one transaction (e.g. 1d, 7d, 6h)"),
+		concurrency: fs.Int("concurrency", 1, "chunks rebuilt at once"),
+		dryRun:      fs.Bool("dry-run", false, "print the plan and change nothing"),
+	}
+}
+
+// check validates the shared flags; it prints what is wrong.
+func (f rebuildFlags) check(app string, cfg *config.Config, stderr io.Writer) (time.Duration, bool) {
+	if cfg.Aggregates[*f.name] == nil {
+		fmt.Fprintf(stderr, "%s: --aggregate: no aggregate named %q (configured: %s)\n", app, *f.name, strings.Join(cfg.AggregateNames(), ", "))
+		return 0, false
+	}
+	span, err := config.ParseDuration(*f.chunk)
+	if err != nil || span <= 0 {
+		fmt.Fprintf(stderr, "%s: --chunk: %q is not a positive duration (e.g. 1d, 7d, 6h)\n", app, *f.chunk)
+		return 0, false
+	}
+	if *f.concurrency < 1 || *f.concurrency > int(cfg.Warehouse.MaxConns)-1 {
+		fmt.Fprintf(stderr, "%s: --concurrency: must be between 1 and warehouse.max_conns - 1 (%d), got %d\n",
+			app, cfg.Warehouse.MaxConns-1, *f.concurrency)
+		return 0, false
+	}
+	return span, true
+}
+
+// parseDay reads a --from or --to date.
+func parseDay(flagName, s string) (time.Time, error) {
+	d, err := time.Parse("2006-01-02", s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: %q is not a date (YYYY-MM-DD)", flagName, s)
+	}
+	return d, nil
+}
+
+func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const app = "tidemark backfill"
+	fs, path := flags("backfill", stderr)
+	f := addRebuildFlags(fs)
+	from := fs.String("from", "", "first day to rebuild (YYYY-MM-DD, in the aggregate's time zone)")
+	to := fs.String("to", "", "last day to rebuild, included")
+	reprocess := fs.String("reprocess", "missing", "which chunks to rebuild: missing (never built), failed (also those whose last backfill did not finish), completed (all)")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	span, ok := f.check(app, cfg, stderr)
+	if !ok {
+		return exitUsage
+	}
+	rp, err := backfill.ParseReprocess(*reprocess)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: --reprocess: %v\n", app, err)
+		return exitUsage
+	}
+	var r backfill.Range
+	if r.From, err = parseDay("--from", *from); err == nil {
+		r.To, err = parseDay("--to", *to)
+	}
+	if err == nil && r.To.Before(r.From) {
+		err = fmt.Errorf("--to %s is before --from %s", *to, *from)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitUsage
+	}
+	return rebuild(ctx, cfg, app, *f.name, r, span, rp, "backfill", *f.concurrency, *f.dryRun, stdout, stderr)
+}
+
+func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const app = "tidemark refresh"
+	fs, path := flags("refresh", stderr)
+	f := addRebuildFlags(fs)
+	full := fs.Bool("full", false, "rebuild every partition the raw table holds events for (required)")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	if !*full {
+		fmt.Fprintf(stderr, "%s: --full is required; to rebuild a range, use `tidemark backfill --reprocess completed`\n", app)
+		return exitUsage
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	span, ok := f.check(app, cfg, stderr)
+	if !ok {
+		return exitUsage
+	}
+	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
+	if !ok {
+		return exitFailure
+	}
+	d, err := aggregate.FromConfig(cfg, *f.name)
+	if err != nil {
+		pool.Close()
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitUsage
+	}
+	r, any, err := backfill.FullRange(ctx, pool, d)
+	pool.Close()
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
+	if !any {
+		fmt.Fprintf(stdout, "%s: %s holds no events; nothing to refresh\n", *f.name, d.Raw.Sanitize())
+		return exitOK
+	}
+	return rebuild(ctx, cfg, app, *f.name, r, span, backfill.Completed, "refresh", *f.concurrency, *f.dryRun, stdout, stderr)
+}
+
+// rebuild plans (and unless dryRun, runs) a backfill or refresh and
+// prints what it did.
+func rebuild(ctx context.Context, cfg *config.Config, app, name string, r backfill.Range, span time.Duration,
+	rp backfill.Reprocess, kind string, concurrency int, dryRun bool, stdout, stderr io.Writer) int {
+	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
+	if !ok {
+		return exitFailure
+	}
+	defer pool.Close()
+	var d *aggregate.Definition
+	var err error
+	if dryRun {
+		// A dry run only reads: the aggregate is not prepared, which
+		// could create its table.
+		d, err = aggregate.FromConfig(cfg, name)
+	} else {
+		var rec *reconcile.Reconciler
+		if rec, err = reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock}); err == nil {
+			d, err = rec.Definition(ctx, name)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
+	plan, err := backfill.Plan(ctx, pool, d, r, span, rp)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
+	runs := 0
+	for _, c := range plan {
+		if c.Run {
+			runs++
+		}
+	}
+	fmt.Fprintf(stdout, "%s: %s %s .. %s (%s), chunks of %s: %d chunks, %d to rebuild (--reprocess %s)\n",
+		name, kind, r.From.Format("2006-01-02"), r.To.Format("2006-01-02"), d.Calendar.Loc, config.Duration(span), len(plan), runs, rp)
+	if dryRun {
+		for _, c := range plan {
+			action := "skip"
+			if c.Run {
+				action = "run "
+			}
+			fmt.Fprintf(stdout, "  %s  %-26s %s\n", action, c.Label(), c.Reason)
+		}
+		return exitOK
+	}
+	rep, err := backfill.Run(ctx, pool, d, r, backfill.Options{Kind: kind, Chunk: span, Concurrency: concurrency, Reprocess: rp,
+		Now: serviceClock, Logger: logger(cfg, stderr)})
+	if rep != nil {
+		fmt.Fprintf(stdout, "run %d: %d chunks rebuilt (%d rows), %d failed, %d skipped\n", rep.RunID, rep.Done, rep.Rows, len(rep.Failed), rep.Skipped)
+		for _, f := range rep.Failed {
+			fmt.Fprintf(stdout, "  failed %s: %v\n", f.Chunk.Label(), f.Err)
+		}
+	}
+	switch {
+	case errors.Is(err, backfill.ErrBusy):
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	case len(rep.Failed) > 0:
+		fmt.Fprintf(stderr, "%s: %d chunks failed; once the cause is fixed, run again with --reprocess failed\n", app, len(rep.Failed))
+		return exitFailure
+	}
+	return exitOK
+}
+
+func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const app = "tidemark verify"
+	fs, path := flags("verify", stderr)
+	name := fs.String("aggregate", "", "the aggregate to verify")
+	from := fs.String("from", "", "first day to verify (YYYY-MM-DD); default every built partition")
+	to := fs.String("to", "", "last day to verify, included")
+	if code, ok := parse(fs, args, stderr); !ok {
+		return code
+	}
+	cfg, ok := load(*path, stderr)
+	if !ok {
+		return exitUsage
+	}
+	if cfg.Aggregates[*name] == nil {
+		fmt.Fprintf(stderr, "%s: --aggregate: no aggregate named %q (configured: %s)\n", app, *name, strings.Join(cfg.AggregateNames(), ", "))
+		return exitUsage
+	}
+	var r *backfill.Range
+	if *from != "" || *to != "" {
+		var rr backfill.Range
+		var err error
+		if rr.From, err = parseDay("--from", *from); err == nil {
+			rr.To, err = parseDay("--to", *to)
+		}
+		if err == nil && rr.To.Before(rr.From) {
+			err = fmt.Errorf("--to %s is before --from %s", *to, *from)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v (give both --from and --to, or neither)\n", app, err)
+			return exitUsage
+		}
+		r = &rr
+	}
+	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
+	if !ok {
+		return exitFailure
+	}
+	defer pool.Close()
+	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock})
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
+	d, err := rec.Definition(ctx, *name)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
+	checks, err := backfill.Verify(ctx, pool, d, r)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
+	drifted := 0
+	for _, c := range checks {
+		if c.Drifted() {
+			drifted++
+		}
+	}
+	fmt.Fprintf(stdout, "%s: %d partitions verified, %d differ from a rebuild\n", *name, len(checks), drifted)
+	for _, c := range checks {
+		if !c.Drifted() {
+			continue
+		}
+		note := ""
+		if c.Queued {
+			note = " (queued for the reconciler: expected until it runs)"
+		}
+		fmt.Fprintf(stdout, "  %-26s %d rows missing, %d rows extra%s\n", c.Partition.Label(), c.Missing, c.Extra, note)
+	}
+	if drifted > 0 {
+		fmt.Fprintf(stderr, "%s: %d partitions differ; `tidemark backfill --aggregate %s --from D --to D --reprocess completed` rebuilds them\n", app, drifted, *name)
+		return exitFailure
+	}
+	return exitOK
+}
