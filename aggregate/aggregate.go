@@ -152,6 +152,10 @@ ON CONFLICT (aggregate, partition_start) DO UPDATE SET
     load_watermark = EXCLUDED.load_watermark, final_at = EXCLUDED.final_at, updated_at = EXCLUDED.updated_at`
 )
 
+// Prepared reports whether Prepare has checked the definition, which
+// Rebuild and Drift need.
+func (d *Definition) Prepared() bool { return d.columns != nil }
+
 // Rebuild replaces partition p of the aggregate, atomically (inside tx)
 // and idempotently: it deletes the partition's rows, inserts what the
 // aggregate's query returns for it, and records the rebuild in
@@ -198,8 +202,8 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 
 // Drift compares partition p as published in the aggregate's table with
 // what Rebuild would write for it, in tx's snapshot: the query's rows go
-// into a temporary table shaped like the aggregate's (so they are coerced
-// to its column types as Rebuild's insert would), and the two row sets
+// into a temporary table with the aggregate table's columns and types (so
+// they are coerced as Rebuild's insert would coerce them), and the two row sets
 // are compared as multisets. missing counts rows Rebuild would add, extra
 // rows it would remove. It writes nothing that outlives tx; callers roll
 // tx back. Columns of types without equality (json, point) cannot be
@@ -216,7 +220,7 @@ func Drift(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (missing,
 	list := strings.Join(cols, ", ")
 	steps := []string{
 		"DROP TABLE IF EXISTS pg_temp.tidemark_verify",
-		fmt.Sprintf("CREATE TEMP TABLE tidemark_verify (LIKE %s) ON COMMIT DROP", target),
+		fmt.Sprintf("CREATE TEMP TABLE tidemark_verify ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", list, target),
 		fmt.Sprintf("INSERT INTO pg_temp.tidemark_verify (%s) %s", list, d.query(p)),
 	}
 	for _, sql := range steps {

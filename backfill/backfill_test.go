@@ -260,10 +260,10 @@ func TestInterruptedRunResumes(t *testing.T) {
 	w.exec(`CREATE TRIGGER slow BEFORE INSERT ON daily_sales FOR EACH ROW EXECUTE FUNCTION slow()`)
 	ctx, cancel := context.WithCancel(w.ctx)
 	go func() {
-		// Cancel once the second chunk is running.
+		// Cancel once the second chunk sleeps in its trigger.
 		for ctx.Err() == nil {
 			var n int
-			_ = w.pool.QueryRow(w.ctx, "SELECT count(*) FROM tidemark.backfill_chunks WHERE status = 'running'").Scan(&n)
+			_ = w.pool.QueryRow(w.ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()").Scan(&n)
 			if n > 0 {
 				cancel()
 			}
@@ -279,11 +279,18 @@ func TestInterruptedRunResumes(t *testing.T) {
 	equal(t, "chunks", w.rows("SELECT to_char(chunk_start, 'MM-DD'), status FROM tidemark.backfill_chunks ORDER BY 1"),
 		[]string{"09-01 | done", "09-02 | pending", "09-03 | pending", "09-04 | pending"})
 	w.exec(`DROP TRIGGER slow ON daily_sales`)
+	// A run that died (the process killed) stays running until the next
+	// run of the aggregate closes it.
+	w.exec(`UPDATE tidemark.backfill_runs SET status = 'running', finished_at = NULL`)
+	w.exec(`UPDATE tidemark.backfill_chunks SET status = 'running' WHERE chunk_start = '2026-09-02'`)
 	rep, err := w.backfill("2026-09-01", "2026-09-04", backfill.Options{Reprocess: backfill.Failed, Concurrency: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	equal(t, "resumed", labels(rep.Chunks, true), []string{"2026-09-02", "2026-09-03", "2026-09-04"})
+	equal(t, "runs", w.rows("SELECT status, chunks_done FROM tidemark.backfill_runs ORDER BY id"), []string{"interrupted | 1", "done | 3"})
+	equal(t, "the dead run's chunks", w.rows("SELECT to_char(chunk_start, 'MM-DD'), status FROM tidemark.backfill_chunks WHERE run_id = 1 ORDER BY 1"),
+		[]string{"09-01 | done", "09-02 | pending", "09-03 | pending", "09-04 | pending"})
 	if len(w.sales()) != 4 {
 		t.Errorf("sales %v, want four days", w.sales())
 	}
@@ -370,6 +377,8 @@ func TestRefreshEqualsIncremental(t *testing.T) {
 // --reprocess completed has run.
 func TestVerifyFindsDrift(t *testing.T) {
 	w := newWarehouse(t, "correction")
+	// A column the query does not fill, with a default.
+	w.exec("ALTER TABLE daily_sales ADD COLUMN loaded_at timestamptz NOT NULL DEFAULT now()")
 	for i, day := range []string{"01", "02", "03"} {
 		w.sale("s"+day, "2026-09-"+day+" 10:00", i+1)
 	}

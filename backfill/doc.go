@@ -4,8 +4,8 @@
 // A backfill (after a fix of an aggregate's logic, for a new aggregate,
 // after an outage) plans the range as chunks of whole partitions, skips
 // the chunks its reprocess behaviour leaves alone, and rebuilds the others
-// at a bounded concurrency, each chunk in one transaction through
-// aggregate.Rebuild: the reconciler's own rebuild, so a backfilled
+// at a bounded concurrency, each partition in a transaction of its own
+// through aggregate.Rebuild: the reconciler's own rebuild, so a backfilled
 // partition is exactly what an incremental run would have produced. A
 // chunk that fails is recorded with its error and the run goes on; the
 // failed chunks can be run again on their own. Runs and chunks are

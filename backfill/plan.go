@@ -3,6 +3,7 @@ package backfill
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,7 +38,8 @@ func ParseReprocess(s string) (Reprocess, error) {
 	return "", fmt.Errorf("%q is not a reprocess behaviour (missing, failed or completed)", s)
 }
 
-// Chunk is a run of whole partitions rebuilt in one transaction.
+// Chunk is a run of whole partitions: the unit a backfill plans, retries
+// and records.
 type Chunk struct {
 	Start, End time.Time
 	Partitions []aggregate.Partition
@@ -133,6 +135,12 @@ func Plan(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ra
 	for _, s := range starts {
 		built[s.UnixMicro()] = true
 	}
+	var planned []int64 // partition starts, ascending
+	for _, c := range cs {
+		for _, p := range c.Partitions {
+			planned = append(planned, p.Start.UnixMicro())
+		}
+	}
 	last := map[int64]string{} // partition start → status of its latest chunk
 	rows, err = pool.Query(ctx, chunkHistorySQL, d.Name, lo, hi)
 	if err != nil {
@@ -141,12 +149,9 @@ func Plan(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ra
 	var cStart, cEnd time.Time
 	var status string
 	_, err = pgx.ForEachRow(rows, []any{&cStart, &cEnd, &status}, func() error {
-		for _, c := range cs {
-			for _, p := range c.Partitions {
-				if !p.Start.Before(cStart) && p.Start.Before(cEnd) {
-					last[p.Start.UnixMicro()] = status
-				}
-			}
+		end := cEnd.UnixMicro()
+		for i := sort.Search(len(planned), func(i int) bool { return planned[i] >= cStart.UnixMicro() }); i < len(planned) && planned[i] < end; i++ {
+			last[planned[i]] = status
 		}
 		return nil
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
@@ -58,16 +59,30 @@ const (
 	lockSQL   = `SELECT pg_try_advisory_lock(hashtextextended('tidemark.backfill.' || $1, 0))`
 	unlockSQL = `SELECT pg_advisory_unlock(hashtextextended('tidemark.backfill.' || $1, 0))`
 
+	// abandonRunsSQL closes the runs of an aggregate that died without
+	// finishing (no run can be alive while the lock is held), and makes
+	// their chunks in progress pending again.
+	abandonRunsSQL = `
+WITH r AS (
+    UPDATE tidemark.backfill_runs SET status = 'interrupted'
+    WHERE aggregate = $1 AND status = 'running' RETURNING id
+)
+UPDATE tidemark.backfill_chunks SET status = 'pending', started_at = NULL
+WHERE run_id IN (SELECT id FROM r) AND status = 'running'`
+
 	insertRunSQL = `
 INSERT INTO tidemark.backfill_runs (aggregate, kind, range_start, range_end, chunk, reprocess, concurrency, status, chunks, started_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9) RETURNING id`
-	insertChunkSQL = `
-INSERT INTO tidemark.backfill_chunks (run_id, chunk_start, chunk_end, partitions, status) VALUES ($1, $2, $3, $4, 'pending')`
+	insertChunksSQL = `
+INSERT INTO tidemark.backfill_chunks (run_id, chunk_start, chunk_end, partitions, status)
+SELECT $1, s, e, n, 'pending' FROM unnest($2::timestamptz[], $3::timestamptz[], $4::int[]) AS c (s, e, n)`
 	startChunkSQL = `
 UPDATE tidemark.backfill_chunks SET status = 'running', started_at = $3 WHERE run_id = $1 AND chunk_start = $2`
 	finishChunkSQL = `
 WITH c AS (
-    UPDATE tidemark.backfill_chunks SET status = $3, rows = $4, error = $5, finished_at = $6
+    UPDATE tidemark.backfill_chunks SET status = $3, rows = $4, error = $5,
+        finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE $6::timestamptz END,
+        started_at = CASE WHEN $3 = 'pending' THEN NULL ELSE started_at END
     WHERE run_id = $1 AND chunk_start = $2
 )
 UPDATE tidemark.backfill_runs SET chunks_done = chunks_done + ($3 = 'done')::int, chunks_failed = chunks_failed + ($3 = 'failed')::int
@@ -76,14 +91,20 @@ WHERE id = $1`
 )
 
 // Run rebuilds the chunks of the range that the plan selects, at most
-// opts.Concurrency at once, oldest first. Each chunk is one transaction
-// that rebuilds its partitions with aggregate.Rebuild; a chunk that fails
-// is recorded with its error and the run goes on with the others. The
-// load watermark is not touched. When ctx ends, chunks not yet started
-// stay pending and the run is recorded as interrupted. d must be
-// prepared (aggregate.Prepare).
+// opts.Concurrency at once, oldest first. Each partition of a chunk is
+// rebuilt with aggregate.Rebuild in a transaction of its own, as the
+// reconciler rebuilds it (so a backfill never holds the status rows of
+// several partitions against the reconciler). A chunk that the warehouse
+// refuses is recorded with its error, and the run goes on with the
+// others; one that fails because the warehouse cannot be reached ends the
+// run. The load watermark is not touched. When ctx ends or the run ends
+// early, chunks not finished stay pending and the run is recorded as
+// interrupted. d must be prepared (aggregate.Prepare).
 func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Range, opts Options) (*Report, error) {
 	opts = withDefaults(opts)
+	if !d.Prepared() {
+		return nil, fmt.Errorf("backfill %s: %w", d.Name, aggregate.ErrNotPrepared)
+	}
 	lock, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("backfill %s: %w", d.Name, err)
@@ -97,6 +118,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 		return nil, fmt.Errorf("backfill %s: %w", d.Name, ErrBusy)
 	}
 	defer func() { _, _ = lock.Exec(context.WithoutCancel(ctx), unlockSQL, d.Name) }()
+	if _, err := lock.Exec(ctx, abandonRunsSQL, d.Name); err != nil {
+		return nil, fmt.Errorf("backfill %s: close abandoned runs: %w", d.Name, err)
+	}
 
 	plan, err := Plan(ctx, pool, d, r, opts.Chunk, opts.Reprocess)
 	if err != nil {
@@ -104,12 +128,15 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 	}
 	rep := &Report{Chunks: plan}
 	var todo []Chunk
+	var starts, ends []time.Time
+	var counts []int32
 	for _, c := range plan {
-		if c.Run {
-			todo = append(todo, c)
-		} else {
+		if !c.Run {
 			rep.Skipped++
+			continue
 		}
+		todo = append(todo, c)
+		starts, ends, counts = append(starts, c.Start), append(ends, c.End), append(counts, int32(len(c.Partitions)))
 	}
 	lo, hi := r.bounds(d.Calendar)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -117,12 +144,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 			string(opts.Reprocess), opts.Concurrency, len(todo), opts.Now()).Scan(&rep.RunID); err != nil {
 			return err
 		}
-		for _, c := range todo {
-			if _, err := tx.Exec(ctx, insertChunkSQL, rep.RunID, c.Start, c.End, len(c.Partitions)); err != nil {
-				return err
-			}
-		}
-		return nil
+		_, err := tx.Exec(ctx, insertChunksSQL, rep.RunID, starts, ends, counts)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("backfill %s: record run: %w", d.Name, err)
@@ -130,6 +153,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 	opts.Logger.Info("backfill started", "aggregate", d.Name, "run", rep.RunID, "kind", opts.Kind,
 		"chunks", len(todo), "skipped", rep.Skipped, "concurrency", opts.Concurrency)
 
+	// stop ends the feeding of chunks when the warehouse cannot be reached.
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
 	work := make(chan Chunk)
 	var mu sync.Mutex
 	var bookErr error
@@ -139,29 +165,34 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 		go func() {
 			defer wg.Done()
 			for c := range work {
-				rows, err := rebuildChunk(ctx, pool, d, rep.RunID, c, opts)
-				status, msg := "done", any(nil)
-				if err != nil {
-					status, msg = "failed", err.Error()
-				}
-				if ctx.Err() != nil && err != nil {
-					status, msg = "pending", nil
+				rows, err := rebuildChunk(runCtx, pool, d, rep.RunID, c, opts)
+				status, msg, stored := "done", any(nil), any(rows)
+				switch {
+				case err == nil:
+				case runCtx.Err() != nil:
+					// Cancelled (the server reports a cancelled
+					// statement as an SQL error): not finished.
+					status, stored = "pending", nil
+				case !refused(err):
+					// The warehouse cannot be reached: the chunks
+					// after this one would fail the same way.
+					stop(err)
+					status, stored = "pending", nil
+				default:
+					status, msg, stored = "failed", err.Error(), nil
 				}
 				// The outcome is recorded even when ctx has ended.
-				stored := any(nil)
-				if status == "done" {
-					stored = rows
-				}
 				_, bErr := pool.Exec(context.WithoutCancel(ctx), finishChunkSQL, rep.RunID, c.Start, status, stored, msg, opts.Now())
 				mu.Lock()
-				switch {
-				case bErr != nil:
-					bookErr = errors.Join(bookErr, bErr)
-				case status == "done":
+				if bErr != nil {
+					bookErr = errors.Join(bookErr, fmt.Errorf("chunk %s: %w", c.Label(), bErr))
+				}
+				switch status {
+				case "done":
 					rep.Done++
 					rep.Rows += rows
 					opts.Logger.Info("chunk rebuilt", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "rows", rows)
-				case status == "failed":
+				case "failed":
 					rep.Failed = append(rep.Failed, Failure{c, err})
 					opts.Logger.Error("chunk failed; the run goes on", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "err", err)
 				}
@@ -173,7 +204,7 @@ feed:
 	for _, c := range todo {
 		select {
 		case work <- c:
-		case <-ctx.Done():
+		case <-runCtx.Done():
 			break feed
 		}
 	}
@@ -182,41 +213,62 @@ feed:
 
 	status := "done"
 	switch {
-	case ctx.Err() != nil:
+	case rep.Done+len(rep.Failed) < len(todo):
 		status = "interrupted"
-	case len(rep.Failed) > 0:
+	case len(rep.Failed) > 0 || bookErr != nil:
 		status = "failed"
 	}
 	if _, err := pool.Exec(context.WithoutCancel(ctx), finishRunSQL, rep.RunID, status, opts.Now()); err != nil {
 		bookErr = errors.Join(bookErr, err)
 	}
-	if bookErr != nil {
+	switch {
+	case bookErr != nil:
 		return rep, fmt.Errorf("backfill %s: record outcome: %w", d.Name, bookErr)
-	}
-	if status == "interrupted" {
+	case status == "interrupted" && ctx.Err() != nil:
 		return rep, fmt.Errorf("backfill %s: interrupted (run %d; --reprocess failed resumes it): %w", d.Name, rep.RunID, ctx.Err())
+	case status == "interrupted":
+		return rep, fmt.Errorf("backfill %s: stopped (run %d; --reprocess failed resumes it): %w", d.Name, rep.RunID, context.Cause(runCtx))
 	}
 	return rep, nil
 }
 
-// rebuildChunk rebuilds the partitions of c in one transaction.
+// refused reports whether the warehouse itself refused the work (an SQL
+// error: bad data, a failing query, a deadlock), as opposed to not being
+// reachable. Only a refused chunk is recorded as failed.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) || errors.Is(err, aggregate.ErrOutsidePartition)
+}
+
+// retryable are SQLSTATEs after which a partition's rebuild is tried again
+// at once: serialization failure and deadlock.
+var retryable = map[string]bool{"40001": true, "40P01": true}
+
+// rebuildChunk rebuilds the partitions of c, each in its own transaction,
+// and marks the chunk running first.
 func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, run int64, c Chunk, opts Options) (int64, error) {
 	if _, err := pool.Exec(ctx, startChunkSQL, run, c.Start, opts.Now()); err != nil {
-		return 0, err
+		return 0, fmt.Errorf("mark chunk %s running: %w", c.Label(), err)
 	}
 	var rows int64
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		for _, p := range c.Partitions {
-			res, err := aggregate.Rebuild(ctx, tx, d, p, opts.Now())
-			if err != nil {
+	for _, p := range c.Partitions {
+		for attempt := 1; ; attempt++ {
+			var res aggregate.Result
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				res, err = aggregate.Rebuild(ctx, tx, d, p, opts.Now())
 				return err
+			})
+			var pgErr *pgconn.PgError
+			if err != nil && attempt < 3 && errors.As(err, &pgErr) && retryable[pgErr.Code] {
+				continue
+			}
+			if err != nil {
+				return rows, err
 			}
 			rows += res.Rows
+			break
 		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
 	}
 	return rows, nil
 }

@@ -55,6 +55,25 @@ type Aggregate struct {
 	EventTimeWatermark *time.Time     `json:"event_time_watermark"`
 	Queued             int64          `json:"queued_partitions"`
 	Partitions         []AggPartition `json:"recent_partitions"`
+	// LastBackfill is the latest backfill or refresh run, if any.
+	LastBackfill *Backfill `json:"last_backfill,omitempty"`
+}
+
+// Backfill is one run of `tidemark backfill` or `tidemark refresh`.
+type Backfill struct {
+	Run    int64  `json:"run"`
+	Kind   string `json:"kind"`
+	Status string `json:"status"`
+	// RangeStart and RangeEnd bound the days asked for: [start of the
+	// first, start of the day after the last).
+	RangeStart   time.Time  `json:"range_start"`
+	RangeEnd     time.Time  `json:"range_end"`
+	Reprocess    string     `json:"reprocess"`
+	Chunks       int        `json:"chunks"`
+	ChunksDone   int        `json:"chunks_done"`
+	ChunksFailed int        `json:"chunks_failed"`
+	StartedAt    time.Time  `json:"started_at"`
+	FinishedAt   *time.Time `json:"finished_at"`
 }
 
 // AggPartition is the status of one aggregate partition.
@@ -374,6 +393,10 @@ SELECT w.load_xid::text, w.ingested_through, w.advanced_at, w.last_run_at,
        (SELECT count(*) FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)
 FROM tidemark.load_watermarks w WHERE w.aggregate = $1`
 
+	lastBackfillSQL = `
+SELECT id, kind, status, range_start, range_end, reprocess, chunks, chunks_done, chunks_failed, started_at, finished_at
+FROM tidemark.backfill_runs WHERE aggregate = $1 ORDER BY id DESC LIMIT 1`
+
 	recentPartitionsSQL = `
 SELECT partition_key, partition_start, partition_end, state, rows, completeness, rebuilt_at, rebuilds, final_at
 FROM tidemark.partitions WHERE aggregate = $1
@@ -426,6 +449,18 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 		}
 		for _, t := range []**time.Time{&ag.IngestedThrough, &ag.WatermarkMovedAt, &ag.LastRunAt, &ag.EventTimeWatermark} {
 			*t = utc(*t)
+		}
+		if r.SchemaVersion >= 5 {
+			var b Backfill
+			err := q.QueryRow(ctx, lastBackfillSQL, name).Scan(&b.Run, &b.Kind, &b.Status, &b.RangeStart, &b.RangeEnd, &b.Reprocess,
+				&b.Chunks, &b.ChunksDone, &b.ChunksFailed, &b.StartedAt, &b.FinishedAt)
+			switch {
+			case err == nil:
+				b.RangeStart, b.RangeEnd, b.StartedAt, b.FinishedAt = b.RangeStart.UTC(), b.RangeEnd.UTC(), b.StartedAt.UTC(), utc(b.FinishedAt)
+				ag.LastBackfill = &b
+			case !errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("read the backfills of aggregate %s: %w", name, err)
+			}
 		}
 		r.Aggregates = append(r.Aggregates, ag)
 	}
@@ -547,6 +582,11 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "  load watermark\t%s (moved %s, last run %s)\n", wm, fmtTime(a.WatermarkMovedAt), fmtTime(a.LastRunAt))
 		fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(a.EventTimeWatermark))
 		fmt.Fprintf(tw, "  queued partitions\t%d\n", a.Queued)
+		if b := a.LastBackfill; b != nil {
+			fmt.Fprintf(tw, "  last %s\trun %d, %s .. %s, --reprocess %s: %s, %d of %d chunks done, %d failed (started %s, finished %s)\n",
+				b.Kind, b.Run, fmtTime(&b.RangeStart), fmtTime(&b.RangeEnd), b.Reprocess, b.Status, b.ChunksDone, b.Chunks, b.ChunksFailed,
+				fmtTime(&b.StartedAt), fmtTime(b.FinishedAt))
+		}
 		fmt.Fprintf(tw, "  partition\tstate\trows\tcompleteness\trebuilt at\tfinal at\n")
 		for _, p := range a.Partitions {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Key, p.State, fmtInt(p.Rows), fmtRatio(p.Completeness),

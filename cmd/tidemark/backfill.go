@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/backfill"
@@ -26,7 +27,7 @@ type rebuildFlags struct {
 func addRebuildFlags(fs *flag.FlagSet) rebuildFlags {
 	return rebuildFlags{
 		name:        fs.String("aggregate", "", "the aggregate to rebuild"),
-		chunk:       fs.String("chunk", "1d", "span of one chunk, rebuilt in one transaction (e.g. 1d, 7d, 6h)"),
+		chunk:       fs.String("chunk", "1d", "span of one chunk, the unit that is planned, retried and recorded (e.g. 1d, 7d, 6h)"),
 		concurrency: fs.Int("concurrency", 1, "chunks rebuilt at once"),
 		dryRun:      fs.Bool("dry-run", false, "print the plan and change nothing"),
 	}
@@ -34,6 +35,10 @@ func addRebuildFlags(fs *flag.FlagSet) rebuildFlags {
 
 // check validates the shared flags; it prints what is wrong.
 func (f rebuildFlags) check(app string, cfg *config.Config, stderr io.Writer) (time.Duration, bool) {
+	if *f.name == "" {
+		fmt.Fprintf(stderr, "%s: --aggregate is required (configured: %s)\n", app, strings.Join(cfg.AggregateNames(), ", "))
+		return 0, false
+	}
 	if cfg.Aggregates[*f.name] == nil {
 		fmt.Fprintf(stderr, "%s: --aggregate: no aggregate named %q (configured: %s)\n", app, *f.name, strings.Join(cfg.AggregateNames(), ", "))
 		return 0, false
@@ -94,7 +99,12 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitUsage
 	}
-	return rebuild(ctx, cfg, app, *f.name, r, span, rp, "backfill", *f.concurrency, *f.dryRun, stdout, stderr)
+	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
+	if !ok {
+		return exitFailure
+	}
+	defer pool.Close()
+	return rebuild(ctx, cfg, pool, app, *f.name, r, span, rp, "backfill", *f.concurrency, *f.dryRun, stdout, stderr)
 }
 
 func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -121,64 +131,52 @@ func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if !ok {
 		return exitFailure
 	}
+	defer pool.Close()
 	d, err := aggregate.FromConfig(cfg, *f.name)
 	if err != nil {
-		pool.Close()
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitUsage
 	}
-	r, any, err := backfill.FullRange(ctx, pool, d)
-	pool.Close()
+	r, found, err := backfill.FullRange(ctx, pool, d)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitFailure
 	}
-	if !any {
+	if !found {
 		fmt.Fprintf(stdout, "%s: %s holds no events; nothing to refresh\n", *f.name, d.Raw.Sanitize())
 		return exitOK
 	}
-	return rebuild(ctx, cfg, app, *f.name, r, span, backfill.Completed, "refresh", *f.concurrency, *f.dryRun, stdout, stderr)
+	return rebuild(ctx, cfg, pool, app, *f.name, r, span, backfill.Completed, "refresh", *f.concurrency, *f.dryRun, stdout, stderr)
 }
 
 // rebuild plans (and unless dryRun, runs) a backfill or refresh and
 // prints what it did.
-func rebuild(ctx context.Context, cfg *config.Config, app, name string, r backfill.Range, span time.Duration,
+func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, name string, r backfill.Range, span time.Duration,
 	rp backfill.Reprocess, kind string, concurrency int, dryRun bool, stdout, stderr io.Writer) int {
-	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
-	if !ok {
-		return exitFailure
+	header := func(plan []backfill.Chunk, d *aggregate.Definition) {
+		runs := 0
+		for _, c := range plan {
+			if c.Run {
+				runs++
+			}
+		}
+		fmt.Fprintf(stdout, "%s: %s %s .. %s (%s), chunks of %s: %d chunks, %d to rebuild (--reprocess %s)\n",
+			name, kind, r.From.Format("2006-01-02"), r.To.Format("2006-01-02"), d.Calendar.Loc, config.Duration(span), len(plan), runs, rp)
 	}
-	defer pool.Close()
-	var d *aggregate.Definition
-	var err error
 	if dryRun {
 		// A dry run only reads: the aggregate is not prepared, which
 		// could create its table.
-		d, err = aggregate.FromConfig(cfg, name)
-	} else {
-		var rec *reconcile.Reconciler
-		if rec, err = reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock}); err == nil {
-			d, err = rec.Definition(ctx, name)
+		d, err := aggregate.FromConfig(cfg, name)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", app, err)
+			return exitFailure
 		}
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
-		return exitFailure
-	}
-	plan, err := backfill.Plan(ctx, pool, d, r, span, rp)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
-		return exitFailure
-	}
-	runs := 0
-	for _, c := range plan {
-		if c.Run {
-			runs++
+		plan, err := backfill.Plan(ctx, pool, d, r, span, rp)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", app, err)
+			return exitFailure
 		}
-	}
-	fmt.Fprintf(stdout, "%s: %s %s .. %s (%s), chunks of %s: %d chunks, %d to rebuild (--reprocess %s)\n",
-		name, kind, r.From.Format("2006-01-02"), r.To.Format("2006-01-02"), d.Calendar.Loc, config.Duration(span), len(plan), runs, rp)
-	if dryRun {
+		header(plan, d)
 		for _, c := range plan {
 			action := "skip"
 			if c.Run {
@@ -188,18 +186,26 @@ func rebuild(ctx context.Context, cfg *config.Config, app, name string, r backfi
 		}
 		return exitOK
 	}
+	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock})
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
+	d, err := rec.Definition(ctx, name)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return exitFailure
+	}
 	rep, err := backfill.Run(ctx, pool, d, r, backfill.Options{Kind: kind, Chunk: span, Concurrency: concurrency, Reprocess: rp,
 		Now: serviceClock, Logger: logger(cfg, stderr)})
 	if rep != nil {
+		header(rep.Chunks, d)
 		fmt.Fprintf(stdout, "run %d: %d chunks rebuilt (%d rows), %d failed, %d skipped\n", rep.RunID, rep.Done, rep.Rows, len(rep.Failed), rep.Skipped)
 		for _, f := range rep.Failed {
 			fmt.Fprintf(stdout, "  failed %s: %v\n", f.Chunk.Label(), f.Err)
 		}
 	}
 	switch {
-	case errors.Is(err, backfill.ErrBusy):
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
-		return exitFailure
 	case err != nil:
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitFailure
@@ -221,6 +227,10 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	cfg, ok := load(*path, stderr)
 	if !ok {
+		return exitUsage
+	}
+	if *name == "" {
+		fmt.Fprintf(stderr, "%s: --aggregate is required (configured: %s)\n", app, strings.Join(cfg.AggregateNames(), ", "))
 		return exitUsage
 	}
 	if cfg.Aggregates[*name] == nil {

@@ -1,12 +1,17 @@
-// Command tidemark loads Kafka events into a PostgreSQL warehouse exactly
-// once and keeps its state there.
+// Command tidemark loads Kafka events and PostgreSQL tables into a
+// PostgreSQL warehouse exactly once, keeps its state there, and rebuilds
+// aggregates by event date.
 //
 //	tidemark run       [-c tidemark.yaml] [--only ingest,poll,cdc,reconcile]
 //	tidemark migrate   [-c tidemark.yaml]
 //	tidemark reconcile --once [-c tidemark.yaml] [--aggregate NAME]
+//	tidemark backfill  --aggregate NAME --from D --to D [-c tidemark.yaml] [--chunk 1d] [--concurrency N]
+//	                   [--reprocess missing|failed|completed] [--dry-run]
+//	tidemark verify    --aggregate NAME [-c tidemark.yaml] [--from D --to D]
+//	tidemark refresh   --aggregate NAME --full [-c tidemark.yaml] [--chunk 1d] [--concurrency N] [--dry-run]
 //	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
 //	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run]
-//	tidemark status  [-c tidemark.yaml] [--json]
+//	tidemark status    [-c tidemark.yaml] [--json]
 //	tidemark demo
 //	tidemark version
 //

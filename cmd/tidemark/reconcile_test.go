@@ -139,6 +139,8 @@ func backfillVerifyRefresh(t *testing.T, cfg string, pool *pgxpool.Pool) {
 	expect(exitOK, []string{"2 partitions verified, 0 differ"}, "verify", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05")
 	expect(exitOK, []string{"refresh 2026-10-04 .. 2026-10-05 (UTC), chunks of 2d: 1 chunks, 1 to rebuild", "1 chunks rebuilt (2 rows)"},
 		"refresh", "--full", "--aggregate", "daily_sales", "--chunk", "2d")
+	expect(exitOK, []string{"last refresh run 2, 2026-10-04T00:00:00Z .. 2026-10-06T00:00:00Z, --reprocess completed: done, 1 of 1 chunks done, 0 failed"},
+		"status")
 	if got := ingesttest.Scalar(t, pool, "SELECT count(*) FROM tidemark.backfill_runs WHERE status = 'done'"); got != 2 {
 		t.Errorf("%d runs recorded as done, want 2", got)
 	}

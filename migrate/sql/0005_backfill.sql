@@ -22,7 +22,7 @@ CREATE TABLE tidemark.backfill_runs (
 CREATE INDEX backfill_runs_aggregate ON tidemark.backfill_runs (aggregate, id);
 
 -- One row per chunk a run planned to rebuild: [chunk_start, chunk_end)
--- holds whole partitions, rebuilt in one transaction. A chunk the run
+-- holds whole partitions, each rebuilt in its own transaction. A chunk the run
 -- skipped (see reprocess) has no row.
 CREATE TABLE tidemark.backfill_chunks (
     run_id          bigint      NOT NULL REFERENCES tidemark.backfill_runs (id) ON DELETE CASCADE,
