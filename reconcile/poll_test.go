@@ -24,7 +24,7 @@ func TestAggregateOverPollSource(t *testing.T) {
 	yaml := fmt.Sprintf(`warehouse: {dsn: %q}
 sources:
   orders:
-    poll: {dsn: %q, table: orders, key: [order_id], updated_at: updated_at}
+    poll: {dsn: %q, table: orders, key: [order_id], updated_at: updated_at, lookback: 2h}
     mirror: {table: dw_orders}
 aggregates:
   daily_order_changes:
@@ -84,6 +84,11 @@ aggregates:
 	equal(t, "partitions rebuilt by the second run", rep.Rebuilt, []string{"2026-10-06"})
 	equal(t, "aggregate after the change", rowsOf(t, wh, "SELECT day, changes, new_orders, amount FROM daily_order_changes ORDER BY 1"), recompute())
 	equal(t, "6 October", rowsOf(t, wh, "SELECT changes, new_orders, amount::text FROM daily_order_changes WHERE day = '2026-10-06'"), []string{"2 | 1 | 1061.00"})
+	// The event-time watermark holds back by the lookback, as the poller
+	// stores it: rows found through the lookback are up to 2h older than
+	// the newest row read (13:30).
+	equal(t, "event-time watermark", rowsOf(t, wh, `SELECT to_char(event_time_watermark AT TIME ZONE 'UTC', 'MM-DD HH24:MI')
+		FROM tidemark.source_watermarks WHERE source = 'orders'`), []string{"10-06 11:30"})
 }
 
 // rowsOf is bundle.rows on any pool.

@@ -80,8 +80,9 @@ func historyPartitions(by string) int {
 
 // SourceWatermark computes the event-time watermark of the aggregate's
 // source: for Kafka sources from the stored per-partition event times (see
-// ingest.EventTimeWatermark); for table sources the largest event time
-// read so far minus the allowed out-of-orderness.
+// ingest.EventTimeWatermark); for other sources the largest event time
+// read so far minus the allowed out-of-orderness (for a poll source, minus
+// its lookback when that is larger).
 func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, w *window, now time.Time) (pgtype.Timestamptz, error) {
 	src := r.cfg.Sources[d.Source]
 	if src.Kafka != nil {
@@ -96,8 +97,14 @@ func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *agg
 	if err := conn.QueryRow(ctx, readSourceWatermarkSQL, d.Source).Scan(&stored); err != nil && err != pgx.ErrNoRows {
 		return pgtype.Timestamptz{}, err
 	}
+	holdBack := src.Watermark.OutOfOrderness.D()
+	if src.Poll != nil {
+		// As the poller computes it: rows found through the lookback are
+		// up to that much older than the newest one read.
+		holdBack = max(holdBack, src.Poll.Lookback.D())
+	}
 	if !w.maxEvent.IsZero() {
-		if c := w.maxEvent.Add(-src.Watermark.OutOfOrderness.D()); !stored.Valid || c.After(stored.Time) {
+		if c := w.maxEvent.Add(-holdBack); !stored.Valid || c.After(stored.Time) {
 			stored = pgtype.Timestamptz{Time: c, Valid: true}
 		}
 	}
