@@ -27,7 +27,20 @@ SELECT system_id, snapshot, applied_lsn::text, confirmed_lsn::text FROM tidemark
 	insertPositionSQL = `
 INSERT INTO tidemark.cdc_positions (source, slot, system_id, slot_created_lsn, snapshot, applied_lsn, confirmed_lsn, updated_at)
 VALUES ($1, $2, $3, $4::pg_lsn, $5, $4::pg_lsn, $4::pg_lsn, $6)`
-	deletePositionSQL    = `DELETE FROM tidemark.cdc_positions WHERE source = $1`
+	deletePositionSQL = `DELETE FROM tidemark.cdc_positions WHERE source = $1`
+	// claimSlotSQL records, before tidemark creates a slot, that it is
+	// creating it: a crash between the slot's creation and the storing of
+	// its consistent point then leaves a pending position, which the next
+	// start handles like a snapshot cut short (it drops the slot and
+	// creates it again), not a slot tidemark never read from.
+	claimSlotSQL = `
+INSERT INTO tidemark.cdc_positions (source, slot, system_id, snapshot, updated_at)
+VALUES ($1, $2, $3, 'pending', $4)`
+	// slotCreatedSQL stores the consistent point of the slot just created.
+	slotCreatedSQL = `
+UPDATE tidemark.cdc_positions SET slot_created_lsn = $2::pg_lsn, applied_lsn = $2::pg_lsn, confirmed_lsn = $2::pg_lsn,
+    snapshot = $3, updated_at = $4
+WHERE source = $1`
 	snapshotDoneSQL      = `UPDATE tidemark.cdc_positions SET snapshot = 'done', updated_at = $2 WHERE source = $1`
 	storeConfirmedSQL    = `UPDATE tidemark.cdc_positions SET confirmed_lsn = greatest(confirmed_lsn, $2::pg_lsn) WHERE source = $1`
 	lockSlotSQL          = `SELECT pg_advisory_lock(hashtextextended('tidemark.cdc.' || $1, 0))`
@@ -162,11 +175,14 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 	for _, w := range report.Warnings {
 		r.log.Warn(w)
 	}
-	if pos.exists && pos.systemID != report.SystemID {
+	// A pending position is a snapshot cut short: its slot, if any, is
+	// dropped and created again below, so it is not held to these checks.
+	pending := pos.exists && pos.snapshot == "pending"
+	if pos.exists && !pending && pos.systemID != report.SystemID {
 		return fmt.Errorf("%w: sources.%s: the source database is another server (system identifier %s, tidemark read from %s); "+
 			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.src.Name, report.SystemID, pos.systemID)
 	}
-	if pos.exists && report.Slot.Exists && report.Slot.ConfirmedFlush > max(pos.applied, pos.confirmed) {
+	if pos.exists && !pending && report.Slot.Exists && report.Slot.ConfirmedFlush > max(pos.applied, pos.confirmed) {
 		return fmt.Errorf("%w: sources.%s.cdc.slot: slot %s is confirmed up to %s, beyond what tidemark applied (%s): another client consumed it, "+
 			"or it was recreated; the changes in between are not in the mirrors: re-snapshot the source",
 			ErrSetup, r.src.Name, cfg.Slot, report.Slot.ConfirmedFlush, max(pos.applied, pos.confirmed))
@@ -435,6 +451,9 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 			return pos, err
 		}
 	}
+	if _, err := r.pool.Exec(ctx, claimSlotSQL, r.src.Name, cfg.Slot, report.SystemID, r.now()); err != nil {
+		return pos, fmt.Errorf("store the position: %w", err)
+	}
 	action := "NOEXPORT_SNAPSHOT"
 	if cfg.Snapshot == config.SnapshotInitial {
 		action = "EXPORT_SNAPSHOT"
@@ -452,7 +471,7 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 	if cfg.Snapshot == config.SnapshotInitial {
 		state = "pending"
 	}
-	if _, err := r.pool.Exec(ctx, insertPositionSQL, r.src.Name, cfg.Slot, report.SystemID, at.String(), state, r.now()); err != nil {
+	if _, err := r.pool.Exec(ctx, slotCreatedSQL, r.src.Name, at.String(), state, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
 	r.log.Info("created replication slot", "slot", cfg.Slot, "consistent_point", at, "snapshot", cfg.Snapshot)

@@ -173,18 +173,20 @@ func (e *cdcEnv) waitSlotFree() {
 
 // waitStreaming waits until the reader whose Run ends on done streams:
 // changes made before the slot exists are not streamed (snapshot: never).
-// A reader stopping meanwhile fails the test.
+// The slot is active while it is being created too, so the position must
+// also be past its snapshot. A reader stopping meanwhile fails the test.
 func (e *cdcEnv) waitStreaming(done chan error) {
 	e.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var active bool
 		err := e.src.QueryRow(e.ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&active)
-		if err == nil && active {
+		if err == nil && active && e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot <> 'pending'") == 1 {
 			return
 		}
 		select {
 		case err := <-done:
+			done <- err // for the cleanup that waits for the reader
 			e.t.Fatalf("reader stopped: %v", err)
 		default:
 		}
@@ -1037,4 +1039,140 @@ func (e *cdcEnv) lockMirror(table string) func() {
 	}
 	var once sync.Once
 	return func() { once.Do(func() { _ = tx.Rollback(e.ctx) }) }
+}
+
+// TestSlotIdentityRefused: the reader refuses to go on silently when the
+// slot or the server is not the one it read from (another server, as after
+// a failover; a slot another client advanced past what tidemark applied)
+// or when an existing slot cannot be joined to a snapshot. Each case stops
+// with an ErrSetup naming the fix, and nothing is applied.
+func TestSlotIdentityRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before runs after a first reader has stopped, when first is
+		// set; on a source with no reader yet otherwise.
+		first  bool
+		before []string
+		want   []string
+	}{
+		{name: "another server", first: true,
+			before: []string{`UPDATE tidemark.cdc_positions SET system_id = '12345'`},
+			want:   []string{"another server", "system identifier", "re-snapshot"}},
+		{name: "slot advanced by another client", first: true,
+			// The test server commits asynchronously; decoding, and so
+			// the advance, stops at the flushed WAL.
+			before: []string{`BEGIN; SET LOCAL synchronous_commit = on; INSERT INTO orders VALUES (7, 1, 7, '2026-10-05 10:00+00'); COMMIT`,
+				`SELECT pg_replication_slot_advance('tidemark_shop', pg_current_wal_flush_lsn())`},
+			want: []string{"beyond what tidemark applied", "re-snapshot"}},
+		{name: "existing slot never read",
+			before: []string{`SELECT pg_create_logical_replication_slot('tidemark_shop', 'pgoutput')`},
+			want:   []string{"never read from it", "cdc.snapshot: never"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newCDCEnv(t)
+			cfg := e.config("", "deletes: hard")
+			if tc.first {
+				done, stop := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})
+				e.waitStreaming(done)
+				stop()
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				e.waitSlotFree()
+			}
+			for _, sql := range tc.before {
+				if strings.HasPrefix(sql, "UPDATE tidemark.") {
+					if _, err := e.wh.Exec(e.ctx, sql); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				e.exec(sql)
+			}
+			done, stop := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})
+			defer stop()
+			e.stopped(done, tc.want...)
+			if n := e.count("SELECT count(*) FROM raw.shop"); n != 0 {
+				t.Errorf("%d raw change rows applied, want none", n)
+			}
+		})
+	}
+}
+
+// TestOneReaderPerSlot: a second reader of the same source waits while the
+// first streams, and takes over once it stops.
+func TestOneReaderPerSlot(t *testing.T) {
+	e := newCDCEnv(t)
+	cfg := e.config("snapshot: never", "deletes: hard")
+	first, stopFirst := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})
+	e.waitStreaming(first)
+	activePID := func() int {
+		t.Helper()
+		var pid int
+		if err := e.src.QueryRow(e.ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	streaming := activePID()
+	// Not e.run: it waits for the slot to be free.
+	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stopSecond := context.WithCancel(e.ctx)
+	second := make(chan error, 1)
+	go func() { second <- r.Run(ctx) }()
+	defer func() {
+		stopSecond()
+		if err := <-second; err != nil {
+			t.Errorf("second reader: %v", err)
+		}
+	}()
+
+	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 10:00+00')`)
+	e.wantCount("orders mirrored by the first reader", 1, "SELECT count(*) FROM mirror.orders")
+	time.Sleep(time.Second)
+	var sessions int
+	if err := e.src.QueryRow(e.ctx, "SELECT count(*) FROM pg_stat_replication").Scan(&sessions); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-second:
+		t.Fatalf("the second reader stopped while the first streamed: %v", err)
+	default:
+	}
+	if sessions != 1 || activePID() != streaming {
+		t.Errorf("%d replication sessions, slot held by pid %d (first reader's: %d); want the first reader alone", sessions, activePID(), streaming)
+	}
+
+	stopFirst()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`INSERT INTO orders VALUES (2, 1, 2, '2026-10-05 10:00+00')`)
+	e.wantCount("orders mirrored after the take-over", 2, "SELECT count(*) FROM mirror.orders")
+	e.wantCount("raw change rows", 2, "SELECT count(*) FROM raw.shop")
+}
+
+// TestSlotCreatedBeforeCrash: a reader that dies after creating its slot
+// and before storing the slot's consistent point (a pending position
+// without one) is not refused on its next start: the slot is dropped and
+// created again, and the reader streams.
+func TestSlotCreatedBeforeCrash(t *testing.T) {
+	e := newCDCEnv(t)
+	var system string
+	if err := e.src.QueryRow(e.ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&system); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.wh.Exec(e.ctx, `INSERT INTO tidemark.cdc_positions (source, slot, system_id, snapshot, updated_at)
+		VALUES ('shop', 'tidemark_shop', $1, 'pending', now())`, system); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 10:00+00')`)
+	e.exec(`SELECT pg_create_logical_replication_slot('tidemark_shop', 'pgoutput')`)
+	e.exec(`INSERT INTO orders VALUES (2, 1, 2, '2026-10-05 10:00+00')`)
+	e.start(e.config("", "deletes: hard"))
+	e.exec(`INSERT INTO orders VALUES (3, 1, 3, '2026-10-05 10:00+00')`)
+	e.waitMirrored("")
 }
