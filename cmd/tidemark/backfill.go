@@ -56,13 +56,23 @@ func (f rebuildFlags) check(app string, cfg *config.Config, stderr io.Writer) (t
 	return span, true
 }
 
-// parseDay reads a --from or --to date.
-func parseDay(flagName, s string) (time.Time, error) {
-	d, err := time.Parse("2006-01-02", s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%s: %q is not a date (YYYY-MM-DD)", flagName, s)
+// parseDays reads --from and --to: dates, the first not after the last.
+func parseDays(from, to string) (backfill.Range, error) {
+	var r backfill.Range
+	for _, d := range []struct {
+		flag, text string
+		into       *time.Time
+	}{{"--from", from, &r.From}, {"--to", to, &r.To}} {
+		t, err := time.Parse("2006-01-02", d.text)
+		if err != nil {
+			return r, fmt.Errorf("%s: %q is not a date (YYYY-MM-DD)", d.flag, d.text)
+		}
+		*d.into = t
 	}
-	return d, nil
+	if r.To.Before(r.From) {
+		return r, fmt.Errorf("--to %s is before --from %s", to, from)
+	}
+	return r, nil
 }
 
 func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -88,13 +98,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		fmt.Fprintf(stderr, "%s: --reprocess: %v\n", app, err)
 		return exitUsage
 	}
-	var r backfill.Range
-	if r.From, err = parseDay("--from", *from); err == nil {
-		r.To, err = parseDay("--to", *to)
-	}
-	if err == nil && r.To.Before(r.From) {
-		err = fmt.Errorf("--to %s is before --from %s", *to, *from)
-	}
+	r, err := parseDays(*from, *to)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitUsage
@@ -239,14 +243,7 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	var r *backfill.Range
 	if *from != "" || *to != "" {
-		var rr backfill.Range
-		var err error
-		if rr.From, err = parseDay("--from", *from); err == nil {
-			rr.To, err = parseDay("--to", *to)
-		}
-		if err == nil && rr.To.Before(rr.From) {
-			err = fmt.Errorf("--to %s is before --from %s", *to, *from)
-		}
+		rr, err := parseDays(*from, *to)
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v (give both --from and --to, or neither)\n", app, err)
 			return exitUsage
