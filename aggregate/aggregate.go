@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -200,40 +201,132 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	return Result{Rows: rows}, nil
 }
 
+// Comparison is partition p as published in the aggregate's table
+// against the rows its query returns now.
+type Comparison struct {
+	// Published and Fresh count the rows of each side.
+	Published, Fresh int64
+	// Missing counts rows only the query returns (a rebuild would add
+	// them), Extra rows only the table holds (a rebuild would remove them).
+	Missing, Extra int64
+	// Totals sums each numeric output column on both sides.
+	Totals []Total
+}
+
+// Total is the sum of one numeric column on both sides of a Comparison,
+// as text (NULL sums as "-").
+type Total struct {
+	Column, Published, Fresh string
+}
+
+// Differs reports whether the two sides are different multisets of rows.
+func (c Comparison) Differs() bool { return c.Missing > 0 || c.Extra > 0 }
+
+// numericColumnsSQL lists the numeric columns of a table.
+const numericColumnsSQL = `
+SELECT attname::text FROM pg_attribute
+WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped
+  AND atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype, 'numeric'::regtype, 'float4'::regtype, 'float8'::regtype)`
+
 // Drift compares partition p as published in the aggregate's table with
 // what Rebuild would write for it, in tx's snapshot: the query's rows go
 // into a temporary table with the aggregate table's columns and types (so
-// they are coerced as Rebuild's insert would coerce them), and the two row sets
-// are compared as multisets. missing counts rows Rebuild would add, extra
-// rows it would remove. It writes nothing that outlives tx; callers roll
-// tx back. Columns of types without equality (json, point) cannot be
-// compared and make it fail.
-func Drift(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (missing, extra int64, err error) {
+// they are coerced as Rebuild's insert would coerce them), and the two row
+// sets are compared as multisets. It writes nothing that outlives tx;
+// callers roll tx back. Columns of types without equality (json, point)
+// cannot be compared and make it fail.
+func Drift(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (Comparison, error) {
 	if d.columns == nil {
-		return 0, 0, ErrNotPrepared
+		return Comparison{}, ErrNotPrepared
 	}
-	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
-	cols := make([]string, len(d.columns))
-	for i, c := range d.columns {
-		cols[i] = quote(c)
-	}
-	list := strings.Join(cols, ", ")
+	list := d.columnList()
 	steps := []string{
 		"DROP TABLE IF EXISTS pg_temp.tidemark_verify",
-		fmt.Sprintf("CREATE TEMP TABLE tidemark_verify ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", list, target),
+		fmt.Sprintf("CREATE TEMP TABLE tidemark_verify ON COMMIT DROP AS SELECT %s FROM %s WITH NO DATA", list, d.Target.Sanitize()),
 		fmt.Sprintf("INSERT INTO pg_temp.tidemark_verify (%s) %s", list, d.query(p)),
 	}
 	for _, sql := range steps {
 		if _, err := tx.Exec(ctx, sql); err != nil {
-			return 0, 0, fmt.Errorf("verify %s %s: %w", d.Name, p, err)
+			return Comparison{}, fmt.Errorf("verify %s %s: %w", d.Name, p, err)
 		}
 	}
-	compare := fmt.Sprintf(`SELECT
-    (SELECT count(*) FROM (SELECT %[1]s FROM pg_temp.tidemark_verify EXCEPT ALL SELECT %[1]s FROM %[2]s WHERE %[3]s = %[4]s) m),
-    (SELECT count(*) FROM (SELECT %[1]s FROM %[2]s WHERE %[3]s = %[4]s EXCEPT ALL SELECT %[1]s FROM pg_temp.tidemark_verify) x)`,
-		list, target, col, key)
-	if err := tx.QueryRow(ctx, compare).Scan(&missing, &extra); err != nil {
-		return 0, 0, fmt.Errorf("verify %s %s: compare: %w", d.Name, p, err)
+	return d.compare(ctx, tx, p, "pg_temp.tidemark_verify")
+}
+
+// ShadowName is the table that BuildShadow writes for the aggregate:
+// the aggregate table's name with __shadow appended, in its schema.
+func (d *Definition) ShadowName() pgx.Identifier {
+	id := append(pgx.Identifier(nil), d.Target...)
+	id[len(id)-1] += "__shadow"
+	return id
+}
+
+// BuildShadow writes partition p, as the aggregate's query returns it now,
+// into the shadow table (created like the aggregate table when missing,
+// its rows of p replaced) instead of the aggregate table, and compares it
+// with the published partition. It changes neither the aggregate table
+// nor tidemark.partitions: a shadow build is for inspecting what a
+// backfill would publish.
+func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (Comparison, error) {
+	if d.columns == nil {
+		return Comparison{}, ErrNotPrepared
 	}
-	return missing, extra, nil
+	shadow, list := d.ShadowName().Sanitize(), d.columnList()
+	steps := []string{
+		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS)", shadow, d.Target.Sanitize()),
+		fmt.Sprintf("DELETE FROM %s WHERE %s = %s", shadow, quote(d.Column), p.keyLiteral()),
+		fmt.Sprintf("INSERT INTO %s (%s) %s", shadow, list, d.query(p)),
+	}
+	for _, sql := range steps {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return Comparison{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
+		}
+	}
+	return d.compare(ctx, tx, p, shadow)
+}
+
+func (d *Definition) columnList() string {
+	cols := make([]string, len(d.columns))
+	for i, c := range d.columns {
+		cols[i] = quote(c)
+	}
+	return strings.Join(cols, ", ")
+}
+
+// compare compares partition p of the aggregate table with the rows of p
+// in fresh, a table with the query's columns.
+func (d *Definition) compare(ctx context.Context, tx pgx.Tx, p Partition, fresh string) (Comparison, error) {
+	var c Comparison
+	target, col, key, list := d.Target.Sanitize(), quote(d.Column), p.keyLiteral(), d.columnList()
+	rows, err := tx.Query(ctx, numericColumnsSQL, target)
+	if err != nil {
+		return c, fmt.Errorf("compare %s %s: %w", d.Name, p, err)
+	}
+	numeric, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return c, fmt.Errorf("compare %s %s: %w", d.Name, p, err)
+	}
+	var sums []string
+	for _, n := range numeric {
+		if n == d.Column || !slices.Contains(d.columns, n) {
+			continue
+		}
+		c.Totals = append(c.Totals, Total{Column: n})
+		sums = append(sums, fmt.Sprintf(", coalesce((SELECT sum(%[1]s)::text FROM %[2]s WHERE %[3]s = %[4]s), '-')"+
+			", coalesce((SELECT sum(%[1]s)::text FROM %[5]s WHERE %[3]s = %[4]s), '-')", quote(n), target, col, key, fresh))
+	}
+	sql := fmt.Sprintf(`SELECT
+    (SELECT count(*) FROM %[2]s WHERE %[3]s = %[4]s),
+    (SELECT count(*) FROM %[5]s WHERE %[3]s = %[4]s),
+    (SELECT count(*) FROM (SELECT %[1]s FROM %[5]s WHERE %[3]s = %[4]s EXCEPT ALL SELECT %[1]s FROM %[2]s WHERE %[3]s = %[4]s) m),
+    (SELECT count(*) FROM (SELECT %[1]s FROM %[2]s WHERE %[3]s = %[4]s EXCEPT ALL SELECT %[1]s FROM %[5]s WHERE %[3]s = %[4]s) x)%[6]s`,
+		list, target, col, key, fresh, strings.Join(sums, ""))
+	dest := []any{&c.Published, &c.Fresh, &c.Missing, &c.Extra}
+	for i := range c.Totals {
+		dest = append(dest, &c.Totals[i].Published, &c.Totals[i].Fresh)
+	}
+	if err := tx.QueryRow(ctx, sql).Scan(dest...); err != nil {
+		return c, fmt.Errorf("compare %s %s: %w", d.Name, p, err)
+	}
+	return c, nil
 }

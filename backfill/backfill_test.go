@@ -34,6 +34,9 @@ type warehouse struct {
 	now  time.Time
 }
 
+const salesSQL = `SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
+      FROM {{events}} GROUP BY 1`
+
 func newWarehouse(t *testing.T, policy string) *warehouse {
 	t.Helper()
 	ctx := context.Background()
@@ -41,6 +44,15 @@ func newWarehouse(t *testing.T, policy string) *warehouse {
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
+	w := &warehouse{t: t, ctx: ctx, pool: pool, raw: ingest.NewRawTable("app_events", config.PartitionDay),
+		now: time.Date(2026, 9, 20, 12, 0, 0, 0, time.UTC)}
+	w.cfg, w.d = w.definition(dsn, policy, salesSQL)
+	return w
+}
+
+// definition configures and prepares daily_sales with policy and sql.
+func (w *warehouse) definition(dsn, policy, sql string) (*config.Config, *aggregate.Definition) {
+	w.t.Helper()
 	yaml := fmt.Sprintf(`
 warehouse: {dsn: %q}
 http: {listen: "off"}
@@ -58,23 +70,21 @@ aggregates:
     lateness_horizon: 72h
     beyond_horizon: %s
     sql: |
-      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
-      FROM {{events}} GROUP BY 1
-`, dsn, policy)
+      %s
+`, dsn, policy, sql)
 	cfg, err := config.Parse("test.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
-		t.Fatal(err)
+		w.t.Fatal(err)
 	}
-	w := &warehouse{t: t, ctx: ctx, pool: pool, cfg: cfg, raw: ingest.NewRawTable("app_events", config.PartitionDay),
-		now: time.Date(2026, 9, 20, 12, 0, 0, 0, time.UTC)}
-	r, err := reconcile.New(cfg, pool, reconcile.Options{Now: func() time.Time { return w.now }})
+	r, err := reconcile.New(cfg, w.pool, reconcile.Options{Now: func() time.Time { return w.now }})
 	if err != nil {
-		t.Fatal(err)
+		w.t.Fatal(err)
 	}
-	if w.d, err = r.Definition(ctx, "daily_sales"); err != nil {
-		t.Fatal(err)
+	d, err := r.Definition(w.ctx, "daily_sales")
+	if err != nil {
+		w.t.Fatal(err)
 	}
-	return w
+	return cfg, d
 }
 
 // sale writes one raw event, as an ingest transaction would (with its
@@ -419,4 +429,56 @@ func TestVerifyFindsDrift(t *testing.T) {
 			t.Errorf("after the backfill %s drifted: %+v", c.Partition, c)
 		}
 	}
+}
+
+// TestShadowComparesBeforePublishing: after a change of the aggregate's
+// SQL, a shadow run builds the range into daily_sales__shadow and reports
+// each partition against what is published (rows and totals), while the
+// published table, the partitions' status and what later backfills
+// consider built stay as they were.
+func TestShadowComparesBeforePublishing(t *testing.T) {
+	w := newWarehouse(t, "correction")
+	for i, day := range []string{"01", "02", "03"} {
+		w.sale("s"+day, "2026-09-"+day+" 10:00", i+1)
+	}
+	if _, err := w.backfill("2026-09-01", "2026-09-03", backfill.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	published := w.sales()
+	status := w.rows("SELECT partition_key, rebuilds, rebuilt_at FROM tidemark.partitions ORDER BY 1")
+
+	// The new logic adds a fee on 2 September.
+	_, fixed := w.definition(w.cfg.Warehouse.DSN, "correction",
+		`SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) + CASE WHEN {{partition}} = DATE '2026-09-02' THEN 10 ELSE 0 END AS total, count(*)::int AS event_count
+      FROM {{events}} GROUP BY 1`)
+	rep, err := backfill.Run(w.ctx, w.pool, fixed, dates(t, "2026-09-01", "2026-09-04"), backfill.Options{Shadow: true, Now: func() time.Time { return w.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range rep.Shadow {
+		line := fmt.Sprintf("%s rows %d -> %d, %d only published, %d only shadow", c.Partition, c.Published, c.Fresh, c.Extra, c.Missing)
+		for _, tot := range c.Totals {
+			line += fmt.Sprintf(", %s %s -> %s", tot.Column, tot.Published, tot.Fresh)
+		}
+		got = append(got, line)
+	}
+	equal(t, "shadow against published", got, []string{
+		"2026-09-01 rows 1 -> 1, 0 only published, 0 only shadow, total 1.00 -> 1.00, event_count 1 -> 1",
+		"2026-09-02 rows 1 -> 1, 1 only published, 1 only shadow, total 2.00 -> 12.00, event_count 1 -> 1",
+		"2026-09-03 rows 1 -> 1, 0 only published, 0 only shadow, total 3.00 -> 3.00, event_count 1 -> 1",
+		"2026-09-04 rows 0 -> 0, 0 only published, 0 only shadow, total - -> -, event_count - -> -",
+	})
+	equal(t, "shadow table", w.rows("SELECT sale_date::text, total::text FROM daily_sales__shadow ORDER BY 1"),
+		[]string{"2026-09-01 | 1.00", "2026-09-02 | 12.00", "2026-09-03 | 3.00"})
+	equal(t, "published", w.sales(), published)
+	equal(t, "partition status", w.rows("SELECT partition_key, rebuilds, rebuilt_at FROM tidemark.partitions ORDER BY 1"), status)
+	equal(t, "recorded run", w.rows("SELECT kind, status, reprocess, chunks_done FROM tidemark.backfill_runs ORDER BY id DESC LIMIT 1"),
+		[]string{"shadow | done | completed | 4"})
+	// 4 September was only built in the shadow: still never built.
+	plan, err := backfill.Plan(w.ctx, w.pool, w.d, dates(t, "2026-09-01", "2026-09-04"), 24*time.Hour, backfill.Failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "missing after the shadow run", labels(plan, true), []string{"2026-09-04"})
 }

@@ -15,6 +15,9 @@
 // two from rebuilding one partition at once. A full refresh is a backfill
 // of every partition the raw table holds, whatever was built before.
 //
-// Verify recomputes partitions with the aggregate's query, without writing,
-// and compares the result with the published rows.
+// A shadow run builds the range into a table beside the aggregate's
+// (aggregate.BuildShadow) and compares each partition with the published
+// one, publishing nothing. Verify recomputes partitions with the
+// aggregate's query, without writing, and compares the result with the
+// published rows.
 package backfill

@@ -107,11 +107,12 @@ SELECT partition_start FROM tidemark.partitions
 WHERE aggregate = $1 AND partition_start >= $2 AND partition_start < $3`
 
 	// chunkHistorySQL lists the chunks of earlier runs that overlap a
-	// range, oldest run first, so that a later run's outcome wins.
+	// range, oldest run first, so that a later run's outcome wins. Shadow
+	// runs publish nothing and do not count.
 	chunkHistorySQL = `
 SELECT c.chunk_start, c.chunk_end, c.status FROM tidemark.backfill_chunks c
 JOIN tidemark.backfill_runs r ON r.id = c.run_id
-WHERE r.aggregate = $1 AND c.chunk_end > $2 AND c.chunk_start < $3
+WHERE r.aggregate = $1 AND r.kind <> 'shadow' AND c.chunk_end > $2 AND c.chunk_start < $3
 ORDER BY r.id`
 )
 

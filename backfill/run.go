@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,8 +19,14 @@ import (
 
 // Options configure a run.
 type Options struct {
-	// Kind is "backfill" or "refresh", as recorded.
+	// Kind is "backfill" or "refresh", as recorded; Shadow makes it
+	// "shadow".
 	Kind string
+	// Shadow builds every chunk of the range into the aggregate's shadow
+	// table (aggregate.BuildShadow) instead of publishing it, whatever
+	// Reprocess says, and reports each partition against the published
+	// one.
+	Shadow bool
 	// Chunk is the span of one chunk (default one day).
 	Chunk time.Duration
 	// Concurrency is how many chunks are rebuilt at once (default 1).
@@ -40,6 +47,9 @@ type Report struct {
 	Rows    int64
 	Failed  []Failure
 	Skipped int
+	// Shadow holds, for a shadow run, each partition built against the
+	// published one, in partition order.
+	Shadow []Check
 }
 
 // Failure is a chunk that could not be rebuilt.
@@ -165,7 +175,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 		go func() {
 			defer wg.Done()
 			for c := range work {
-				rows, err := rebuildChunk(runCtx, pool, d, rep.RunID, c, opts)
+				rows, checks, err := rebuildChunk(runCtx, pool, d, rep.RunID, c, opts)
 				status, msg, stored := "done", any(nil), any(rows)
 				switch {
 				case err == nil:
@@ -190,8 +200,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 				switch status {
 				case "done":
 					rep.Done++
+					rep.Shadow = append(rep.Shadow, checks...)
 					rep.Rows += rows
-					opts.Logger.Info("chunk rebuilt", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "rows", rows)
+					opts.Logger.Info("chunk done", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "rows", rows)
 				case "failed":
 					rep.Failed = append(rep.Failed, Failure{c, err})
 					opts.Logger.Error("chunk failed; the run goes on", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "err", err)
@@ -218,6 +229,7 @@ feed:
 	case len(rep.Failed) > 0 || bookErr != nil:
 		status = "failed"
 	}
+	slices.SortFunc(rep.Shadow, func(a, b Check) int { return a.Partition.Start.Compare(b.Partition.Start) })
 	if _, err := pool.Exec(context.WithoutCancel(ctx), finishRunSQL, rep.RunID, status, opts.Now()); err != nil {
 		bookErr = errors.Join(bookErr, err)
 	}
@@ -244,19 +256,27 @@ func refused(err error) bool {
 // at once: serialization failure and deadlock.
 var retryable = map[string]bool{"40001": true, "40P01": true}
 
-// rebuildChunk rebuilds the partitions of c, each in its own transaction,
-// and marks the chunk running first.
-func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, run int64, c Chunk, opts Options) (int64, error) {
+// rebuildChunk rebuilds the partitions of c (or for a shadow run builds
+// them into the shadow table), each in its own transaction, and marks the
+// chunk running first.
+func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, run int64, c Chunk, opts Options) (int64, []Check, error) {
 	if _, err := pool.Exec(ctx, startChunkSQL, run, c.Start, opts.Now()); err != nil {
-		return 0, fmt.Errorf("mark chunk %s running: %w", c.Label(), err)
+		return 0, nil, fmt.Errorf("mark chunk %s running: %w", c.Label(), err)
 	}
 	var rows int64
+	var checks []Check
 	for _, p := range c.Partitions {
 		for attempt := 1; ; attempt++ {
-			var res aggregate.Result
+			var n int64
+			var check Check
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				res, err = aggregate.Rebuild(ctx, tx, d, p, opts.Now())
+				if opts.Shadow {
+					cmp, err := aggregate.BuildShadow(ctx, tx, d, p)
+					check, n = Check{Partition: p, Comparison: cmp}, cmp.Fresh
+					return err
+				}
+				res, err := aggregate.Rebuild(ctx, tx, d, p, opts.Now())
+				n = res.Rows
 				return err
 			})
 			var pgErr *pgconn.PgError
@@ -264,18 +284,24 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 				continue
 			}
 			if err != nil {
-				return rows, err
+				return rows, checks, err
 			}
-			rows += res.Rows
+			rows += n
+			if opts.Shadow {
+				checks = append(checks, check)
+			}
 			break
 		}
 	}
-	return rows, nil
+	return rows, checks, nil
 }
 
 func withDefaults(o Options) Options {
 	if o.Kind == "" {
 		o.Kind = "backfill"
+	}
+	if o.Shadow {
+		o.Kind, o.Reprocess = "shadow", Completed
 	}
 	if o.Chunk <= 0 {
 		o.Chunk = 24 * time.Hour

@@ -11,18 +11,19 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 )
 
-// Check is the outcome of verifying one partition.
+// Check is the outcome of verifying one partition: the published rows
+// against a rebuild's (Missing: rows a rebuild would add; Extra: rows it
+// would remove).
 type Check struct {
 	Partition aggregate.Partition
-	// Missing counts rows a rebuild would add, Extra rows it would remove.
-	Missing, Extra int64
+	aggregate.Comparison
 	// Queued says the reconciler has the partition queued for a rebuild,
 	// so a difference is expected until it runs.
 	Queued bool
 }
 
 // Drifted reports whether the published rows differ from a rebuild's.
-func (c Check) Drifted() bool { return c.Missing > 0 || c.Extra > 0 }
+func (c Check) Drifted() bool { return c.Differs() }
 
 const (
 	// publishedSQL lists the partitions that have been built.
@@ -62,9 +63,11 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 		if err != nil {
 			return out, fmt.Errorf("verify %s: %w", d.Name, err)
 		}
-		c.Missing, c.Extra, err = aggregate.Drift(ctx, tx, d, p)
+		c.Comparison, err = aggregate.Drift(ctx, tx, d, p)
 		if err == nil {
-			err = tx.QueryRow(ctx, queuedSQL, d.Name, p.Start).Scan(&c.Queued)
+			if err = tx.QueryRow(ctx, queuedSQL, d.Name, p.Start).Scan(&c.Queued); err != nil {
+				err = fmt.Errorf("verify %s %s: queued: %w", d.Name, p, err)
+			}
 		}
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if err != nil {

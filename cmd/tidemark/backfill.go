@@ -82,6 +82,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	from := fs.String("from", "", "first day to rebuild (YYYY-MM-DD, in the aggregate's time zone)")
 	to := fs.String("to", "", "last day to rebuild, included")
 	reprocess := fs.String("reprocess", "missing", "which chunks to rebuild: missing (never built), failed (also those whose last backfill did not finish), completed (all)")
+	shadow := fs.Bool("shadow", false, "build every partition of the range into the aggregate's shadow table and compare it with the published one; publishes nothing")
 	if code, ok := parse(fs, args, stderr); !ok {
 		return code
 	}
@@ -108,7 +109,11 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return exitFailure
 	}
 	defer pool.Close()
-	return rebuild(ctx, cfg, pool, app, *f.name, r, span, rp, "backfill", *f.concurrency, *f.dryRun, stdout, stderr)
+	opts := backfill.Options{Kind: "backfill", Chunk: span, Concurrency: *f.concurrency, Reprocess: rp, Shadow: *shadow}
+	if *shadow {
+		opts.Kind, opts.Reprocess = "shadow", backfill.Completed
+	}
+	return rebuild(ctx, cfg, pool, app, *f.name, r, opts, *f.dryRun, stdout, stderr)
 }
 
 func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -150,13 +155,15 @@ func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stdout, "%s: %s holds no events; nothing to refresh\n", *f.name, d.Raw.Sanitize())
 		return exitOK
 	}
-	return rebuild(ctx, cfg, pool, app, *f.name, r, span, backfill.Completed, "refresh", *f.concurrency, *f.dryRun, stdout, stderr)
+	opts := backfill.Options{Kind: "refresh", Chunk: span, Concurrency: *f.concurrency, Reprocess: backfill.Completed}
+	return rebuild(ctx, cfg, pool, app, *f.name, r, opts, *f.dryRun, stdout, stderr)
 }
 
 // rebuild plans (and unless dryRun, runs) a backfill or refresh and
 // prints what it did.
-func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, name string, r backfill.Range, span time.Duration,
-	rp backfill.Reprocess, kind string, concurrency int, dryRun bool, stdout, stderr io.Writer) int {
+func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, name string, r backfill.Range, opts backfill.Options,
+	dryRun bool, stdout, stderr io.Writer) int {
+	span, rp, kind := opts.Chunk, opts.Reprocess, opts.Kind
 	header := func(plan []backfill.Chunk, d *aggregate.Definition) {
 		runs := 0
 		for _, c := range plan {
@@ -200,13 +207,20 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitFailure
 	}
-	rep, err := backfill.Run(ctx, pool, d, r, backfill.Options{Kind: kind, Chunk: span, Concurrency: concurrency, Reprocess: rp,
-		Now: serviceClock, Logger: logger(cfg, stderr)})
+	opts.Now, opts.Logger = serviceClock, logger(cfg, stderr)
+	rep, err := backfill.Run(ctx, pool, d, r, opts)
 	if rep != nil {
 		header(rep.Chunks, d)
-		fmt.Fprintf(stdout, "run %d: %d chunks rebuilt (%d rows), %d failed, %d skipped\n", rep.RunID, rep.Done, rep.Rows, len(rep.Failed), rep.Skipped)
+		verb := "rebuilt"
+		if opts.Shadow {
+			verb = "built into " + d.ShadowName().Sanitize()
+		}
+		fmt.Fprintf(stdout, "run %d: %d chunks %s (%d rows), %d failed, %d skipped\n", rep.RunID, rep.Done, verb, rep.Rows, len(rep.Failed), rep.Skipped)
 		for _, f := range rep.Failed {
 			fmt.Fprintf(stdout, "  failed %s: %v\n", f.Chunk.Label(), f.Err)
+		}
+		if opts.Shadow {
+			printShadow(stdout, rep.Shadow, name, r)
 		}
 	}
 	switch {
@@ -218,6 +232,35 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 		return exitFailure
 	}
 	return exitOK
+}
+
+// printShadow lists the partitions whose shadow differs from what is
+// published, with both sides' row counts and numeric totals.
+func printShadow(w io.Writer, checks []backfill.Check, name string, r backfill.Range) {
+	differ := 0
+	for _, c := range checks {
+		if !c.Differs() {
+			continue
+		}
+		differ++
+		var totals []string
+		for _, t := range c.Totals {
+			if t.Published != t.Fresh {
+				totals = append(totals, fmt.Sprintf("%s %s -> %s", t.Column, t.Published, t.Fresh))
+			}
+		}
+		fmt.Fprintf(w, "  %-26s rows %d -> %d (%d only published, %d only in the shadow)", c.Partition.Label(), c.Published, c.Fresh, c.Extra, c.Missing)
+		if len(totals) > 0 {
+			fmt.Fprintf(w, "; %s", strings.Join(totals, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "%d of %d partitions differ from what is published", differ, len(checks))
+	if differ > 0 {
+		fmt.Fprintf(w, "; to publish them: tidemark backfill --aggregate %s --from %s --to %s --reprocess completed",
+			name, r.From.Format("2006-01-02"), r.To.Format("2006-01-02"))
+	}
+	fmt.Fprintln(w)
 }
 
 func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {

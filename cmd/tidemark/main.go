@@ -6,7 +6,7 @@
 //	tidemark migrate   [-c tidemark.yaml]
 //	tidemark reconcile --once [-c tidemark.yaml] [--aggregate NAME]
 //	tidemark backfill  --aggregate NAME --from D --to D [-c tidemark.yaml] [--chunk 1d] [--concurrency N]
-//	                   [--reprocess missing|failed|completed] [--dry-run]
+//	                   [--reprocess missing|failed|completed] [--dry-run] [--shadow]
 //	tidemark verify    --aggregate NAME [-c tidemark.yaml] [--from D --to D]
 //	tidemark refresh   --aggregate NAME --full [-c tidemark.yaml] [--chunk 1d] [--concurrency N] [--dry-run]
 //	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
@@ -67,7 +67,7 @@ Usage:
   tidemark migrate   [-c FILE]                            apply the warehouse schema migrations
   tidemark reconcile --once [-c FILE] [--aggregate NAME]  reconcile aggregates once (for cron)
   tidemark backfill  --aggregate NAME --from D --to D [-c FILE] [--chunk 1d] [--concurrency N]
-                     [--reprocess missing|failed|completed] [--dry-run]
+                     [--reprocess missing|failed|completed] [--dry-run] [--shadow]
                                                           rebuild a range of partitions in chunks
   tidemark verify    --aggregate NAME [-c FILE] [--from D --to D]
                                                           compare partitions with a rebuild; exit 1 on drift

@@ -141,7 +141,15 @@ func backfillVerifyRefresh(t *testing.T, cfg string, pool *pgxpool.Pool) {
 		"refresh", "--full", "--aggregate", "daily_sales", "--chunk", "2d")
 	expect(exitOK, []string{"last refresh run 2, 2026-10-04T00:00:00Z .. 2026-10-06T00:00:00Z, --reprocess completed: done, 1 of 1 chunks done, 0 failed"},
 		"status")
-	if got := ingesttest.Scalar(t, pool, "SELECT count(*) FROM tidemark.backfill_runs WHERE status = 'done'"); got != 2 {
+	if _, err := pool.Exec(context.Background(), "UPDATE daily_sales SET total = 1 WHERE sale_date = '2026-10-05'"); err != nil {
+		t.Fatal(err)
+	}
+	expect(exitOK, []string{"shadow 2026-10-04 .. 2026-10-05 (UTC), chunks of 1d: 2 chunks, 2 to rebuild (--reprocess completed)",
+		`2 chunks built into "public"."daily_sales__shadow" (2 rows)`,
+		"2026-10-05 rows 1 -> 1 (1 only published, 1 only in the shadow); total 1 -> 20.00",
+		"1 of 2 partitions differ from what is published; to publish them: tidemark backfill --aggregate daily_sales --from 2026-10-04 --to 2026-10-05 --reprocess completed"},
+		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05", "--shadow")
+	if got := ingesttest.Scalar(t, pool, "SELECT count(*) FROM tidemark.backfill_runs WHERE status = 'done' AND kind <> 'shadow'"); got != 2 {
 		t.Errorf("%d runs recorded as done, want 2", got)
 	}
 	for _, args := range [][]string{

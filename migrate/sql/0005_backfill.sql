@@ -2,11 +2,12 @@
 -- aggregate's partitions, in chunks, through the reconciler's rebuild
 -- code. They never move the load watermark.
 
--- One row per backfill or refresh run.
+-- One row per backfill, refresh or shadow run. A shadow run writes the
+-- aggregate's shadow table only; its chunks do not count as built.
 CREATE TABLE tidemark.backfill_runs (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     aggregate       text        NOT NULL,
-    kind            text        NOT NULL CHECK (kind IN ('backfill', 'refresh')),
+    kind            text        NOT NULL CHECK (kind IN ('backfill', 'refresh', 'shadow')),
     range_start     timestamptz NOT NULL,
     range_end       timestamptz NOT NULL,
     chunk           text        NOT NULL,
