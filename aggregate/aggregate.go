@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/config"
 )
@@ -271,9 +272,11 @@ func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (Co
 	if d.columns == nil {
 		return Comparison{}, ErrNotPrepared
 	}
+	if err := CreateShadow(ctx, tx, d); err != nil {
+		return Comparison{}, err
+	}
 	shadow, list := d.ShadowName().Sanitize(), d.columnList()
 	steps := []string{
-		fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS)", shadow, d.Target.Sanitize()),
 		fmt.Sprintf("DELETE FROM %s WHERE %s = %s", shadow, quote(d.Column), p.keyLiteral()),
 		fmt.Sprintf("INSERT INTO %s (%s) %s", shadow, list, d.query(p)),
 	}
@@ -283,6 +286,23 @@ func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (Co
 		}
 	}
 	return d.compare(ctx, tx, p, shadow)
+}
+
+// Execer runs a statement: a connection, a pool or a transaction.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// CreateShadow creates the aggregate's shadow table, like the aggregate
+// table, when it is missing. Callers that build partitions concurrently
+// call it once first: concurrent CREATE TABLE IF NOT EXISTS of one name
+// can fail.
+func CreateShadow(ctx context.Context, db Execer, d *Definition) error {
+	sql := fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (LIKE %s INCLUDING DEFAULTS)", d.ShadowName().Sanitize(), d.Target.Sanitize())
+	if _, err := db.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("shadow %s: create %s: %w", d.Name, d.ShadowName().Sanitize(), err)
+	}
+	return nil
 }
 
 func (d *Definition) columnList() string {

@@ -451,7 +451,7 @@ func TestShadowComparesBeforePublishing(t *testing.T) {
 	_, fixed := w.definition(w.cfg.Warehouse.DSN, "correction",
 		`SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) + CASE WHEN {{partition}} = DATE '2026-09-02' THEN 10 ELSE 0 END AS total, count(*)::int AS event_count
       FROM {{events}} GROUP BY 1`)
-	rep, err := backfill.Run(w.ctx, w.pool, fixed, dates(t, "2026-09-01", "2026-09-04"), backfill.Options{Shadow: true, Now: func() time.Time { return w.now }})
+	rep, err := backfill.Run(w.ctx, w.pool, fixed, dates(t, "2026-09-01", "2026-09-04"), backfill.Options{Shadow: true, Concurrency: 3, Now: func() time.Time { return w.now }})
 	if err != nil {
 		t.Fatal(err)
 	}

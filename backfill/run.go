@@ -136,6 +136,11 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 	if err != nil {
 		return nil, err
 	}
+	if opts.Shadow {
+		if err := aggregate.CreateShadow(ctx, pool, d); err != nil {
+			return nil, err
+		}
+	}
 	rep := &Report{Chunks: plan}
 	var todo []Chunk
 	var starts, ends []time.Time

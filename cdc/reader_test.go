@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -1175,4 +1177,79 @@ func TestSlotCreatedBeforeCrash(t *testing.T) {
 	e.start(e.config("", "deletes: hard"))
 	e.exec(`INSERT INTO orders VALUES (3, 1, 3, '2026-10-05 10:00+00')`)
 	e.waitMirrored("")
+}
+
+// lockedBuffer is a log destination that tests read while a reader
+// writes to it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestStartWaitsForBusySlot: a reader that finds its slot still held by a
+// walsender (one that is ending, as after the reader closed a replication
+// connection to read the slot again) waits for it instead of failing its
+// start, which would restart it with the start's checks.
+func TestStartWaitsForBusySlot(t *testing.T) {
+	e := newCDCEnv(t)
+	cfg := e.config("snapshot: never", "deletes: hard")
+	done, stop := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})
+	e.waitStreaming(done)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	e.waitSlotFree()
+
+	// Another connection holds the slot for a while.
+	holder, err := pgconn.Connect(e.ctx, e.srcDSN+"&replication=database")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(e.ctx)
+	var confirmed string
+	if err := e.src.QueryRow(e.ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&confirmed); err != nil {
+		t.Fatal(err)
+	}
+	at, err := pglogrepl.ParseLSN(confirmed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pglogrepl.StartReplication(e.ctx, holder, "tidemark_shop", at, pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '2'", "publication_names 'tidemark_shop'"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs lockedBuffer
+	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	second := make(chan error, 1)
+	go func() { second <- r.Run(ctx) }()
+	time.Sleep(1500 * time.Millisecond)
+	holder.Close(e.ctx)
+	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 10:00+00')`)
+	e.wantCount("orders mirrored once the slot is free", 1, "SELECT count(*) FROM mirror.orders")
+	cancel()
+	if err := <-second; err != nil {
+		t.Errorf("reader: %v", err)
+	}
+	if strings.Contains(logs.String(), "restarting") {
+		t.Errorf("the reader restarted instead of waiting for the slot:\n%s", logs.String())
+	}
 }

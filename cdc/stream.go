@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -58,12 +59,36 @@ func pluginArgs(publication string) []string {
 	return []string{"proto_version '2'", fmt.Sprintf("publication_names '%s'", publication), "streaming 'on'"}
 }
 
+// slotBusyWait bounds how long a start waits for the slot to be released
+// by a walsender that is still ending: that of a replication connection
+// this reader has just closed (reading the slot again before a stop), or
+// of a reader that died a moment ago. The advisory lock keeps out other
+// tidemark readers; a foreign consumer still fails the start after it.
+const slotBusyWait = 10 * time.Second
+
+// objectInUse is the SQLSTATE of starting replication from a slot that
+// another walsender holds.
+const objectInUse = "55006"
+
 func (s *stream) run(ctx context.Context) error {
 	cfg := s.r.src.CDC
-	err := pglogrepl.StartReplication(ctx, s.repl, cfg.Slot, s.applied,
-		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(cfg.Publication)})
-	if err != nil {
-		return fmt.Errorf("start replication from %s: %w", s.applied, err)
+	deadline := time.Now().Add(slotBusyWait)
+	for {
+		err := pglogrepl.StartReplication(ctx, s.repl, cfg.Slot, s.applied,
+			pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(cfg.Publication)})
+		var pgErr *pgconn.PgError
+		if err != nil && errors.As(err, &pgErr) && pgErr.Code == objectInUse && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("start replication from %s: %w", s.applied, err)
+		}
+		break
 	}
 	s.r.log.Info("streaming", "slot", cfg.Slot, "from", s.applied)
 	s.r.m.streaming.Set(1)
