@@ -53,8 +53,15 @@ func newWarehouse(t *testing.T, policy string) *warehouse {
 // definition configures and prepares daily_sales with policy and sql.
 func (w *warehouse) definition(dsn, policy, sql string) (*config.Config, *aggregate.Definition) {
 	w.t.Helper()
+	return w.aggregate(dsn, "daily_sales", "{by: day, column: sale_date, time_zone: UTC}", policy, sql)
+}
+
+// aggregate configures and prepares the aggregate name (its table of the
+// same name) with partition (a YAML mapping), policy and sql.
+func (w *warehouse) aggregate(dsn, name, partition, policy, sql string) (*config.Config, *aggregate.Definition) {
+	w.t.Helper()
 	yaml := fmt.Sprintf(`
-warehouse: {dsn: %q}
+warehouse: {dsn: %[1]q}
 http: {listen: "off"}
 kafka: {brokers: ["127.0.0.1:1"], group: g}
 sources:
@@ -63,15 +70,15 @@ sources:
     event_id: /event_id
     event_time: /event_time
 aggregates:
-  daily_sales:
+  %[2]s:
     source: app_events
-    table: daily_sales
-    partition: {by: day, column: sale_date, time_zone: UTC}
+    table: %[2]s
+    partition: %[3]s
     lateness_horizon: 72h
-    beyond_horizon: %s
+    beyond_horizon: %[4]s
     sql: |
-      %s
-`, dsn, policy, sql)
+      %[5]s
+`, dsn, name, partition, policy, sql)
 	cfg, err := config.Parse("test.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
 		w.t.Fatal(err)
@@ -80,7 +87,7 @@ aggregates:
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	d, err := r.Definition(w.ctx, "daily_sales")
+	d, err := r.Definition(w.ctx, name)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -481,4 +488,33 @@ func TestShadowComparesBeforePublishing(t *testing.T) {
 		t.Fatal(err)
 	}
 	equal(t, "missing after the shadow run", labels(plan, true), []string{"2026-09-04"})
+}
+
+// TestHourlyAcrossDST: hourly partitions in New York on the day the clocks
+// go back (25 hours, 01:00 twice) are backfilled in chunks of six hours:
+// each of the two 01:00 hours gets its own row, and the chunks hold whole
+// hours of real time.
+func TestHourlyAcrossDST(t *testing.T) {
+	w := newWarehouse(t, "rebuild")
+	_, d := w.aggregate(w.cfg.Warehouse.DSN, "hourly_sales", "{by: hour, column: sale_hour, time_zone: America/New_York}", "rebuild",
+		`SELECT {{partition}} AS sale_hour, count(*)::int AS sales FROM {{events}} GROUP BY 1`)
+	// 05:30 and 06:30 UTC are 01:30 EDT and 01:30 EST.
+	for _, at := range []string{"2026-11-01 04:30", "2026-11-01 05:30", "2026-11-01 05:45", "2026-11-01 06:30", "2026-11-02 04:59"} {
+		w.sale("e"+at, at, 1)
+	}
+	rep, err := backfill.Run(w.ctx, w.pool, d, dates(t, "2026-11-01", "2026-11-01"), backfill.Options{Chunk: 6 * time.Hour, Concurrency: 2,
+		Now: func() time.Time { return w.now }})
+	if err != nil || len(rep.Failed) > 0 {
+		t.Fatalf("backfill: %v %v", err, rep)
+	}
+	var sizes []string
+	for _, c := range rep.Chunks {
+		sizes = append(sizes, fmt.Sprintf("%s %d", c.Start.UTC().Format("15:04"), len(c.Partitions)))
+	}
+	equal(t, "chunks (start in UTC, hours)", sizes, []string{"04:00 6", "10:00 6", "16:00 6", "22:00 6", "04:00 1"})
+	equal(t, "hourly sales", w.rows(`SELECT to_char(sale_hour AT TIME ZONE 'UTC', 'MM-DD HH24:MI'), sales FROM hourly_sales ORDER BY 1`),
+		[]string{"11-01 04:00 | 1", "11-01 05:00 | 2", "11-01 06:00 | 1", "11-02 04:00 | 1"})
+	if n := w.rows("SELECT count(*) FROM tidemark.partitions WHERE aggregate = 'hourly_sales'"); n[0] != "25" {
+		t.Errorf("%s partitions built, want the day's 25 hours", n[0])
+	}
 }
