@@ -1,9 +1,13 @@
 package backfill
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 )
@@ -71,5 +75,28 @@ func TestChunks(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRefused: a chunk the warehouse refuses is recorded and the run goes
+// on; a warehouse that cannot be reached or is shutting down stops it.
+func TestRefused(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "23505"}, true}, // unique violation
+		{&pgconn.PgError{Code: "22P02"}, true}, // bad input
+		{&pgconn.PgError{Code: "40P01"}, true}, // deadlock, after its retries
+		{&pgconn.PgError{Code: "57014"}, true}, // statement timeout
+		{fmt.Errorf("rebuild: %w", aggregate.ErrOutsidePartition), true},
+		{&pgconn.PgError{Code: "57P01"}, false}, // administrator shutdown
+		{&pgconn.PgError{Code: "08006"}, false}, // connection failure
+		{&pgconn.PgError{Code: "53300"}, false}, // too many connections
+		{errors.New("dial tcp: connection refused"), false},
+	} {
+		if got := refused(tc.err); got != tc.want {
+			t.Errorf("refused(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

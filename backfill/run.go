@@ -251,11 +251,28 @@ feed:
 
 // refused reports whether the warehouse itself refused the work (an SQL
 // error: bad data, a failing query, a deadlock), as opposed to not being
-// reachable. Only a refused chunk is recorded as failed.
+// reachable or shutting down (connection exceptions, operator
+// intervention such as a shutdown, insufficient resources, system
+// errors: SQLSTATE classes 08, 57, 53 and 58). Only a refused chunk is
+// recorded as failed; the others stop the run.
 func refused(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) || errors.Is(err, aggregate.ErrOutsidePartition)
+	if errors.As(err, &pgErr) {
+		if pgErr.Code == queryCanceled || len(pgErr.Code) < 2 {
+			return true // a statement timeout: this chunk's doing
+		}
+		switch pgErr.Code[:2] {
+		case "08", "57", "53", "58":
+			return false
+		}
+		return true
+	}
+	return errors.Is(err, aggregate.ErrOutsidePartition)
 }
+
+// queryCanceled is the SQLSTATE of a statement cancelled by
+// statement_timeout (or by a cancel request).
+const queryCanceled = "57014"
 
 // retryable are SQLSTATEs after which a partition's rebuild is tried again
 // at once: serialization failure and deadlock.
