@@ -199,6 +199,17 @@ func (e *cdcEnv) waitStreaming(done chan error) {
 	}
 }
 
+// slotPID is the process id of the walsender that holds the slot, 0 when
+// none does.
+func (e *cdcEnv) slotPID() int64 {
+	e.t.Helper()
+	var p int64
+	if err := e.src.QueryRow(e.ctx, "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&p); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
 // customerRows and orderRows render a table's rows the same way on both
 // sides; mirrorFilter hides rows flagged deleted.
 const (
@@ -878,14 +889,7 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 	e.startWith(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupChanges: 1, GroupAge: 20 * time.Millisecond})
 	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 09:00+00')`)
 	e.waitMirrored("")
-	pid := func() int64 {
-		t.Helper()
-		var p int64
-		if err := e.src.QueryRow(e.ctx, "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&p); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	pid := e.slotPID
 	before := pid()
 
 	unlock := e.lockMirror("orders")
@@ -1108,14 +1112,7 @@ func TestOneReaderPerSlot(t *testing.T) {
 	cfg := e.config("snapshot: never", "deletes: hard")
 	first, stopFirst := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})
 	e.waitStreaming(first)
-	activePID := func() int {
-		t.Helper()
-		var pid int
-		if err := e.src.QueryRow(e.ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&pid); err != nil {
-			t.Fatal(err)
-		}
-		return pid
-	}
+	activePID := e.slotPID
 	streaming := activePID()
 	// Not e.run: it waits for the slot to be free.
 	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})

@@ -33,6 +33,17 @@ func addRebuildFlags(fs *flag.FlagSet) rebuildFlags {
 	}
 }
 
+// load reads the configuration at path and checks the shared flags
+// against it; it prints what is wrong.
+func (f rebuildFlags) load(app, path string, stderr io.Writer) (*config.Config, time.Duration, bool) {
+	cfg, ok := load(path, stderr)
+	if !ok {
+		return nil, 0, false
+	}
+	span, ok := f.check(app, cfg, stderr)
+	return cfg, span, ok
+}
+
 // check validates the shared flags; it prints what is wrong.
 func (f rebuildFlags) check(app string, cfg *config.Config, stderr io.Writer) (time.Duration, bool) {
 	if *f.name == "" {
@@ -86,11 +97,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if code, ok := parse(fs, args, stderr); !ok {
 		return code
 	}
-	cfg, ok := load(*path, stderr)
-	if !ok {
-		return exitUsage
-	}
-	span, ok := f.check(app, cfg, stderr)
+	cfg, span, ok := f.load(app, *path, stderr)
 	if !ok {
 		return exitUsage
 	}
@@ -128,11 +135,7 @@ func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "%s: --full is required; to rebuild a range, use `tidemark backfill --reprocess completed`\n", app)
 		return exitUsage
 	}
-	cfg, ok := load(*path, stderr)
-	if !ok {
-		return exitUsage
-	}
-	span, ok := f.check(app, cfg, stderr)
+	cfg, span, ok := f.load(app, *path, stderr)
 	if !ok {
 		return exitUsage
 	}
