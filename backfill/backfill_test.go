@@ -134,26 +134,7 @@ func (w *warehouse) exec(sql string, args ...any) {
 
 func (w *warehouse) rows(sql string, args ...any) []string {
 	w.t.Helper()
-	rows, err := w.pool.Query(w.ctx, sql, args...)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	var out []string
-	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
-			w.t.Fatal(err)
-		}
-		parts := make([]string, len(vals))
-		for i, v := range vals {
-			parts[i] = fmt.Sprint(v)
-		}
-		out = append(out, strings.Join(parts, " | "))
-	}
-	if err := rows.Err(); err != nil {
-		w.t.Fatal(err)
-	}
-	return out
+	return pgtest.Lines(w.t, w.pool, sql, args...)
 }
 
 func (w *warehouse) sales() []string {
@@ -190,13 +171,6 @@ func labels(cs []backfill.Chunk, run bool) []string {
 	return out
 }
 
-func equal(t *testing.T, what string, got, want []string) {
-	t.Helper()
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("%s:\n got  %q\n want %q", what, got, want)
-	}
-}
-
 // TestFailedChunkRunsAgainAlone is the lesson's backfill example: four
 // days in one-day chunks, the third failing ("source busy"). The run
 // records the failure and goes on; the failed day is then run again on its
@@ -216,14 +190,14 @@ func TestFailedChunkRunsAgainAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "chunks run", labels(rep.Chunks, true), []string{"2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"})
+	pgtest.Equal(t, "chunks run", labels(rep.Chunks, true), []string{"2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"})
 	if rep.Done != 3 || len(rep.Failed) != 1 || rep.Failed[0].Chunk.Label() != "2026-09-03" || !strings.Contains(rep.Failed[0].Err.Error(), "source busy") {
 		t.Fatalf("report: done %d, failed %v", rep.Done, rep.Failed)
 	}
-	equal(t, "sales after the first run", w.sales(), []string{"2026-09-01 | 10.00 | 1", "2026-09-02 | 20.00 | 1", "2026-09-04 | 40.00 | 1"})
-	equal(t, "recorded run", w.rows("SELECT kind, status, chunks, chunks_done, chunks_failed, reprocess, chunk FROM tidemark.backfill_runs"),
+	pgtest.Equal(t, "sales after the first run", w.sales(), []string{"2026-09-01 | 10.00 | 1", "2026-09-02 | 20.00 | 1", "2026-09-04 | 40.00 | 1"})
+	pgtest.Equal(t, "recorded run", w.rows("SELECT kind, status, chunks, chunks_done, chunks_failed, reprocess, chunk FROM tidemark.backfill_runs"),
 		[]string{"backfill | failed | 4 | 3 | 1 | missing | 1d"})
-	equal(t, "recorded chunks", w.rows(`SELECT to_char(chunk_start, 'MM-DD'), status, coalesce(rows::text, '-'), coalesce(error, '-') LIKE '%source busy%'
+	pgtest.Equal(t, "recorded chunks", w.rows(`SELECT to_char(chunk_start, 'MM-DD'), status, coalesce(rows::text, '-'), coalesce(error, '-') LIKE '%source busy%'
 		FROM tidemark.backfill_chunks ORDER BY chunk_start`),
 		[]string{"09-01 | done | 1 | false", "09-02 | done | 1 | false", "09-03 | failed | - | true", "09-04 | done | 1 | false"})
 
@@ -234,9 +208,9 @@ func TestFailedChunkRunsAgainAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "chunks run again", labels(rep.Chunks, true), []string{"2026-09-03"})
-	equal(t, "sales after the retry", w.sales(), []string{"2026-09-01 | 10.00 | 1", "2026-09-02 | 20.00 | 1", "2026-09-03 | 30.00 | 1", "2026-09-04 | 40.00 | 1"})
-	equal(t, "rebuilds per partition", w.rows("SELECT partition_key, rebuilds FROM tidemark.partitions ORDER BY 1"),
+	pgtest.Equal(t, "chunks run again", labels(rep.Chunks, true), []string{"2026-09-03"})
+	pgtest.Equal(t, "sales after the retry", w.sales(), []string{"2026-09-01 | 10.00 | 1", "2026-09-02 | 20.00 | 1", "2026-09-03 | 30.00 | 1", "2026-09-04 | 40.00 | 1"})
+	pgtest.Equal(t, "rebuilds per partition", w.rows("SELECT partition_key, rebuilds FROM tidemark.partitions ORDER BY 1"),
 		[]string{"2026-09-01 | 1", "2026-09-02 | 1", "2026-09-03 | 1", "2026-09-04 | 1"})
 
 	// Nothing is missing or failed any more; completed runs everything.
@@ -252,7 +226,7 @@ func TestFailedChunkRunsAgainAlone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		equal(t, "plan with --reprocess "+string(tc.reprocess), labels(plan, true), tc.run)
+		pgtest.Equal(t, "plan with --reprocess "+string(tc.reprocess), labels(plan, true), tc.run)
 	}
 	// A new day in the range is missing.
 	w.sale("s05", "2026-09-05 10:00", 50)
@@ -260,8 +234,8 @@ func TestFailedChunkRunsAgainAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "missing in two-day chunks", labels(plan, true), []string{"2026-09-05 .. 2026-09-06", "2026-09-07"})
-	equal(t, "load watermark", w.rows("SELECT load_xid::text, runs FROM tidemark.load_watermarks"), watermark)
+	pgtest.Equal(t, "missing in two-day chunks", labels(plan, true), []string{"2026-09-05 .. 2026-09-06", "2026-09-07"})
+	pgtest.Equal(t, "load watermark", w.rows("SELECT load_xid::text, runs FROM tidemark.load_watermarks"), watermark)
 }
 
 // TestInterruptedRunResumes: a run whose context ends leaves the chunk in
@@ -292,8 +266,8 @@ func TestInterruptedRunResumes(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted run: %v", err)
 	}
-	equal(t, "interrupted run", w.rows("SELECT status, chunks_done FROM tidemark.backfill_runs"), []string{"interrupted | 1"})
-	equal(t, "chunks", w.rows("SELECT to_char(chunk_start, 'MM-DD'), status FROM tidemark.backfill_chunks ORDER BY 1"),
+	pgtest.Equal(t, "interrupted run", w.rows("SELECT status, chunks_done FROM tidemark.backfill_runs"), []string{"interrupted | 1"})
+	pgtest.Equal(t, "chunks", w.rows("SELECT to_char(chunk_start, 'MM-DD'), status FROM tidemark.backfill_chunks ORDER BY 1"),
 		[]string{"09-01 | done", "09-02 | pending", "09-03 | pending", "09-04 | pending"})
 	w.exec(`DROP TRIGGER slow ON daily_sales`)
 	// A run that died (the process killed) stays running until the next
@@ -304,9 +278,9 @@ func TestInterruptedRunResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "resumed", labels(rep.Chunks, true), []string{"2026-09-02", "2026-09-03", "2026-09-04"})
-	equal(t, "runs", w.rows("SELECT status, chunks_done FROM tidemark.backfill_runs ORDER BY id"), []string{"interrupted | 1", "done | 3"})
-	equal(t, "the dead run's chunks", w.rows("SELECT to_char(chunk_start, 'MM-DD'), status FROM tidemark.backfill_chunks WHERE run_id = 1 ORDER BY 1"),
+	pgtest.Equal(t, "resumed", labels(rep.Chunks, true), []string{"2026-09-02", "2026-09-03", "2026-09-04"})
+	pgtest.Equal(t, "runs", w.rows("SELECT status, chunks_done FROM tidemark.backfill_runs ORDER BY id"), []string{"interrupted | 1", "done | 3"})
+	pgtest.Equal(t, "the dead run's chunks", w.rows("SELECT to_char(chunk_start, 'MM-DD'), status FROM tidemark.backfill_chunks WHERE run_id = 1 ORDER BY 1"),
 		[]string{"09-01 | done", "09-02 | pending", "09-03 | pending", "09-04 | pending"})
 	if len(w.sales()) != 4 {
 		t.Errorf("sales %v, want four days", w.sales())
@@ -384,7 +358,7 @@ func TestRefreshEqualsIncremental(t *testing.T) {
 			if err != nil || len(rep.Failed) > 0 {
 				t.Fatalf("refresh: %v %v", err, rep)
 			}
-			equal(t, "refreshed", w.sales(), incremental)
+			pgtest.Equal(t, "refreshed", w.sales(), incremental)
 		})
 	}
 }
@@ -415,7 +389,7 @@ func TestVerifyFindsDrift(t *testing.T) {
 	for _, c := range checks {
 		got = append(got, fmt.Sprintf("%s missing %d extra %d queued %v", c.Partition, c.Missing, c.Extra, c.Queued))
 	}
-	equal(t, "checks", got, []string{
+	pgtest.Equal(t, "checks", got, []string{
 		"2026-09-01 missing 0 extra 0 queued false",
 		"2026-09-02 missing 1 extra 1 queued false",
 		"2026-09-03 missing 1 extra 1 queued true",
@@ -470,24 +444,24 @@ func TestShadowComparesBeforePublishing(t *testing.T) {
 		}
 		got = append(got, line)
 	}
-	equal(t, "shadow against published", got, []string{
+	pgtest.Equal(t, "shadow against published", got, []string{
 		"2026-09-01 rows 1 -> 1, 0 only published, 0 only shadow, total 1.00 -> 1.00, event_count 1 -> 1",
 		"2026-09-02 rows 1 -> 1, 1 only published, 1 only shadow, total 2.00 -> 12.00, event_count 1 -> 1",
 		"2026-09-03 rows 1 -> 1, 0 only published, 0 only shadow, total 3.00 -> 3.00, event_count 1 -> 1",
 		"2026-09-04 rows 0 -> 0, 0 only published, 0 only shadow, total - -> -, event_count - -> -",
 	})
-	equal(t, "shadow table", w.rows("SELECT sale_date::text, total::text FROM daily_sales__shadow ORDER BY 1"),
+	pgtest.Equal(t, "shadow table", w.rows("SELECT sale_date::text, total::text FROM daily_sales__shadow ORDER BY 1"),
 		[]string{"2026-09-01 | 1.00", "2026-09-02 | 12.00", "2026-09-03 | 3.00"})
-	equal(t, "published", w.sales(), published)
-	equal(t, "partition status", w.rows("SELECT partition_key, rebuilds, rebuilt_at FROM tidemark.partitions ORDER BY 1"), status)
-	equal(t, "recorded run", w.rows("SELECT kind, status, reprocess, chunks_done FROM tidemark.backfill_runs ORDER BY id DESC LIMIT 1"),
+	pgtest.Equal(t, "published", w.sales(), published)
+	pgtest.Equal(t, "partition status", w.rows("SELECT partition_key, rebuilds, rebuilt_at FROM tidemark.partitions ORDER BY 1"), status)
+	pgtest.Equal(t, "recorded run", w.rows("SELECT kind, status, reprocess, chunks_done FROM tidemark.backfill_runs ORDER BY id DESC LIMIT 1"),
 		[]string{"shadow | done | completed | 4"})
 	// 4 September was only built in the shadow: still never built.
 	plan, err := backfill.Plan(w.ctx, w.pool, w.d, dates(t, "2026-09-01", "2026-09-04"), 24*time.Hour, backfill.Failed)
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "missing after the shadow run", labels(plan, true), []string{"2026-09-04"})
+	pgtest.Equal(t, "missing after the shadow run", labels(plan, true), []string{"2026-09-04"})
 }
 
 // TestHourlyAcrossDST: hourly partitions in New York on the day the clocks
@@ -511,8 +485,8 @@ func TestHourlyAcrossDST(t *testing.T) {
 	for _, c := range rep.Chunks {
 		sizes = append(sizes, fmt.Sprintf("%s %d", c.Start.UTC().Format("15:04"), len(c.Partitions)))
 	}
-	equal(t, "chunks (start in UTC, hours)", sizes, []string{"04:00 6", "10:00 6", "16:00 6", "22:00 6", "04:00 1"})
-	equal(t, "hourly sales", w.rows(`SELECT to_char(sale_hour AT TIME ZONE 'UTC', 'MM-DD HH24:MI'), sales FROM hourly_sales ORDER BY 1`),
+	pgtest.Equal(t, "chunks (start in UTC, hours)", sizes, []string{"04:00 6", "10:00 6", "16:00 6", "22:00 6", "04:00 1"})
+	pgtest.Equal(t, "hourly sales", w.rows(`SELECT to_char(sale_hour AT TIME ZONE 'UTC', 'MM-DD HH24:MI'), sales FROM hourly_sales ORDER BY 1`),
 		[]string{"11-01 04:00 | 1", "11-01 05:00 | 2", "11-01 06:00 | 1", "11-02 04:00 | 1"})
 	if n := w.rows("SELECT count(*) FROM tidemark.partitions WHERE aggregate = 'hourly_sales'"); n[0] != "25" {
 		t.Errorf("%s partitions built, want the day's 25 hours", n[0])

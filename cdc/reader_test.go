@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -1176,25 +1177,6 @@ func TestSlotCreatedBeforeCrash(t *testing.T) {
 	e.waitMirrored("")
 }
 
-// lockedBuffer is a log destination that tests read while a reader
-// writes to it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestStartWaitsForBusySlot: a reader that finds its slot still held by a
 // walsender (one that is ending, as after the reader closed a replication
 // connection to read the slot again) waits for it instead of failing its
@@ -1229,7 +1211,7 @@ func TestStartWaitsForBusySlot(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: prometheus.NewRegistry(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

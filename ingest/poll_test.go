@@ -166,13 +166,6 @@ func (e *pollEnv) watermark() string {
 	return s
 }
 
-func equalLines(t *testing.T, what string, got, want []string) {
-	t.Helper()
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("%s:\n got  %q\n want %q", what, got, want)
-	}
-}
-
 // TestPollLessonCustomers reproduces the lesson's watermark-driven load:
 // the first load and an identical retry, an update and a new customer, and
 // a row that becomes visible late, missed without a lookback and loaded
@@ -199,7 +192,7 @@ func TestPollLessonCustomers(t *testing.T) {
 	if rep.Read != 2 || rep.Inserted != 1 || rep.Updated != 1 {
 		t.Errorf("second window: read %d, inserted %d, updated %d; want 2, 1, 1", rep.Read, rep.Inserted, rep.Updated)
 	}
-	equalLines(t, "mirror after the update and the new customer", e.mirrorRows(), []string{
+	pgtest.Equal(t, "mirror after the update and the new customer", e.mirrorRows(), []string{
 		"1 pro 2026-10-05 10:15:00",
 		"2 pro 2026-10-05 09:30:00",
 		"3 free 2026-10-05 10:20:00",

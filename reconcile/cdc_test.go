@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -81,11 +82,11 @@ aggregates:
 	if len(rep.Rebuilt) == 0 {
 		t.Error("reconcile after the changes rebuilt nothing")
 	}
-	equal(t, "aggregate over the CDC change rows",
+	pgtest.Equal(t, "aggregate over the CDC change rows",
 		rowsOf(t, wh, "SELECT day, changes, deletes, amount FROM daily_order_changes ORDER BY 1"),
 		rowsOf(t, wh, `SELECT (event_time AT TIME ZONE 'UTC')::date, count(*), count(*) FILTER (WHERE op = 'delete'),
 			sum((payload->>'amount')::numeric) FILTER (WHERE op <> 'delete') FROM raw.shop GROUP BY 1 ORDER BY 1`))
-	equal(t, "changes in the aggregate", rowsOf(t, wh, "SELECT sum(changes), sum(deletes) FROM daily_order_changes"), []string{"65 | 5"})
+	pgtest.Equal(t, "changes in the aggregate", rowsOf(t, wh, "SELECT sum(changes), sum(deletes) FROM daily_order_changes"), []string{"65 | 5"})
 }
 
 // waitFor polls cond every 20ms for up to 30s.

@@ -189,55 +189,7 @@ func (b *bundle) runOnce(r *reconcile.Reconciler, name string) reconcile.Report 
 // rows returns a query's rows, each formatted as "a | b | c".
 func (b *bundle) rows(sql string, args ...any) []string {
 	b.t.Helper()
-	rows, err := b.pool.Query(context.Background(), sql, args...)
-	if err != nil {
-		b.t.Fatalf("%s: %v", sql, err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		cells := make([]string, len(vals))
-		for i, v := range vals {
-			cells[i] = format(v)
-		}
-		out = append(out, strings.Join(cells, " | "))
-	}
-	if err := rows.Err(); err != nil {
-		b.t.Fatal(err)
-	}
-	return out
-}
-
-func format(v any) string {
-	switch x := v.(type) {
-	case time.Time:
-		if x.Hour() == 0 && x.Minute() == 0 && x.Second() == 0 && x.Nanosecond() == 0 && x.Location() == time.UTC {
-			return x.Format("2006-01-02")
-		}
-		return x.UTC().Format("2006-01-02 15:04")
-	case nil:
-		return "NULL"
-	}
-	if s, ok := v.(fmt.Stringer); ok {
-		return s.String()
-	}
-	if n, ok := v.(interface{ Value() (any, error) }); ok {
-		if val, err := n.Value(); err == nil {
-			return fmt.Sprint(val)
-		}
-	}
-	return fmt.Sprint(v)
-}
-
-func equal(t *testing.T, what string, got, want []string) {
-	t.Helper()
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("%s:\n got  %q\n want %q", what, got, want)
-	}
+	return pgtest.Lines(b.t, b.pool, sql, args...)
 }
 
 // sourceAndWarehouse starts a source database and a migrated warehouse,

@@ -1,7 +1,6 @@
 package reconcile_test
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -23,6 +22,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -172,27 +172,7 @@ func (e *keyEnv) run(k *reconcile.KeyReconciler, dryRun bool) reconcile.KeyRepor
 // rows returns a warehouse query's rows as "a | b | c".
 func (e *keyEnv) rows(pool *pgxpool.Pool, sql string, args ...any) []string {
 	e.t.Helper()
-	rows, err := pool.Query(e.ctx, sql, args...)
-	if err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		cells := make([]string, len(vals))
-		for i, v := range vals {
-			cells[i] = format(v)
-		}
-		out = append(out, strings.Join(cells, " | "))
-	}
-	if err := rows.Err(); err != nil {
-		e.t.Fatal(err)
-	}
-	return out
+	return pgtest.Lines(e.t, pool, sql, args...)
 }
 
 func (e *keyEnv) int(pool *pgxpool.Pool, sql string) int64 {
@@ -316,21 +296,21 @@ func TestKeyReconcileCustomers(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, tbl := customers(t, tc.deletes)
-			equal(t, "mirror before", e.rows(e.wh, customersMirrorSQL), unchanged)
+			pgtest.Equal(t, "mirror before", e.rows(e.wh, customersMirrorSQL), unchanged)
 			k := e.reconciler(tbl, reconcile.KeyOptions{})
 			rep := e.run(k, tc.dryRun)
 			if rep.Source != "customers" || rep.Mirror != "public.dw_customers" || rep.DryRun != tc.dryRun || rep.Hard != (tc.deletes == "hard") {
 				t.Errorf("report names %+v", rep)
 			}
 			checkFound(t, "first run", rep, tc.first)
-			equal(t, "mirror after the first run", e.rows(e.wh, customersMirrorSQL), tc.mirror)
+			pgtest.Equal(t, "mirror after the first run", e.rows(e.wh, customersMirrorSQL), tc.mirror)
 
 			e.clock.Set(at("2026-10-06 13:00"))
 			rep = e.run(k, tc.dryRun)
 			checkFound(t, "second run", rep, tc.second)
-			equal(t, "mirror after the second run", e.rows(e.wh, customersMirrorSQL), tc.mirror)
-			equal(t, "history", e.history(), tc.history)
-			equal(t, "source", e.rows(e.src, `SELECT customer_id FROM src_customers ORDER BY 1`), []string{"1", "3"})
+			pgtest.Equal(t, "mirror after the second run", e.rows(e.wh, customersMirrorSQL), tc.mirror)
+			pgtest.Equal(t, "history", e.history(), tc.history)
+			pgtest.Equal(t, "source", e.rows(e.src, `SELECT customer_id FROM src_customers ORDER BY 1`), []string{"1", "3"})
 		})
 	}
 }
@@ -433,7 +413,7 @@ func TestKeyReconcileScale(t *testing.T) {
 	if rep.KeysTransferred >= n/100 {
 		t.Errorf("transferred %d keys; want under 1%% of %d", rep.KeysTransferred, n)
 	}
-	equal(t, "flagged", e.rows(e.wh, `SELECT id FROM dw_big WHERE deleted_at IS NOT NULL ORDER BY id`), deleted)
+	pgtest.Equal(t, "flagged", e.rows(e.wh, `SELECT id FROM dw_big WHERE deleted_at IS NOT NULL ORDER BY id`), deleted)
 
 	// Nothing new: only the first level is compared.
 	start = time.Now()
@@ -510,7 +490,7 @@ func TestKeyReconcileCollations(t *testing.T) {
 			}
 			rep = e.run(k, false)
 			checkFound(t, "run", rep, found{sourceKeys: total - 1, mirrorKeys: total, missing: []string{"(_x,7)"}, deleted: 1, applied: 1})
-			equal(t, "flagged", e.rows(e.wh, `SELECT region, id FROM dw_sites WHERE deleted_at IS NOT NULL`), []string{"_x | 7"})
+			pgtest.Equal(t, "flagged", e.rows(e.wh, `SELECT region, id FROM dw_sites WHERE deleted_at IS NOT NULL`), []string{"_x | 7"})
 			rep = e.run(k, false)
 			checkFound(t, "second run", rep, found{sourceKeys: total - 1, mirrorKeys: total - 1, missing: []string{}})
 			if rep.RangesCompared != 7 {
@@ -589,7 +569,7 @@ func TestKeyReconcileDrift(t *testing.T) {
 				}
 				after = append(after, r)
 			}
-			equal(t, "mirror rows otherwise", after, before)
+			pgtest.Equal(t, "mirror rows otherwise", after, before)
 			if n := e.int(e.wh, `SELECT count(*) FROM dw_keys WHERE deleted_at IS NOT NULL`); n != rep.Applied {
 				t.Errorf("%d rows flagged, report says %d", n, rep.Applied)
 			}
@@ -719,7 +699,7 @@ func TestKeyReconcileFirstLevel(t *testing.T) {
 			e.srcExec(`DELETE FROM src_keys WHERE id IN (1, 25000, 50000)`)
 			e.srcExec(`INSERT INTO src_keys VALUES (0, '2026-10-05 10:00+00'), (60000, '2026-10-05 10:00+00')`)
 
-			var log safeBuffer
+			var log syncbuf.Buffer
 			k, err := reconcile.NewKeyReconciler(tbl, e.srcDSN, e.wh, reconcile.KeyOptions{Now: e.clock.Now, Ranges: tc.ranges,
 				Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 			if err != nil {
@@ -736,22 +716,4 @@ func TestKeyReconcileFirstLevel(t *testing.T) {
 			}
 		})
 	}
-}
-
-// safeBuffer is a bytes.Buffer for concurrent writers.
-type safeBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *safeBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *safeBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

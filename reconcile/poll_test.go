@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/clock"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -72,7 +73,7 @@ aggregates:
 	if rep := reconcileOnce(); len(rep.Rebuilt) != 3 {
 		t.Errorf("first reconcile rebuilt %v, want the three days 3, 4 and 5 October", rep.Rebuilt)
 	}
-	equal(t, "aggregate after the first load", rowsOf(t, wh, "SELECT day, changes, new_orders, amount FROM daily_order_changes ORDER BY 1"), recompute())
+	pgtest.Equal(t, "aggregate after the first load", rowsOf(t, wh, "SELECT day, changes, new_orders, amount FROM daily_order_changes ORDER BY 1"), recompute())
 
 	// An update of an order of 4 October, stamped on 6 October, and a new
 	// order of 6 October: only 6 October changes.
@@ -81,13 +82,13 @@ aggregates:
 	clk.Set(at("2026-10-06 14:00"))
 	poll("2026-10-06 14:00")
 	rep := reconcileOnce()
-	equal(t, "partitions rebuilt by the second run", rep.Rebuilt, []string{"2026-10-06"})
-	equal(t, "aggregate after the change", rowsOf(t, wh, "SELECT day, changes, new_orders, amount FROM daily_order_changes ORDER BY 1"), recompute())
-	equal(t, "6 October", rowsOf(t, wh, "SELECT changes, new_orders, amount::text FROM daily_order_changes WHERE day = '2026-10-06'"), []string{"2 | 1 | 1061.00"})
+	pgtest.Equal(t, "partitions rebuilt by the second run", rep.Rebuilt, []string{"2026-10-06"})
+	pgtest.Equal(t, "aggregate after the change", rowsOf(t, wh, "SELECT day, changes, new_orders, amount FROM daily_order_changes ORDER BY 1"), recompute())
+	pgtest.Equal(t, "6 October", rowsOf(t, wh, "SELECT changes, new_orders, amount::text FROM daily_order_changes WHERE day = '2026-10-06'"), []string{"2 | 1 | 1061.00"})
 	// The event-time watermark holds back by the lookback, as the poller
 	// stores it: rows found through the lookback are up to 2h older than
 	// the newest row read (13:30).
-	equal(t, "event-time watermark", rowsOf(t, wh, `SELECT to_char(event_time_watermark AT TIME ZONE 'UTC', 'MM-DD HH24:MI')
+	pgtest.Equal(t, "event-time watermark", rowsOf(t, wh, `SELECT to_char(event_time_watermark AT TIME ZONE 'UTC', 'MM-DD HH24:MI')
 		FROM tidemark.source_watermarks WHERE source = 'orders'`), []string{"10-06 11:30"})
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -26,18 +27,18 @@ func TestWorkedExample(t *testing.T) {
 	b.runOnce(r, "daily_sales")
 	b.ingestAt("2026-10-05 08:00", event(0, "e2", "2026-10-05T08:00:00Z", "20"))
 	rep := b.runOnce(r, "daily_sales")
-	equal(t, "rebuilt after e2", rep.Rebuilt, []string{"2026-10-05"})
+	pgtest.Equal(t, "rebuilt after e2", rep.Rebuilt, []string{"2026-10-05"})
 
 	// e3 happened on the 4th and arrived on the 5th: only the 4th is
 	// rebuilt.
 	b.ingestAt("2026-10-05 09:15", event(0, "e3", "2026-10-04T23:30:00Z", "5"))
 	rep = b.runOnce(r, "daily_sales")
-	equal(t, "rebuilt after e3", rep.Rebuilt, []string{"2026-10-04"})
+	pgtest.Equal(t, "rebuilt after e3", rep.Rebuilt, []string{"2026-10-04"})
 
 	want := []string{"2026-10-04 | 15.00 | 2", "2026-10-05 | 20.00 | 1"}
-	equal(t, "daily_sales", b.rows("SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1"), want)
+	pgtest.Equal(t, "daily_sales", b.rows("SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1"), want)
 	status := "SELECT partition_key, rows, rebuilds, to_char(rebuilt_at, 'YYYY-MM-DD HH24:MI') FROM tidemark.partitions ORDER BY 1"
-	equal(t, "partition status", b.rows(status), []string{"2026-10-04 | 1 | 2 | 2026-10-05 09:15", "2026-10-05 | 1 | 1 | 2026-10-05 08:00"})
+	pgtest.Equal(t, "partition status", b.rows(status), []string{"2026-10-04 | 1 | 2 | 2026-10-05 09:15", "2026-10-05 | 1 | 1 | 2026-10-05 08:00"})
 
 	// Running again changes nothing.
 	b.clock.Set(at("2026-10-05 10:00"))
@@ -45,8 +46,8 @@ func TestWorkedExample(t *testing.T) {
 	if len(rep.Rebuilt) != 0 || rep.Queued != 0 || rep.Remaining != 0 {
 		t.Errorf("second run did work: %+v", rep)
 	}
-	equal(t, "daily_sales after a second run", b.rows("SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1"), want)
-	equal(t, "partition status after a second run", b.rows(status), []string{"2026-10-04 | 1 | 2 | 2026-10-05 09:15", "2026-10-05 | 1 | 1 | 2026-10-05 08:00"})
+	pgtest.Equal(t, "daily_sales after a second run", b.rows("SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1"), want)
+	pgtest.Equal(t, "partition status after a second run", b.rows(status), []string{"2026-10-04 | 1 | 2 | 2026-10-05 09:15", "2026-10-05 | 1 | 1 | 2026-10-05 08:00"})
 }
 
 // writeLikeIngester writes one sale the way an ingest transaction does (a
@@ -107,15 +108,15 @@ func TestCommitLag(t *testing.T) {
 	b.runOnce(r, "daily_sales")
 	daily := "SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1"
 	// The rebuild that B1 triggered reads every committed row, B2's too.
-	equal(t, "while A is open", b.rows(daily), []string{"2026-10-05 | 11.00 | 3"})
+	pgtest.Equal(t, "while A is open", b.rows(daily), []string{"2026-10-05 | 11.00 | 3"})
 
 	if err := txA.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Set(at("2026-10-05 10:40"))
 	rep := b.runOnce(r, "daily_sales")
-	equal(t, "rebuilt after A commits", rep.Rebuilt, []string{"2026-10-05"})
-	equal(t, "after A commits", b.rows(daily), []string{"2026-10-05 | 15.00 | 4"})
+	pgtest.Equal(t, "rebuilt after A commits", rep.Rebuilt, []string{"2026-10-05"})
+	pgtest.Equal(t, "after A commits", b.rows(daily), []string{"2026-10-05 | 15.00 | 4"})
 }
 
 // TestLatenessHorizon is acceptance item 3: a late event inside the
@@ -154,7 +155,7 @@ func TestLatenessHorizon(t *testing.T) {
 	// Inside the horizon: 3 October ended 34 hours before this arrives.
 	b.ingestAt("2026-10-05 10:00", event(0, "late-inside", "2026-10-03T18:00:00Z", "100"))
 	for name, rebuilt := range runAll() {
-		equal(t, name+" rebuilt for a late event inside the horizon", rebuilt, []string{"2026-10-03"})
+		pgtest.Equal(t, name+" rebuilt for a late event inside the horizon", rebuilt, []string{"2026-10-03"})
 		after := rebuiltAt(name)
 		for i := range after {
 			if after[i] != before[name][i] && !strings.HasPrefix(after[i], "2026-10-03 ") {
@@ -168,24 +169,24 @@ func TestLatenessHorizon(t *testing.T) {
 	b.ingestAt("2026-10-05 12:00", event(0, "late-beyond", "2026-10-01T20:00:00Z", "1000"))
 	b.ingestAt("2026-10-05 12:30", event(0, "late-beyond-2", "2026-10-01T21:00:00Z", "2000"))
 	rebuilt := runAll()
-	equal(t, "correction rebuilt", rebuilt["sales_correction"], nil)
-	equal(t, "arrival rebuilt", rebuilt["sales_arrival"], []string{"2026-10-05"})
-	equal(t, "rebuild rebuilt", rebuilt["sales_rebuild"], []string{"2026-10-01"})
+	pgtest.Equal(t, "correction rebuilt", rebuilt["sales_correction"], nil)
+	pgtest.Equal(t, "arrival rebuilt", rebuilt["sales_arrival"], []string{"2026-10-05"})
+	pgtest.Equal(t, "rebuild rebuilt", rebuilt["sales_rebuild"], []string{"2026-10-01"})
 
 	sales := func(name string) []string {
 		return b.rows(fmt.Sprintf("SELECT sale_date::text, total::text, event_count FROM %s ORDER BY 1", name))
 	}
 	base := []string{"2026-10-01 | 1.00 | 1", "2026-10-02 | 2.00 | 1", "2026-10-03 | 103.00 | 2", "2026-10-04 | 4.00 | 1", "2026-10-05 | 5.00 | 1"}
-	equal(t, "correction", sales("sales_correction"), base)
+	pgtest.Equal(t, "correction", sales("sales_correction"), base)
 	arrival := append([]string(nil), base...)
 	arrival[4] = "2026-10-05 | 3005.00 | 3"
-	equal(t, "arrival", sales("sales_arrival"), arrival)
+	pgtest.Equal(t, "arrival", sales("sales_arrival"), arrival)
 	rebuildAll := append([]string(nil), base...)
 	rebuildAll[0] = "2026-10-01 | 3001.00 | 3"
-	equal(t, "rebuild", sales("sales_rebuild"), rebuildAll)
+	pgtest.Equal(t, "rebuild", sales("sales_rebuild"), rebuildAll)
 
 	// The correction and arrival policies record the events with their rows.
-	equal(t, "corrections", b.rows(`SELECT aggregate, policy, event_key, to_char(event_partition_start, 'MM-DD'),
+	pgtest.Equal(t, "corrections", b.rows(`SELECT aggregate, policy, event_key, to_char(event_partition_start, 'MM-DD'),
 		to_char(arrival_partition_start, 'MM-DD'), event->>'event_id' FROM tidemark.corrections ORDER BY 1, 3`),
 		[]string{"sales_arrival | arrival | late-beyond-2|2026-10-01 21:00:00+00 | 10-01 | 10-05 | late-beyond-2",
 			"sales_arrival | arrival | late-beyond|2026-10-01 20:00:00+00 | 10-01 | 10-05 | late-beyond",
@@ -211,10 +212,10 @@ func TestLatenessHorizon(t *testing.T) {
 		}
 		b.runOnce(r, name)
 	}
-	equal(t, "correction after a full rebuild", sales("sales_correction"), base)
-	equal(t, "arrival after a full rebuild", sales("sales_arrival"), arrival)
-	equal(t, "rebuild after a full rebuild", sales("sales_rebuild"), rebuildAll)
-	equal(t, "states once every horizon has passed", b.rows("SELECT DISTINCT state FROM tidemark.partitions"), []string{"final"})
+	pgtest.Equal(t, "correction after a full rebuild", sales("sales_correction"), base)
+	pgtest.Equal(t, "arrival after a full rebuild", sales("sales_arrival"), arrival)
+	pgtest.Equal(t, "rebuild after a full rebuild", sales("sales_rebuild"), rebuildAll)
+	pgtest.Equal(t, "states once every horizon has passed", b.rows("SELECT DISTINCT state FROM tidemark.partitions"), []string{"final"})
 }
 
 // gauge reads one series of a counter or gauge whose first label is the
@@ -276,9 +277,9 @@ func TestTimeZones(t *testing.T) {
 	b.runOnce(r, "daily_sales")
 	b.ingestAt("2026-11-03 00:00", fall...)
 	b.runOnce(r, "daily_sales")
-	equal(t, "daily_sales in New York days", b.rows("SELECT sale_date::text, event_count FROM daily_sales ORDER BY 1"),
+	pgtest.Equal(t, "daily_sales in New York days", b.rows("SELECT sale_date::text, event_count FROM daily_sales ORDER BY 1"),
 		[]string{"2026-03-07 | 1", "2026-03-08 | 3", "2026-03-09 | 1", "2026-10-31 | 1", "2026-11-01 | 4", "2026-11-02 | 1"})
-	equal(t, "partition lengths", b.rows(`SELECT partition_key, (partition_end - partition_start)::text
+	pgtest.Equal(t, "partition lengths", b.rows(`SELECT partition_key, (partition_end - partition_start)::text
 		FROM tidemark.partitions WHERE partition_key IN ('2026-03-08', '2026-11-01') ORDER BY 1`),
 		[]string{"2026-03-08 | 23:00:00", "2026-11-01 | 1 day 01:00:00"})
 }
@@ -346,6 +347,6 @@ func TestTwoReconcilers(t *testing.T) {
 	if total != 4 {
 		t.Errorf("%d partitions rebuilt in all, want 4 (each once)", total)
 	}
-	equal(t, "daily_sales", b.rows("SELECT sale_date::text, event_count FROM daily_sales ORDER BY 1"),
+	pgtest.Equal(t, "daily_sales", b.rows("SELECT sale_date::text, event_count FROM daily_sales ORDER BY 1"),
 		[]string{"2026-10-02 | 10", "2026-10-03 | 10", "2026-10-04 | 10", "2026-10-05 | 10"})
 }

@@ -70,34 +70,34 @@ aggregates:
 	insert(1, "2026-10-05 09:00", "2026-10-05 09:00", 1)
 	insert(2, "2026-10-05 09:30", "2026-10-05 09:30", 2)
 	rep := b.runOnce(r, "partner_daily")
-	equal(t, "watermark after two rows", []string{rep.Watermark}, []string{"2026-10-05T09:30:00Z"})
+	pgtest.Equal(t, "watermark after two rows", []string{rep.Watermark}, []string{"2026-10-05T09:30:00Z"})
 	insert(3, "2026-10-05 10:15", "2026-10-05 10:15", 4)
 	b.runOnce(r, "partner_daily")
 	// Stamped 10:10, visible only now: behind the watermark.
 	insert(4, "2026-10-05 10:10", "2026-10-05 10:10", 8)
 	rep = b.runOnce(r, "partner_daily")
-	equal(t, "rebuilt without lookback", rep.Rebuilt, nil)
-	equal(t, "without lookback", b.rows(daily), []string{"2026-10-05 | 7 | 3"})
+	pgtest.Equal(t, "rebuilt without lookback", rep.Rebuilt, nil)
+	pgtest.Equal(t, "without lookback", b.rows(daily), []string{"2026-10-05 | 7 | 3"})
 
 	r = reconciler("30m")
 	rep = b.runOnce(r, "partner_daily")
-	equal(t, "rebuilt with lookback", rep.Rebuilt, []string{"2026-10-05"})
-	equal(t, "with a 30-minute lookback", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
-	equal(t, "watermark", []string{rep.Watermark}, []string{"2026-10-05T10:15:00Z"})
+	pgtest.Equal(t, "rebuilt with lookback", rep.Rebuilt, []string{"2026-10-05"})
+	pgtest.Equal(t, "with a 30-minute lookback", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
+	pgtest.Equal(t, "watermark", []string{rep.Watermark}, []string{"2026-10-05T10:15:00Z"})
 
 	// A row stamped now by the warehouse clock is inside the safety lag.
 	if _, err := pool.Exec(ctx, "INSERT INTO partner.sales VALUES (5, '2026-10-05 10:30+00', now(), 16)"); err != nil {
 		t.Fatal(err)
 	}
 	rep = b.runOnce(r, "partner_daily")
-	equal(t, "watermark with a row inside the safety lag", []string{rep.Watermark}, []string{"2026-10-05T10:15:00Z"})
-	equal(t, "row inside the safety lag", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
+	pgtest.Equal(t, "watermark with a row inside the safety lag", []string{rep.Watermark}, []string{"2026-10-05T10:15:00Z"})
+	pgtest.Equal(t, "row inside the safety lag", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
 
 	// Beyond the horizon: recorded as a correction, keyed by the key columns.
 	insert(6, "2026-10-01 12:00", "2026-10-05 10:20", 32)
 	b.runOnce(r, "partner_daily")
-	equal(t, "corrections", b.rows("SELECT event_key, event->>'amount' FROM tidemark.corrections"), []string{"6 | 32"})
-	equal(t, "aggregate after the late row", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
+	pgtest.Equal(t, "corrections", b.rows("SELECT event_key, event->>'amount' FROM tidemark.corrections"), []string{"6 | 32"})
+	pgtest.Equal(t, "aggregate after the late row", b.rows(daily), []string{"2026-10-05 | 15 | 4"})
 }
 
 // TestCompleteness checks the completeness estimate: two final days each
@@ -130,7 +130,7 @@ func TestCompleteness(t *testing.T) {
 	// the 3rd (the newest event), so that day is open.
 	b.clock.Set(at("2026-10-04 01:00"))
 	b.runOnce(r, "daily_sales")
-	equal(t, "states and completeness", b.rows("SELECT partition_key, state, round(completeness::numeric, 2)::text FROM tidemark.partitions ORDER BY 1"),
+	pgtest.Equal(t, "states and completeness", b.rows("SELECT partition_key, state, round(completeness::numeric, 2)::text FROM tidemark.partitions ORDER BY 1"),
 		[]string{"2026-10-01 | final | 1.00", "2026-10-02 | final | 1.00", "2026-10-03 | open | 0.80"})
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -19,31 +18,13 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer safe for the subprocess's output copier and
-// the test reading it at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // process is `tidemark run` started as a subprocess.
 type process struct {
 	cmd    *exec.Cmd
-	output *syncBuffer
+	output *syncbuf.Buffer
 	exited chan struct{}
 	err    error // valid once exited is closed
 }
@@ -58,7 +39,7 @@ func startCommand(t *testing.T, clock time.Time, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), envMain+"=1", envClock+"="+clock.Format(time.RFC3339))
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start tidemark %s: %v", args[0], err)

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -175,4 +176,58 @@ func Rows(tb testing.TB, q interface {
 		tb.Fatal(err)
 	}
 	return out
+}
+
+// Lines runs sql with args and returns its rows as text lines, one per row,
+// the values joined by " | ": times at midnight UTC as dates, other times
+// in UTC to the minute, NULL as NULL, other values as they print.
+func Lines(tb testing.TB, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string, args ...any) []string {
+	tb.Helper()
+	rs, err := q.Query(context.Background(), sql, args...)
+	if err != nil {
+		tb.Fatalf("%s: %v", sql, err)
+	}
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (string, error) {
+		vals, err := r.Values()
+		cells := make([]string, len(vals))
+		for i, v := range vals {
+			cells[i] = cell(v)
+		}
+		return strings.Join(cells, " | "), err
+	})
+	if err != nil {
+		tb.Fatalf("%s: %v", sql, err)
+	}
+	return out
+}
+
+func cell(v any) string {
+	switch x := v.(type) {
+	case time.Time:
+		if x.Hour() == 0 && x.Minute() == 0 && x.Second() == 0 && x.Nanosecond() == 0 && x.Location() == time.UTC {
+			return x.Format("2006-01-02")
+		}
+		return x.UTC().Format("2006-01-02 15:04")
+	case nil:
+		return "NULL"
+	}
+	if s, ok := v.(fmt.Stringer); ok {
+		return s.String()
+	}
+	if n, ok := v.(interface{ Value() (any, error) }); ok {
+		if val, err := n.Value(); err == nil {
+			return fmt.Sprint(val)
+		}
+	}
+	return fmt.Sprint(v)
+}
+
+// Equal reports, as a test error naming what, lines that differ from want.
+func Equal(tb testing.TB, what string, got, want []string) {
+	tb.Helper()
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		tb.Errorf("%s:\n got  %q\n want %q", what, got, want)
+	}
 }
