@@ -40,6 +40,9 @@ type Config struct {
 	// Aggregates are event-date aggregates kept by the reconciler.
 	Aggregates map[string]*Aggregate `yaml:"aggregates"`
 	Reconcile  Reconcile             `yaml:"reconcile"`
+	// Retention bounds tidemark's state tables; per-source raw and
+	// dead-letter retention is under each source.
+	Retention Retention `yaml:"retention"`
 
 	// File is the path the configuration was read from.
 	File string `yaml:"-"`
@@ -132,6 +135,9 @@ type Source struct {
 	RawPartition      string   `yaml:"raw_partition"`       // day or month; default day
 
 	Watermark Watermark `yaml:"watermark"`
+	// Retention says how long the source's raw partitions and dead
+	// letters are kept.
+	Retention SourceRetention `yaml:"retention"`
 
 	// Name is the key under sources.
 	Name string `yaml:"-"`
@@ -335,6 +341,7 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
 		c.Ingest.BatchMaxAge = Duration(time.Second)
 	}
 	c.applyAggregateDefaults()
+	c.applyRetentionDefaults()
 	for name, s := range c.Sources {
 		if s == nil {
 			continue
@@ -492,6 +499,7 @@ func (c *Config) validate(ix *index) {
 		c.validateKafka(ix)
 	}
 	c.validateAggregates(ix)
+	c.validateRetention(ix)
 	for _, name := range c.AggregateNames() {
 		if a := c.Aggregates[name]; a != nil && ValidTableName(a.Table) {
 			schema, t := SplitTable(a.Table)

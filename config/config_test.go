@@ -200,6 +200,7 @@ func TestParseFullFile(t *testing.T) {
 		},
 		Ingest:    Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
 		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
+		Retention: defaultRetention,
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:             &KafkaSource{Topics: []string{"app.events", "app.events.v2"}},
@@ -210,6 +211,7 @@ func TestParseFullFile(t *testing.T) {
 				MaxFutureSkew:     Duration(10 * time.Minute),
 				RawPartition:      PartitionMonth,
 				Watermark:         Watermark{OutOfOrderness: Duration(5 * time.Minute), IdleTimeout: Duration(time.Minute)},
+				Retention:         defaultSourceRetention,
 				Name:              "app_events",
 				EventIDFallback:   "",
 				EventTimeFallback: "",
@@ -224,6 +226,7 @@ func TestParseFullFile(t *testing.T) {
 				MaxFutureSkew:     Duration(time.Hour),
 				RawPartition:      PartitionDay,
 				Watermark:         Watermark{IdleTimeout: Duration(5 * time.Minute)},
+				Retention:         defaultSourceRetention,
 				Name:              "billing",
 			},
 		},
@@ -249,6 +252,15 @@ func TestParseFullFile(t *testing.T) {
 	}
 }
 
+// The retention every configuration gets when it sets none.
+var (
+	defaultRetention = Retention{
+		Every: Duration(DefaultRetentionEvery), Ledger: Duration(DefaultRetentionLedger), Corrections: Duration(DefaultRetentionCorrections),
+		Arrivals: Duration(DefaultRetentionArrivals), Runs: Duration(DefaultRetentionRuns), LockTimeout: Duration(DefaultRetentionLockTimeout),
+	}
+	defaultSourceRetention = SourceRetention{Raw: Duration(DefaultRetentionRaw), DeadLetters: Duration(DefaultRetentionDeadLetters)}
+)
+
 func TestParseDefaults(t *testing.T) {
 	cfg := mustParse(t, base(), nil)
 	want := &Config{
@@ -266,6 +278,7 @@ func TestParseDefaults(t *testing.T) {
 		},
 		Ingest:    Ingest{BatchMaxRows: 10000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
 		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
+		Retention: defaultRetention,
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:           &KafkaSource{Topics: []string{"app.events"}},
@@ -276,6 +289,7 @@ func TestParseDefaults(t *testing.T) {
 				MaxFutureSkew:   Duration(time.Hour),
 				RawPartition:    PartitionDay,
 				Watermark:       Watermark{OutOfOrderness: 0, IdleTimeout: Duration(5 * time.Minute)},
+				Retention:       defaultSourceRetention,
 				Name:            "app_events",
 			},
 		},
