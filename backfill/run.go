@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
@@ -249,34 +248,10 @@ feed:
 	return rep, nil
 }
 
-// refused reports whether the warehouse itself refused the work (an SQL
-// error: bad data, a failing query, a deadlock), as opposed to not being
-// reachable or shutting down (connection exceptions, operator
-// intervention such as a shutdown, insufficient resources, system
-// errors: SQLSTATE classes 08, 57, 53 and 58). Only a refused chunk is
-// recorded as failed; the others stop the run.
-func refused(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		if pgErr.Code == queryCanceled || len(pgErr.Code) < 2 {
-			return true // a statement timeout: this chunk's doing
-		}
-		switch pgErr.Code[:2] {
-		case "08", "57", "53", "58":
-			return false
-		}
-		return true
-	}
-	return errors.Is(err, aggregate.ErrOutsidePartition)
-}
-
-// queryCanceled is the SQLSTATE of a statement cancelled by
-// statement_timeout (or by a cancel request).
-const queryCanceled = "57014"
-
-// retryable are SQLSTATEs after which a partition's rebuild is tried again
-// at once: serialization failure and deadlock.
-var retryable = map[string]bool{"40001": true, "40P01": true}
+// refused reports whether a chunk failed through its own fault (see
+// aggregate.PartitionFault): only such a chunk is recorded as failed; a
+// warehouse that cannot work stops the run.
+func refused(err error) bool { return aggregate.PartitionFault(err) }
 
 // rebuildChunk rebuilds the partitions of c (or for a shadow run builds
 // them into the shadow table), each in its own transaction, and marks the
@@ -301,8 +276,7 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 				n = res.Rows
 				return err
 			})
-			var pgErr *pgconn.PgError
-			if err != nil && attempt < 3 && errors.As(err, &pgErr) && retryable[pgErr.Code] {
+			if err != nil && attempt < aggregate.RebuildAttempts && aggregate.Retryable(err) {
 				continue
 			}
 			if err != nil {
