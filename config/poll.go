@@ -2,7 +2,12 @@ package config
 
 import (
 	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // PollSource is a source table loaded by timestamp watermark: each run
@@ -77,6 +82,80 @@ type Mirror struct {
 	// detection) inside `tidemark run`; 0 (default) leaves it to
 	// `tidemark keys`.
 	KeyReconcileEvery Duration `yaml:"key_reconcile_every"`
+	// KeyReconcileMaxDelete is the largest share of the mirror's live rows
+	// that one key reconciliation run may flag or remove (rounded up to a
+	// whole row). A run that finds more rows missing at the source applies
+	// nothing and is recorded as refused, until `tidemark keys --force`
+	// applies them: a source table emptied by mistake is not mirrored as
+	// emptied. Default 10% (DefaultKeyReconcileMaxDelete) for poll
+	// sources; 100% turns the limit off, 0% refuses every delete. Poll
+	// sources only.
+	KeyReconcileMaxDelete *Percent `yaml:"key_reconcile_max_delete"`
+}
+
+// DefaultKeyReconcileMaxDelete is the default of
+// mirror.key_reconcile_max_delete: 10%.
+const DefaultKeyReconcileMaxDelete Percent = 10 * PercentUnit
+
+// Percent is a share written as a percentage with at most two decimals:
+// "10%", "2.5%", "0.25%", "100%". It counts hundredths of a percent
+// (PercentUnit is 1%).
+type Percent int64
+
+// PercentUnit is one percent.
+const PercentUnit Percent = 100
+
+var percentRe = regexp.MustCompile(`^([0-9]{1,9})(?:\.([0-9]{1,2}))?%$`)
+
+// ParsePercent parses a percentage such as 10%, 2.5% or 100%. It checks
+// the form only; a configuration key bounds the value.
+func ParsePercent(text string) (Percent, error) {
+	m := percentRe.FindStringSubmatch(strings.TrimSpace(text))
+	if m == nil {
+		return 0, fmt.Errorf("invalid percentage %q (use e.g. 10%%, 2.5%% or 100%%, with at most two decimals)", text)
+	}
+	whole, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("invalid percentage %q: %w", text, err)
+	}
+	frac := int64(0)
+	if m[2] != "" {
+		frac, _ = strconv.ParseInt((m[2] + "0")[:2], 10, 64)
+	}
+	return Percent(whole*100 + frac), nil
+}
+
+// String formats the percentage: "10%", "2.5%", "0.25%".
+func (p Percent) String() string {
+	s := strconv.FormatInt(int64(p/PercentUnit), 10)
+	if frac := int64(p % PercentUnit); frac != 0 {
+		s += strings.TrimRight(fmt.Sprintf(".%02d", frac), "0")
+	}
+	return s + "%"
+}
+
+// Of returns the share p of n rounded up to a whole number, so that any
+// share above 0% of a positive n is at least 1.
+func (p Percent) Of(n int64) int64 {
+	if n <= 0 || p <= 0 {
+		return 0
+	}
+	// Whole multiples of 100% apart, so that n * p cannot overflow.
+	q, r := n/int64(100*PercentUnit), n%int64(100*PercentUnit)
+	return q*int64(p) + (r*int64(p)+int64(100*PercentUnit)-1)/int64(100*PercentUnit)
+}
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (p *Percent) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return located(n, "expected a percentage such as 10%%")
+	}
+	v, err := ParsePercent(n.Value)
+	if err != nil {
+		return located(n, "%v", err)
+	}
+	*p = v
+	return nil
 }
 
 // Mirror delete modes.
@@ -103,6 +182,10 @@ func (c *Config) applyPollDefaults(s *Source) {
 		}
 	}
 	if m := s.Mirror; m != nil {
+		if s.Poll != nil && m.KeyReconcileMaxDelete == nil {
+			d := DefaultKeyReconcileMaxDelete
+			m.KeyReconcileMaxDelete = &d
+		}
 		if m.Deletes == "" {
 			m.Deletes = DeletesSoft
 		}
@@ -191,6 +274,9 @@ func validateCDCMirror(ix *index, p string, s *Source, tables map[string]string)
 		ix.add(p+".mirror.key_reconcile_every", "applies to poll sources: a CDC source's deletes arrive through its slot; "+
 			"check its mirrors for drift with `tidemark keys --source %s --dry-run`", s.Name)
 	}
+	if m.KeyReconcileMaxDelete != nil {
+		ix.add(p+".mirror.key_reconcile_max_delete", "applies to poll sources: key reconciliation never changes the mirrors of a CDC source")
+	}
 	if m.Table != "" && !ValidTableName(m.Table) {
 		ix.add(p+".mirror.table", "must be a table name such as dw_customers, got %q", m.Table)
 		return
@@ -231,5 +317,8 @@ func validateMirror(ix *index, p string, m *Mirror, tables map[string]string) {
 	}
 	if m.KeyReconcileEvery != 0 && m.KeyReconcileEvery.D() < time.Minute {
 		ix.add(p+".mirror.key_reconcile_every", "must be 0 (off) or at least 1m")
+	}
+	if d := m.KeyReconcileMaxDelete; d != nil && *d > 100*PercentUnit {
+		ix.add(p+".mirror.key_reconcile_max_delete", "must be between 0%% and 100%% (100%% turns the limit off), got %s", *d)
 	}
 }

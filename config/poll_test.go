@@ -36,6 +36,9 @@ func TestPollDefaults(t *testing.T) {
 	if m.Deletes != DeletesSoft || m.DeletedColumn != "deleted_at" || m.LoadedColumn != "loaded_at" || m.KeyReconcileEvery.D() != time.Hour {
 		t.Errorf("mirror defaults: %+v", m)
 	}
+	if d := m.KeyReconcileMaxDelete; d == nil || *d != DefaultKeyReconcileMaxDelete || d.String() != "10%" {
+		t.Errorf("mirror.key_reconcile_max_delete default = %v, want 10%%", d)
+	}
 	if s.RawPartition != PartitionMonth {
 		t.Errorf("raw_partition default for a poll source = %s, want month", s.RawPartition)
 	}
@@ -59,6 +62,12 @@ func TestPollErrors(t *testing.T) {
 		{"mirror table", "table: dw_customers", "table: raw.customers", "sources.customers.mirror.table: schema raw belongs to tidemark"},
 		{"deletes", "key_reconcile_every: 1h", "deletes: maybe", `sources.customers.mirror.deletes: must be one of soft, hard, got "maybe"`},
 		{"reconcile interval", "key_reconcile_every: 1h", "key_reconcile_every: 5s", "sources.customers.mirror.key_reconcile_every: must be 0 (off) or at least 1m"},
+		{"max delete ratio", "key_reconcile_every: 1h", "key_reconcile_max_delete: 0.1", `t.yaml:11: sources.customers.mirror.key_reconcile_max_delete: invalid percentage "0.1" (use e.g. 10%`},
+		{"max delete without unit", "key_reconcile_every: 1h", "key_reconcile_max_delete: 10", `sources.customers.mirror.key_reconcile_max_delete: invalid percentage "10"`},
+		{"max delete precision", "key_reconcile_every: 1h", "key_reconcile_max_delete: 0.125%", `sources.customers.mirror.key_reconcile_max_delete: invalid percentage "0.125%"`},
+		{"max delete negative", "key_reconcile_every: 1h", "key_reconcile_max_delete: -5%", `sources.customers.mirror.key_reconcile_max_delete: invalid percentage "-5%"`},
+		{"max delete above 100%", "key_reconcile_every: 1h", "key_reconcile_max_delete: 150%", "t.yaml:11: sources.customers.mirror.key_reconcile_max_delete: must be between 0% and 100% (100% turns the limit off), got 150%"},
+		{"max delete list", "key_reconcile_every: 1h", "key_reconcile_max_delete: [10%]", "sources.customers.mirror.key_reconcile_max_delete: expected a percentage such as 10%"},
 		{"same columns", "key_reconcile_every: 1h", "loaded_column: deleted_at", "sources.customers.mirror.loaded_column: must differ from mirror.deleted_column"},
 		{"two kinds", "    poll:\n", "    kafka: {topics: [t]}\n    poll:\n", "sources.customers: has more than one of the kafka, table, poll and cdc blocks"},
 		{"pointers", "    mirror:", "    event_id: /id\n    mirror:", "sources.customers: event_id and event_time pointers apply to Kafka sources"},
@@ -73,6 +82,41 @@ func TestPollErrors(t *testing.T) {
 			_, err := Parse("t.yaml", []byte(strings.Replace(pollBase, tt.old, tt.new, 1)), noEnv)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error = %v\nwant it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestKeyReconcileMaxDelete: mirror.key_reconcile_max_delete is a
+// percentage of the mirror's live rows, rounded up to whole rows.
+func TestKeyReconcileMaxDelete(t *testing.T) {
+	for _, tt := range []struct {
+		value string
+		want  Percent
+		text  string
+		// of maps mirror rows to the rows a run may flag or remove.
+		of map[int64]int64
+	}{
+		{value: "10%", want: 1000, text: "10%", of: map[int64]int64{0: 0, 1: 1, 3: 1, 10: 1, 11: 2, 100: 10, 101: 11, 2_000_000: 200_000}},
+		{value: "0%", want: 0, text: "0%", of: map[int64]int64{0: 0, 1: 0, 1_000_000: 0}},
+		{value: "100%", want: 10000, text: "100%", of: map[int64]int64{0: 0, 7: 7, 1 << 60: 1 << 60}},
+		{value: "2.5%", want: 250, text: "2.5%", of: map[int64]int64{40: 1, 41: 2, 1000: 25}},
+		{value: "0.25%", want: 25, text: "0.25%", of: map[int64]int64{400: 1, 401: 2}},
+		{value: "'7.50%'", want: 750, text: "7.5%", of: map[int64]int64{200: 15}},
+	} {
+		t.Run(tt.value, func(t *testing.T) {
+			cfg, err := Parse("t.yaml", []byte(strings.Replace(pollBase, "key_reconcile_every: 1h", "key_reconcile_max_delete: "+tt.value, 1)), noEnv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := cfg.Sources["customers"].Mirror.KeyReconcileMaxDelete
+			if got == nil || *got != tt.want || got.String() != tt.text {
+				t.Fatalf("parsed %v, want %d (%s)", got, tt.want, tt.text)
+			}
+			for n, want := range tt.of {
+				if rows := got.Of(n); rows != want {
+					t.Errorf("%s of %d rows = %d, want %d", got, n, rows, want)
+				}
 			}
 		})
 	}
@@ -111,6 +155,7 @@ func TestCDCConfig(t *testing.T) {
 		{"snapshot workers", "      tables:", "      snapshot_workers: 40\n      tables:", "sources.shop.cdc.snapshot_workers: must be between 1 and 32, got 40"},
 		{"snapshot chunk", "      tables:", "      snapshot_chunk_rows: 10\n      tables:", "sources.shop.cdc.snapshot_chunk_rows: must be at least 1000, got 10"},
 		{"key reconcile", "mirror: {schema: mirror}", "mirror: {schema: mirror, key_reconcile_every: 1h}", "sources.shop.mirror.key_reconcile_every: applies to poll sources"},
+		{"key reconcile max delete", "mirror: {schema: mirror}", "mirror: {schema: mirror, key_reconcile_max_delete: 100%}", "sources.shop.mirror.key_reconcile_max_delete: applies to poll sources"},
 		{"one mirror for two tables", "mirror: {schema: mirror}", "mirror: {table: dw}", "sources.shop.mirror.table: names one mirror but cdc.tables lists 2 tables"},
 		{"no mirror", "    mirror: {schema: mirror}\n", "", "sources.shop.mirror: is required for a CDC source"},
 		{"tidemark schema", "mirror: {schema: mirror}", "mirror: {schema: raw}", "sources.shop.mirror.schema: schema raw belongs to tidemark"},
