@@ -139,7 +139,7 @@ func createTarget(ctx context.Context, tx pgx.Tx, d *Definition, cols []column) 
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("aggregates.%s.table: create %s: %w", d.Name, d.Target.Sanitize(), err)
 	}
-	idx := pgx.Identifier{d.Target[1] + "_" + d.Column}.Sanitize()
+	idx := pgx.Identifier{derivedName(d.Target[1], "_"+d.Column)}.Sanitize()
 	if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE INDEX %s ON %s (%s)", idx, d.Target.Sanitize(), quote(d.Column))); err != nil {
 		return fmt.Errorf("aggregates.%s.table: index %s: %w", d.Name, d.Column, err)
 	}

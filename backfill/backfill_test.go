@@ -60,6 +60,18 @@ func (w *warehouse) definition(dsn, policy, sql string) (*config.Config, *aggreg
 // same name) with partition (a YAML mapping), policy and sql.
 func (w *warehouse) aggregate(dsn, name, partition, policy, sql string) (*config.Config, *aggregate.Definition) {
 	w.t.Helper()
+	cfg, d, err := w.tryAggregate(dsn, name, partition, policy, sql)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return cfg, d
+}
+
+// tryAggregate is aggregate returning the error of the configuration
+// (cfg nil) or of preparing the aggregate. sql may span lines.
+func (w *warehouse) tryAggregate(dsn, name, partition, policy, sql string) (*config.Config, *aggregate.Definition, error) {
+	w.t.Helper()
+	sql = strings.ReplaceAll(sql, "\n", "\n      ")
 	yaml := fmt.Sprintf(`
 warehouse: {dsn: %[1]q}
 http: {listen: "off"}
@@ -81,17 +93,14 @@ aggregates:
 `, dsn, name, partition, policy, sql)
 	cfg, err := config.Parse("test.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
-		w.t.Fatal(err)
+		return nil, nil, err
 	}
 	r, err := reconcile.New(cfg, w.pool, reconcile.Options{Now: func() time.Time { return w.now }})
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	d, err := r.Definition(w.ctx, name)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return cfg, d
+	return cfg, d, err
 }
 
 // sale writes one raw event, as an ingest transaction would (with its
@@ -462,6 +471,75 @@ func TestShadowComparesBeforePublishing(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgtest.Equal(t, "missing after the shadow run", labels(plan, true), []string{"2026-09-04"})
+}
+
+// longName is a table name of the 63 bytes PostgreSQL keeps, the first 50
+// of them shared by every tail.
+func longName(tail byte) string {
+	return "daily_sales_" + strings.Repeat("x", 38) + strings.Repeat(string(tail), 13)
+}
+
+// TestPrepareLongTableNames: Prepare creates the table and the index of
+// aggregates whose table names have the longest length allowed and share
+// their first 50 bytes; each index has its own name, not its table's.
+func TestPrepareLongTableNames(t *testing.T) {
+	w := newWarehouse(t, "correction")
+	tables := []string{longName('a'), longName('b')}
+	for _, name := range tables {
+		w.aggregate(w.cfg.Warehouse.DSN, name, "{by: day, column: sale_date, time_zone: UTC}", "correction", salesSQL)
+	}
+	got := w.rows(`SELECT c.relname, i.relname, pg_get_indexdef(i.oid) LIKE '%(sale_date)'
+		FROM pg_index x JOIN pg_class c ON c.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid
+		WHERE c.relname = ANY ($1) ORDER BY 1`, tables)
+	if len(got) != len(tables) {
+		t.Fatalf("indexes %v, want one on each of %v", got, tables)
+	}
+	seen := map[string]bool{}
+	for _, line := range got {
+		f := strings.Split(line, " | ")
+		if f[1] == f[0] || f[2] != "true" || seen[f[1]] {
+			t.Errorf("index %s of %s: on sale_date %s, or a name already seen", f[1], f[0], f[2])
+		}
+		seen[f[1]] = true
+	}
+}
+
+// TestShadowOfLongTableName: a shadow run of an aggregate whose table name
+// has the longest length allowed builds into a table of its own and leaves
+// the published table as it was. The table exists before the aggregate is
+// prepared, as one created by its owner does.
+func TestShadowOfLongTableName(t *testing.T) {
+	w := newWarehouse(t, "correction")
+	for i, day := range []string{"01", "02"} {
+		w.sale("s"+day, "2026-09-"+day+" 10:00", i+1)
+	}
+	name := longName('a')
+	w.exec(fmt.Sprintf("CREATE TABLE %s (sale_date date NOT NULL, total numeric(12,2), event_count int)", name))
+	_, d := w.aggregate(w.cfg.Warehouse.DSN, name, "{by: day, column: sale_date, time_zone: UTC}", "correction", salesSQL)
+	if _, err := backfill.Run(w.ctx, w.pool, d, dates(t, "2026-09-01", "2026-09-02"), backfill.Options{Now: func() time.Time { return w.now }}); err != nil {
+		t.Fatal(err)
+	}
+	published := func() []string {
+		t.Helper()
+		return w.rows(fmt.Sprintf("SELECT sale_date::text, total::text, event_count FROM %s ORDER BY 1", d.Target.Sanitize()))
+	}
+	pgtest.Equal(t, "published", published(), []string{"2026-09-01 | 1.00 | 1", "2026-09-02 | 2.00 | 1"})
+
+	_, fixed := w.aggregate(w.cfg.Warehouse.DSN, name, "{by: day, column: sale_date, time_zone: UTC}", "correction",
+		`SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) + 10 AS total, count(*)::int AS event_count
+      FROM {{events}} GROUP BY 1`)
+	rep, err := backfill.Run(w.ctx, w.pool, fixed, dates(t, "2026-09-01", "2026-09-02"), backfill.Options{Shadow: true, Now: func() time.Time { return w.now }})
+	if err != nil || len(rep.Failed) > 0 {
+		t.Fatalf("shadow run: %v %v", err, rep)
+	}
+	pgtest.Equal(t, "published after the shadow run", published(), []string{"2026-09-01 | 1.00 | 1", "2026-09-02 | 2.00 | 1"})
+	pgtest.Equal(t, "shadow table", w.rows(fmt.Sprintf("SELECT sale_date::text, total::text FROM %s ORDER BY 1", fixed.ShadowName().Sanitize())),
+		[]string{"2026-09-01 | 11.00", "2026-09-02 | 12.00"})
+	for _, c := range rep.Shadow {
+		if !c.Differs() {
+			t.Errorf("%s: the shadow equals the published partition: %+v", c.Partition, c.Comparison)
+		}
+	}
 }
 
 // TestHourlyAcrossDST: hourly partitions in New York on the day the clocks
