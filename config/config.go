@@ -103,6 +103,10 @@ type SASL struct {
 	Mechanism string `yaml:"mechanism"` // PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
 	Username  string `yaml:"username"`
 	Password  string `yaml:"password"`
+	// AllowPlaintext accepts SASL on connections without TLS (Kafka's
+	// SASL_PLAINTEXT), where the credentials can be read or attacked on
+	// the network; default false.
+	AllowPlaintext bool `yaml:"allow_plaintext"`
 }
 
 // Ingest tunes how records are batched into warehouse transactions.
@@ -550,6 +554,10 @@ func (c *Config) validateKafka(ix *index) {
 		}
 		if s.Password == "" {
 			ix.add("kafka.sasl.password", "is required with SASL")
+		}
+		if !k.TLS.On() && !s.AllowPlaintext {
+			ix.add("kafka.sasl", "SASL without TLS exposes the credentials on the network; "+
+				"configure kafka.tls, or set kafka.sasl.allow_plaintext: true to accept that")
 		}
 	}
 }

@@ -154,6 +154,7 @@ func TestParseFullFile(t *testing.T) {
 		"    mechanism: SCRAM-SHA-512",
 		"    username: loader",
 		"    password: s3cret",
+		"    allow_plaintext: true",
 		"ingest:",
 		"  batch_max_rows: 5000",
 		"  batch_max_bytes: 8MiB",
@@ -196,7 +197,7 @@ func TestParseFullFile(t *testing.T) {
 			RebalanceTimeout: Duration(2 * time.Minute),
 			FetchMaxBytes:    32 << 20,
 			TLS:              &TLS{CAFile: ca, ServerName: "kafka.internal", InsecureSkipVerify: tr},
-			SASL:             &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret"},
+			SASL:             &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret", AllowPlaintext: true},
 		},
 		Ingest:    Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
 		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
@@ -429,7 +430,7 @@ func TestParseEnvExpansion(t *testing.T) {
 		{"single quoted", func(*testing.T) string { return base("http:", `  listen: '${HOST}:9000'`) },
 			func(c *Config) any { return c.HTTP.Listen }, "0.0.0.0:9000"},
 		{"dollar dollar", func(t *testing.T) string {
-			return kafka(t, "  sasl:", "    mechanism: PLAIN", "    username: u$$er", "    password: $${NOT_A_VAR}$5$")
+			return kafka(t, "  sasl:", "    mechanism: PLAIN", "    username: u$$er", "    password: $${NOT_A_VAR}$5$", "    allow_plaintext: true")
 		}, func(c *Config) any { return c.Kafka.SASL.Username + " " + c.Kafka.SASL.Password }, "u$er ${NOT_A_VAR}$5$"},
 		{"dollar dollar before a reference", func(*testing.T) string { return base("http:", "  listen: $$$${HOST}:${PORT}") },
 			func(c *Config) any { return c.HTTP.Listen }, "$${HOST}:12"},
@@ -457,7 +458,7 @@ func TestParseEnvExpansion(t *testing.T) {
 		{"no second round of expansion", func(*testing.T) string { return base("http:", "  listen: ${NESTED}:1") },
 			func(c *Config) any { return c.HTTP.Listen }, "${HOST}:1"},
 		{"null-looking values stay text", func(t *testing.T) string {
-			return kafka(t, "  sasl:", "    mechanism: PLAIN", "    username: ${NULLTXT}", "    password: ${NULLISH}")
+			return kafka(t, "  sasl:", "    mechanism: PLAIN", "    username: ${NULLTXT}", "    password: ${NULLISH}", "    allow_plaintext: true")
 		}, func(c *Config) any { return c.Kafka.SASL.Username + " " + c.Kafka.SASL.Password }, "null ~"},
 	}
 	for _, tt := range tests {
@@ -621,19 +622,19 @@ func TestParseErrors(t *testing.T) {
 			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
 			[]wantErr{{5, "kafka.brokers[0]", "must be host:port"}}},
 		{"sasl mechanism", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
-			"    mechanism: GSSAPI", "    username: u", "    password: p",
+			"    mechanism: GSSAPI", "    username: u", "    password: p", "    allow_plaintext: true",
 			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
 			[]wantErr{{6, "kafka.sasl.mechanism", `must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, got "GSSAPI"`}}},
 		{"sasl mechanism is case sensitive", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
-			"    mechanism: plain", "    username: u", "    password: p",
+			"    mechanism: plain", "    username: u", "    password: p", "    allow_plaintext: true",
 			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
 			[]wantErr{{6, "kafka.sasl.mechanism", "must be one of"}}},
 		{"sasl without mechanism and password", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
-			"    username: u",
+			"    username: u", "    allow_plaintext: true",
 			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
 			[]wantErr{{5, "kafka.sasl.mechanism", "must be one of"}, {5, "kafka.sasl.password", "is required with SASL"}}},
 		{"sasl without username", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
-			"    mechanism: PLAIN", "    password: p",
+			"    mechanism: PLAIN", "    password: p", "    allow_plaintext: true",
 			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
 			[]wantErr{{5, "kafka.sasl.username", "is required with SASL"}}},
 		{"tls cert without key", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  tls:",
@@ -732,6 +733,53 @@ func TestParseErrors(t *testing.T) {
 			checkErrors(t, errs, tt.want)
 			if strings.Contains(errs.Error(), "hunter2") {
 				t.Errorf("errors reveal the password: %v", errs)
+			}
+		})
+	}
+}
+
+// TestSASLNeedsTLS refuses SASL credentials on connections without TLS
+// unless kafka.sasl.allow_plaintext says so.
+func TestSASLNeedsTLS(t *testing.T) {
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, []byte("not checked here"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// doc is a valid configuration of ten lines with the kafka lines
+	// given; the sasl block starts at line 5.
+	doc := func(kafka ...string) string {
+		return lines(append(append([]string{"warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]"}, kafka...),
+			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t")...)
+	}
+	sasl := func(mechanism string, extra ...string) []string {
+		return append([]string{"  sasl:", "    mechanism: " + mechanism, "    username: u", "    password: p"}, extra...)
+	}
+	refused := []wantErr{{5, "kafka.sasl", "kafka.sasl.allow_plaintext: true"}}
+	tests := []struct {
+		name  string
+		kafka []string
+		want  []wantErr // nil: accepted
+		allow bool      // the parsed AllowPlaintext when accepted
+	}{
+		{"PLAIN without tls", sasl("PLAIN"), refused, false},
+		{"SCRAM-SHA-256 without tls", sasl("SCRAM-SHA-256"), refused, false},
+		{"SCRAM-SHA-512 without tls", sasl("SCRAM-SHA-512"), refused, false},
+		{"allow_plaintext false", sasl("PLAIN", "    allow_plaintext: false"), []wantErr{{5, "kafka.sasl", "without TLS"}}, false},
+		{"tls disabled", append(sasl("SCRAM-SHA-512"), "  tls: {enabled: false}"), refused, false},
+		{"allow_plaintext true", sasl("PLAIN", "    allow_plaintext: true"), nil, true},
+		{"tls", append(sasl("SCRAM-SHA-512"), "  tls: {ca_file: "+ca+"}"), nil, false},
+		{"empty tls block", append(sasl("PLAIN"), "  tls: {}"), nil, false},
+		{"tls and allow_plaintext", append(sasl("PLAIN", "    allow_plaintext: true"), "  tls: {ca_file: "+ca+"}"), nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			data := doc(tt.kafka...)
+			if tt.want != nil {
+				checkErrors(t, parseErrors(t, data, nil), tt.want)
+				return
+			}
+			if got := mustParse(t, data, nil).Kafka.SASL.AllowPlaintext; got != tt.allow {
+				t.Errorf("AllowPlaintext = %v, want %v", got, tt.allow)
 			}
 		})
 	}

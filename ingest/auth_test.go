@@ -116,7 +116,7 @@ func TestTLSAndSASL(t *testing.T) {
 		c := kafkatest.NewClusterWith(t, 1, []string{"events"},
 			kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "loader", "s3cret"))
 		b := setupWith(t, 1, pgtest.NewDatabase(t), c, kgo.SASL(scram.Auth{User: "loader", Pass: "s3cret"}.AsSha256Mechanism()))
-		b.kafkaYAML = "  sasl: {mechanism: SCRAM-SHA-256, username: loader, password: wrong}"
+		b.kafkaYAML = "  sasl: {mechanism: SCRAM-SHA-256, username: loader, password: wrong, allow_plaintext: true}"
 		r := b.start(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
