@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -108,22 +107,25 @@ func (d *Definition) eventsSQL(p Partition) string {
 	return q
 }
 
-var leadingWith = regexp.MustCompile(`(?is)^\s*with\s+(recursive\s+)?`)
-
 // query is the user's SQL for partition p: {{partition}} becomes the typed
-// key and {{events}} a common table expression named events.
+// key and {{events}} a common table expression named events, which the
+// user's SQL reads as a subquery:
+//
+//	WITH events AS (<raw rows of p>)
+//	SELECT * FROM (
+//	<the user's SQL>
+//	) AS tidemark_query
+//
+// The user's SQL stands on lines of its own, inside parentheses, and is
+// never rewritten or parsed here: a comment at its end (-- or /* */) ends
+// before the closing parenthesis, one at its start before its own WITH
+// does no harm, and a statement-ending semicolon is a syntax error that
+// Prepare reports. Whatever callers append to query follows its closing
+// parenthesis, never the user's text.
 func (d *Definition) query(p Partition) string {
 	sql := strings.ReplaceAll(d.SQL, "{{partition}}", p.keyLiteral())
 	sql = strings.ReplaceAll(sql, "{{events}}", "events")
-	cte := "events AS (" + d.eventsSQL(p) + ")"
-	if m := leadingWith.FindStringSubmatch(sql); m != nil {
-		head := "WITH "
-		if m[1] != "" {
-			head = "WITH RECURSIVE "
-		}
-		return head + cte + ", " + sql[len(m[0]):]
-	}
-	return "WITH " + cte + " " + sql
+	return "WITH events AS (" + d.eventsSQL(p) + ")\nSELECT * FROM (\n" + sql + "\n) AS tidemark_query"
 }
 
 // Result is what one rebuild did.

@@ -81,22 +81,33 @@ func TestQueryRewrite(t *testing.T) {
 	d := &Definition{Name: "agg", Raw: []string{"raw", "src"}, EventTime: "event_time", IngestedAt: "ingested_at",
 		Calendar: Calendar{Day, time.UTC}, Horizon: 72 * time.Hour, Policy: Correction}
 	p := d.Of(utc("2026-10-04T12:00:00Z"))
-	tests := []struct{ sql, prefix string }{
-		{"SELECT {{partition}} AS d, count(*) AS n FROM {{events}} GROUP BY 1", "WITH events AS (SELECT * FROM "},
-		{"with x AS (SELECT 1) SELECT {{partition}} AS d FROM {{events}}, x", "WITH events AS (SELECT * FROM "},
-		{"WITH RECURSIVE r AS (SELECT 1) SELECT {{partition}} AS d FROM {{events}}", "WITH RECURSIVE events AS ("},
+	tests := []struct{ name, sql, user string }{
+		{"select", "SELECT {{partition}} AS d, count(*) AS n FROM {{events}} GROUP BY 1",
+			"SELECT '2026-10-04'::date AS d, count(*) AS n FROM events GROUP BY 1"},
+		{"with", "with x AS (SELECT 1) SELECT {{partition}} AS d FROM {{events}}, x",
+			"with x AS (SELECT 1) SELECT '2026-10-04'::date AS d FROM events, x"},
+		{"with recursive", "WITH RECURSIVE r AS (SELECT 1) SELECT {{partition}} AS d FROM {{events}}",
+			"WITH RECURSIVE r AS (SELECT 1) SELECT '2026-10-04'::date AS d FROM events"},
+		{"trailing line comment", "SELECT {{partition}} AS d FROM {{events}} -- one row",
+			"SELECT '2026-10-04'::date AS d FROM events -- one row"},
+		{"leading comment", "-- {{events}} of a day\nWITH x AS (SELECT 1) SELECT {{partition}} AS d FROM {{events}}, x",
+			"-- events of a day\nWITH x AS (SELECT 1) SELECT '2026-10-04'::date AS d FROM events, x"},
 	}
 	for _, tt := range tests {
-		d.SQL = tt.sql
-		q := d.query(p)
-		if len(q) < len(tt.prefix) || q[:len(tt.prefix)] != tt.prefix {
-			t.Errorf("query(%q) = %q", tt.sql, q)
-		}
-		for _, want := range []string{"'2026-10-04'::date", `"event_time" >= '2026-10-04 00:00:00+00'::timestamptz`,
-			`"event_time" < '2026-10-05 00:00:00+00'::timestamptz`, `"ingested_at" <= '2026-10-08 00:00:00+00'::timestamptz`} {
-			if !strings.Contains(q, want) {
-				t.Errorf("query(%q) lacks %s:\n%s", tt.sql, want, q)
+		t.Run(tt.name, func(t *testing.T) {
+			d.SQL = tt.sql
+			q := d.query(p)
+			// The user's SQL, on lines of its own inside a subquery, is
+			// followed by nothing a comment could swallow.
+			if want := "\nSELECT * FROM (\n" + tt.user + "\n) AS tidemark_query"; !strings.HasPrefix(q, "WITH events AS (SELECT * FROM ") || !strings.HasSuffix(q, want) {
+				t.Errorf("query(%q) =\n%s\nwant it to end\n%s", tt.sql, q, want)
 			}
-		}
+			for _, want := range []string{`"event_time" >= '2026-10-04 00:00:00+00'::timestamptz`,
+				`"event_time" < '2026-10-05 00:00:00+00'::timestamptz`, `"ingested_at" <= '2026-10-08 00:00:00+00'::timestamptz`} {
+				if !strings.Contains(q, want) {
+					t.Errorf("query(%q) lacks %s:\n%s", tt.sql, want, q)
+				}
+			}
+		})
 	}
 }

@@ -2,11 +2,13 @@ package aggregate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // targetColumnsSQL lists the columns of a table (none when it is missing).
@@ -39,10 +41,15 @@ type column struct {
 func Prepare(ctx context.Context, conn *pgx.Conn, d *Definition) error {
 	key := "aggregates." + d.Name + ".sql"
 	// Describing the query for a sample partition checks its syntax, its
-	// references and its output columns without running it.
+	// references and its output columns without running it, wrapped as
+	// every rebuild wraps it.
 	sample := d.Calendar.Of(time.Date(2000, 1, 1, 12, 0, 0, 0, time.UTC))
-	sd, err := conn.PgConn().Prepare(ctx, "", d.query(sample), nil)
+	q := d.query(sample)
+	sd, err := conn.PgConn().Prepare(ctx, "", q, nil)
 	if err != nil {
+		if atSemicolon(q, err) {
+			return fmt.Errorf("%s: must be one SELECT, not ended by a semicolon: %w", key, err)
+		}
 		return fmt.Errorf("%s: %w", key, err)
 	}
 	var cols []column
@@ -177,4 +184,17 @@ func checkTarget(ctx context.Context, tx pgx.Tx, d *Definition, cols []column, e
 		}
 	}
 	return nil
+}
+
+// atSemicolon reports whether err is a syntax error at a semicolon of q:
+// the user's SQL, a subquery in q, ends its statement (or holds two). The
+// configuration refuses a trailing semicolon, but not one followed by a
+// comment.
+func atSemicolon(q string, err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42601" || pe.Position < 1 {
+		return false
+	}
+	r := []rune(q) // Position counts characters
+	return int(pe.Position) <= len(r) && r[pe.Position-1] == ';'
 }
