@@ -49,6 +49,13 @@ type KeyOptions struct {
 	// (default 16, at least 2); LeafKeys the most mirror keys of a range
 	// whose keys are listed rather than split further (default 1000).
 	Ranges, Fanout, LeafKeys int
+	// MaxDelete is the largest share of the mirror's live keys (rounded
+	// up to whole keys, see config.Percent.Of) whose rows one run may flag
+	// or remove: mirror.key_reconcile_max_delete. A run that finds more
+	// missing at the source applies nothing, is recorded as refused and
+	// returns an error wrapping ErrKeyRefused; RunForced ignores the
+	// limit. nil means no limit.
+	MaxDelete *config.Percent
 }
 
 // KeyReconciler finds the rows of a mirror whose key no longer exists at
@@ -83,13 +90,21 @@ type KeyOptions struct {
 // the source's row of tidemark.poll_watermarks, so applying cannot
 // interleave with a poll run of the same source. Every run, dry runs
 // included, is recorded in tidemark.key_reconciliations.
+//
+// With KeyOptions.MaxDelete, a run that finds more mirror rows missing at
+// the source than the limit allows (a source table emptied by mistake)
+// applies nothing. When the first level's key counts alone show that many
+// missing (the source has fewer keys than the mirror in those ranges), the
+// run stops there, without listing keys: refusing a truncated table costs
+// as little as comparing an unchanged one.
 type KeyReconciler struct {
-	t    *mirror.Table
-	dsn  string
-	pool *pgxpool.Pool
-	log  *slog.Logger
-	now  func() time.Time
-	m    *keyMetrics
+	t         *mirror.Table
+	dsn       string
+	pool      *pgxpool.Pool
+	log       *slog.Logger
+	now       func() time.Time
+	m         *keyMetrics
+	maxDelete *config.Percent
 
 	ranges, fanout, leafKeys int
 
@@ -122,6 +137,20 @@ type KeyReport struct {
 	MissingInMirror int64
 	// Applied counts the mirror rows flagged or removed; 0 for a dry run.
 	Applied int64
+	// MaxDelete is the run's limit (KeyOptions.MaxDelete; nil: none) and
+	// Allowed the most mirror rows it lets one run flag or remove: that
+	// share of MirrorKeys, rounded up.
+	MaxDelete *config.Percent
+	Allowed   int64
+	// Refused is true when more keys were missing at the source than
+	// Allowed, so the run applied nothing (a dry run: a run would apply
+	// nothing). Forced is true for a run of RunForced, which ignores the
+	// limit.
+	Refused, Forced bool
+	// DeletedAtLeast is true when the run was refused on the first
+	// level's key counts, without listing keys: Deleted and
+	// MissingInMirror are then lower bounds, and MissingAtSource is empty.
+	DeletedAtLeast bool
 }
 
 // NewKeyReconciler checks the options and returns a reconciler for the
@@ -143,6 +172,8 @@ func NewKeyReconciler(t *mirror.Table, sourceDSN string, pool *pgxpool.Pool, opt
 	case opts.Ranges < 0 || opts.LeafKeys < 0 || opts.Fanout < 0 || opts.Fanout == 1:
 		return nil, fmt.Errorf("keys %s: ranges (%d) and leaf keys (%d) must not be negative, and fanout (%d) must be 0 (default) or at least 2",
 			t.Name, opts.Ranges, opts.LeafKeys, opts.Fanout)
+	case opts.MaxDelete != nil && (*opts.MaxDelete < 0 || *opts.MaxDelete > 100*config.PercentUnit):
+		return nil, fmt.Errorf("keys %s: the delete limit (%s) must be between 0%% and 100%%", t.Name, *opts.MaxDelete)
 	}
 	if _, err := pgx.ParseConfig(sourceDSN); err != nil {
 		return nil, fmt.Errorf("keys %s: source dsn: %w", t.Name, err)
@@ -165,6 +196,10 @@ func NewKeyReconciler(t *mirror.Table, sourceDSN string, pool *pgxpool.Pool, opt
 	if k.leafKeys == 0 {
 		k.leafKeys = DefaultKeyLeafKeys
 	}
+	if opts.MaxDelete != nil {
+		limit := *opts.MaxDelete
+		k.maxDelete = &limit
+	}
 	k.m = newKeyMetrics(opts.Registerer, t.Name)
 	return k, nil
 }
@@ -174,27 +209,62 @@ func NewKeyReconciler(t *mirror.Table, sourceDSN string, pool *pgxpool.Pool, opt
 // has. It calls t.Describe on the source itself if t.Columns is empty
 // (describe a table shared with a poller before either runs). The mirror
 // must exist. Runs of one KeyReconciler are serialised.
+//
+// A run that finds more keys missing at the source than
+// KeyOptions.MaxDelete allows applies nothing, records the run as refused
+// and returns its report with an error wrapping ErrKeyRefused; a dry run
+// reports the same (Refused) without an error.
 func (k *KeyReconciler) Run(ctx context.Context, dryRun bool) (KeyReport, error) {
+	return k.runLogged(ctx, dryRun, false)
+}
+
+// RunForced is Run without the limit of KeyOptions.MaxDelete: it flags or
+// removes every mirror row whose key the source no longer has, however
+// many (unless dryRun, which reports them all). The run is recorded as
+// forced. It is what `tidemark keys --force` does, once, after an
+// operator has checked that the source really lost those rows.
+func (k *KeyReconciler) RunForced(ctx context.Context, dryRun bool) (KeyReport, error) {
+	return k.runLogged(ctx, dryRun, true)
+}
+
+func (k *KeyReconciler) runLogged(ctx context.Context, dryRun, force bool) (KeyReport, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	start := time.Now()
-	rep, err := k.run(ctx, dryRun)
+	rep, err := k.run(ctx, dryRun, force)
 	k.m.observe(rep, err, k.now())
+	if errors.Is(err, ErrKeyRefused) {
+		k.logRefused(rep)
+		return rep, err
+	}
 	if err != nil {
 		k.log.Error("key reconciliation failed", "err", err)
 		return rep, err
 	}
-	k.log.Info("key reconciliation done", "dry_run", dryRun, "hard", rep.Hard,
+	args := []any{"dry_run", dryRun, "hard", rep.Hard,
 		"source_keys", rep.SourceKeys, "mirror_keys", rep.MirrorKeys, "ranges_compared", rep.RangesCompared,
 		"keys_transferred", rep.KeysTransferred, "missing_at_source", rep.Deleted,
-		"missing_in_mirror", rep.MissingInMirror, "applied", rep.Applied, "elapsed", time.Since(start))
+		"missing_in_mirror", rep.MissingInMirror, "applied", rep.Applied, "elapsed", time.Since(start)}
+	if rep.Refused {
+		args = append(args, "would_refuse", true, "max_delete", rep.MaxDelete.String(), "allowed", rep.Allowed)
+	}
+	if rep.Forced {
+		args = append(args, "forced", true)
+	}
+	k.log.Info("key reconciliation done", args...)
+	if rep.Forced && !rep.DryRun && rep.OverLimit() {
+		k.log.Warn("key reconciliation forced beyond mirror.key_reconcile_max_delete",
+			"applied", rep.Applied, "mirror_keys", rep.MirrorKeys, "share", share(rep.Deleted, rep.MirrorKeys),
+			"max_delete", rep.MaxDelete.String(), "allowed", rep.Allowed)
+	}
 	return rep, nil
 }
 
-func (k *KeyReconciler) run(ctx context.Context, dryRun bool) (KeyReport, error) {
+func (k *KeyReconciler) run(ctx context.Context, dryRun, force bool) (KeyReport, error) {
 	t := k.t
 	started := k.now()
-	rep := KeyReport{Source: t.Name, Mirror: strings.Join(t.Target, "."), DryRun: dryRun, Hard: t.Hard}
+	rep := KeyReport{Source: t.Name, Mirror: strings.Join(t.Target, "."), DryRun: dryRun, Hard: t.Hard,
+		MaxDelete: k.maxDelete, Forced: force}
 	src, err := mirror.Connect(ctx, k.dsn, keyApp)
 	if err != nil {
 		return rep, fmt.Errorf("keys %s: %w", t.Name, err)
@@ -215,6 +285,9 @@ func (k *KeyReconciler) run(ctx context.Context, dryRun bool) (KeyReport, error)
 	}
 	if err := r.finish(ctx, src, started); err != nil {
 		return rep, fmt.Errorf("keys %s: apply: %w", t.Name, err)
+	}
+	if rep.Refused && !rep.DryRun {
+		return rep, refusedError(rep)
 	}
 	return rep, nil
 }
@@ -248,6 +321,9 @@ type keyRun struct {
 	ss    *keySide
 	ms    *keySide
 	found []keyFound
+	// early is true when the run was refused on the first level's counts:
+	// no keys were listed.
+	early bool
 }
 
 // compare walks the ranges in key order inside one snapshot per database
@@ -297,7 +373,10 @@ func (r *keyRun) compare(ctx context.Context, src *pgx.Conn) error {
 	if err != nil {
 		return err
 	}
-	if err := r.resolve(ctx, top, sums, 1); err != nil {
+	if r.refuseEarly(top, sums) {
+		k.log.Debug("the first level's key counts exceed the delete limit; keys are not listed",
+			"missing_at_source_at_least", r.rep.Deleted, "allowed", r.rep.Allowed)
+	} else if err := r.resolve(ctx, top, sums, 1); err != nil {
 		return err
 	}
 	if err := stx.Commit(ctx); err != nil {
@@ -615,8 +694,8 @@ func absentKeys(ctx context.Context, q querier, side *keySide, keys []keyFound) 
 	return out, nil
 }
 
-// finish looks the keys found up again at the source and, unless dry run,
-// flags or removes their mirror rows; it records the run either way.
+// finish re-checks and applies the keys found (recheck), unless the run
+// was refused on the first level's counts, and records the run either way.
 func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) error {
 	k, t, rep := r.k, r.k.t, r.rep
 	tx, err := k.pool.Begin(ctx)
@@ -627,6 +706,28 @@ func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) e
 	if err := mirror.SetLocal(ctx, tx); err != nil {
 		return err
 	}
+	if !r.early {
+		if err := r.recheck(ctx, tx, src); err != nil {
+			return err
+		}
+	}
+	mode := config.DeletesSoft
+	if t.Hard {
+		mode = config.DeletesHard
+	}
+	if _, err := tx.Exec(ctx, keyHistorySQL, rep.Source, rep.Mirror, started, k.now(), rep.DryRun, mode,
+		rep.SourceKeys, rep.MirrorKeys, rep.RangesCompared, rep.KeysTransferred, rep.Deleted,
+		rep.MissingInMirror, rep.Applied, rep.Refused, rep.Forced); err != nil {
+		return fmt.Errorf("record the run: %w", err)
+	}
+	return tx.Commit(ctx)
+}
+
+// recheck looks the keys found up again at the source and, unless the run
+// is a dry run or the delete limit refuses it, flags or removes their
+// mirror rows in tx.
+func (r *keyRun) recheck(ctx context.Context, tx pgx.Tx, src *pgx.Conn) error {
+	k, t, rep := r.k, r.k.t, r.rep
 	apply := !rep.DryRun && len(r.found) > 0
 	if apply {
 		// Hold the poller of this source off before the re-check: a row
@@ -650,7 +751,8 @@ func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) e
 	}
 	rep.Deleted = int64(len(gone))
 	rep.MissingAtSource = texts(gone[:min(len(gone), MaxReportedKeys)])
-	if apply {
+	r.limit()
+	if apply && !rep.Refused {
 		deletedAt := k.now()
 		for len(gone) > 0 {
 			batch := gone[:min(len(gone), keyBatch)]
@@ -666,16 +768,7 @@ func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) e
 			rep.Applied += tag.RowsAffected()
 		}
 	}
-	mode := config.DeletesSoft
-	if t.Hard {
-		mode = config.DeletesHard
-	}
-	if _, err := tx.Exec(ctx, keyHistorySQL, rep.Source, rep.Mirror, started, k.now(), rep.DryRun, mode,
-		rep.SourceKeys, rep.MirrorKeys, rep.RangesCompared, rep.KeysTransferred, rep.Deleted,
-		rep.MissingInMirror, rep.Applied); err != nil {
-		return fmt.Errorf("record the run: %w", err)
-	}
-	return tx.Commit(ctx)
+	return nil
 }
 
 func texts(keys []keyFound) []string {
@@ -912,6 +1005,7 @@ type keyMetrics struct {
 	transferred *prometheus.CounterVec
 	found       *prometheus.CounterVec
 	runs        *prometheus.CounterVec
+	refused     *prometheus.CounterVec
 	lastSuccess *prometheus.GaugeVec
 }
 
@@ -934,6 +1028,10 @@ func newKeyMetrics(reg prometheus.Registerer, source string) *keyMetrics {
 			Name: "tidemark_key_reconcile_runs_total",
 			Help: "Key reconciliation runs by result (ok or error).",
 		}, []string{"source", "result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tidemark_key_reconcile_refused_total",
+			Help: "Key reconciliation runs that found more mirror rows missing at the source than mirror.key_reconcile_max_delete allows and applied nothing (also counted as errors).",
+		}, []string{"source"}),
 		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tidemark_key_reconcile_last_success_timestamp_seconds",
 			Help: "Service time at which the last successful key reconciliation run finished.",
@@ -944,6 +1042,7 @@ func newKeyMetrics(reg prometheus.Registerer, source string) *keyMetrics {
 		m.transferred = promreg.Shared(reg, m.transferred)
 		m.found = promreg.Shared(reg, m.found)
 		m.runs = promreg.Shared(reg, m.runs)
+		m.refused = promreg.Shared(reg, m.refused)
 		m.lastSuccess = promreg.Shared(reg, m.lastSuccess)
 	}
 	m.checked.WithLabelValues(source)
@@ -951,6 +1050,7 @@ func newKeyMetrics(reg prometheus.Registerer, source string) *keyMetrics {
 	m.found.WithLabelValues(source)
 	m.runs.WithLabelValues(source, "ok")
 	m.runs.WithLabelValues(source, "error")
+	m.refused.WithLabelValues(source)
 	return m
 }
 
@@ -958,6 +1058,9 @@ func (m *keyMetrics) observe(rep KeyReport, err error, now time.Time) {
 	m.transferred.WithLabelValues(m.source).Add(float64(rep.KeysTransferred))
 	if err != nil {
 		m.runs.WithLabelValues(m.source, "error").Inc()
+		if errors.Is(err, ErrKeyRefused) {
+			m.refused.WithLabelValues(m.source).Inc()
+		}
 		return
 	}
 	m.runs.WithLabelValues(m.source, "ok").Inc()

@@ -165,6 +165,7 @@ WHERE %[4]s`
 	keyHistorySQL = `
 INSERT INTO tidemark.key_reconciliations
     (source, mirror, started_at, finished_at, dry_run, mode, source_keys, mirror_keys,
-     ranges_compared, keys_transferred, missing_at_source, missing_in_mirror, applied)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
+     ranges_compared, keys_transferred, missing_at_source, missing_in_mirror, applied,
+     refused, forced)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`
 )

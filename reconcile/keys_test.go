@@ -625,6 +625,11 @@ tidemark_key_reconcile_keys_checked_total{source="customers_copy"} 5
 # TYPE tidemark_key_reconcile_last_success_timestamp_seconds gauge
 tidemark_key_reconcile_last_success_timestamp_seconds{source="customers"} %[1]d
 tidemark_key_reconcile_last_success_timestamp_seconds{source="customers_copy"} %[1]d
+# HELP tidemark_key_reconcile_refused_total Key reconciliation runs that found more mirror rows missing at the source than mirror.key_reconcile_max_delete allows and applied nothing (also counted as errors).
+# TYPE tidemark_key_reconcile_refused_total counter
+tidemark_key_reconcile_refused_total{source="broken"} 0
+tidemark_key_reconcile_refused_total{source="customers"} 0
+tidemark_key_reconcile_refused_total{source="customers_copy"} 0
 # HELP tidemark_key_reconcile_runs_total Key reconciliation runs by result (ok or error).
 # TYPE tidemark_key_reconcile_runs_total counter
 tidemark_key_reconcile_runs_total{result="error",source="broken"} 1
@@ -636,7 +641,7 @@ tidemark_key_reconcile_runs_total{result="ok",source="customers_copy"} 1
 `, at("2026-10-06 12:00").Unix())
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"tidemark_key_reconcile_deletes_found_total", "tidemark_key_reconcile_keys_checked_total",
-		"tidemark_key_reconcile_last_success_timestamp_seconds", "tidemark_key_reconcile_runs_total"); err != nil {
+		"tidemark_key_reconcile_last_success_timestamp_seconds", "tidemark_key_reconcile_refused_total", "tidemark_key_reconcile_runs_total"); err != nil {
 		t.Error(err)
 	}
 	if n, err := testutil.GatherAndCount(reg, "tidemark_key_reconcile_keys_transferred_total"); err != nil || n != 3 {
@@ -664,6 +669,10 @@ func TestKeyReconcilerOptions(t *testing.T) {
 		{name: "hard without deleted column", table: func() *mirror.Table { m := good(); m.DeletedColumn, m.Hard = "", true; return m }, dsn: dsn, ok: true},
 		{name: "fanout 1", table: good, dsn: dsn, opts: reconcile.KeyOptions{Fanout: 1}},
 		{name: "negative ranges", table: good, dsn: dsn, opts: reconcile.KeyOptions{Ranges: -1}},
+		{name: "max delete 0%", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(0)}, ok: true},
+		{name: "max delete 100%", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(100 * config.PercentUnit)}, ok: true},
+		{name: "max delete above 100%", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(100*config.PercentUnit + 1)}},
+		{name: "max delete negative", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(-1)}},
 		{name: "bad dsn", table: good, dsn: "postgres://%zz"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -674,6 +683,8 @@ func TestKeyReconcilerOptions(t *testing.T) {
 		})
 	}
 }
+
+func percent(p config.Percent) *config.Percent { return &p }
 
 // TestKeyReconcileFirstLevel: the first level's bounds are sampled from a
 // large mirror and exact quantiles of a small one; either way the same
