@@ -167,13 +167,16 @@ func (d *Definition) Prepared() bool { return d.columns != nil }
 // the reconciler, backfills and full refreshes all call it. now is the
 // service clock. A per-partition advisory lock keeps two rebuilds of the
 // same partition from running at once.
-func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now time.Time) (Result, error) {
+func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now time.Time, opts ...RebuildOption) (Result, error) {
 	if d.columns == nil {
 		return Result{}, ErrNotPrepared
 	}
 	lock := "tidemark.partition." + d.Name + "." + p.Start.UTC().Format(time.RFC3339)
 	if _, err := tx.Exec(ctx, lockPartitionSQL, lock); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: lock: %w", d.Name, p, err)
+	}
+	if err := checkRetained(ctx, tx, d, p, rebuildOpts(opts).allowArchived); err != nil {
+		return Result{}, err
 	}
 	var watermark string
 	if err := tx.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text").Scan(&watermark); err != nil {
@@ -273,9 +276,12 @@ func (d *Definition) ShadowName() pgx.Identifier {
 // with the published partition. It changes neither the aggregate table
 // nor tidemark.partitions: a shadow build is for inspecting what a
 // backfill would publish.
-func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition) (Comparison, error) {
+func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, opts ...RebuildOption) (Comparison, error) {
 	if d.columns == nil {
 		return Comparison{}, ErrNotPrepared
+	}
+	if err := checkRetained(ctx, tx, d, p, rebuildOpts(opts).allowArchived); err != nil {
+		return Comparison{}, err
 	}
 	if err := CreateShadow(ctx, tx, d); err != nil {
 		return Comparison{}, err

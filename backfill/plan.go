@@ -47,6 +47,12 @@ type Chunk struct {
 	// why not.
 	Run    bool
 	Reason string
+	// Archived counts the chunk's archived partitions: retention dropped
+	// raw rows they were built from.
+	Archived int
+
+	forced       bool // Run, were it not for the archived partitions
+	forcedReason string
 }
 
 // Label names the chunk for people: its first and last partition.
@@ -117,11 +123,16 @@ ORDER BY r.id`
 )
 
 // Plan lists the chunks of the range and whether a run with reprocess
-// would rebuild each.
+// would rebuild each. A chunk holding an archived partition is not run
+// (see Options.Force).
 func Plan(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Range, span time.Duration, reprocess Reprocess) ([]Chunk, error) {
 	cs := chunks(d, r, span)
 	if len(cs) == 0 {
 		return nil, nil
+	}
+	retained, err := aggregate.RetainedFrom(ctx, pool, d.Source)
+	if err != nil {
+		return nil, fmt.Errorf("backfill %s: %w", d.Name, err)
 	}
 	lo, hi := cs[0].Start, cs[len(cs)-1].End
 	rows, err := pool.Query(ctx, builtSQL, d.Name, lo, hi)
@@ -164,6 +175,9 @@ func Plan(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ra
 		var never, unfinished int
 		for _, p := range c.Partitions {
 			k := p.Start.UnixMicro()
+			if aggregate.ArchivedBefore(p, retained) {
+				c.Archived++
+			}
 			if !built[k] {
 				never++
 			} else if s, ok := last[k]; ok && s != "done" {
@@ -182,6 +196,20 @@ func Plan(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ra
 		default:
 			c.Reason = "built (--reprocess completed rebuilds it)"
 		}
+		if c.Archived > 0 {
+			c.forced, c.forcedReason = c.Run, c.Reason
+			c.Run = false
+			c.Reason = fmt.Sprintf("%d of %d partitions archived: raw rows before %s were dropped by retention (--force rebuilds them from what is left)",
+				c.Archived, len(c.Partitions), retained.In(d.Calendar.Loc).Format(time.DateOnly))
+		}
 	}
 	return cs, nil
+}
+
+// force makes the chunk's decision the one it would be without its
+// archived partitions.
+func (c *Chunk) force() {
+	if c.Archived > 0 {
+		c.Run, c.Reason = c.forced, c.forcedReason+"; archived, rebuilt with --force"
+	}
 }

@@ -32,6 +32,11 @@ type Options struct {
 	Concurrency int
 	// Reprocess selects the chunks to rebuild (default Missing).
 	Reprocess Reprocess
+	// Force rebuilds archived partitions too, from the raw rows retention
+	// left. Without it a range holding an archived partition is refused
+	// (ErrArchivedRange), unless SkipArchived leaves them alone.
+	Force        bool
+	SkipArchived bool
 	// Now is the service clock, recorded as the partitions' rebuild time;
 	// default time.Now.
 	Now    func() time.Time
@@ -56,6 +61,10 @@ type Failure struct {
 	Chunk Chunk
 	Err   error
 }
+
+// ErrArchivedRange means the range holds archived partitions, which a
+// backfill rebuilds only when forced.
+var ErrArchivedRange = errors.New("the range holds archived partitions")
 
 // ErrBusy means another backfill or refresh of the aggregate is running.
 var ErrBusy = errors.New("another backfill or refresh of the aggregate is running")
@@ -133,6 +142,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 
 	plan, err := Plan(ctx, pool, d, r, opts.Chunk, opts.Reprocess)
 	if err != nil {
+		return nil, err
+	}
+	if err := archivedIn(d, plan, opts); err != nil {
 		return nil, err
 	}
 	if opts.Shadow {
@@ -268,11 +280,11 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 			var check Check
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				if opts.Shadow {
-					cmp, err := aggregate.BuildShadow(ctx, tx, d, p)
+					cmp, err := aggregate.BuildShadow(ctx, tx, d, p, aggregate.AllowArchived(opts.Force))
 					check, n = Check{Partition: p, Comparison: cmp}, cmp.Fresh
 					return err
 				}
-				res, err := aggregate.Rebuild(ctx, tx, d, p, opts.Now())
+				res, err := aggregate.Rebuild(ctx, tx, d, p, opts.Now(), aggregate.AllowArchived(opts.Force))
 				n = res.Rows
 				return err
 			})
@@ -315,4 +327,31 @@ func withDefaults(o Options) Options {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return o
+}
+
+// archivedIn refuses a plan with archived partitions unless opts force
+// them (which makes their chunks run as they would without them) or skip
+// them.
+func archivedIn(d *aggregate.Definition, plan []Chunk, opts Options) error {
+	var first, last *Chunk
+	n := 0
+	for i := range plan {
+		c := &plan[i]
+		if c.Archived == 0 {
+			continue
+		}
+		if opts.Force {
+			c.force()
+		}
+		if first == nil {
+			first = c
+		}
+		last, n = c, n+c.Archived
+	}
+	if n == 0 || opts.Force || opts.SkipArchived {
+		return nil
+	}
+	return fmt.Errorf("backfill %s: %w: %d partitions in %s .. %s; retention dropped raw rows they were built from, "+
+		"so a rebuild would replace their published rows with what is left: narrow --from, or add --force to rebuild them anyway",
+		d.Name, ErrArchivedRange, n, first.Partitions[0].Label(), last.Partitions[len(last.Partitions)-1].Label())
 }

@@ -20,10 +20,13 @@ type Check struct {
 	// Queued says the reconciler has the partition queued for a rebuild,
 	// so a difference is expected until it runs.
 	Queued bool
+	// Archived says the partition is archived: its raw rows are gone, so
+	// it is not compared (its published rows are the only copy).
+	Archived bool
 }
 
 // Drifted reports whether the published rows differ from a rebuild's.
-func (c Check) Drifted() bool { return c.Differs() }
+func (c Check) Drifted() bool { return !c.Archived && c.Differs() }
 
 const (
 	// publishedSQL lists the partitions that have been built.
@@ -56,9 +59,17 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 			parts = append(parts, d.Calendar.At(s))
 		}
 	}
+	retained, err := aggregate.RetainedFrom(ctx, pool, d.Source)
+	if err != nil {
+		return nil, fmt.Errorf("verify %s: %w", d.Name, err)
+	}
 	out := make([]Check, 0, len(parts))
 	for _, p := range parts {
-		c := Check{Partition: p}
+		c := Check{Partition: p, Archived: aggregate.ArchivedBefore(p, retained)}
+		if c.Archived {
+			out = append(out, c)
+			continue
+		}
 		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		if err != nil {
 			return out, fmt.Errorf("verify %s: %w", d.Name, err)
@@ -73,6 +84,16 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 		if err != nil {
 			return out, err
 		}
+		if c.Differs() {
+			// Retention may have dropped raw rows of p while it was being
+			// compared; the comparison then tells nothing.
+			if retained, err = aggregate.RetainedFrom(ctx, pool, d.Source); err != nil {
+				return out, fmt.Errorf("verify %s: %w", d.Name, err)
+			}
+			if aggregate.ArchivedBefore(p, retained) {
+				c = Check{Partition: p, Archived: true}
+			}
+		}
 		out = append(out, c)
 	}
 	return out, nil
@@ -81,8 +102,9 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 // FullRange is the range of a full refresh: the days from the earliest to
 // the latest event time in the aggregate's raw table, in its time zone
 // (to the latest ingestion time under the arrival policy, which counts
-// late events in the partition they arrived in). ok is false when the
-// table holds no rows.
+// late events in the partition they arrived in), from the source's
+// retention bound at the earliest. ok is false when the table holds no
+// rows from then on.
 func FullRange(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition) (r Range, ok bool, err error) {
 	var lo, hi, arrived *time.Time
 	et, ia := pgx.Identifier{d.EventTime}.Sanitize(), pgx.Identifier{d.IngestedAt}.Sanitize()
@@ -95,6 +117,17 @@ func FullRange(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition)
 	}
 	if d.Policy == aggregate.Arrival && arrived != nil && arrived.After(*hi) {
 		hi = arrived
+	}
+	// Days before the retention bound are archived: a refresh skips them.
+	retained, err := aggregate.RetainedFrom(ctx, pool, d.Source)
+	if err != nil {
+		return Range{}, false, fmt.Errorf("refresh %s: %w", d.Name, err)
+	}
+	if lo.Before(retained) {
+		lo = &retained
+	}
+	if hi.Before(*lo) {
+		return Range{}, false, nil
 	}
 	return Range{From: lo.In(d.Calendar.Loc), To: hi.In(d.Calendar.Loc)}, true, nil
 }

@@ -79,6 +79,7 @@ type window struct {
 	arrivals map[arrivalKey]int64
 	late     map[string]int64 // rows by lateness label
 	rows     int64            // ledger rows or table rows read
+	archived int64            // events read for archived partitions
 	maxEvent time.Time
 }
 
@@ -150,10 +151,12 @@ func ageStep(age time.Duration) int64 {
 }
 
 // account files n events of partition p ingested at ingestedAt, deciding
-// whether p must be rebuilt or the events lie beyond its horizon.
-func (w *window) account(d *aggregate.Definition, p aggregate.Partition, ingestedAt time.Time, n int64, first bool, beyond func()) {
+// whether p must be rebuilt or the events lie beyond its horizon. Events of
+// an archived partition are beyond it under every policy: the partition
+// cannot be rebuilt.
+func (w *window) account(d *aggregate.Definition, p aggregate.Partition, ingestedAt time.Time, n int64, first, archived bool, beyond func()) {
 	age := ingestedAt.Sub(p.End)
-	within := d.Policy == aggregate.RebuildAnyway || !ingestedAt.After(d.HorizonEnd(p))
+	within := !archived && (d.Policy == aggregate.RebuildAnyway || !ingestedAt.After(d.HorizonEnd(p)))
 	if first {
 		// Counts go to the first partition of a bucket that spans two.
 		w.late[latenessLabel(age.Seconds())] += n
@@ -185,6 +188,10 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&hi); err != nil {
 		return nil, "", fmt.Errorf("read snapshot: %w", err)
 	}
+	retained, err := aggregate.RetainedFrom(ctx, tx, d.Source)
+	if err != nil {
+		return nil, "", err
+	}
 	w := newWindow()
 	rows, err := tx.Query(ctx, ledgerWindowSQL, d.Source, lo, hi)
 	if err != nil {
@@ -205,7 +212,11 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 		arrival := d.Of(ingestedAt).Start
 		for i, p := range d.Calendar.Overlapping(minT, maxT) {
 			k := beyondKey{p.Start, arrival}
-			w.account(d, p, ingestedAt, n, i == 0, func() {
+			archived := aggregate.ArchivedBefore(p, retained)
+			if archived {
+				w.archived += n
+			}
+			w.account(d, p, ingestedAt, n, i == 0, archived, func() {
 				if w.beyond[k] == nil {
 					w.beyond[k] = &loads{}
 				}
@@ -221,6 +232,12 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 		if err := r.recordBeyond(ctx, tx, d, k, l.filter(quote(d.IngestedAt)), now, w); err != nil {
 			return nil, "", err
 		}
+	}
+	if w.archived > 0 {
+		// Under the rebuild policy too: an archived partition's raw rows
+		// are gone, so a rebuild would lose the published rows.
+		r.log.Warn("events arrived for archived partitions; recorded in tidemark.corrections, the partitions stay as published",
+			"aggregate", d.Name, "events", w.archived, "beyond_horizon", d.Policy, "raw_retained_from", retained.UTC().Format(time.RFC3339))
 	}
 	if err := r.finishClaim(ctx, tx, d, w, hi, through, now); err != nil {
 		return nil, "", err
@@ -286,9 +303,9 @@ func (r *Reconciler) claimTable(ctx context.Context, tx pgx.Tx, d *aggregate.Def
 			// Rows of one group may lie on both sides of the horizon:
 			// rebuild if the earliest was within, record if the latest was
 			// beyond. Counts use the latest ingestion time of new rows.
-			w.account(d, p, g.minIA, 0, false, func() {})
+			w.account(d, p, g.minIA, 0, false, false, func() {})
 			if i == 0 && g.fresh > 0 {
-				w.account(d, p, g.maxIA, g.fresh, true, func() {})
+				w.account(d, p, g.maxIA, g.fresh, true, false, func() {})
 			}
 			if d.Policy != aggregate.RebuildAnyway && g.maxIA.After(d.HorizonEnd(p)) {
 				beyond[p.Start] = true

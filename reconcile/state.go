@@ -31,7 +31,7 @@ UPDATE tidemark.partitions SET
                  ELSE 'open' END,
     completeness = CASE WHEN $2 >= final_at THEN 1 ELSE completeness END,
     updated_at = $2
-WHERE aggregate = $1 AND state <> 'final'`
+WHERE aggregate = $1 AND state NOT IN ('final', 'archived')`
 
 	// completenessSQL estimates, for each partition that is not final, the
 	// share of its eventual rows already loaded: for each of the latest
@@ -40,7 +40,7 @@ WHERE aggregate = $1 AND state <> 'final'`
 	completenessSQL = `
 WITH finals AS (
     SELECT partition_start FROM tidemark.partitions
-    WHERE aggregate = $1 AND state = 'final'
+    WHERE aggregate = $1 AND state IN ('final', 'archived')
     ORDER BY partition_start DESC LIMIT $3
 ), totals AS (
     SELECT a.partition_start, sum(a.rows)::float8 AS total
@@ -49,7 +49,7 @@ WITH finals AS (
     GROUP BY 1 HAVING sum(a.rows) > 0
 ), current AS (
     SELECT partition_start, extract(epoch FROM $2::timestamptz - partition_end) AS age
-    FROM tidemark.partitions WHERE aggregate = $1 AND state <> 'final'
+    FROM tidemark.partitions WHERE aggregate = $1 AND state NOT IN ('final', 'archived')
 ), estimates AS (
     SELECT c.partition_start,
            avg(coalesce((SELECT sum(a.rows) FROM tidemark.partition_arrivals a
@@ -63,12 +63,12 @@ FROM estimates e
 WHERE p.aggregate = $1 AND p.partition_start = e.partition_start`
 
 	openPartitionsSQL = `
-SELECT partition_key, completeness FROM tidemark.partitions WHERE aggregate = $1 AND state <> 'final'`
+SELECT partition_key, completeness FROM tidemark.partitions WHERE aggregate = $1 AND state NOT IN ('final', 'archived')`
 )
 
-// historyPartitions is how many recent final partitions the completeness
-// estimate learns from.
-func historyPartitions(by string) int {
+// HistoryPartitions is how many recent final partitions the completeness
+// estimate learns from; retention keeps their arrival histories.
+func HistoryPartitions(by string) int {
 	switch by {
 	case aggregate.Hour:
 		return 24
@@ -127,7 +127,7 @@ func (r *Reconciler) updateStates(ctx context.Context, conn *pgx.Conn, d *aggreg
 	if _, err := conn.Exec(ctx, partitionStatesSQL, d.Name, now, wm); err != nil {
 		return fmt.Errorf("reconcile %s: partition states: %w", d.Name, err)
 	}
-	if _, err := conn.Exec(ctx, completenessSQL, d.Name, now, historyPartitions(d.Calendar.By)); err != nil {
+	if _, err := conn.Exec(ctx, completenessSQL, d.Name, now, HistoryPartitions(d.Calendar.By)); err != nil {
 		return fmt.Errorf("reconcile %s: completeness: %w", d.Name, err)
 	}
 	rows, err := conn.Query(ctx, openPartitionsSQL, d.Name)

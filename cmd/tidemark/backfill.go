@@ -94,6 +94,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	to := fs.String("to", "", "last day to rebuild, included")
 	reprocess := fs.String("reprocess", "missing", "which chunks to rebuild: missing (never built), failed (also those whose last backfill did not finish), completed (all)")
 	shadow := fs.Bool("shadow", false, "build every partition of the range into the aggregate's shadow table and compare it with the published one; publishes nothing")
+	force := fs.Bool("force", false, "also rebuild archived partitions, whose raw rows retention dropped, from what is left (their published rows are replaced)")
 	if code, ok := parse(fs, args, stderr); !ok {
 		return code
 	}
@@ -116,7 +117,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return exitFailure
 	}
 	defer pool.Close()
-	opts := backfill.Options{Kind: "backfill", Chunk: span, Concurrency: *f.concurrency, Reprocess: rp, Shadow: *shadow}
+	opts := backfill.Options{Kind: "backfill", Chunk: span, Concurrency: *f.concurrency, Reprocess: rp, Shadow: *shadow, Force: *force}
 	if *shadow {
 		opts.Kind, opts.Reprocess = "shadow", backfill.Completed
 	}
@@ -158,7 +159,7 @@ func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stdout, "%s: %s holds no events; nothing to refresh\n", *f.name, d.Raw.Sanitize())
 		return exitOK
 	}
-	opts := backfill.Options{Kind: "refresh", Chunk: span, Concurrency: *f.concurrency, Reprocess: backfill.Completed}
+	opts := backfill.Options{Kind: "refresh", Chunk: span, Concurrency: *f.concurrency, Reprocess: backfill.Completed, SkipArchived: true}
 	return rebuild(ctx, cfg, pool, app, *f.name, r, opts, *f.dryRun, stdout, stderr)
 }
 
@@ -316,13 +317,20 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitFailure
 	}
-	drifted := 0
+	drifted, archived := 0, 0
 	for _, c := range checks {
-		if c.Drifted() {
+		switch {
+		case c.Archived:
+			archived++
+		case c.Drifted():
 			drifted++
 		}
 	}
-	fmt.Fprintf(stdout, "%s: %d partitions verified, %d differ from a rebuild\n", *name, len(checks), drifted)
+	fmt.Fprintf(stdout, "%s: %d partitions verified, %d differ from a rebuild", *name, len(checks)-archived, drifted)
+	if archived > 0 {
+		fmt.Fprintf(stdout, "; %d archived partitions not compared (retention dropped their raw rows)", archived)
+	}
+	fmt.Fprintln(stdout)
 	for _, c := range checks {
 		if !c.Drifted() {
 			continue

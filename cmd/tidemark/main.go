@@ -11,6 +11,7 @@
 //	tidemark refresh   --aggregate NAME --full [-c tidemark.yaml] [--chunk 1d] [--concurrency N] [--dry-run]
 //	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
 //	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run]
+//	tidemark prune     [-c tidemark.yaml] [--dry-run]
 //	tidemark status    [-c tidemark.yaml] [--json]
 //	tidemark demo
 //	tidemark version
@@ -76,6 +77,7 @@ Usage:
   tidemark poll      --once --source NAME [-c FILE] [--upper T] [--lookback D]
                                                           load one timestamp-watermark window
   tidemark keys      --source NAME [-c FILE] [--dry-run]  find rows deleted at the source (key reconciliation)
+  tidemark prune     [-c FILE] [--dry-run]                remove what retention no longer keeps
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
   tidemark demo                                           run a self-contained demonstration
   tidemark version                                        print the version
@@ -117,6 +119,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cmdPoll(ctx, rest, stdout, stderr)
 	case "keys":
 		return cmdKeys(ctx, rest, stdout, stderr)
+	case "prune":
+		return cmdPrune(ctx, rest, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout, stderr)
 	case "version", "--version":

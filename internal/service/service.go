@@ -32,6 +32,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
+	"github.com/tidemark-dev/tidemark/retention"
 	"github.com/tidemark-dev/tidemark/status"
 )
 
@@ -41,10 +42,11 @@ const (
 	ComponentPoll      = "poll"      // timestamp-watermark loads; needs poll sources
 	ComponentCDC       = "cdc"       // logical replication readers; needs CDC sources
 	ComponentReconcile = "reconcile" // the reconciler; needs aggregates
+	ComponentPrune     = "prune"     // retention; runs wherever another component does
 )
 
 // Components lists what this version can run.
-var Components = []string{ComponentIngest, ComponentPoll, ComponentCDC, ComponentReconcile}
+var Components = []string{ComponentIngest, ComponentPoll, ComponentCDC, ComponentReconcile, ComponentPrune}
 
 // Configured returns the components the configuration gives work to.
 func Configured(cfg *config.Config) []string {
@@ -62,6 +64,9 @@ func Configured(cfg *config.Config) []string {
 	}
 	if len(cfg.Aggregates) > 0 {
 		out = append(out, ComponentReconcile)
+	}
+	if len(out) > 0 {
+		out = append(out, ComponentPrune)
 	}
 	return out
 }
@@ -138,7 +143,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		if !slices.Contains(configured, c) {
 			return fmt.Errorf("component %s has nothing to do: configure %s", c, map[string]string{
 				ComponentIngest: "a source with a kafka block", ComponentPoll: "a source with a poll block", ComponentCDC: "a source with a cdc block",
-				ComponentReconcile: "aggregates"}[c])
+				ComponentReconcile: "aggregates", ComponentPrune: "sources"}[c])
 		}
 	}
 	if len(running) == 0 {
@@ -159,6 +164,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	buildInfo.WithLabelValues(VersionString()).Set(1)
 	reg.MustRegister(buildInfo)
 	reg.MustRegister(ingest.NewWatermarkCollector(cfg, pool, now))
+	reg.MustRegister(retention.NewCollector(pool))
 	if len(cfg.Aggregates) > 0 {
 		reg.MustRegister(reconcile.NewCollector(pool, now))
 	}
@@ -287,6 +293,17 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			if err := r.Run(runCtx); err != nil {
 				errs <- err
 			}
+		}()
+	}
+	if enabled(ComponentPrune) {
+		p, err := retention.New(cfg, pool, retention.Options{Logger: log, Registerer: reg, Now: now})
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = p.Loop(runCtx) // logs and retries its own failures
 		}()
 	}
 	log.Info("tidemark running", "version", VersionString(), "components", running)

@@ -1,0 +1,426 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/reconcile"
+)
+
+// Options customise a Pruner beyond its configuration.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Now is the service clock: every retention is measured on it.
+	// Default time.Now.
+	Now func() time.Time
+}
+
+// Pruner removes what the retention of a configuration no longer keeps.
+type Pruner struct {
+	cfg  *config.Config
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	now  func() time.Time
+	m    *metrics
+	aggs map[string][]*aggregate.Definition // by source
+}
+
+// New returns the pruner of cfg.
+func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Pruner, error) {
+	p := &Pruner{cfg: cfg, pool: pool, log: opts.Logger, now: opts.Now, aggs: map[string][]*aggregate.Definition{}}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	p.log = p.log.With("component", "prune")
+	if p.now == nil {
+		p.now = time.Now
+	}
+	for _, name := range cfg.AggregateNames() {
+		d, err := aggregate.FromConfig(cfg, name)
+		if err != nil {
+			return nil, err
+		}
+		p.aggs[d.Source] = append(p.aggs[d.Source], d)
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	p.m = newMetrics(reg)
+	return p, nil
+}
+
+// Report is what a run removed, or with DryRun would remove.
+type Report struct {
+	At     time.Time
+	DryRun bool
+	// Tables lists, in a fixed order, every table the run removed rows or
+	// partitions from (or would have).
+	Tables []Table
+	// Sources is the raw table of each Kafka, poll and CDC source.
+	Sources []Source
+	// Archived counts, per aggregate, the partitions archived because
+	// raw rows they were built from were dropped.
+	Archived map[string]int64
+}
+
+// Table is what a run removed from one table.
+type Table struct {
+	Name       string
+	Rows       int64
+	Partitions int
+	Bytes      int64
+}
+
+// Source is the outcome for one source's raw table.
+type Source struct {
+	Name    string
+	Dropped []Partition
+	// Kept says why the oldest raw partition past the source's retention
+	// stays; empty when none does.
+	Kept string
+	// RetainedFrom is the source's retention bound after the run (zero
+	// while nothing has been dropped).
+	RetainedFrom time.Time
+}
+
+// Partition is one raw partition dropped (or to drop).
+type Partition struct {
+	Name       string
+	Start, End time.Time
+	Rows       int64
+	Bytes      int64
+}
+
+// ErrBusy means another process is pruning the same warehouse.
+var ErrBusy = errors.New("another tidemark process is pruning")
+
+const (
+	lockPruneSQL   = `SELECT pg_try_advisory_lock(hashtextextended('tidemark.prune', 0))`
+	unlockPruneSQL = `SELECT pg_advisory_unlock(hashtextextended('tidemark.prune', 0))`
+)
+
+// Run prunes once: the raw partitions of each source, then state rows. With
+// dryRun it only measures what it would remove. A run that finds another
+// process pruning returns ErrBusy.
+func (p *Pruner) Run(ctx context.Context, dryRun bool) (*Report, error) {
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, lockPruneSQL).Scan(&got); err != nil {
+		return nil, fmt.Errorf("prune: lock: %w", err)
+	}
+	if !got {
+		p.m.runs.WithLabelValues("busy").Inc()
+		return nil, ErrBusy
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), unlockPruneSQL); err != nil {
+			conn.Conn().Close(context.Background())
+		}
+	}()
+	rep, err := p.run(ctx, conn.Conn(), dryRun)
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	p.m.runs.WithLabelValues(result).Inc()
+	if err == nil && !dryRun {
+		p.m.lastSuccess.Set(float64(rep.At.Unix()))
+	}
+	return rep, err
+}
+
+func (p *Pruner) run(ctx context.Context, conn *pgx.Conn, dryRun bool) (*Report, error) {
+	now := p.now()
+	rep := &Report{At: now, DryRun: dryRun, Archived: map[string]int64{}}
+	tables := map[string]*Table{}
+	var order []string
+	table := func(name string) *Table {
+		if tables[name] == nil {
+			tables[name] = &Table{Name: name}
+			order = append(order, name)
+		}
+		return tables[name]
+	}
+	for _, name := range p.cfg.SourceNames() {
+		src := p.cfg.Sources[name]
+		if src.Table != nil {
+			continue
+		}
+		s, err := p.pruneRaw(ctx, conn, src, now, dryRun, rep.Archived)
+		if err != nil {
+			return rep, err
+		}
+		rep.Sources = append(rep.Sources, s)
+		t := table("raw." + name)
+		for _, d := range s.Dropped {
+			t.Rows += d.Rows
+			t.Bytes += d.Bytes
+			t.Partitions++
+		}
+	}
+	rules, err := p.rules(ctx, conn, now)
+	if err != nil {
+		return rep, err
+	}
+	perRow := map[string]float64{}
+	for _, r := range rules {
+		if _, ok := perRow[r.table]; !ok {
+			var b float64
+			if err := conn.QueryRow(ctx, fmt.Sprintf(rowBytesSQL, r.table), r.table).Scan(&b); err != nil {
+				return rep, fmt.Errorf("prune %s: size: %w", r.table, err)
+			}
+			perRow[r.table] = b
+		}
+		rows, err := p.apply(ctx, conn, r, dryRun)
+		if err != nil {
+			return rep, fmt.Errorf("prune %s: %w", r.table, err)
+		}
+		bytes := int64(float64(rows) * perRow[r.table])
+		t := table(r.table)
+		t.Rows += rows
+		t.Bytes += bytes
+		if !dryRun {
+			p.m.rows.WithLabelValues(r.table).Add(float64(rows))
+			p.m.bytes.WithLabelValues(r.table).Add(float64(bytes))
+		}
+	}
+	for _, name := range order {
+		rep.Tables = append(rep.Tables, *tables[name])
+	}
+	return rep, nil
+}
+
+// rule selects the rows of one table that retention removes: where is a
+// condition on the table aliased t, with args.
+type rule struct {
+	table string
+	where string
+	args  []any
+}
+
+// batchRows is how many rows one delete transaction removes.
+const batchRows = 5000
+
+// apply deletes the rows of r in batches (or, with dryRun, counts them)
+// and returns how many there were.
+func (p *Pruner) apply(ctx context.Context, conn *pgx.Conn, r rule, dryRun bool) (int64, error) {
+	var rows int64
+	if dryRun {
+		err := conn.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s t WHERE %s`, r.table, r.where), r.args...).Scan(&rows)
+		return rows, err
+	}
+	sql := fmt.Sprintf(`
+WITH d AS (
+    DELETE FROM %[1]s t
+    WHERE t.ctid = ANY(ARRAY(SELECT t.ctid FROM %[1]s t WHERE %[2]s LIMIT %[3]d)) AND %[2]s
+    RETURNING 1
+)
+SELECT count(*) FROM d`, r.table, r.where, batchRows)
+	for {
+		var n int64
+		if err := conn.QueryRow(ctx, sql, r.args...).Scan(&n); err != nil {
+			return rows, err
+		}
+		rows += n
+		if n < batchRows {
+			return rows, nil
+		}
+	}
+}
+
+// rowBytesSQL estimates the bytes a row of a table takes, with its share
+// of the indexes: the table's size over its rows (as the last vacuum or
+// analyze counted them, or counted now when neither has run).
+const rowBytesSQL = `
+SELECT pg_total_relation_size(c.oid)::float8 / greatest(CASE WHEN c.reltuples > 0 THEN c.reltuples ELSE (SELECT count(*) FROM %s) END, 1)
+FROM pg_class c WHERE c.oid = $1::text::regclass`
+
+// maxXID is the largest xid8: every load is below it.
+const maxXID = "18446744073709551615"
+
+const (
+	ledgerWhere      = `t.source = $1 AND t.ingested_at < $2 AND t.load_xid < $3::text::xid8`
+	deadLetterWhere  = `t.source = $1 AND t.ingested_at < $2`
+	correctionsWhere = `t.aggregate = $1 AND t.recorded_at < $2 AND (t.policy <> 'arrival' OR t.arrival_partition_start < $3)`
+	arrivalsWhere    = `t.aggregate = $1 AND t.partition_start < $2`
+
+	// Finished runs older than the cutoff, except the latest of each kind.
+	backfillRunsWhere = `t.status <> 'running' AND t.finished_at < $1
+  AND t.id < (SELECT max(l.id) FROM tidemark.backfill_runs l WHERE l.aggregate = t.aggregate AND l.kind = t.kind)`
+	backfillChunksWhere = `t.run_id IN (SELECT t.id FROM tidemark.backfill_runs t WHERE ` + backfillRunsWhere + `)`
+	verifyRunsWhere     = `t.finished_at < $1
+  AND t.id < (SELECT max(l.id) FROM tidemark.verify_runs l WHERE l.aggregate = t.aggregate)`
+	keyRunsWhere = `t.finished_at < $1
+  AND t.id < (SELECT max(l.id) FROM tidemark.key_reconciliations l WHERE l.source = t.source)
+  AND t.id <> coalesce((SELECT max(l.id) FROM tidemark.key_reconciliations l WHERE l.source = t.source AND NOT l.dry_run), 0)`
+
+	// loadWatermarkSQL is how far an aggregate has read the ledger; no row
+	// means it has never run.
+	loadWatermarkSQL = `SELECT load_xid::text FROM tidemark.load_watermarks WHERE aggregate = $1`
+
+	// latestFinalSQL is the oldest of the latest $2 final (or archived)
+	// partitions of an aggregate: the completeness estimate learns from
+	// their arrival histories.
+	latestFinalSQL = `
+SELECT min(partition_start) FROM (
+    SELECT partition_start FROM tidemark.partitions
+    WHERE aggregate = $1 AND state IN ('final', 'archived')
+    ORDER BY partition_start DESC LIMIT $2
+) l`
+)
+
+// rules lists what this run removes from the state tables.
+func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, now time.Time) ([]rule, error) {
+	ret := p.cfg.Retention
+	var ledger, dead, corrections, arrivals []rule
+	for _, name := range p.cfg.SourceNames() {
+		src := p.cfg.Sources[name]
+		if src.Table != nil {
+			continue
+		}
+		below, err := p.readBy(ctx, conn, name)
+		if err != nil {
+			return nil, err
+		}
+		ledger = append(ledger, rule{"tidemark.ingest_ledger", ledgerWhere, []any{name, now.Add(-ret.Ledger.D()), below}})
+		dead = append(dead, rule{"tidemark.dead_letters", deadLetterWhere, []any{name, now.Add(-src.Retention.DeadLetters.D())}})
+	}
+	for _, name := range p.cfg.AggregateNames() {
+		d, err := aggregate.FromConfig(p.cfg, name)
+		if err != nil {
+			return nil, err
+		}
+		from, err := aggregate.RetainedFrom(ctx, conn, d.Source)
+		if err != nil {
+			return nil, err
+		}
+		bound := any("-infinity")
+		if !from.IsZero() {
+			bound = from
+		}
+		corrections = append(corrections, rule{"tidemark.corrections", correctionsWhere, []any{name, now.Add(-ret.Corrections.D()), bound}})
+		cut := d.Calendar.Of(now.Add(-ret.Arrivals.D())).Start
+		var oldest *time.Time
+		if err := conn.QueryRow(ctx, latestFinalSQL, name, reconcile.HistoryPartitions(d.Calendar.By)).Scan(&oldest); err != nil {
+			return nil, fmt.Errorf("prune: arrival history of %s: %w", name, err)
+		}
+		if oldest != nil && oldest.Before(cut) {
+			cut = *oldest
+		}
+		arrivals = append(arrivals, rule{"tidemark.partition_arrivals", arrivalsWhere, []any{name, cut}})
+	}
+	runs := now.Add(-ret.Runs.D())
+	out := append(append(append(ledger, dead...), corrections...), arrivals...)
+	return append(out,
+		rule{"tidemark.backfill_chunks", backfillChunksWhere, []any{runs}},
+		rule{"tidemark.backfill_runs", backfillRunsWhere, []any{runs}},
+		rule{"tidemark.verify_runs", verifyRunsWhere, []any{runs}},
+		rule{"tidemark.key_reconciliations", keyRunsWhere, []any{runs}},
+	), nil
+}
+
+// readBy is the transaction id below which every aggregate of source has
+// read the ledger: the smallest of their load watermarks ("0" while one of
+// them has never run), or every id when the source has no aggregate.
+func (p *Pruner) readBy(ctx context.Context, q aggregate.Row, source string) (string, error) {
+	below := maxXID
+	for _, d := range p.aggs[source] {
+		var xid string
+		err := q.QueryRow(ctx, loadWatermarkSQL, d.Name).Scan(&xid)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return "0", nil
+		case err != nil:
+			return "", fmt.Errorf("prune: load watermark of %s: %w", d.Name, err)
+		}
+		if lessXID(xid, below) {
+			below = xid
+		}
+	}
+	return below, nil
+}
+
+// lessXID compares two xid8 values written in decimal.
+func lessXID(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) < len(b)
+	}
+	return a < b
+}
+
+// sortPartitions orders raw partitions by start.
+func sortPartitions(ps []Partition) {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].Start.Before(ps[j].Start) })
+}
+
+// lockNotAvailable is the SQLSTATE of a lock_timeout.
+const lockNotAvailable = "55P03"
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
+}
+
+// runTimeout bounds one run inside `tidemark run`; what a run did not reach
+// is removed by the next one.
+const runTimeout = 10 * time.Minute
+
+// Loop prunes at once and then every retention.every until ctx ends. A
+// failed run is logged and tried again at the next interval; while another
+// process prunes, this one stands by.
+func (p *Pruner) Loop(ctx context.Context) error {
+	t := time.NewTicker(p.cfg.Retention.Every.D())
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, runTimeout)
+		rep, err := p.Run(rctx, false)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrBusy):
+			p.log.Debug("another process is pruning; standing by")
+		case err != nil:
+			p.log.Error("retention run failed; trying again at the next interval", "err", err, "every", p.cfg.Retention.Every)
+		default:
+			p.logReport(rep)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// logReport logs what a run removed, and raw partitions kept past their
+// retention.
+func (p *Pruner) logReport(rep *Report) {
+	for _, t := range rep.Tables {
+		if t.Rows > 0 || t.Partitions > 0 {
+			p.log.Info("pruned", "table", t.Name, "rows", t.Rows, "partitions", t.Partitions, "bytes", t.Bytes)
+		}
+	}
+	for _, s := range rep.Sources {
+		if s.Kept != "" {
+			p.log.Info("raw partition past its retention kept", "source", s.Name, "reason", s.Kept)
+		}
+	}
+}
