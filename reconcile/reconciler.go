@@ -308,9 +308,13 @@ func (r *Reconciler) run(ctx context.Context, conn *pgx.Conn, d *aggregate.Defin
 }
 
 const (
+	// nextPendingSQL locks the next queued partition to rebuild, except
+	// those in $2: those that have not failed first, newest first; with
+	// $3, only that partition.
 	nextPendingSQL = `
-SELECT partition_start FROM tidemark.pending_partitions
+SELECT partition_start, attempts FROM tidemark.pending_partitions
 WHERE aggregate = $1 AND partition_start <> ALL(coalesce($2::timestamptz[], '{}'))
+  AND ($3::timestamptz IS NULL OR partition_start = $3)
 ORDER BY attempts, partition_start DESC
 LIMIT 1
 FOR UPDATE SKIP LOCKED`
@@ -318,66 +322,70 @@ FOR UPDATE SKIP LOCKED`
 	donePendingSQL = `DELETE FROM tidemark.pending_partitions WHERE aggregate = $1 AND partition_start = $2`
 
 	failPendingSQL = `
-UPDATE tidemark.pending_partitions SET attempts = attempts + 1, last_error = $3
+UPDATE tidemark.pending_partitions SET attempts = $3, last_error = $4
 WHERE aggregate = $1 AND partition_start = $2`
 
 	countPendingSQL = `SELECT count(*) FROM tidemark.pending_partitions WHERE aggregate = $1`
 )
 
+// rebuildOutcome is what rebuildNext did.
+type rebuildOutcome struct {
+	found bool      // a partition was picked
+	start time.Time // its start
+	rows  int64     // rows written by a successful rebuild
+	// failed is the error of a rebuild that failed through the partition's
+	// fault (aggregate.PartitionFault), recorded in the queue with
+	// attempts.
+	failed   error
+	attempts int
+}
+
 // rebuildQueued rebuilds queued partitions, newest first, each in its own
 // transaction, up to reconcile.max_partitions_per_run. A partition whose
-// rebuild fails stays queued, with the error, for the next run, where it
-// comes after the partitions that have not failed.
+// rebuild fails through its own fault stays queued, with the error, for
+// the next run, where it comes after the partitions that have not failed.
+// A deadlock or serialization failure is tried again at once, up to
+// aggregate.RebuildAttempts times. Any other failure means that the
+// warehouse cannot work: it ends the run without being recorded against
+// the partition, which the next run tries again.
 func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, rep *Report) error {
 	var failed []time.Time
-	for i := 0; i < int(r.cfg.Reconcile.MaxPartitionsPerRun); i++ {
-		var start time.Time
-		var rebuildErr error
+	for range int(r.cfg.Reconcile.MaxPartitionsPerRun) {
 		started := time.Now()
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, nextPendingSQL, d.Name, failed).Scan(&start); err != nil {
-				return err
+		var o rebuildOutcome
+		var only *time.Time
+		var err error
+		for attempt := 1; ; attempt++ {
+			last := attempt == aggregate.RebuildAttempts
+			o, err = r.rebuildNext(ctx, conn, d, failed, only, last)
+			if err == nil || last || ctx.Err() != nil || !aggregate.Retryable(err) {
+				break
 			}
-			p := d.Calendar.At(start)
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			res, err := aggregate.Rebuild(ctx, sp, d, p, r.now())
-			if err != nil {
-				rebuildErr = err
-				if rbErr := sp.Rollback(ctx); rbErr != nil {
-					return rbErr
-				}
-				_, err = tx.Exec(ctx, failPendingSQL, d.Name, start, err.Error())
-				return err
-			}
-			if err := sp.Commit(ctx); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, donePendingSQL, d.Name, start); err != nil {
-				return err
-			}
-			rep.Rebuilt = append(rep.Rebuilt, p.Label())
-			r.log.Debug("rebuilt partition", "aggregate", d.Name, "partition", p.Label(), "rows", res.Rows)
-			return nil
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			break
+			r.log.Warn("partition rebuild lost a race with another transaction; trying again", "aggregate", d.Name,
+				"partition", d.Calendar.At(o.start).Label(), "attempt", attempt, "err", err)
+			start := o.start
+			only = &start
 		}
 		if err != nil {
 			return fmt.Errorf("reconcile %s: rebuild: %w", d.Name, err)
 		}
-		if rebuildErr != nil {
-			failed = append(failed, start)
-			rep.Failed = append(rep.Failed, d.Calendar.At(start).Label())
-			r.m.rebuildErrors.WithLabelValues(d.Name).Inc()
-			r.log.Error("partition rebuild failed; it stays queued", "aggregate", d.Name, "partition", d.Calendar.At(start).Label(), "err", rebuildErr)
-			if !isDataError(rebuildErr) {
-				return rebuildErr
+		if !o.found {
+			if only != nil {
+				continue // the partition left the queue between the attempts
 			}
+			break
+		}
+		label := d.Calendar.At(o.start).Label()
+		if o.failed != nil {
+			failed = append(failed, o.start)
+			rep.Failed = append(rep.Failed, label)
+			r.m.rebuildErrors.WithLabelValues(d.Name).Inc()
+			r.log.Error("partition rebuild failed; it stays queued", "aggregate", d.Name, "partition", label,
+				"attempts", o.attempts, "err", o.failed)
 			continue
 		}
+		rep.Rebuilt = append(rep.Rebuilt, label)
+		r.log.Debug("rebuilt partition", "aggregate", d.Name, "partition", label, "rows", o.rows)
 		r.m.rebuilt.WithLabelValues(d.Name).Inc()
 		r.m.rebuildSecs.WithLabelValues(d.Name).Observe(time.Since(started).Seconds())
 	}
@@ -392,12 +400,54 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 	return nil
 }
 
-// isDataError reports whether a rebuild failed on the data or the query
-// (an error PostgreSQL reported, or rows outside the partition), which the
-// other partitions can get past, rather than on the connection.
-func isDataError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) || errors.Is(err, aggregate.ErrOutsidePartition)
+// rebuildNext rebuilds the next queued partition not in skip (or only,
+// when set) in one transaction that also removes it from the queue. A failure through the
+// partition's fault is recorded in the queue, unless it is a retryable one
+// and record is false; every other failure is returned and leaves the
+// queue as it was.
+func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, skip []time.Time, only *time.Time, record bool) (rebuildOutcome, error) {
+	var o rebuildOutcome
+	if only != nil {
+		o.start = *only
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var attempts int
+		err := tx.QueryRow(ctx, nextPendingSQL, d.Name, skip, only).Scan(&o.start, &attempts)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		o.found = true
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		res, err := aggregate.Rebuild(ctx, sp, d, d.Calendar.At(o.start), r.now())
+		if err == nil {
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+			o.rows = res.Rows
+			_, err = tx.Exec(ctx, donePendingSQL, d.Name, o.start)
+			return err
+		}
+		if ctx.Err() != nil || !aggregate.PartitionFault(err) || (!record && aggregate.Retryable(err)) {
+			// Not the partition's doing, or to be tried again at once.
+			return err
+		}
+		if rbErr := sp.Rollback(ctx); rbErr != nil {
+			return fmt.Errorf("%w (rolling back: %w)", err, rbErr)
+		}
+		o.failed, o.attempts = err, attempts+1
+		_, err = tx.Exec(ctx, failPendingSQL, d.Name, o.start, o.attempts, err.Error())
+		return err
+	})
+	if err != nil {
+		o.failed = nil
+	}
+	return o, err
 }
 
 // Run reconciles every aggregate every reconcile.every until ctx is
