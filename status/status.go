@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/migrate"
@@ -55,6 +56,11 @@ type Aggregate struct {
 	EventTimeWatermark *time.Time     `json:"event_time_watermark"`
 	Queued             int64          `json:"queued_partitions"`
 	Partitions         []AggPartition `json:"recent_partitions"`
+	// FailingCount counts the queued partitions whose last rebuild
+	// failed; Failing lists up to maxFailing of them, longest failing
+	// first.
+	FailingCount int64              `json:"failing_partitions"`
+	Failing      []FailingPartition `json:"failing"`
 	// LastBackfill is the latest backfill or refresh run, if any.
 	LastBackfill *Backfill `json:"last_backfill,omitempty"`
 }
@@ -88,6 +94,22 @@ type AggPartition struct {
 	Rebuilds     int64      `json:"rebuilds"`
 	FinalAt      time.Time  `json:"final_at"`
 }
+
+// FailingPartition is a queued partition whose last rebuild failed: the
+// reconciler tries it again at NextAttempt, with a delay that grows with
+// each failure.
+type FailingPartition struct {
+	Key          string     `json:"partition"`
+	Start        time.Time  `json:"start"`
+	End          time.Time  `json:"end"`
+	Attempts     int64      `json:"attempts"`
+	FailingSince *time.Time `json:"failing_since"`   // null for failures recorded before schema version 6
+	NextAttempt  *time.Time `json:"next_attempt_at"` // null: at the next run
+	LastError    string     `json:"last_error"`
+}
+
+// maxFailing is how many failing partitions an aggregate's report lists.
+const maxFailing = 5
 
 // Transaction describes a running warehouse transaction.
 type Transaction struct {
@@ -397,6 +419,13 @@ FROM tidemark.load_watermarks w WHERE w.aggregate = $1`
 SELECT id, kind, status, range_start, range_end, reprocess, chunks, chunks_done, chunks_failed, started_at, finished_at
 FROM tidemark.backfill_runs WHERE aggregate = $1 ORDER BY id DESC LIMIT 1`
 
+	// failingPartitionsSQL lists the queued partitions whose last rebuild
+	// failed, longest failing first, with their number.
+	failingPartitionsSQL = `
+SELECT partition_start, partition_end, attempts, failing_since, next_attempt_at, coalesce(last_error, ''), count(*) OVER ()
+FROM tidemark.pending_partitions WHERE aggregate = $1 AND attempts > 0
+ORDER BY failing_since NULLS FIRST, partition_start DESC LIMIT $2`
+
 	recentPartitionsSQL = `
 SELECT partition_key, partition_start, partition_end, state, rows, completeness, rebuilt_at, rebuilds, final_at
 FROM tidemark.partitions WHERE aggregate = $1
@@ -428,7 +457,7 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 	for _, name := range cfg.AggregateNames() {
 		a := cfg.Aggregates[name]
 		ag := Aggregate{Name: name, Source: a.Source, Table: a.Table, Policy: a.BeyondHorizon, Horizon: a.LatenessHorizon.String(),
-			Partition: a.Partition.By + " in " + a.Partition.TimeZone, Partitions: []AggPartition{}}
+			Partition: a.Partition.By + " in " + a.Partition.TimeZone, Partitions: []AggPartition{}, Failing: []FailingPartition{}}
 		err := q.QueryRow(ctx, aggregateStateSQL, name).Scan(&ag.LoadWatermark, &ag.IngestedThrough, &ag.WatermarkMovedAt,
 			&ag.LastRunAt, &ag.EventTimeWatermark, &ag.Queued)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
@@ -450,6 +479,11 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 		for _, t := range []**time.Time{&ag.IngestedThrough, &ag.WatermarkMovedAt, &ag.LastRunAt, &ag.EventTimeWatermark} {
 			*t = utc(*t)
 		}
+		if r.SchemaVersion >= 6 {
+			if err := gatherFailing(ctx, q, name, a, &ag); err != nil {
+				return err
+			}
+		}
 		if r.SchemaVersion >= 5 {
 			var b Backfill
 			err := q.QueryRow(ctx, lastBackfillSQL, name).Scan(&b.Run, &b.Kind, &b.Status, &b.RangeStart, &b.RangeEnd, &b.Reprocess,
@@ -463,6 +497,25 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 			}
 		}
 		r.Aggregates = append(r.Aggregates, ag)
+	}
+	return nil
+}
+
+// gatherFailing reads the failing partitions of aggregate name (a) into ag.
+func gatherFailing(ctx context.Context, q Querier, name string, a *config.Aggregate, ag *Aggregate) error {
+	rows, err := q.Query(ctx, failingPartitionsSQL, name, maxFailing)
+	if err != nil {
+		return fmt.Errorf("read the failing partitions of aggregate %s: %w", name, err)
+	}
+	cal := aggregate.Calendar{By: a.Partition.By, Loc: a.Partition.Location()}
+	ag.Failing, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (FailingPartition, error) {
+		var f FailingPartition
+		err := row.Scan(&f.Start, &f.End, &f.Attempts, &f.FailingSince, &f.NextAttempt, &f.LastError, &ag.FailingCount)
+		f.Key, f.Start, f.End, f.FailingSince, f.NextAttempt = cal.At(f.Start).Label(), f.Start.UTC(), f.End.UTC(), utc(f.FailingSince), utc(f.NextAttempt)
+		return f, err
+	})
+	if err != nil {
+		return fmt.Errorf("read the failing partitions of aggregate %s: %w", name, err)
 	}
 	return nil
 }
@@ -582,6 +635,15 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "  load watermark\t%s (moved %s, last run %s)\n", wm, fmtTime(a.WatermarkMovedAt), fmtTime(a.LastRunAt))
 		fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(a.EventTimeWatermark))
 		fmt.Fprintf(tw, "  queued partitions\t%d\n", a.Queued)
+		if a.FailingCount > 0 {
+			fmt.Fprintf(tw, "  failing partitions\t%d\n", a.FailingCount)
+			for _, f := range a.Failing {
+				fmt.Fprintf(tw, "    %s\t%s\n", f.Key, f.Text())
+			}
+			if more := a.FailingCount - int64(len(a.Failing)); more > 0 {
+				fmt.Fprintf(tw, "    … and %d more\n", more)
+			}
+		}
 		if b := a.LastBackfill; b != nil {
 			fmt.Fprintf(tw, "  last %s\trun %d, %s .. %s, --reprocess %s: %s, %d of %d chunks done, %d failed (started %s, finished %s)\n",
 				b.Kind, b.Run, fmtTime(&b.RangeStart), fmtTime(&b.RangeEnd), b.Reprocess, b.Status, b.ChunksDone, b.Chunks, b.ChunksFailed,
@@ -594,6 +656,21 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// Text describes the failure: "failing since <time> (<n> attempts, next
+// attempt <time>): <error>", on one line.
+func (f FailingPartition) Text() string {
+	attempts := "attempts"
+	if f.Attempts == 1 {
+		attempts = "attempt"
+	}
+	next := "at the next run"
+	if f.NextAttempt != nil {
+		next = fmtTime(f.NextAttempt)
+	}
+	return fmt.Sprintf("failing since %s (%d %s, next attempt %s): %s",
+		fmtTime(f.FailingSince), f.Attempts, attempts, next, strings.Join(strings.Fields(f.LastError), " "))
 }
 
 func fmtRatio(f *float64) string {
