@@ -20,6 +20,9 @@ type Check struct {
 	// Queued says the reconciler has the partition queued for a rebuild,
 	// so a difference is expected until it runs.
 	Queued bool
+	// Unread says loads into the partition have not been read by the
+	// reconciler yet, so a difference is expected until it runs.
+	Unread bool
 	// Archived says the partition is archived: its raw rows are gone, so
 	// it is not compared (its published rows are the only copy).
 	Archived bool
@@ -28,17 +31,29 @@ type Check struct {
 // Drifted reports whether the published rows differ from a rebuild's.
 func (c Check) Drifted() bool { return !c.Archived && c.Differs() }
 
+// Unexpected reports a drift that no pending work of the reconciler
+// explains: the published rows are wrong.
+func (c Check) Unexpected() bool { return c.Drifted() && !c.Queued && !c.Unread }
+
 const (
 	// publishedSQL lists the partitions that have been built.
 	publishedSQL = `SELECT partition_start FROM tidemark.partitions WHERE aggregate = $1 ORDER BY partition_start`
 	queuedSQL    = `SELECT EXISTS (SELECT FROM tidemark.pending_partitions WHERE aggregate = $1 AND partition_start = $2)`
+
+	// unreadSQL says whether a load into [$3, $4) lies at or above the
+	// aggregate's load watermark: the reconciler has not read it yet. A
+	// ledger row's bucket is the UTC hour of its event times.
+	unreadSQL = `
+SELECT EXISTS (SELECT FROM tidemark.ingest_ledger
+               WHERE source = $2 AND bucket > $3::timestamptz - interval '1 hour' AND bucket < $4
+                 AND load_xid >= coalesce((SELECT load_xid FROM tidemark.load_watermarks WHERE aggregate = $1), '0'))`
 )
 
 // Verify compares each partition of the range (every built partition when
 // r is nil) with what a rebuild would write now, each in its own
 // transaction that is rolled back. Loads the reconciler has not read yet
-// show up as differences too: run it after a reconcile run for a clean
-// answer. d must be prepared.
+// show up as differences too, marked Unread (or Queued once it has read
+// them); archived partitions are not compared. d must be prepared.
 func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r *Range) ([]Check, error) {
 	var parts []aggregate.Partition
 	if r != nil {
@@ -78,6 +93,8 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 		if err == nil {
 			if err = tx.QueryRow(ctx, queuedSQL, d.Name, p.Start).Scan(&c.Queued); err != nil {
 				err = fmt.Errorf("verify %s %s: queued: %w", d.Name, p, err)
+			} else if err = tx.QueryRow(ctx, unreadSQL, d.Name, d.Source, p.Start, p.End).Scan(&c.Unread); err != nil {
+				err = fmt.Errorf("verify %s %s: unread loads: %w", d.Name, p, err)
 			}
 		}
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -130,4 +147,42 @@ func FullRange(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition)
 		return Range{}, false, nil
 	}
 	return Range{From: lo.In(d.Calendar.Loc), To: hi.In(d.Calendar.Loc)}, true, nil
+}
+
+// recordVerifySQL records one verification.
+const recordVerifySQL = `
+INSERT INTO tidemark.verify_runs (aggregate, scheduled, started_at, finished_at, partitions, drifted, skipped_queued, skipped_archived, error)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+
+// Tally counts a verification's checks: compared partitions, unexpected
+// drifts, drifts that pending work explains, and archived partitions.
+func Tally(checks []Check) (compared, drifted, pending, archived int) {
+	for _, c := range checks {
+		switch {
+		case c.Archived:
+			archived++
+			continue
+		case c.Unexpected():
+			drifted++
+		case c.Drifted():
+			pending++
+		}
+		compared++
+	}
+	return compared, drifted, pending, archived
+}
+
+// RecordVerify records a verification of the aggregate in
+// tidemark.verify_runs, with its error if it failed.
+func RecordVerify(ctx context.Context, pool *pgxpool.Pool, name string, scheduled bool, started, finished time.Time, checks []Check, verr error) error {
+	compared, drifted, pending, archived := Tally(checks)
+	var msg *string
+	if verr != nil {
+		m := verr.Error()
+		msg = &m
+	}
+	if _, err := pool.Exec(ctx, recordVerifySQL, name, scheduled, started, finished, compared, drifted, pending, archived, msg); err != nil {
+		return fmt.Errorf("verify %s: record: %w", name, err)
+	}
+	return nil
 }

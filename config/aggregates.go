@@ -25,6 +25,13 @@ type Aggregate struct {
 	// SQL is a SELECT over {{events}} producing the rows of the partition
 	// {{partition}}.
 	SQL string `yaml:"sql"`
+	// VerifyEvery runs a verification of every partition (as `tidemark
+	// verify`) inside `tidemark run` at this interval; 0, the default, runs
+	// none.
+	VerifyEvery Duration `yaml:"verify_every"`
+	// RefreshEvery runs a full refresh (as `tidemark refresh --full`)
+	// inside `tidemark run` at this interval; 0, the default, runs none.
+	RefreshEvery Duration `yaml:"refresh_every"`
 
 	// Name is the key under aggregates.
 	Name string `yaml:"-"`
@@ -214,6 +221,10 @@ func (c *Config) validateAggregates(ix *index) {
 			if schema == "raw" || schema == "tidemark" {
 				ix.add(p+".table", "schema %s belongs to tidemark; choose another", schema)
 			}
+			if strings.HasSuffix(tname, "__shadow") {
+				// Another aggregate's shadow table would be this one.
+				ix.add(p+".table", "names ending in __shadow are kept for the shadow tables of `tidemark backfill --shadow`; choose another")
+			}
 		}
 		oneOf(ix, p+".partition.by", a.Partition.By, PartitionHour, PartitionDay, PartitionMonth)
 		if !identRe.MatchString(a.Partition.Column) {
@@ -226,6 +237,11 @@ func (c *Config) validateAggregates(ix *index) {
 			ix.add(p+".lateness_horizon", "must not be negative")
 		}
 		oneOf(ix, p+".beyond_horizon", a.BeyondHorizon, PolicyCorrection, PolicyArrival, PolicyRebuild)
+		for key, every := range map[string]Duration{"verify_every": a.VerifyEvery, "refresh_every": a.RefreshEvery} {
+			if every != 0 && every.D() < time.Minute {
+				ix.add(p+"."+key, "must be at least 1m, or 0 to run none")
+			}
+		}
 		sql := strings.TrimSpace(a.SQL)
 		switch {
 		case sql == "":

@@ -64,6 +64,7 @@ func TestAggregateErrors(t *testing.T) {
 		{"missing source", "    source: app_events\n", "", "aggregates.daily_sales.source: is required"},
 		{"bad table", "table: daily_sales", "table: Daily-Sales", "t.yaml:13: aggregates.daily_sales.table: must be a table name"},
 		{"tidemark's schema", "table: daily_sales", "table: raw.daily_sales", "aggregates.daily_sales.table: schema raw belongs to tidemark"},
+		{"a shadow table's name", "table: daily_sales", "table: reports.sales__shadow", "aggregates.daily_sales.table: names ending in __shadow are kept"},
 		{"granularity", "by: day", "by: week", `t.yaml:14: aggregates.daily_sales.partition.by: must be one of hour, day, month, got "week"`},
 		{"column", "column: sale_date", "column: Sale-Date", "aggregates.daily_sales.partition.column: must name the target column"},
 		{"time zone", "time_zone: America/New_York", "time_zone: Mars/Olympus", `aggregates.daily_sales.partition.time_zone: "Mars/Olympus" is not an IANA time zone`},

@@ -312,21 +312,18 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitFailure
 	}
+	started := serviceClock()
 	checks, err := backfill.Verify(ctx, pool, d, r)
+	if rerr := backfill.RecordVerify(ctx, pool, *name, false, started, serviceClock(), checks, err); rerr != nil && err == nil {
+		err = rerr
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitFailure
 	}
-	drifted, archived := 0, 0
-	for _, c := range checks {
-		switch {
-		case c.Archived:
-			archived++
-		case c.Drifted():
-			drifted++
-		}
-	}
-	fmt.Fprintf(stdout, "%s: %d partitions verified, %d differ from a rebuild", *name, len(checks)-archived, drifted)
+	compared, unexpected, pending, archived := backfill.Tally(checks)
+	drifted := unexpected + pending
+	fmt.Fprintf(stdout, "%s: %d partitions verified, %d differ from a rebuild", *name, compared, drifted)
 	if archived > 0 {
 		fmt.Fprintf(stdout, "; %d archived partitions not compared (retention dropped their raw rows)", archived)
 	}
@@ -336,8 +333,11 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			continue
 		}
 		note := ""
-		if c.Queued {
+		switch {
+		case c.Queued:
 			note = " (queued for the reconciler: expected until it runs)"
+		case c.Unread:
+			note = " (loads the reconciler has not read yet: expected until it runs)"
 		}
 		fmt.Fprintf(stdout, "  %-26s %d rows missing, %d rows extra%s\n", c.Partition.Label(), c.Missing, c.Extra, note)
 	}
