@@ -17,9 +17,9 @@ const queryCanceled = "57014"
 // the partition's data, the aggregate's query or the target table (bad
 // input, a constraint, a division by zero, missing privileges), a
 // statement timeout (57014), a deadlock or serialization failure that
-// persisted after its retries (see Retryable), and rows outside the
-// partition (ErrOutsidePartition). Callers record such a failure against
-// the partition and go on with the others.
+// persisted after its retries (see Retryable), rows outside the partition
+// (ErrOutsidePartition) and an archived partition (ErrArchived). Callers
+// record such a failure against the partition and go on with the others.
 //
 // It reports false when the warehouse itself cannot work: SQLSTATE
 // classes 08 (connection exception), 53 (insufficient resources: disk
@@ -49,7 +49,7 @@ func PartitionFault(err error) bool {
 		}
 		return true
 	}
-	return errors.Is(err, ErrOutsidePartition)
+	return errors.Is(err, ErrOutsidePartition) || errors.Is(err, ErrArchived)
 }
 
 // Retryable reports whether a rebuild lost a race with another

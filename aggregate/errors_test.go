@@ -47,6 +47,7 @@ func TestErrorClassification(t *testing.T) {
 		{"serialization failure", &pgconn.PgError{Code: "40001"}, true, true},
 		{"deadlock", &pgconn.PgError{Code: "40P01"}, true, true},
 		{"outside the partition", aggregate.ErrOutsidePartition, true, false},
+		{"archived", aggregate.ErrArchived, true, false},
 		{"connection failure", &pgconn.PgError{Code: "08006"}, false, false},
 		{"connection does not exist", &pgconn.PgError{Code: "08003"}, false, false},
 		{"disk full", &pgconn.PgError{Code: "53100"}, false, false},
