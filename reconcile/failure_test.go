@@ -167,7 +167,7 @@ func TestWarehouseFailureIsNotThePartitions(t *testing.T) {
 			pgtest.Equal(t, "daily_sales", b.rows("SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1"),
 				[]string{"2026-10-04 | 2.00 | 1", "2026-10-05 | 5.00 | 1"})
 			checkCounters(t, reg, map[string]float64{"tidemark_reconcile_rebuild_errors_total": 0,
-				"tidemark_reconcile_partitions_rebuilt_total": 2})
+				"tidemark_reconcile_partitions_rebuilt_total": 2, "tidemark_reconcile_failing_partitions": 0})
 		})
 	}
 }
@@ -205,11 +205,13 @@ func TestDeadlockIsTriedAgain(t *testing.T) {
 			if tc.attempts > 0 {
 				failed = 1
 				p := b.pending("2026-10-05 00:00")
-				if p.attempts != tc.attempts || p.lastError == nil || !strings.Contains(*p.lastError, "SQLSTATE 40P01") {
-					t.Errorf("queue row: attempts %d, last_error %s", p.attempts, deref(p.lastError))
+				if p.attempts != tc.attempts || p.lastError == nil || !strings.Contains(*p.lastError, "SQLSTATE 40P01") ||
+					p.nextAttempt == nil || !p.nextAttempt.Equal(at("2026-10-05 10:02")) {
+					t.Errorf("queue row: attempts %d, last_error %s, next_attempt_at %v", p.attempts, deref(p.lastError), p.nextAttempt)
 				}
 			}
-			checkCounters(t, reg, map[string]float64{"tidemark_reconcile_rebuild_errors_total": failed})
+			checkCounters(t, reg, map[string]float64{"tidemark_reconcile_rebuild_errors_total": failed,
+				"tidemark_reconcile_failing_partitions": failed})
 		})
 	}
 }

@@ -30,6 +30,7 @@ type metrics struct {
 	rebuildErrors *prometheus.CounterVec
 	rebuildSecs   *prometheus.HistogramVec
 	queued        *prometheus.GaugeVec
+	failing       *prometheus.GaugeVec
 	late          *prometheus.CounterVec
 	beyond        *prometheus.CounterVec
 	completeness  *prometheus.GaugeVec
@@ -48,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, aggregates []string, policies map[str
 		}, []string{"aggregate"}),
 		rebuildErrors: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_reconcile_rebuild_errors_total",
-			Help: "Failed partition rebuilds; the partition stays queued and is retried on the next run.",
+			Help: "Failed partition rebuilds; the partition stays queued and is tried again after a growing delay.",
 		}, []string{"aggregate"}),
 		rebuildSecs: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tidemark_reconcile_rebuild_seconds",
@@ -58,6 +59,10 @@ func newMetrics(reg prometheus.Registerer, aggregates []string, policies map[str
 		queued: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tidemark_reconcile_queued_partitions",
 			Help: "Partitions claimed for rebuilding and not yet rebuilt, after the last run.",
+		}, []string{"aggregate"}),
+		failing: f.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tidemark_reconcile_failing_partitions",
+			Help: "Queued partitions whose last rebuild failed, after the last run; they are tried again with a growing delay.",
 		}, []string{"aggregate"}),
 		late: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_reconcile_late_events_total",
@@ -79,6 +84,7 @@ func newMetrics(reg prometheus.Registerer, aggregates []string, policies map[str
 		m.rebuilt.WithLabelValues(a)
 		m.rebuildErrors.WithLabelValues(a)
 		m.queued.WithLabelValues(a)
+		m.failing.WithLabelValues(a)
 		for _, b := range latenessBuckets {
 			m.late.WithLabelValues(a, b.label)
 		}

@@ -216,6 +216,7 @@ type Report struct {
 	Rebuilt   []string // partitions rebuilt, by label
 	Failed    []string // partitions whose rebuild failed
 	Remaining int64    // partitions still queued after the run
+	Failing   int64    // of Remaining, partitions whose last rebuild failed
 	Watermark string   // load watermark after the run: an xid, or an ingestion time
 }
 
@@ -298,7 +299,7 @@ func (r *Reconciler) run(ctx context.Context, conn *pgx.Conn, d *aggregate.Defin
 			return err
 		}
 	}
-	if err := r.rebuildQueued(ctx, conn, d, rep); err != nil {
+	if err := r.rebuildQueued(ctx, conn, d, now, rep); err != nil {
 		return err
 	}
 	if err := r.updateStates(ctx, conn, d, w); err != nil {
@@ -308,12 +309,12 @@ func (r *Reconciler) run(ctx context.Context, conn *pgx.Conn, d *aggregate.Defin
 }
 
 const (
-	// nextPendingSQL locks the next queued partition to rebuild, except
-	// those in $2: those that have not failed first, newest first; with
-	// $3, only that partition.
+	// nextPendingSQL locks the next queued partition to rebuild: one that
+	// is due (next_attempt_at is not after the run's start), those that
+	// have not failed first, newest first; with $3, only that partition.
 	nextPendingSQL = `
 SELECT partition_start, attempts FROM tidemark.pending_partitions
-WHERE aggregate = $1 AND partition_start <> ALL(coalesce($2::timestamptz[], '{}'))
+WHERE aggregate = $1 AND (next_attempt_at IS NULL OR next_attempt_at <= $2)
   AND ($3::timestamptz IS NULL OR partition_start = $3)
 ORDER BY attempts, partition_start DESC
 LIMIT 1
@@ -321,12 +322,34 @@ FOR UPDATE SKIP LOCKED`
 
 	donePendingSQL = `DELETE FROM tidemark.pending_partitions WHERE aggregate = $1 AND partition_start = $2`
 
+	// failPendingSQL records a failed rebuild. failing_since keeps the
+	// first failure in a row; a successful rebuild deletes the row.
 	failPendingSQL = `
-UPDATE tidemark.pending_partitions SET attempts = $3, last_error = $4
-WHERE aggregate = $1 AND partition_start = $2`
+UPDATE tidemark.pending_partitions
+SET attempts = $3, last_error = $4, failing_since = coalesce(failing_since, $5), next_attempt_at = $6
+WHERE aggregate = $1 AND partition_start = $2
+RETURNING failing_since`
 
-	countPendingSQL = `SELECT count(*) FROM tidemark.pending_partitions WHERE aggregate = $1`
+	countPendingSQL = `
+SELECT count(*), count(*) FILTER (WHERE attempts > 0)
+FROM tidemark.pending_partitions WHERE aggregate = $1`
 )
+
+// maxRetryBackoff caps the delay between the rebuilds of a partition that
+// keeps failing (unless reconcile.every is longer).
+const maxRetryBackoff = time.Hour
+
+// retryBackoff is the delay after the failures-th failed rebuild in a row
+// of a partition: every (reconcile.every) after the first, doubled after
+// each further one, at most maxRetryBackoff or every, whichever is longer.
+func retryBackoff(every time.Duration, failures int) time.Duration {
+	limit := max(maxRetryBackoff, every)
+	d := every
+	for i := 1; i < failures && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
 
 // rebuildOutcome is what rebuildNext did.
 type rebuildOutcome struct {
@@ -335,21 +358,23 @@ type rebuildOutcome struct {
 	rows  int64     // rows written by a successful rebuild
 	// failed is the error of a rebuild that failed through the partition's
 	// fault (aggregate.PartitionFault), recorded in the queue with
-	// attempts.
-	failed   error
-	attempts int
+	// attempts, failingSince and nextAttempt.
+	failed       error
+	attempts     int
+	failingSince time.Time
+	nextAttempt  time.Time
 }
 
-// rebuildQueued rebuilds queued partitions, newest first, each in its own
-// transaction, up to reconcile.max_partitions_per_run. A partition whose
-// rebuild fails through its own fault stays queued, with the error, for
-// the next run, where it comes after the partitions that have not failed.
-// A deadlock or serialization failure is tried again at once, up to
+// rebuildQueued rebuilds queued partitions that are due, newest first, each
+// in its own transaction, up to reconcile.max_partitions_per_run. A
+// partition whose rebuild fails through its own fault stays queued, with
+// the error, and is left alone until its next attempt (see retryBackoff);
+// partitions that are not due are not counted against the limit. A
+// deadlock or serialization failure is tried again at once, up to
 // aggregate.RebuildAttempts times. Any other failure means that the
 // warehouse cannot work: it ends the run without being recorded against
-// the partition, which the next run tries again.
-func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, rep *Report) error {
-	var failed []time.Time
+// the partition, which the next run tries again. now is the run's start.
+func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, now time.Time, rep *Report) error {
 	for range int(r.cfg.Reconcile.MaxPartitionsPerRun) {
 		started := time.Now()
 		var o rebuildOutcome
@@ -357,7 +382,7 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 		var err error
 		for attempt := 1; ; attempt++ {
 			last := attempt == aggregate.RebuildAttempts
-			o, err = r.rebuildNext(ctx, conn, d, failed, only, last)
+			o, err = r.rebuildNext(ctx, conn, d, now, only, last)
 			if err == nil || last || ctx.Err() != nil || !aggregate.Retryable(err) {
 				break
 			}
@@ -377,11 +402,10 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 		}
 		label := d.Calendar.At(o.start).Label()
 		if o.failed != nil {
-			failed = append(failed, o.start)
 			rep.Failed = append(rep.Failed, label)
 			r.m.rebuildErrors.WithLabelValues(d.Name).Inc()
 			r.log.Error("partition rebuild failed; it stays queued", "aggregate", d.Name, "partition", label,
-				"attempts", o.attempts, "err", o.failed)
+				"attempts", o.attempts, "failing_since", o.failingSince, "next_attempt_at", o.nextAttempt, "err", o.failed)
 			continue
 		}
 		rep.Rebuilt = append(rep.Rebuilt, label)
@@ -389,30 +413,31 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 		r.m.rebuilt.WithLabelValues(d.Name).Inc()
 		r.m.rebuildSecs.WithLabelValues(d.Name).Observe(time.Since(started).Seconds())
 	}
-	if err := conn.QueryRow(ctx, countPendingSQL, d.Name).Scan(&rep.Remaining); err != nil {
+	if err := conn.QueryRow(ctx, countPendingSQL, d.Name).Scan(&rep.Remaining, &rep.Failing); err != nil {
 		return fmt.Errorf("reconcile %s: %w", d.Name, err)
 	}
 	r.m.queued.WithLabelValues(d.Name).Set(float64(rep.Remaining))
+	r.m.failing.WithLabelValues(d.Name).Set(float64(rep.Failing))
 	if rep.Remaining > 0 {
 		r.log.Info("partitions still queued after this run", "aggregate", d.Name, "queued", rep.Remaining,
-			"max_partitions_per_run", r.cfg.Reconcile.MaxPartitionsPerRun)
+			"failing", rep.Failing, "max_partitions_per_run", r.cfg.Reconcile.MaxPartitionsPerRun)
 	}
 	return nil
 }
 
-// rebuildNext rebuilds the next queued partition not in skip (or only,
-// when set) in one transaction that also removes it from the queue. A failure through the
+// rebuildNext rebuilds the next due partition (or only, when set) in one
+// transaction that also removes it from the queue. A failure through the
 // partition's fault is recorded in the queue, unless it is a retryable one
 // and record is false; every other failure is returned and leaves the
 // queue as it was.
-func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, skip []time.Time, only *time.Time, record bool) (rebuildOutcome, error) {
+func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, now time.Time, only *time.Time, record bool) (rebuildOutcome, error) {
 	var o rebuildOutcome
 	if only != nil {
 		o.start = *only
 	}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		var attempts int
-		err := tx.QueryRow(ctx, nextPendingSQL, d.Name, skip, only).Scan(&o.start, &attempts)
+		err := tx.QueryRow(ctx, nextPendingSQL, d.Name, now, only).Scan(&o.start, &attempts)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -441,8 +466,8 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 			return fmt.Errorf("%w (rolling back: %w)", err, rbErr)
 		}
 		o.failed, o.attempts = err, attempts+1
-		_, err = tx.Exec(ctx, failPendingSQL, d.Name, o.start, o.attempts, err.Error())
-		return err
+		o.nextAttempt = now.Add(retryBackoff(r.cfg.Reconcile.Every.D(), o.attempts))
+		return tx.QueryRow(ctx, failPendingSQL, d.Name, o.start, o.attempts, err.Error(), r.now(), o.nextAttempt).Scan(&o.failingSince)
 	})
 	if err != nil {
 		o.failed = nil
