@@ -45,6 +45,10 @@ type Definition struct {
 	Horizon  time.Duration
 	Policy   string
 	SQL      string
+	// Ledger says the source's loads are recorded in the ingest ledger
+	// (Kafka, poll and CDC sources); a table source is read in timestamp
+	// mode.
+	Ledger bool
 
 	columns []string // output columns of SQL, known after Prepare
 }
@@ -76,6 +80,7 @@ func FromConfig(cfg *config.Config, name string) (*Definition, error) {
 	} else {
 		d.Raw, d.EventTime, d.IngestedAt = pgx.Identifier{"raw", a.Source}, "event_time", "ingested_at"
 		d.EventKey = []string{"event_id", "event_time"}
+		d.Ledger = true
 	}
 	return d, nil
 }
@@ -171,11 +176,7 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	if d.columns == nil {
 		return Result{}, ErrNotPrepared
 	}
-	lock := "tidemark.partition." + d.Name + "." + p.Start.UTC().Format(time.RFC3339)
-	if _, err := tx.Exec(ctx, lockPartitionSQL, lock); err != nil {
-		return Result{}, fmt.Errorf("rebuild %s %s: lock: %w", d.Name, p, err)
-	}
-	if err := checkRetained(ctx, tx, d, p, rebuildOpts(opts).allowArchived); err != nil {
+	if err := lockPartition(ctx, tx, d, p, rebuildOpts(opts)); err != nil {
 		return Result{}, err
 	}
 	var watermark string
@@ -205,6 +206,17 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 		return Result{}, fmt.Errorf("rebuild %s %s: record status: %w", d.Name, p, err)
 	}
 	return Result{Rows: rows}, nil
+}
+
+// lockPartition takes the partition's lock, which keeps two writers of
+// one partition from running at once, and refuses an archived partition
+// unless o allows it.
+func lockPartition(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, o rebuildOptions) error {
+	lock := "tidemark.partition." + d.Name + "." + p.Start.UTC().Format(time.RFC3339)
+	if _, err := tx.Exec(ctx, lockPartitionSQL, lock); err != nil {
+		return fmt.Errorf("rebuild %s %s: lock: %w", d.Name, p, err)
+	}
+	return checkRetained(ctx, tx, d, p, o.allowArchived)
 }
 
 // Comparison is partition p as published in the aggregate's table

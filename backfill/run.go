@@ -32,6 +32,13 @@ type Options struct {
 	Concurrency int
 	// Reprocess selects the chunks to rebuild (default Missing).
 	Reprocess Reprocess
+	// Publish swaps in what the latest shadow run built of each
+	// partition instead of rebuilding it (see publish); it makes the kind
+	// "publish" and reprocesses every chunk. ShadowMaxAge refuses shadows
+	// built longer ago than that (the ledger retention), whose later loads
+	// the ledger may no longer hold.
+	Publish      bool
+	ShadowMaxAge time.Duration
 	// Force rebuilds archived partitions too, from the raw rows retention
 	// left. Without it a range holding an archived partition is refused
 	// (ErrArchivedRange), unless SkipArchived leaves them alone.
@@ -95,7 +102,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9) RETURNING id`
 INSERT INTO tidemark.backfill_chunks (run_id, chunk_start, chunk_end, partitions, status)
 SELECT $1, s, e, n, 'pending' FROM unnest($2::timestamptz[], $3::timestamptz[], $4::int[]) AS c (s, e, n)`
 	startChunkSQL = `
-UPDATE tidemark.backfill_chunks SET status = 'running', started_at = $3 WHERE run_id = $1 AND chunk_start = $2`
+UPDATE tidemark.backfill_chunks SET status = 'running', started_at = $3, snapshot_xmin = pg_snapshot_xmin(pg_current_snapshot())
+WHERE run_id = $1 AND chunk_start = $2`
 	finishChunkSQL = `
 WITH c AS (
     UPDATE tidemark.backfill_chunks SET status = $3, rows = $4, error = $5,
@@ -263,7 +271,7 @@ feed:
 // refused reports whether a chunk failed through its own fault (see
 // aggregate.PartitionFault): only such a chunk is recorded as failed; a
 // warehouse that cannot work stops the run.
-func refused(err error) bool { return aggregate.PartitionFault(err) }
+func refused(err error) bool { return aggregate.PartitionFault(err) || errors.Is(err, ErrNoShadow) }
 
 // rebuildChunk rebuilds the partitions of c (or for a shadow run builds
 // them into the shadow table), each in its own transaction, and marks the
@@ -282,6 +290,11 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 				if opts.Shadow {
 					cmp, err := aggregate.BuildShadow(ctx, tx, d, p, aggregate.AllowArchived(opts.Force))
 					check, n = Check{Partition: p, Comparison: cmp}, cmp.Fresh
+					return err
+				}
+				if opts.Publish {
+					var err error
+					n, err = publish(ctx, tx, d, p, opts)
 					return err
 				}
 				res, err := aggregate.Rebuild(ctx, tx, d, p, opts.Now(), aggregate.AllowArchived(opts.Force))
@@ -310,6 +323,9 @@ func withDefaults(o Options) Options {
 	}
 	if o.Shadow {
 		o.Kind, o.Reprocess = "shadow", Completed
+	}
+	if o.Publish {
+		o.Kind, o.Reprocess = "publish", Completed
 	}
 	if o.Chunk <= 0 {
 		o.Chunk = 24 * time.Hour

@@ -94,6 +94,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	to := fs.String("to", "", "last day to rebuild, included")
 	reprocess := fs.String("reprocess", "missing", "which chunks to rebuild: missing (never built), failed (also those whose last backfill did not finish), completed (all)")
 	shadow := fs.Bool("shadow", false, "build every partition of the range into the aggregate's shadow table and compare it with the published one; publishes nothing")
+	publish := fs.Bool("publish", false, "publish what the latest --shadow run built of each partition of the range (exactly what it compared) instead of rebuilding it")
 	force := fs.Bool("force", false, "also rebuild archived partitions, whose raw rows retention dropped, from what is left (their published rows are replaced)")
 	if code, ok := parse(fs, args, stderr); !ok {
 		return code
@@ -117,9 +118,17 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return exitFailure
 	}
 	defer pool.Close()
-	opts := backfill.Options{Kind: "backfill", Chunk: span, Concurrency: *f.concurrency, Reprocess: rp, Shadow: *shadow, Force: *force}
-	if *shadow {
+	if *shadow && *publish {
+		fmt.Fprintf(stderr, "%s: --shadow builds and compares, --publish publishes what it built: give one of them\n", app)
+		return exitUsage
+	}
+	opts := backfill.Options{Kind: "backfill", Chunk: span, Concurrency: *f.concurrency, Reprocess: rp, Shadow: *shadow, Force: *force,
+		Publish: *publish, ShadowMaxAge: cfg.Retention.Ledger.D()}
+	switch {
+	case *shadow:
 		opts.Kind, opts.Reprocess = "shadow", backfill.Completed
+	case *publish:
+		opts.Kind, opts.Reprocess = "publish", backfill.Completed
 	}
 	return rebuild(ctx, cfg, pool, app, *f.name, r, opts, *f.dryRun, stdout, stderr)
 }
@@ -216,8 +225,11 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 	if rep != nil {
 		header(rep.Chunks, d)
 		verb := "rebuilt"
-		if opts.Shadow {
+		switch {
+		case opts.Shadow:
 			verb = "built into " + d.ShadowName().Sanitize()
+		case opts.Publish:
+			verb = "published from " + d.ShadowName().Sanitize()
 		}
 		fmt.Fprintf(stdout, "run %d: %d chunks %s (%d rows), %d failed, %d skipped\n", rep.RunID, rep.Done, verb, rep.Rows, len(rep.Failed), rep.Skipped)
 		for _, f := range rep.Failed {
@@ -261,7 +273,7 @@ func printShadow(w io.Writer, checks []backfill.Check, name string, r backfill.R
 	}
 	fmt.Fprintf(w, "%d of %d partitions differ from what is published", differ, len(checks))
 	if differ > 0 {
-		fmt.Fprintf(w, "; to publish them: tidemark backfill --aggregate %s --from %s --to %s --reprocess completed",
+		fmt.Fprintf(w, "; to publish what was compared: tidemark backfill --aggregate %s --from %s --to %s --publish",
 			name, r.From.Format("2006-01-02"), r.To.Format("2006-01-02"))
 	}
 	fmt.Fprintln(w)

@@ -147,9 +147,12 @@ func backfillVerifyRefresh(t *testing.T, cfg string, pool *pgxpool.Pool) {
 	expect(exitOK, []string{"shadow 2026-10-04 .. 2026-10-05 (UTC), chunks of 1d: 2 chunks, 2 to rebuild (--reprocess completed)",
 		`2 chunks built into "public"."daily_sales__shadow" (2 rows)`,
 		"2026-10-05 rows 1 -> 1 (1 only published, 1 only in the shadow); total 1 -> 20.00",
-		"1 of 2 partitions differ from what is published; to publish them: tidemark backfill --aggregate daily_sales --from 2026-10-04 --to 2026-10-05 --reprocess completed"},
+		"1 of 2 partitions differ from what is published; to publish what was compared: tidemark backfill --aggregate daily_sales --from 2026-10-04 --to 2026-10-05 --publish"},
 		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05", "--shadow")
-	if got := ingesttest.Scalar(t, pool, "SELECT count(*) FROM tidemark.backfill_runs WHERE status = 'done' AND kind <> 'shadow'"); got != 2 {
+	expect(exitOK, []string{`2 chunks published from "public"."daily_sales__shadow" (2 rows), 0 failed`},
+		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05", "--publish")
+	expect(exitOK, []string{"3 partitions verified, 0 differ"}, "verify", "--aggregate", "daily_sales")
+	if got := ingesttest.Scalar(t, pool, "SELECT count(*) FROM tidemark.backfill_runs WHERE status = 'done' AND kind IN ('backfill', 'refresh')"); got != 2 {
 		t.Errorf("%d runs recorded as done, want 2", got)
 	}
 	for _, args := range [][]string{
@@ -161,6 +164,7 @@ func backfillVerifyRefresh(t *testing.T, cfg string, pool *pgxpool.Pool) {
 		{"backfill", "--aggregate", "daily_sales", "--from", "2026-10-01", "--to", "2026-10-02", "--concurrency", "0"},
 		{"refresh", "--aggregate", "daily_sales"},
 		{"verify", "--aggregate", "daily_sales", "--from", "2026-10-01"},
+		{"backfill", "--aggregate", "daily_sales", "--from", "2026-10-01", "--to", "2026-10-02", "--shadow", "--publish"},
 	} {
 		expect(exitUsage, nil, args...)
 	}
