@@ -257,7 +257,8 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					keyLoop(runCtx, p, cfg.Sources[name].Poll.DSN, pool, every, reconcile.KeyOptions{Logger: log, Registerer: reg, Now: now})
+					keyLoop(runCtx, p, cfg.Sources[name].Poll.DSN, pool, every, reconcile.KeyOptions{Logger: log, Registerer: reg, Now: now,
+						MaxDelete: cfg.Sources[name].Mirror.KeyReconcileMaxDelete})
 				}()
 			}
 		}
@@ -334,7 +335,10 @@ const lastKeyCheckSQL = `SELECT max(finished_at) FROM tidemark.key_reconciliatio
 // keyLoop runs key reconciliation of a poll source's mirror every
 // interval, counted from the last one recorded in the warehouse, so that
 // restarts neither skip nor repeat it. Failures are logged and retried
-// after a minute.
+// after a minute. It never forces: a run refused by
+// mirror.key_reconcile_max_delete is recorded like any other, so the next
+// one comes an interval later and refuses again until an operator runs
+// `tidemark keys --force` or the source has its rows back.
 func keyLoop(ctx context.Context, p *ingest.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts reconcile.KeyOptions) {
 	log := opts.Logger.With("source", p.Name())
 	var k *reconcile.KeyReconciler
