@@ -522,6 +522,8 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, path := flags("keys", stderr)
 	name := fs.String("source", "", "the poll or CDC source whose mirrors to check")
 	dryRun := fs.Bool("dry-run", false, "report only; exit 1 when rows are missing at the source")
+	force := fs.Bool("force", false, "apply even when more rows are missing at the source than mirror.key_reconcile_max_delete allows (this run only); "+
+		"with --dry-run, list everything such a run would apply")
 	if code, ok := parse(fs, args, stderr); !ok {
 		return code
 	}
@@ -530,6 +532,10 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if src := cfg.Sources[*name]; src != nil && src.CDC != nil {
+		if *force {
+			fmt.Fprintf(stderr, "tidemark keys: --force applies to poll sources; key reconciliation never changes the mirrors of CDC source %s\n", *name)
+			return exitUsage
+		}
 		return keysCDC(ctx, cfg, *name, *dryRun, stdout, stderr)
 	}
 	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
@@ -577,12 +583,25 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		t = p.Mirror()
 	}
-	k, err := reconcile.NewKeyReconciler(t, cfg.Sources[*name].Poll.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock})
+	k, err := reconcile.NewKeyReconciler(t, cfg.Sources[*name].Poll.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock,
+		MaxDelete: cfg.Sources[*name].Mirror.KeyReconcileMaxDelete})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure
 	}
-	rep, err := k.Run(ctx, *dryRun)
+	runKeys := k.Run
+	if *force {
+		runKeys = k.RunForced
+	}
+	rep, err := runKeys(ctx, *dryRun)
+	if errors.Is(err, reconcile.ErrKeyRefused) {
+		printKeyReport(stdout, *name, rep)
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		fmt.Fprintf(stderr, "tidemark keys: check the source table %s first; if these rows were deleted on purpose, apply them with "+
+			"`tidemark keys --source %s --force` (this run only), or raise mirror.key_reconcile_max_delete of source %s\n",
+			t.Source.Sanitize(), *name, *name)
+		return exitFailure
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure
@@ -594,18 +613,42 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// printKeyReport prints a key reconciliation's result.
+// printKeyReport prints a key reconciliation's result, and a line about
+// mirror.key_reconcile_max_delete when the run found more rows missing
+// than it allows.
 func printKeyReport(stdout io.Writer, label string, rep reconcile.KeyReport) {
 	action := map[bool]string{false: "flagged", true: "removed"}[rep.Hard]
-	if rep.DryRun {
+	switch {
+	case rep.DryRun:
 		action = "dry run, nothing changed"
-	} else {
+	case rep.Refused:
+		action = "refused, nothing changed"
+	default:
 		action = fmt.Sprintf("%d %s", rep.Applied, action)
+	}
+	missing := fmt.Sprint(rep.Deleted)
+	if rep.DeletedAtLeast {
+		missing = "at least " + missing
 	}
 	fmt.Fprintf(stdout, "%s: %d source keys, %d mirror keys; compared %d ranges, transferred %d keys\n",
 		label, rep.SourceKeys, rep.MirrorKeys, rep.RangesCompared, rep.KeysTransferred)
-	fmt.Fprintf(stdout, "%s: %d missing at the source (%s)%s; %d not yet in the mirror\n",
-		label, rep.Deleted, action, listed(rep.MissingAtSource), rep.MissingInMirror)
+	fmt.Fprintf(stdout, "%s: %s missing at the source (%s)%s; %d not yet in the mirror\n",
+		label, missing, action, listed(rep.MissingAtSource), rep.MissingInMirror)
+	if !rep.OverLimit() {
+		return
+	}
+	limit := fmt.Sprintf("mirror.key_reconcile_max_delete (%s) allows %d of %d mirror rows, %s are missing (%s)",
+		rep.MaxDelete, rep.Allowed, rep.MirrorKeys, missing, rep.Share())
+	switch {
+	case rep.Forced && rep.DryRun:
+		fmt.Fprintf(stdout, "%s: %s; a run with --force would apply them\n", label, limit)
+	case rep.Forced:
+		fmt.Fprintf(stdout, "%s: %s; applied with --force\n", label, limit)
+	case rep.DryRun:
+		fmt.Fprintf(stdout, "%s: %s; a run would be refused (--force applies anyway)\n", label, limit)
+	default:
+		fmt.Fprintf(stdout, "%s: %s; refused (--force applies anyway)\n", label, limit)
+	}
 }
 
 // keysCDC checks the mirrors of a CDC source for drift: a dry run of key

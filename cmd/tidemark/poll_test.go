@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 )
 
 // pollSetup creates a source database with src_customers holding rows
@@ -203,5 +205,154 @@ func TestKeysCommand(t *testing.T) {
 	}
 	if code, _, errOut := invoke(t, "keys", "-c", cfg, "--source", "nope"); code != exitUsage || !strings.Contains(errOut, `--source: "nope" is not a poll or CDC source`) {
 		t.Errorf("keys --source nope: exit %d, %s", code, errOut)
+	}
+}
+
+// guardConfig writes a copy of the configuration at path with extra keys
+// in the mirror block of source customers.
+func guardConfig(t *testing.T, path, mirrorKeys string) string {
+	t.Helper()
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mirrorBlock = "mirror: {table: dw_customers}"
+	if !strings.Contains(string(text), mirrorBlock) {
+		t.Fatalf("the configuration lacks %q:\n%s", mirrorBlock, text)
+	}
+	return writeFile(t, "guard.yaml", strings.Replace(string(text), mirrorBlock, "mirror: {table: dw_customers, "+mirrorKeys+"}", 1))
+}
+
+// loadAndTruncate polls the whole source table into the mirror, then
+// empties the source table by mistake.
+func loadAndTruncate(t *testing.T, cfg string, src *pgxpool.Pool) {
+	t.Helper()
+	if code, out, errOut := invoke(t, "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-06T00:00:00Z"); code != exitOK {
+		t.Fatalf("poll: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, err := src.Exec(context.Background(), "TRUNCATE src_customers"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKeysCommandGuard: after the source table was emptied by mistake,
+// `tidemark keys` refuses with exit status 1 and a message naming
+// mirror.key_reconcile_max_delete and --force, and changes nothing; a dry
+// run says a run would be refused; --force applies; with
+// key_reconcile_max_delete: 100% the run applies without it.
+func TestKeysCommandGuard(t *testing.T) {
+	cfg, src, wh := pollSetup(t, 100)
+	loadAndTruncate(t, cfg, src)
+	flagged := func() string {
+		t.Helper()
+		return scalar(t, wh, "SELECT count(*)::text FROM dw_customers WHERE deleted_at IS NOT NULL")
+	}
+	for _, step := range []struct {
+		name    string
+		args    []string
+		code    int
+		stdout  []string
+		stderr  []string
+		flagged string
+	}{{
+		name: "dry run", args: []string{"--dry-run"}, code: exitFailure,
+		stdout: []string{"customers: at least 100 missing at the source (dry run, nothing changed); 0 not yet in the mirror",
+			"customers: mirror.key_reconcile_max_delete (10%) allows 10 of 100 mirror rows, at least 100 are missing (100%); a run would be refused (--force applies anyway)"},
+		flagged: "0",
+	}, {
+		name: "run", code: exitFailure,
+		stdout: []string{"customers: at least 100 missing at the source (refused, nothing changed); 0 not yet in the mirror",
+			"customers: mirror.key_reconcile_max_delete (10%) allows 10 of 100 mirror rows, at least 100 are missing (100%); refused (--force applies anyway)"},
+		stderr: []string{`level=ERROR msg="key reconciliation refused: more mirror rows are missing at the source than mirror.key_reconcile_max_delete allows; nothing was applied" component=keys source=customers missing_at_source="at least 100" mirror_keys=100 share=100% max_delete=10% allowed=10`,
+			"tidemark keys: keys customers: refused by mirror.key_reconcile_max_delete: at least 100 of 100 mirror rows (100%) are missing at the source, more than 10% (10 rows); nothing was applied",
+			"`tidemark keys --source customers --force` (this run only), or raise mirror.key_reconcile_max_delete of source customers"},
+		flagged: "0",
+	}, {
+		name: "forced dry run", args: []string{"--dry-run", "--force"}, code: exitFailure,
+		stdout: []string{"customers: 100 missing at the source (dry run, nothing changed) (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, … 90 more); 0 not yet in the mirror",
+			"customers: mirror.key_reconcile_max_delete (10%) allows 10 of 100 mirror rows, 100 are missing (100%); a run with --force would apply them"},
+		flagged: "0",
+	}, {
+		name: "forced run", args: []string{"--force"}, code: exitOK,
+		stdout: []string{"customers: 100 missing at the source (100 flagged) (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, … 90 more)",
+			"customers: mirror.key_reconcile_max_delete (10%) allows 10 of 100 mirror rows, 100 are missing (100%); applied with --force"},
+		flagged: "100",
+	}, {
+		name: "run after the forced run", code: exitOK,
+		stdout:  []string{"customers: 0 source keys, 0 mirror keys", "customers: 0 missing at the source (0 flagged); 0 not yet in the mirror"},
+		flagged: "100",
+	}} {
+		code, out, errOut := invoke(t, append([]string{"keys", "-c", cfg, "--source", "customers"}, step.args...)...)
+		if code != step.code {
+			t.Errorf("%s: exit %d, want %d\n%s%s", step.name, code, step.code, out, errOut)
+		}
+		for _, want := range step.stdout {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: stdout lacks %q:\n%s", step.name, want, out)
+			}
+		}
+		for _, want := range step.stderr {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%s: stderr lacks %q:\n%s", step.name, want, errOut)
+			}
+		}
+		if got := flagged(); got != step.flagged {
+			t.Errorf("%s: %s mirror rows flagged, want %s", step.name, got, step.flagged)
+		}
+	}
+	pgtest.Equal(t, "recorded runs (dry_run, refused, forced, missing_at_source, applied)",
+		pgtest.Lines(t, wh, "SELECT dry_run, refused, forced, missing_at_source, applied FROM tidemark.key_reconciliations ORDER BY id"),
+		[]string{"true | true | false | 100 | 0", "false | true | false | 100 | 0", "true | false | true | 100 | 0",
+			"false | false | true | 100 | 100", "false | false | false | 0 | 0"})
+
+	// With the limit off, the same emptied table is mirrored as emptied.
+	cfg2, src2, wh2 := pollSetup(t, 100)
+	off := guardConfig(t, cfg2, "deletes: hard, key_reconcile_max_delete: 100%")
+	loadAndTruncate(t, off, src2)
+	if code, out, errOut := invoke(t, "keys", "-c", off, "--source", "customers"); code != exitOK || !strings.Contains(out, "customers: 100 missing at the source (100 removed)") {
+		t.Errorf("keys with key_reconcile_max_delete: 100%%: exit %d\n%s%s", code, out, errOut)
+	}
+	if n := scalar(t, wh2, "SELECT count(*)::text FROM dw_customers"); n != "0" {
+		t.Errorf("%s mirror rows left with the limit off, want 0", n)
+	}
+	bad := guardConfig(t, cfg2, "key_reconcile_max_delete: 10")
+	if code, _, errOut := invoke(t, "keys", "-c", bad, "--source", "customers"); code != exitUsage ||
+		!strings.Contains(errOut, `guard.yaml:6: sources.customers.mirror.key_reconcile_max_delete: invalid percentage "10" (use e.g. 10%`) {
+		t.Errorf("an invalid key_reconcile_max_delete: exit %d, %s", code, errOut)
+	}
+}
+
+// TestKeysGuardInRun: inside `tidemark run`, scheduled key reconciliation
+// of a source table emptied by mistake is refused and recorded, and the
+// mirror keeps its rows.
+func TestKeysGuardInRun(t *testing.T) {
+	base, src, wh := pollSetup(t, 100)
+	cfg := guardConfig(t, base, "key_reconcile_every: 1h")
+	loadAndTruncate(t, cfg, src)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncbuf.Buffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"run", "--only", "poll", "-c", cfg}, &out, &errOut) }()
+	waitFor(t, 2*time.Minute, "the scheduled key reconciliation", func() bool {
+		return scalar(t, wh, "SELECT count(*)::text FROM tidemark.key_reconciliations") != "0"
+	})
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("run: exit %d\n%s", code, errOut.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("run did not stop")
+	}
+	pgtest.Equal(t, "recorded runs (dry_run, refused, forced, missing_at_source, applied)",
+		pgtest.Lines(t, wh, "SELECT dry_run, refused, forced, missing_at_source, applied FROM tidemark.key_reconciliations ORDER BY id"),
+		[]string{"false | true | false | 100 | 0"})
+	if n := scalar(t, wh, "SELECT count(*)::text FROM dw_customers WHERE deleted_at IS NULL"); n != "100" {
+		t.Errorf("%s live mirror rows, want 100", n)
+	}
+	if log := errOut.String(); strings.Count(log, `msg="key reconciliation refused`) != 1 || !strings.Contains(log, "max_delete=10%") {
+		t.Errorf("the log does not say once that the run was refused:\n%s", log)
 	}
 }
