@@ -320,6 +320,12 @@ func TestKeysCommandGuard(t *testing.T) {
 		!strings.Contains(errOut, `guard.yaml:6: sources.customers.mirror.key_reconcile_max_delete: invalid percentage "10" (use e.g. 10%`) {
 		t.Errorf("an invalid key_reconcile_max_delete: exit %d, %s", code, errOut)
 	}
+	// Key reconciliation never changes a CDC source's mirrors.
+	cdcCfg := writeFile(t, "cdc.yaml", "warehouse: {dsn: \"postgres://127.0.0.1:1/w\"}\nsources:\n  shop:\n    cdc: {dsn: \"postgres://127.0.0.1:1/s\", tables: [orders]}\n    mirror: {schema: mirror}\n")
+	if code, _, errOut := invoke(t, "keys", "-c", cdcCfg, "--source", "shop", "--dry-run", "--force"); code != exitUsage ||
+		!strings.Contains(errOut, "--force applies to poll sources") {
+		t.Errorf("keys --force on a CDC source: exit %d, %s", code, errOut)
+	}
 }
 
 // TestKeysGuardInRun: inside `tidemark run`, scheduled key reconciliation
