@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
@@ -295,6 +296,25 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 				errs <- err
 			}
 		}()
+		for _, name := range cfg.AggregateNames() {
+			a := cfg.Aggregates[name]
+			if a.VerifyEvery == 0 && a.RefreshEvery == 0 {
+				continue
+			}
+			// A reconciler of its own prepares the definition: a
+			// reconciler is not safe for concurrent use.
+			own, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: now})
+			if err != nil {
+				return err
+			}
+			s := &backfill.Schedule{Pool: pool, Aggregate: name, Definition: own.Definition, VerifyEvery: a.VerifyEvery.D(),
+				RefreshEvery: a.RefreshEvery.D(), Now: now, Logger: log, Registerer: reg}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = s.Run(runCtx) // logs and counts its own failures
+			}()
+		}
 	}
 	if enabled(ComponentPrune) {
 		p, err := retention.New(cfg, pool, retention.Options{Logger: log, Registerer: reg, Now: now})
