@@ -254,7 +254,7 @@ func (k *KeyReconciler) runLogged(ctx context.Context, dryRun, force bool) (KeyR
 	k.log.Info("key reconciliation done", args...)
 	if rep.Forced && !rep.DryRun && rep.OverLimit() {
 		k.log.Warn("key reconciliation forced beyond mirror.key_reconcile_max_delete",
-			"applied", rep.Applied, "mirror_keys", rep.MirrorKeys, "share", share(rep.Deleted, rep.MirrorKeys),
+			"applied", rep.Applied, "mirror_keys", rep.MirrorKeys, "share", rep.Share(),
 			"max_delete", rep.MaxDelete.String(), "allowed", rep.Allowed)
 	}
 	return rep, nil
@@ -263,8 +263,11 @@ func (k *KeyReconciler) runLogged(ctx context.Context, dryRun, force bool) (KeyR
 func (k *KeyReconciler) run(ctx context.Context, dryRun, force bool) (KeyReport, error) {
 	t := k.t
 	started := k.now()
-	rep := KeyReport{Source: t.Name, Mirror: strings.Join(t.Target, "."), DryRun: dryRun, Hard: t.Hard,
-		MaxDelete: k.maxDelete, Forced: force}
+	rep := KeyReport{Source: t.Name, Mirror: strings.Join(t.Target, "."), DryRun: dryRun, Hard: t.Hard, Forced: force}
+	if k.maxDelete != nil {
+		limit := *k.maxDelete
+		rep.MaxDelete = &limit
+	}
 	src, err := mirror.Connect(ctx, k.dsn, keyApp)
 	if err != nil {
 		return rep, fmt.Errorf("keys %s: %w", t.Name, err)
