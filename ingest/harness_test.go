@@ -44,6 +44,10 @@ type bundle struct {
 	parts     int32
 	yaml      string // extra source keys
 	kafkaYAML string // extra kafka keys
+	// Settings that replace the defaults of configYAML when not empty.
+	brokers          string // kafka.brokers[0]; default the cluster's address
+	rebalanceTimeout string // default 5s
+	batchMaxAge      string // default 50ms
 }
 
 // setup gives a test a migrated warehouse database and a kfake cluster
@@ -76,6 +80,12 @@ func setupWith(t *testing.T, parts int32, dsn string, c *kfake.Cluster, producer
 
 // configYAML is the configuration the tests run with.
 func (b *bundle) configYAML() string {
+	or := func(v, def string) string {
+		if v == "" {
+			return def
+		}
+		return v
+	}
 	return fmt.Sprintf(`
 warehouse: {dsn: "%s"}
 http: {listen: "off"}
@@ -83,18 +93,19 @@ kafka:
   brokers: [%q]
   group: %s
   session_timeout: 1s
-  rebalance_timeout: 5s
+  rebalance_timeout: %s
 %s
 ingest:
   batch_max_rows: 5000
-  batch_max_age: 50ms
+  batch_max_age: %s
 sources:
   app_events:
     kafka: {topics: [%s]}
     event_id: /event_id
     event_time: /event_time
     max_age: 30d
-%s`, b.dsn, b.kafka.ListenAddrs()[0], group, b.kafkaYAML, b.topic, b.yaml)
+%s`, b.dsn, or(b.brokers, b.kafka.ListenAddrs()[0]), group, or(b.rebalanceTimeout, "5s"), b.kafkaYAML,
+		or(b.batchMaxAge, "50ms"), b.topic, b.yaml)
 }
 
 func (b *bundle) config(t *testing.T) *config.Config {
@@ -118,9 +129,19 @@ type running struct {
 // start runs an ingester until the test ends or stop is called.
 func (b *bundle) start(t *testing.T, extra ...kgo.Opt) *running {
 	t.Helper()
+	return b.startWith(t, ingest.Options{KafkaOpts: extra})
+}
+
+// startWith is start with options; a nil Logger logs warnings to the
+// test log, and Registerer and Now are always the test's.
+func (b *bundle) startWith(t *testing.T, opts ingest.Options) *running {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	in, err := ingest.New(b.config(t), ingest.Options{Logger: log, Registerer: reg, Now: b.clock.Now, KafkaOpts: extra})
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	opts.Registerer, opts.Now = reg, b.clock.Now
+	in, err := ingest.New(b.config(t), opts)
 	if err != nil {
 		t.Fatalf("ingest.New: %v", err)
 	}

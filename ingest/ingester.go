@@ -34,6 +34,8 @@ type Options struct {
 	KafkaOpts []kgo.Opt
 	// ShutdownGrace bounds the final flush on shutdown; default 30s.
 	ShutdownGrace time.Duration
+
+	kafkaLogEvery time.Duration // rate limit of Kafka client errors; default kafkaLogEvery
 }
 
 // source is one configured source as the ingester uses it.
@@ -56,6 +58,7 @@ type Ingester struct {
 	sources []*source
 	start   kgo.Offset
 	cl      *kgo.Client
+	klog    *kafkaLog // the client's log, rate limited
 
 	// mu guards everything below; it is held while a batch is written so
 	// that the main loop and the rebalance callbacks never write at once.
@@ -87,6 +90,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	if in.log == nil {
 		in.log = slog.New(slog.DiscardHandler)
 	}
+	in.klog = newKafkaLog(in.log.With("component", "kafka"), opts.kafkaLogEvery)
 	in.log = in.log.With("component", "ingest")
 	if in.now == nil {
 		in.now = time.Now
@@ -147,7 +151,8 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		kgo.OnPartitionsAssigned(in.onAssigned),
 		kgo.OnPartitionsRevoked(in.onRevoked),
 		kgo.OnPartitionsLost(in.onLost),
-		kgo.WithLogger(kafkaLogger{in.log}),
+		kgo.WithLogger(in.klog),
+		kgo.WithHooks(in.klog),
 	)
 	kopts = append(kopts, opts.KafkaOpts...)
 	in.cl, err = kgo.NewClient(kopts...)
@@ -342,10 +347,13 @@ func (in *Ingester) batchDeadline() (time.Time, bool) {
 // absorb decodes polled records into the batch.
 func (in *Ingester) absorb(fetches kgo.Fetches) {
 	fetches.EachError(func(topic string, partition int32, err error) {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+		var session *kgo.ErrGroupSession
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) ||
+			errors.As(err, &session) { // the client logs why the group session ended
 			return
 		}
-		in.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+		in.klog.emit(slog.LevelWarn, fmt.Sprintf("fetch\x00%s\x00%d", topic, partition), "fetch error",
+			"topic", topic, "partition", partition, "err", err)
 	})
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -702,7 +710,9 @@ func (in *Ingester) onLost(_ context.Context, _ *kgo.Client, lost map[string][]i
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.forgetLocked(lost)
-	in.log.Warn("partitions lost", "partitions", lost)
+	if len(lost) > 0 { // the client also calls this with nothing when a group session fails
+		in.log.Warn("partitions lost", "partitions", lost)
+	}
 }
 
 func (in *Ingester) forgetLocked(tps map[string][]int32) {
@@ -719,20 +729,4 @@ func (in *Ingester) forgetLocked(tps map[string][]int32) {
 		}
 	}
 	in.b.drop(drop)
-}
-
-// kafkaLogger sends franz-go's log to slog at warn level and above.
-type kafkaLogger struct{ log *slog.Logger }
-
-func (l kafkaLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
-
-func (l kafkaLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	switch level {
-	case kgo.LogLevelError:
-		l.log.Error(msg, keyvals...)
-	case kgo.LogLevelWarn:
-		l.log.Warn(msg, keyvals...)
-	default:
-		l.log.Debug(msg, keyvals...)
-	}
 }

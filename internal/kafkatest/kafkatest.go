@@ -1,5 +1,6 @@
 // Package kafkatest starts in-process Kafka-protocol brokers (kfake) for
-// tests, with short group timeouts so rebalances happen quickly.
+// tests, with short group timeouts so rebalances happen quickly, and
+// records what the code under test logs about them.
 package kafkatest
 
 import (
