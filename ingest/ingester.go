@@ -59,6 +59,9 @@ type Ingester struct {
 	start   kgo.Offset
 	cl      *kgo.Client
 	klog    *kafkaLog // the client's log, rate limited
+	// stopClient cancels the client's context: requests in flight, such
+	// as a JoinGroup the coordinator holds open, fail at once.
+	stopClient context.CancelFunc
 
 	// mu guards everything below; it is held while a batch is written so
 	// that the main loop and the rebalance callbacks never write at once.
@@ -155,10 +158,14 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		kgo.WithHooks(in.klog),
 	)
 	kopts = append(kopts, opts.KafkaOpts...)
+	clientCtx, stopClient := context.WithCancel(context.Background())
+	kopts = append(kopts, kgo.WithContext(clientCtx))
 	in.cl, err = kgo.NewClient(kopts...)
 	if err != nil {
+		stopClient()
 		return nil, fmt.Errorf("ingest: kafka client: %w", err)
 	}
+	in.stopClient = stopClient
 	in.commits = &committer{cl: in.cl, m: in.m, log: in.log, pending: map[topicPartition]kgo.EpochOffset{}}
 	return in, nil
 }
@@ -223,7 +230,7 @@ func (in *Ingester) LastError() error {
 // commits and leaves the group. It returns nil after a clean shutdown.
 func (in *Ingester) Run(ctx context.Context) error {
 	if err := in.prepare(ctx); err != nil {
-		in.cl.Close()
+		in.closeClient()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -292,6 +299,12 @@ func (in *Ingester) ensureTables(ctx context.Context) error {
 	return nil
 }
 
+// leaveTimeout bounds the last offset commit to Kafka and leaving the
+// group together, on shutdown.
+const leaveTimeout = 5 * time.Second
+
+// shutdown writes the batch in flight within the grace, then commits to
+// Kafka and leaves the group within leaveTimeout, and closes the client.
 func (in *Ingester) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), in.grace)
 	defer cancel()
@@ -307,15 +320,43 @@ func (in *Ingester) shutdown() error {
 	}
 	if err != nil {
 		in.log.Error("could not write the last batch before shutdown; its records will be read again", "err", err)
+		// Nothing of it was stored, so its partitions' next owner reads
+		// it again; dropping it keeps the revoke callback from trying
+		// once more while the member leaves.
+		in.mu.Lock()
+		in.b = newBatch()
+		in.mu.Unlock()
 	}
-	in.commits.final(ctx)
-	in.cl.AllowRebalance()
-	in.cl.Close() // leaves the group; the revoke callback finds nothing left to write
+	in.closeClient()
 	in.mu.Lock()
 	in.dropConnLocked()
 	in.mu.Unlock()
 	in.log.Info("ingester stopped")
 	return nil
+}
+
+// closeClient makes the last offset commit to Kafka, leaves the group and
+// closes the client, in at most about leaveTimeout. The revoke callback
+// runs while leaving and finds nothing left to write.
+//
+// Leaving waits for a JoinGroup or SyncGroup in flight, and the
+// coordinator may hold a JoinGroup for up to the rebalance timeout (for
+// example while it waits for a member that died to time out). When the
+// leave does not finish in time, the client's context is cancelled, which
+// fails such a request at once; the group then drops this member when its
+// session times out. Nothing is lost either way: positions live in the
+// warehouse and were written with the rows.
+func (in *Ingester) closeClient() {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	in.commits.final(ctx)
+	in.cl.AllowRebalance()
+	if err := in.cl.LeaveGroupContext(ctx); err != nil && ctx.Err() != nil {
+		in.log.Warn("did not leave the consumer group in time (a join may be in progress); "+
+			"the group drops this member after kafka.session_timeout", "err", err)
+	}
+	in.stopClient()
+	in.cl.Close()
 }
 
 func (in *Ingester) batchLen() int {
