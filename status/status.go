@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -63,6 +64,51 @@ type Aggregate struct {
 	Failing      []FailingPartition `json:"failing"`
 	// LastBackfill is the latest backfill or refresh run, if any.
 	LastBackfill *Backfill `json:"last_backfill,omitempty"`
+	// Archived counts the partitions retention archived.
+	Archived int64 `json:"archived_partitions"`
+	// LastVerify is the latest verification, scheduled or by hand.
+	LastVerify *Verify `json:"last_verify,omitempty"`
+}
+
+// Verify is one verification of an aggregate (`tidemark verify`, or
+// aggregates.<name>.verify_every).
+type Verify struct {
+	Scheduled  bool       `json:"scheduled"`
+	StartedAt  time.Time  `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	Partitions int        `json:"partitions"`
+	// Drifted counts partitions that differ from a rebuild with no pending
+	// work to explain it; Pending those loads or the queue explain.
+	Drifted  int    `json:"drifted"`
+	Pending  int    `json:"pending"`
+	Archived int    `json:"archived"`
+	Error    string `json:"error,omitempty"`
+}
+
+const (
+	lastVerifySQL = `
+SELECT scheduled, started_at, finished_at, partitions, drifted, skipped_queued, skipped_archived, coalesce(error, '')
+FROM tidemark.verify_runs WHERE aggregate = $1 ORDER BY id DESC LIMIT 1`
+	archivedCountSQL = `SELECT count(*) FROM tidemark.partitions WHERE aggregate = $1 AND state = 'archived'`
+)
+
+// gatherRetention reads the aggregate's archived partitions and last
+// verification into ag.
+func gatherRetention(ctx context.Context, q Querier, name string, ag *Aggregate) error {
+	if err := q.QueryRow(ctx, archivedCountSQL, name).Scan(&ag.Archived); err != nil {
+		return fmt.Errorf("read the archived partitions of aggregate %s: %w", name, err)
+	}
+	var v Verify
+	err := q.QueryRow(ctx, lastVerifySQL, name).Scan(&v.Scheduled, &v.StartedAt, &v.FinishedAt, &v.Partitions, &v.Drifted,
+		&v.Pending, &v.Archived, &v.Error)
+	switch {
+	case err == nil:
+		v.StartedAt, v.FinishedAt = v.StartedAt.UTC(), utc(v.FinishedAt)
+		ag.LastVerify = &v
+	case !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("read the verifications of aggregate %s: %w", name, err)
+	}
+	return nil
 }
 
 // Backfill is one run of `tidemark backfill` or `tidemark refresh`.
@@ -111,13 +157,18 @@ type FailingPartition struct {
 // maxFailing is how many failing partitions an aggregate's report lists.
 const maxFailing = 5
 
-// Transaction describes a running warehouse transaction.
+// Transaction describes a running warehouse transaction: who runs it, not
+// what it runs. Its statement text is never shown, since it may hold
+// secrets (an ALTER ROLE ... PASSWORD, literals of other applications).
 type Transaction struct {
-	XID     string  `json:"xid"`
-	PID     int32   `json:"pid"`
-	Seconds float64 `json:"running_seconds"`
-	State   string  `json:"state"`
-	Query   string  `json:"query"`
+	XID             string  `json:"xid"`
+	PID             int32   `json:"pid"`
+	Seconds         float64 `json:"running_seconds"`
+	State           string  `json:"state"`
+	ApplicationName string  `json:"application_name"`
+	// PreparedGID names a prepared transaction (PID 0), which COMMIT
+	// PREPARED or ROLLBACK PREPARED ends.
+	PreparedGID string `json:"prepared_gid,omitempty"`
 }
 
 // Source is the view of one source.
@@ -138,6 +189,72 @@ type Source struct {
 	Poll *Poll `json:"poll,omitempty"`
 	// CDC is the state of a CDC source.
 	CDC *CDC `json:"cdc,omitempty"`
+	// Raw is what the raw table of a Kafka, poll or CDC source holds, and
+	// what retention dropped.
+	Raw *Raw `json:"raw,omitempty"`
+}
+
+// Raw is a source's raw table under retention.
+type Raw struct {
+	Table      string `json:"table"`
+	Partitions int    `json:"partitions"`
+	Bytes      int64  `json:"bytes"`
+	// Oldest is the start of the oldest partition held: the oldest day
+	// retained.
+	Oldest *time.Time `json:"oldest_partition"`
+	// RetainedFrom is the retention bound: raw rows with earlier event
+	// times were dropped, and aggregate partitions starting before it are
+	// archived. Null while nothing has been dropped. A late event for an
+	// earlier day makes a partition before it again, which the next prune
+	// drops.
+	RetainedFrom      *time.Time `json:"retained_from"`
+	PartitionsDropped int64      `json:"partitions_dropped"`
+	// Retention is sources.<name>.retention.raw.
+	Retention string `json:"retention"`
+}
+
+const (
+	rawPartitionsSQL = `
+SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = to_regclass($1)`
+	rawRetentionSQL = `SELECT retained_from, partitions_dropped FROM tidemark.raw_retention WHERE source = $1`
+)
+
+// gatherRaw reads what the raw table of source sc holds.
+func gatherRaw(ctx context.Context, q Querier, sc *config.Source, version int) (*Raw, error) {
+	table := pgx.Identifier{"raw", sc.Name}.Sanitize()
+	raw := &Raw{Table: "raw." + sc.Name, Retention: sc.Retention.Raw.String()}
+	rows, err := q.Query(ctx, rawPartitionsSQL, table)
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of %s: %w", raw.Table, err)
+	}
+	var name string
+	var size int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &size}, func() error {
+		raw.Partitions++
+		raw.Bytes += size
+		suffix, _ := strings.CutPrefix(name, sc.Name+"_p")
+		for _, layout := range []string{"20060102", "200601"} {
+			if start, err := time.Parse(layout, suffix); err == nil && len(suffix) == len(layout) {
+				if raw.Oldest == nil || start.Before(*raw.Oldest) {
+					raw.Oldest = &start
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the partitions of %s: %w", raw.Table, err)
+	}
+	if version < 6 {
+		return raw, nil
+	}
+	err = q.QueryRow(ctx, rawRetentionSQL, sc.Name).Scan(&raw.RetainedFrom, &raw.PartitionsDropped)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("read the retention of %s: %w", raw.Table, err)
+	}
+	raw.RetainedFrom = utc(raw.RetainedFrom)
+	return raw, nil
 }
 
 // CDC is the state of a CDC source as the warehouse records it; the
@@ -319,6 +436,11 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 				return nil, err
 			}
 		}
+		if sc.Table == nil {
+			if s.Raw, err = gatherRaw(ctx, q, sc, v); err != nil {
+				return nil, err
+			}
+		}
 		if sc.Kafka == nil {
 			// Table and poll sources have no stream state; the reconciler
 			// (table) or each poll run stores their watermark.
@@ -435,19 +557,19 @@ ORDER BY partition_start DESC LIMIT 10`
 	// running and prepared ones: the reconciler's load watermarks cannot
 	// pass it.
 	oldestTransactionSQL = `
-SELECT xid::text, pid, extract(epoch FROM now() - started)::float8, state, query
+SELECT xid::text, pid, extract(epoch FROM now() - started)::float8, state, app, gid
 FROM (
-    SELECT backend_xid AS xid, pid, xact_start AS started, coalesce(state, '') AS state, left(coalesce(query, ''), 120) AS query
+    SELECT backend_xid AS xid, pid, xact_start AS started, coalesce(state, '') AS state, coalesce(application_name, '') AS app, '' AS gid
     FROM pg_stat_activity WHERE backend_xid IS NOT NULL
     UNION ALL
-    SELECT transaction, 0, prepared, 'prepared', 'PREPARE TRANSACTION ' || gid FROM pg_prepared_xacts
+    SELECT transaction, 0, prepared, 'prepared', '', gid FROM pg_prepared_xacts
 ) t
 ORDER BY age(xid) DESC LIMIT 1`
 )
 
 func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Report) error {
 	var tx Transaction
-	err := q.QueryRow(ctx, oldestTransactionSQL).Scan(&tx.XID, &tx.PID, &tx.Seconds, &tx.State, &tx.Query)
+	err := q.QueryRow(ctx, oldestTransactionSQL).Scan(&tx.XID, &tx.PID, &tx.Seconds, &tx.State, &tx.ApplicationName, &tx.PreparedGID)
 	switch {
 	case err == nil:
 		r.OldestTransaction = &tx
@@ -494,6 +616,11 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 				ag.LastBackfill = &b
 			case !errors.Is(err, pgx.ErrNoRows):
 				return fmt.Errorf("read the backfills of aggregate %s: %w", name, err)
+			}
+		}
+		if r.SchemaVersion >= 6 {
+			if err := gatherRetention(ctx, q, name, &ag); err != nil {
+				return err
 			}
 		}
 		r.Aggregates = append(r.Aggregates, ag)
@@ -581,6 +708,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			} else {
 				fmt.Fprintf(tw, "  last key reconciliation\tnever\n")
 			}
+			writeRaw(tw, s.Raw)
 			continue
 		}
 		if c := s.CDC; c != nil {
@@ -593,6 +721,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "  applied / confirmed LSN\t%s / %s\n", orDash(c.AppliedLSN), orDash(c.ConfirmedLSN))
 			fmt.Fprintf(tw, "  last source commit applied\t%s\n", fmtTime(c.LastCommitTime))
 			fmt.Fprintf(tw, "  transactions / changes\t%d / %d\n", c.Transactions, c.Changes)
+			writeRaw(tw, s.Raw)
 			continue
 		}
 		if s.Kind != "kafka" {
@@ -606,6 +735,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "  rows\t%d\n", s.Rows)
 		fmt.Fprintf(tw, "  duplicates dropped\t%d\n", s.Duplicates)
 		fmt.Fprintf(tw, "  dead letters\t%d%s\n", s.DeadLetters, fmtReasons(s.DeadLettersByReason))
+		writeRaw(tw, s.Raw)
 		fmt.Fprintf(tw, "  lag\t%s\n", fmtInt(s.Lag))
 		if s.KafkaError != "" {
 			fmt.Fprintf(tw, "  kafka\tunavailable: %s\n", s.KafkaError)
@@ -621,8 +751,12 @@ func (r *Report) WriteText(w io.Writer) error {
 			return err
 		}
 		if t := r.OldestTransaction; t != nil {
-			fmt.Fprintf(tw, "\noldest warehouse transaction (load watermarks cannot pass it): xid %s, pid %d, running %.0fs, %s\n",
-				t.XID, t.PID, t.Seconds, t.State)
+			who := "application " + strconv.Quote(t.ApplicationName)
+			if t.PreparedGID != "" {
+				who = "prepared transaction " + strconv.Quote(t.PreparedGID)
+			}
+			fmt.Fprintf(tw, "\noldest warehouse transaction (load watermarks cannot pass it): xid %s, pid %d, %s, running %.0fs, %s\n",
+				t.XID, t.PID, who, t.Seconds, t.State)
 		}
 	}
 	for _, a := range r.Aggregates {
@@ -644,6 +778,20 @@ func (r *Report) WriteText(w io.Writer) error {
 				fmt.Fprintf(tw, "    … and %d more\n", more)
 			}
 		}
+		if a.Archived > 0 {
+			fmt.Fprintf(tw, "  archived partitions\t%d (retention dropped their raw rows; they are never rebuilt)\n", a.Archived)
+		}
+		if v := a.LastVerify; v != nil {
+			how := "by hand"
+			if v.Scheduled {
+				how = "scheduled"
+			}
+			result := fmt.Sprintf("%d partitions compared, %d differ, %d await the reconciler, %d archived", v.Partitions, v.Drifted, v.Pending, v.Archived)
+			if v.Error != "" {
+				result = "failed: " + strings.Join(strings.Fields(v.Error), " ")
+			}
+			fmt.Fprintf(tw, "  last verify\t%s (%s): %s\n", fmtTime(v.FinishedAt), how, result)
+		}
 		if b := a.LastBackfill; b != nil {
 			fmt.Fprintf(tw, "  last %s\trun %d, %s .. %s, --reprocess %s: %s, %d of %d chunks done, %d failed (started %s, finished %s)\n",
 				b.Kind, b.Run, fmtTime(&b.RangeStart), fmtTime(&b.RangeEnd), b.Reprocess, b.Status, b.ChunksDone, b.Chunks, b.ChunksFailed,
@@ -656,6 +804,45 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// writeRaw writes what a source's raw table holds: its partitions from
+// the oldest day retained, and how far retention has dropped.
+func writeRaw(w io.Writer, r *Raw) {
+	if r == nil {
+		return
+	}
+	oldest := "-"
+	if r.Oldest != nil {
+		oldest = r.Oldest.Format(time.DateOnly)
+	}
+	fmt.Fprintf(w, "  raw\t%s: %s, %s, oldest day retained %s (retention %s)", r.Table, plural(int64(r.Partitions), "partition"), fmtBytes(r.Bytes), oldest, r.Retention)
+	if r.RetainedFrom != nil {
+		fmt.Fprintf(w, "; event times before %s dropped (%s)", r.RetainedFrom.Format(time.RFC3339), plural(r.PartitionsDropped, "partition"))
+	}
+	fmt.Fprintln(w)
+}
+
+// plural writes n things: 1 partition, 2 partitions.
+func plural(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
+// fmtBytes writes a size for people: 512 B, 12.3 MiB.
+func fmtBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // Text describes the failure: "failing since <time> (<n> attempts, next

@@ -83,3 +83,63 @@ sources:
 		t.Fatal("run did not stop within a minute")
 	}
 }
+
+// TestStatusShowsNoQueryText: the oldest transaction that status reports
+// (what holds the load watermarks back) names its process, state, age
+// and application, never its statement, which may hold a password.
+func TestStatusShowsNoQueryText(t *testing.T) {
+	pool, dsn := pgtest.NewPool(t)
+	cfg := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+sources:
+  partner:
+    table: {name: partner_sales, key: [id], event_time: occurred_at, ingested_at: loaded_at}
+aggregates:
+  daily:
+    source: partner
+    table: daily
+    partition: {by: day, column: day}
+    sql: SELECT {{partition}} AS day, count(*) AS n FROM {{events}} GROUP BY 1
+`, dsn))
+	if code, _, errOut := invoke(t, "migrate", "-c", cfg); code != exitOK {
+		t.Fatalf("migrate: %s", errOut)
+	}
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var pid int32
+	const secret = "ALTER ROLE app PASSWORD 'hunter2'"
+	if _, err := tx.Exec(ctx, "SET LOCAL application_name = 'nightly-job'"); err != nil {
+		t.Fatal(err)
+	}
+	var xid string
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid(), pg_current_xact_id()::text").Scan(&pid, &xid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT '"+strings.ReplaceAll(secret, "'", "''")+"'"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"status", "--json", "-c", cfg}, {"status", "-c", cfg}} {
+		code, out, errOut := invoke(t, args...)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d: %s", args, code, errOut)
+		}
+		if strings.Contains(out, "hunter2") {
+			t.Errorf("%v shows another session's statement:\n%s", args, out)
+		}
+		for _, want := range []string{fmt.Sprint(pid), "nightly-job"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%v does not name the transaction's %s:\n%s", args, want, out)
+			}
+		}
+	}
+}
