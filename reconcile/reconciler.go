@@ -487,8 +487,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		// An SQL error is the configuration's (a query that does not
+		// parse, a table of another shape), unless the warehouse cannot
+		// work now: it is starting up, shutting down or out of
+		// connections. That, like an unreachable warehouse, is waited for.
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || !isTransient(err) {
+		if errors.As(err, &pgErr) && aggregate.PartitionFault(err) || !errors.As(err, &pgErr) && !isTransient(err) {
 			return err
 		}
 		r.log.Warn("cannot prepare aggregates; retrying", "err", err)
