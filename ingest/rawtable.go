@@ -185,8 +185,9 @@ func (t *RawTable) Ensure(ctx context.Context, conn *pgx.Conn) error {
 	if t.By == "month" {
 		layout = "200601"
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	// What the table holds now replaces what this process remembered:
+	// retention may have dropped partitions since.
+	known := map[time.Time]bool{}
 	for _, name := range names {
 		suffix, ok := strings.CutPrefix(name, t.Source+"_p")
 		start, err := time.Parse(layout, suffix)
@@ -194,8 +195,11 @@ func (t *RawTable) Ensure(ctx context.Context, conn *pgx.Conn) error {
 			return fmt.Errorf("%w: %s has partition %s, which is not a %s partition; sources.%s.raw_partition must match how the table was created",
 				ErrPartitioningChanged, t.Ident(), name, t.By, t.Source)
 		}
-		t.known[start] = true
+		known[start] = true
 	}
+	t.mu.Lock()
+	t.known = known
+	t.mu.Unlock()
 	return nil
 }
 
