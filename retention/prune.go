@@ -204,6 +204,17 @@ func (p *Pruner) run(ctx context.Context, conn *pgx.Conn, dryRun bool) (*Report,
 	for _, name := range order {
 		rep.Tables = append(rep.Tables, *tables[name])
 	}
+	if !dryRun {
+		// Make the space of the deleted rows reusable now, rather than
+		// when autovacuum next reaches the table.
+		for _, name := range order {
+			if t := tables[name]; t.Rows > 0 && t.Partitions == 0 {
+				if _, err := conn.Exec(ctx, "VACUUM (INDEX_CLEANUP ON, ANALYZE) "+name); err != nil {
+					return rep, fmt.Errorf("prune: vacuum %s: %w", name, err)
+				}
+			}
+		}
+	}
 	return rep, nil
 }
 

@@ -29,9 +29,20 @@ ALTER TABLE tidemark.pending_partitions
     ADD COLUMN failing_since   timestamptz,
     ADD COLUMN next_attempt_at timestamptz;
 
+-- Every reconcile run adds to the arrival counts of recent partitions and
+-- moves partitions' states: room on each page keeps those updates on the
+-- page (no new index entries), so the tables do not bloat between vacuums.
+ALTER TABLE tidemark.partition_arrivals SET (fillfactor = 80);
+ALTER TABLE tidemark.partitions SET (fillfactor = 80);
+
 -- Retention deletes state rows by age, in batches, through these indexes.
+-- The ledger needs none of its own: its rows go below the aggregates' load
+-- watermarks, through the load_xid index. Nothing reads the ledger by
+-- bucket without a bound on load_xid either (the loads above a watermark
+-- or a snapshot are few), so the bucket index, which every load paid for
+-- and whose pages late events kept half empty, goes.
+DROP INDEX tidemark.ingest_ledger_source_bucket;
 CREATE INDEX dead_letters_source_ingested_at ON tidemark.dead_letters (source, ingested_at);
-CREATE INDEX ingest_ledger_ingested_at ON tidemark.ingest_ledger (source, ingested_at);
 CREATE INDEX corrections_recorded_at ON tidemark.corrections (aggregate, recorded_at);
 
 -- The snapshot a chunk was built in: pg_snapshot_xmin when its first
