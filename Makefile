@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test test-short bench lint rules build
+.PHONY: demo test test-short bench soak lint rules build
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
 demo:
@@ -19,6 +19,10 @@ test-short:
 ## bench: throughput benchmarks with their in-run baselines (see docs/benchmarks.md)
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 90m ./bench/
+
+## soak: 180 simulated days of the service with kills and short retention (a few minutes; make test runs a 120-day one)
+soak:
+	TIDEMARK_SOAK=full $(GO) test -run '^TestSoak$$' -v -timeout 60m ./cmd/tidemark/
 
 ## lint: formatting, vet, staticcheck, and the alerting rules (with promtool, when installed)
 lint: rules

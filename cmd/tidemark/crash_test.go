@@ -37,8 +37,15 @@ func startRun(t *testing.T, cfgPath string, clock time.Time) *process {
 // startCommand starts the tidemark command with args as a subprocess.
 func startCommand(t *testing.T, clock time.Time, args ...string) *process {
 	t.Helper()
+	return startWith(t, []string{envClock + "=" + clock.Format(time.RFC3339)}, args...)
+}
+
+// startWith starts the tidemark command with args as a subprocess, with
+// env added to its environment.
+func startWith(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), envMain+"=1", envClock+"="+clock.Format(time.RFC3339))
+	cmd.Env = append(append(os.Environ(), envMain+"=1"), env...)
 	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

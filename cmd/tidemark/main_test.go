@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,10 +15,13 @@ import (
 
 // envMain makes the test binary act as the tidemark command, so that tests
 // can run it as a subprocess (and kill it) without building it first;
-// envClock, an RFC 3339 time, fixes the service clock of that command.
+// envClock, an RFC 3339 time, fixes the service clock of that command, and
+// envClockFile names a file holding it, which the test rewrites to move
+// the clock.
 const (
-	envMain  = "TIDEMARK_TEST_MAIN"
-	envClock = "TIDEMARK_TEST_CLOCK"
+	envMain      = "TIDEMARK_TEST_MAIN"
+	envClock     = "TIDEMARK_TEST_CLOCK"
+	envClockFile = "TIDEMARK_TEST_CLOCK_FILE"
 )
 
 func TestMain(m *testing.M) {
@@ -25,10 +29,30 @@ func TestMain(m *testing.M) {
 		if at, err := time.Parse(time.RFC3339, os.Getenv(envClock)); err == nil {
 			serviceClock = func() time.Time { return at }
 		}
+		if f := os.Getenv(envClockFile); f != "" {
+			serviceClock = fileClock(f)
+		}
 		main()
 		return
 	}
 	pgtest.Main(m)
+}
+
+// fileClock reads the time in file at every call; a read that fails (the
+// file being replaced) gives the time read last.
+func fileClock(file string) func() time.Time {
+	var mu sync.Mutex
+	var last time.Time
+	return func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		if b, err := os.ReadFile(file); err == nil {
+			if at, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(string(b))); err == nil {
+				last = at
+			}
+		}
+		return last
+	}
 }
 
 // invoke runs the command in-process and returns its exit code and output.
