@@ -2,18 +2,18 @@
 // PostgreSQL warehouse exactly once, keeps its state there, and rebuilds
 // aggregates by event date.
 //
-//	tidemark run       [-c tidemark.yaml] [--only ingest,poll,cdc,reconcile]
+//	tidemark run       [-c tidemark.yaml] [--only ingest,poll,cdc,reconcile,prune]
 //	tidemark migrate   [-c tidemark.yaml]
 //	tidemark reconcile --once [-c tidemark.yaml] [--aggregate NAME]
 //	tidemark backfill  --aggregate NAME --from D --to D [-c tidemark.yaml] [--chunk 1d] [--concurrency N]
-//	                   [--reprocess missing|failed|completed] [--dry-run] [--shadow]
+//	                   [--reprocess missing|failed|completed] [--dry-run] [--shadow | --publish] [--force]
 //	tidemark verify    --aggregate NAME [-c tidemark.yaml] [--from D --to D]
 //	tidemark refresh   --aggregate NAME --full [-c tidemark.yaml] [--chunk 1d] [--concurrency N] [--dry-run]
 //	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
-//	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run]
+//	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run] [--force]
 //	tidemark prune     [-c tidemark.yaml] [--dry-run]
 //	tidemark status    [-c tidemark.yaml] [--json]
-//	tidemark demo
+//	tidemark demo      [-v]
 //	tidemark version
 //
 // Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
@@ -68,7 +68,7 @@ Usage:
   tidemark migrate   [-c FILE]                            apply the warehouse schema migrations
   tidemark reconcile --once [-c FILE] [--aggregate NAME]  reconcile aggregates once (for cron)
   tidemark backfill  --aggregate NAME --from D --to D [-c FILE] [--chunk 1d] [--concurrency N]
-                     [--reprocess missing|failed|completed] [--dry-run] [--shadow]
+                     [--reprocess missing|failed|completed] [--dry-run] [--shadow | --publish] [--force]
                                                           rebuild a range of partitions in chunks
   tidemark verify    --aggregate NAME [-c FILE] [--from D --to D]
                                                           compare partitions with a rebuild; exit 1 on drift
@@ -76,10 +76,11 @@ Usage:
                                                           rebuild every partition of the raw table
   tidemark poll      --once --source NAME [-c FILE] [--upper T] [--lookback D]
                                                           load one timestamp-watermark window
-  tidemark keys      --source NAME [-c FILE] [--dry-run]  find rows deleted at the source (key reconciliation)
+  tidemark keys      --source NAME [-c FILE] [--dry-run] [--force]
+                                                          find rows deleted at the source (key reconciliation)
   tidemark prune     [-c FILE] [--dry-run]                remove what retention no longer keeps
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
-  tidemark demo                                           run a self-contained demonstration
+  tidemark demo      [-v]                                 run a self-contained demonstration
   tidemark version                                        print the version
 
 The configuration file defaults to $TIDEMARK_CONFIG, then tidemark.yaml.
@@ -99,40 +100,44 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "run":
-		return cmdRun(ctx, rest, stderr)
-	case "migrate":
-		return cmdMigrate(ctx, rest, stdout, stderr)
-	case "status":
-		return cmdStatus(ctx, rest, stdout, stderr)
-	case "reconcile":
-		return cmdReconcile(ctx, rest, stdout, stderr)
-	case "backfill":
-		return cmdBackfill(ctx, rest, stdout, stderr)
-	case "verify":
-		return cmdVerify(ctx, rest, stdout, stderr)
-	case "refresh":
-		return cmdRefresh(ctx, rest, stdout, stderr)
-	case "poll":
-		return cmdPoll(ctx, rest, stdout, stderr)
-	case "keys":
-		return cmdKeys(ctx, rest, stdout, stderr)
-	case "prune":
-		return cmdPrune(ctx, rest, stdout, stderr)
-	case "demo":
-		return cmdDemo(ctx, rest, stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintf(stdout, "tidemark %s (%s)\n", service.VersionString(), runtime.Version())
-		return exitOK
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return exitOK
+	name := args[0]
+	if alias, ok := commandAliases[name]; ok {
+		name = alias
 	}
-	fmt.Fprintf(stderr, "tidemark: unknown command %q\n\n%s", cmd, usage)
+	if cmd := commands[name]; cmd != nil {
+		return cmd(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "tidemark: unknown command %q\n\n%s", args[0], usage)
 	return exitUsage
 }
+
+// commands are the commands by name; run dispatches through this table.
+var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) int{
+	"run": func(ctx context.Context, args []string, _, stderr io.Writer) int {
+		return cmdRun(ctx, args, stderr)
+	},
+	"migrate":   cmdMigrate,
+	"status":    cmdStatus,
+	"reconcile": cmdReconcile,
+	"backfill":  cmdBackfill,
+	"verify":    cmdVerify,
+	"refresh":   cmdRefresh,
+	"poll":      cmdPoll,
+	"keys":      cmdKeys,
+	"prune":     cmdPrune,
+	"demo":      cmdDemo,
+	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) int {
+		fmt.Fprintf(stdout, "tidemark %s (%s)\n", service.VersionString(), runtime.Version())
+		return exitOK
+	},
+	"help": func(_ context.Context, _ []string, stdout, _ io.Writer) int {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	},
+}
+
+// commandAliases are other names of commands.
+var commandAliases = map[string]string{"--version": "version", "-h": "help", "--help": "help"}
 
 // flags makes a command's flag set with the shared -c/--config flag.
 func flags(name string, stderr io.Writer) (*flag.FlagSet, *string) {

@@ -1,0 +1,1651 @@
+package main
+
+// The tests in this file keep the documentation in step with the binary:
+// the commands and flags that README.md, docs/*.md, deploy/ and the usage
+// text mention against the commands of this package, the configuration
+// keys of docs/configuration.md against the structs of package config,
+// and the metric names of the docs and the alerting rules against the
+// metrics the binary's packages define. They read files only: no
+// database, no broker.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/build"
+	"go/parser"
+	"go/token"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tidemark-dev/tidemark/config"
+)
+
+// Allowlists. Every entry says why the name is not checked.
+var (
+	// notMetrics are words of the form tidemark_xxx in the docs that are
+	// not Prometheus metrics.
+	notMetrics = map[string]string{
+		"tidemark_shop":    "the example replication slot and publication name tidemark_<source> of the CDC source shop",
+		"tidemark_src":     "a column name reserved by poll sources (docs/configuration.md, Poll sources)",
+		"tidemark_key":     "a column name reserved by poll sources",
+		"tidemark_time":    "a column name reserved by poll sources",
+		"tidemark_deleted": "a column name reserved by poll sources",
+		"tidemark_payload": "a column name reserved by poll sources",
+		"tidemark_rows":    "a column of the benchmark output (tidemark_rows/s) in docs/benchmarks.md",
+		"tidemark_query":   "the alias of an aggregate's query in the SQL of a rebuild (docs/configuration.md, The query)",
+	}
+	// notOurFlags are words in code spans that look like flags but are
+	// another program's, or no flag at all.
+	notOurFlags = map[string]string{
+		"--tmpfs":   "docker run, in deploy/README.md",
+		"-n":        "kubectl's namespace flag, in deploy/README.md",
+		"-H":        "kcat's header flag, in the dead-letter replay of docs/operations.md",
+		"-infinity": "PostgreSQL's timestamp -infinity, a value",
+	}
+	// noSection are commands that need no section of their own under
+	// "## Commands" in docs/operations.md.
+	noSection = map[string]string{
+		"help": "prints the usage text; its synopsis line is all there is to say",
+	}
+	// notInUsage are commands that the usage text and the package comment
+	// of main.go need not list.
+	notInUsage = map[string]string{
+		"help": "the usage text is what help prints",
+	}
+)
+
+// docFiles are the documents whose command lines, flags and metric names
+// are checked, relative to the repository root.
+func docFiles(t *testing.T, root string) []string {
+	t.Helper()
+	files := []string{"README.md", "deploy/README.md"}
+	more, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range more {
+		rel, err := filepath.Rel(root, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, filepath.ToSlash(rel))
+	}
+	sort.Strings(files)
+	return files
+}
+
+// repoRoot is the directory holding go.mod.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
+
+func readLines(t *testing.T, root, rel string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(rel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
+
+// ---------------------------------------------------------------------
+// Markdown, as far as these checks need it.
+
+// snippet is an inline code span, a line of a fenced code block, or a
+// paragraph of prose, with where it is.
+type snippet struct {
+	line    int    // 1-based line of its start
+	text    string // the code (newlines of a span become spaces), or the prose
+	lang    string // a block's info string
+	block   int    // 1-based number of the fenced block; 0 outside blocks
+	heading string // the nearest heading above
+	h2, h3  string // the nearest headings of levels 2 and 3 (h3 reset by a new h2)
+	para    string // a span's paragraph
+}
+
+type mdTable struct {
+	line       int // line of the header
+	header     []string
+	rows       []mdRow
+	heading    string
+	h2         string
+	sectionEnd int // last line before the next heading
+}
+
+type mdRow struct {
+	line  int
+	cells []string
+}
+
+type mdDoc struct {
+	file     string
+	lines    []string
+	spans    []snippet
+	code     []snippet // lines of fenced code blocks
+	prose    []snippet // paragraphs outside code blocks, newlines kept
+	headings []mdHeading
+	tables   []mdTable
+}
+
+type mdHeading struct {
+	line, level int
+	text, h2    string // h2: the heading of level 2 it is under, or itself
+}
+
+var (
+	fenceRe    = regexp.MustCompile("^\\s*(```+|~~~+)\\s*([^`\\s]*)")
+	headingRe  = regexp.MustCompile(`^(#{1,6})\s+(.*?)\s*#*\s*$`)
+	listItemRe = regexp.MustCompile(`^\s*(?:[-*+]|\d+\.)\s`)
+)
+
+func parseMarkdown(t *testing.T, root, file string) *mdDoc {
+	t.Helper()
+	d := &mdDoc{file: file, lines: readLines(t, root, file)}
+	var h2, h3, heading string
+	var para []int
+	flush := func() {
+		if len(para) == 0 {
+			return
+		}
+		var text strings.Builder
+		for i, n := range para {
+			if i > 0 {
+				text.WriteByte('\n')
+			}
+			text.WriteString(d.lines[n-1])
+		}
+		s := snippet{line: para[0], text: text.String(), heading: heading, h2: h2, h3: h3}
+		d.prose = append(d.prose, s)
+		table := strings.HasPrefix(strings.TrimSpace(s.text), "|")
+		for _, sp := range codeSpans(s.text) {
+			c := s
+			c.line = s.line + strings.Count(s.text[:sp.off], "\n")
+			c.text = sp.text
+			c.para = s.text
+			if table {
+				c.text = strings.ReplaceAll(c.text, `\|`, "|")
+			}
+			d.spans = append(d.spans, c)
+		}
+		para = nil
+	}
+	var fence, lang string
+	blocks := 0
+	var table *mdTable
+	endTable := func() {
+		if table != nil {
+			d.tables = append(d.tables, *table)
+			table = nil
+		}
+	}
+	for i, l := range d.lines {
+		n := i + 1
+		if fence != "" {
+			trimmed := strings.TrimSpace(l)
+			if strings.HasPrefix(trimmed, fence[:1]) && strings.Trim(trimmed, fence[:1]) == "" && len(trimmed) >= len(fence) {
+				fence = ""
+				continue
+			}
+			d.code = append(d.code, snippet{line: n, text: l, lang: lang, block: blocks, heading: heading, h2: h2, h3: h3})
+			continue
+		}
+		if m := fenceRe.FindStringSubmatch(l); m != nil {
+			flush()
+			endTable()
+			fence, lang = m[1], m[2]
+			blocks++
+			continue
+		}
+		trimmed := strings.TrimSpace(l)
+		if m := headingRe.FindStringSubmatch(l); m != nil {
+			flush()
+			endTable()
+			level := len(m[1])
+			heading = m[2]
+			switch level {
+			case 2:
+				h2, h3 = heading, ""
+			case 3:
+				h3 = heading
+			}
+			d.headings = append(d.headings, mdHeading{line: n, level: level, text: heading, h2: h2})
+			para = []int{n}
+			flush()
+			continue
+		}
+		switch {
+		case trimmed == "":
+			flush()
+			endTable()
+		case strings.HasPrefix(trimmed, "|"):
+			flush()
+			cells := splitRow(trimmed)
+			switch {
+			case table == nil:
+				table = &mdTable{line: n, header: cells, heading: heading, h2: h2}
+			case len(table.rows) == 0 && strings.Trim(trimmed, "|-: ") == "":
+				// the delimiter row
+			default:
+				table.rows = append(table.rows, mdRow{line: n, cells: cells})
+			}
+			para = []int{n}
+			flush()
+		case listItemRe.MatchString(l):
+			flush()
+			endTable()
+			para = []int{n}
+		default:
+			endTable()
+			para = append(para, n)
+		}
+	}
+	flush()
+	endTable()
+	// A table's section ends at the next heading.
+	for i := range d.tables {
+		d.tables[i].sectionEnd = len(d.lines)
+		for _, h := range d.headings {
+			if h.line > d.tables[i].line {
+				d.tables[i].sectionEnd = h.line - 1
+				break
+			}
+		}
+	}
+	return d
+}
+
+// splitRow splits a table row into its cells at pipes that are not
+// escaped.
+func splitRow(row string) []string {
+	row = strings.TrimSpace(row)
+	row = strings.TrimPrefix(row, "|")
+	row = strings.TrimSuffix(row, "|")
+	var cells []string
+	var cell strings.Builder
+	for i := 0; i < len(row); i++ {
+		switch {
+		case row[i] == '\\' && i+1 < len(row) && row[i+1] == '|':
+			cell.WriteString(`\|`)
+			i++
+		case row[i] == '|':
+			cells = append(cells, strings.TrimSpace(cell.String()))
+			cell.Reset()
+		default:
+			cell.WriteByte(row[i])
+		}
+	}
+	return append(cells, strings.TrimSpace(cell.String()))
+}
+
+type span struct {
+	off  int
+	text string
+}
+
+// codeSpans finds the inline code spans of a paragraph as CommonMark
+// does: a run of backticks up to the next run of the same length.
+func codeSpans(text string) []span {
+	var out []span
+	run := func(i int) int {
+		n := 0
+		for i+n < len(text) && text[i+n] == '`' {
+			n++
+		}
+		return n
+	}
+	for i := 0; i < len(text); {
+		switch {
+		case text[i] == '\\' && i+1 < len(text):
+			i += 2
+			continue
+		case text[i] != '`':
+			i++
+			continue
+		}
+		n := run(i)
+		end := -1
+		for j := i + n; j < len(text); {
+			if text[j] != '`' {
+				j++
+				continue
+			}
+			m := run(j)
+			if m == n {
+				end = j
+				break
+			}
+			j += m
+		}
+		if end < 0 {
+			i += n
+			continue
+		}
+		c := strings.ReplaceAll(text[i+n:end], "\n", " ")
+		if len(c) >= 2 && c[0] == ' ' && c[len(c)-1] == ' ' && strings.TrimSpace(c) != "" {
+			c = c[1 : len(c)-1]
+		}
+		out = append(out, span{off: i, text: c})
+		i = end + n
+	}
+	return out
+}
+
+// ---------------------------------------------------------------------
+// Commands and flags.
+
+// cli is what the binary defines: its commands and each one's flags.
+type cli struct {
+	flags   map[string][]string // command -> flag names; nil for commands that parse no flags
+	aliases map[string][]string // flag -> every name of that flag (the shared -c/--config)
+}
+
+// binaryCLI reads each command's flags from the flag package's own
+// listing, `tidemark <command> -h`, which returns before the command does
+// anything. The shared flags of every command come from flags(), whose
+// aliases (-c and --config) share one value.
+func binaryCLI(t *testing.T) cli {
+	t.Helper()
+	c := cli{flags: map[string][]string{}, aliases: map[string][]string{}}
+	shared, _ := flags("probe", io.Discard)
+	byValue := map[flag.Value][]string{}
+	shared.VisitAll(func(f *flag.Flag) { byValue[f.Value] = append(byValue[f.Value], f.Name) })
+	for _, names := range byValue {
+		for _, n := range names {
+			c.aliases[n] = names
+		}
+	}
+	flagLine := regexp.MustCompile(`(?m)^  -(\S+)`)
+	for name, cmd := range commands {
+		var stdout, stderr bytes.Buffer
+		if code := cmd(context.Background(), []string{"-h"}, &stdout, &stderr); code != exitOK {
+			t.Fatalf("tidemark %s -h: exit code %d\n%s%s", name, code, stdout.String(), stderr.String())
+		}
+		if !strings.HasPrefix(stderr.String(), "Usage of tidemark "+name+":") {
+			c.flags[name] = nil // parses no flags
+			continue
+		}
+		c.flags[name] = []string{}
+		for _, m := range flagLine.FindAllStringSubmatch(stderr.String(), -1) {
+			c.flags[name] = append(c.flags[name], m[1])
+		}
+	}
+	return c
+}
+
+func (c cli) isCommand(name string) bool {
+	_, ok := c.flags[name]
+	return ok
+}
+
+func (c cli) commandNames() []string { return sortedKeys(c.flags) }
+
+// hasFlag reports whether cmd accepts the flag written as f (-x or --x);
+// -h and -help are the flag package's own.
+func (c cli) hasFlag(cmd, f string) bool {
+	name := strings.TrimLeft(f, "-")
+	fl, ok := c.flags[cmd]
+	if !ok || fl == nil {
+		return false
+	}
+	return name == "h" || name == "help" || slices.Contains(fl, name)
+}
+
+func (c cli) anyHasFlag(f string) bool {
+	for cmd := range c.flags {
+		if c.hasFlag(cmd, f) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c cli) flagList(cmd string) string {
+	var out []string
+	for _, f := range c.flags[cmd] {
+		out = append(out, "-"+f)
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, " ")
+}
+
+// groups are cmd's flags with their aliases together.
+func (c cli) groups(cmd string) [][]string {
+	var out [][]string
+	seen := map[string]bool{}
+	for _, f := range c.flags[cmd] {
+		if seen[f] {
+			continue
+		}
+		g := c.aliases[f]
+		if g == nil {
+			g = []string{f}
+		}
+		for _, n := range g {
+			seen[n] = true
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+var (
+	// invocationRe finds "tidemark <word>", also as bin/tidemark or
+	// /usr/local/bin/tidemark; a colon after the word makes it a message
+	// prefix ("tidemark keys: ...").
+	invocationRe = regexp.MustCompile(`(?:^|[\s/="'(\[` + "`" + `])tidemark[ \t]+([a-z][a-z0-9-]*)(:?)`)
+	flagRe       = regexp.MustCompile(`(?:^|[\s\[(])(--?[a-zA-Z][a-zA-Z0-9-]*)`)
+	bareCmdRe    = regexp.MustCompile(`^([a-z]+)\s+(-.*)$`)
+	wordRe       = regexp.MustCompile(`[a-z]+`)
+	// argsRe finds the arguments of a container: args: ["run", ...] in
+	// a Kubernetes manifest, CMD ["run"] in a Dockerfile.
+	argsRe = regexp.MustCompile(`^\s*(?:args:|CMD)\s*(\[.*\])\s*$`)
+)
+
+// commandLine cuts text at the end of a command line: a backtick, a
+// shell separator or a comment. A pipe inside brackets separates
+// alternatives of a synopsis ([--shadow | --publish]).
+func commandLine(text string) string {
+	depth := 0
+	for i := 0; i < len(text); i++ {
+		rest := text[i:]
+		switch {
+		case text[i] == '[':
+			depth++
+		case text[i] == ']':
+			depth--
+		case text[i] == '`' || text[i] == ';' || strings.HasPrefix(rest, "&&") || strings.HasPrefix(rest, "||"),
+			(text[i] == ' ' || text[i] == '\t') && strings.HasPrefix(rest[1:], "#"),
+			depth <= 0 && strings.HasPrefix(rest, " | "):
+			return text[:i]
+		}
+	}
+	return text
+}
+
+func flagsIn(text string) []string {
+	var out []string
+	for _, m := range flagRe.FindAllStringSubmatch(text, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// invocation is a command line found in a document.
+type invocation struct {
+	cmd   string
+	flags []string
+}
+
+// invocations finds the command lines in text. A word that is not a
+// command counts as one, and fails the check, when flags follow it, or
+// when nothing does and tidemark starts the line or follows a directory;
+// otherwise the words are prose, such as `tidemark stopped with an error`
+// or "# The tidemark image: ...". "tidemark keys: ..." is a message that
+// names the command keys.
+func invocations(c cli, text string) []invocation {
+	var out []invocation
+	for _, m := range invocationRe.FindAllStringSubmatchIndex(text, -1) {
+		cmd := text[m[2]:m[3]]
+		if m[4] != m[5] {
+			if c.isCommand(cmd) {
+				out = append(out, invocation{cmd: cmd}) // a message: no flags
+			}
+			continue
+		}
+		rest := commandLine(text[m[3]:])
+		trimmed := strings.TrimSpace(rest)
+		flagged := strings.HasPrefix(trimmed, "-") || strings.HasPrefix(trimmed, "[")
+		// What precedes tidemark: nothing, a prompt, or a directory
+		// (/usr/local/bin/tidemark, also after kubectl exec ... --).
+		before := strings.Fields(strings.TrimSuffix(strings.TrimSpace(text[:m[2]]), "tidemark"))
+		atStart := len(before) == 0 || (len(before) == 1 && before[0] == "$") || strings.HasSuffix(before[len(before)-1], "/")
+		if !c.isCommand(cmd) && !flagged && !(trimmed == "" && atStart) {
+			continue
+		}
+		out = append(out, invocation{cmd: cmd, flags: flagsIn(rest)})
+	}
+	return out
+}
+
+// logicalLines joins the continuation lines of command lines in code
+// blocks: a trailing backslash, or an indented line that starts with a
+// flag or an optional flag, after a line naming tidemark.
+func logicalLines(code []snippet) []snippet {
+	var out []snippet
+	for _, s := range code {
+		if n := len(out); n > 0 && out[n-1].block == s.block && s.block != 0 {
+			prev := &out[n-1]
+			trimmed := strings.TrimSpace(s.text)
+			cont := strings.HasSuffix(prev.text, "\\") ||
+				(invocationRe.MatchString(prev.text) && s.text != trimmed && (strings.HasPrefix(trimmed, "[") || strings.HasPrefix(trimmed, "-")) &&
+					!slices.Contains([]string{"yaml", "yml", "sql", "json", "promql"}, s.lang))
+			if cont {
+				prev.text = strings.TrimSuffix(prev.text, "\\") + " " + trimmed
+				continue
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// synopsis is what a command synopsis (the one of docs/operations.md,
+// the usage text, the package comment) says about one command.
+type synopsis struct {
+	line  int
+	flags []string
+}
+
+// parseSynopsis reads lines of the form "tidemark cmd [flags]", with
+// continuation lines that start with a flag.
+func parseSynopsis(lines []snippet) map[string]synopsis {
+	out := map[string]synopsis{}
+	start := regexp.MustCompile(`^(?:\S*/)?tidemark\s+([a-z][a-z0-9-]*)(.*)$`)
+	cur := ""
+	for _, l := range lines {
+		trimmed := strings.TrimSpace(l.text)
+		if m := start.FindStringSubmatch(trimmed); m != nil {
+			cur = m[1]
+			s := out[cur]
+			if s.line == 0 {
+				s.line = l.line
+			}
+			s.flags = append(s.flags, flagsIn(m[2])...)
+			out[cur] = s
+			continue
+		}
+		if cur != "" && (strings.HasPrefix(trimmed, "[") || strings.HasPrefix(trimmed, "-")) {
+			s := out[cur]
+			s.flags = append(s.flags, flagsIn(trimmed)...)
+			out[cur] = s
+			continue
+		}
+		cur = ""
+	}
+	return out
+}
+
+// usageLines are the lines of the usage text and of the synopsis in the
+// package comment, with their lines in the source.
+func usageLines(t *testing.T, root string) (usageFile string, usageText, comment []snippet) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(root, "cmd", "tidemark", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := string(b)
+		rel, _ := filepath.Rel(root, f)
+		rel = filepath.ToSlash(rel)
+		if i := strings.Index(src, usage); i >= 0 {
+			usageFile = rel
+			first := strings.Count(src[:i], "\n") + 1
+			for j, l := range strings.Split(strings.TrimSuffix(usage, "\n"), "\n") {
+				usageText = append(usageText, snippet{line: first + j, text: l})
+			}
+		}
+		if filepath.Base(f) == "main.go" {
+			for j, l := range strings.Split(src, "\n") {
+				if strings.HasPrefix(l, "package ") {
+					break
+				}
+				if after, ok := strings.CutPrefix(l, "//\t"); ok {
+					comment = append(comment, snippet{line: j + 1, text: after})
+				}
+			}
+		}
+	}
+	if usageFile == "" {
+		t.Fatal("the usage text is not a literal in any file of cmd/tidemark")
+	}
+	return usageFile, usageText, comment
+}
+
+// TestDocsCommandsExist checks that every tidemark command line in the
+// documentation names a real command with flags it defines, that flags
+// written on their own in a command's section of docs/operations.md
+// belong to that command, and that no sentence says a command is missing.
+func TestDocsCommandsExist(t *testing.T) {
+	root := repoRoot(t)
+	c := binaryCLI(t)
+	check := func(where string, inv invocation, text string) {
+		t.Helper()
+		if !c.isCommand(inv.cmd) {
+			t.Errorf("%s: `%s`: there is no command tidemark %s (commands: %s)", where, text, inv.cmd, strings.Join(c.commandNames(), ", "))
+			return
+		}
+		for _, f := range inv.flags {
+			if !c.hasFlag(inv.cmd, f) {
+				t.Errorf("%s: `%s`: tidemark %s has no flag %s (its flags: %s)", where, text, inv.cmd, f, c.flagList(inv.cmd))
+			}
+		}
+	}
+	for _, file := range docFiles(t, root) {
+		d := parseMarkdown(t, root, file)
+		for _, s := range logicalLines(d.code) {
+			for _, inv := range invocations(c, s.text) {
+				check(fmt.Sprintf("%s:%d", file, s.line), inv, strings.TrimSpace(s.text))
+			}
+		}
+		for _, s := range d.spans {
+			where := fmt.Sprintf("%s:%d", file, s.line)
+			if invs := invocations(c, s.text); len(invs) > 0 {
+				for _, inv := range invs {
+					check(where, inv, s.text)
+				}
+				continue
+			}
+			// `refresh --full`: a command named without tidemark.
+			if m := bareCmdRe.FindStringSubmatch(s.text); m != nil && c.isCommand(m[1]) {
+				check(where, invocation{cmd: m[1], flags: flagsIn(commandLine(m[2]))}, s.text)
+				continue
+			}
+			// `--reprocess completed`: flags on their own belong to the
+			// command whose section they are in, or to some command.
+			if !flagRe.MatchString(s.text) || !strings.HasPrefix(s.text, "-") {
+				continue
+			}
+			for _, f := range flagsIn(s.text) {
+				if _, ok := commandAliases[f]; ok && f == s.text {
+					continue // `--version`, `--help`: commands
+				}
+				if _, ok := notOurFlags[f]; ok {
+					continue
+				}
+				// In a command's section of docs/operations.md, a flag
+				// belongs to that command or to one the paragraph names.
+				var cmds []string
+				if file == "docs/operations.md" && s.h2 == "Commands" && c.isCommand(s.h3) {
+					cmds = append(cmds, s.h3)
+					for _, w := range wordRe.FindAllString(s.para, -1) {
+						if c.isCommand(w) && !slices.Contains(cmds, w) {
+							cmds = append(cmds, w)
+						}
+					}
+				}
+				ok := len(cmds) == 0 && c.anyHasFlag(f)
+				for _, cmd := range cmds {
+					ok = ok || c.hasFlag(cmd, f)
+				}
+				switch {
+				case ok:
+				case len(cmds) > 0:
+					t.Errorf("%s: `%s` in the section of tidemark %s: it has no flag %s (its flags: %s)", where, s.text, cmds[0], f, c.flagList(cmds[0]))
+				default:
+					t.Errorf("%s: `%s`: no command has the flag %s", where, s.text, f)
+				}
+			}
+		}
+		for _, p := range d.prose {
+			for _, claim := range missingCommandClaims(p.text) {
+				for _, cmd := range claim.names {
+					if c.isCommand(cmd) {
+						t.Errorf("%s:%d: %q says there is no %s command, but tidemark %s exists", file, p.line+claim.lineOffset, claim.text, cmd, cmd)
+					}
+				}
+			}
+		}
+	}
+	// The deployment files run commands too.
+	for _, file := range []string{"deploy/systemd/tidemark.service", "deploy/Dockerfile", "deploy/kubernetes/deployment.yaml", "deploy/kubernetes/migrate-job.yaml"} {
+		for i, l := range readLines(t, root, file) {
+			where := fmt.Sprintf("%s:%d", file, i+1)
+			for _, inv := range invocations(c, l) {
+				check(where, inv, strings.TrimSpace(l))
+			}
+			// The image's entrypoint is tidemark.
+			m := argsRe.FindStringSubmatch(l)
+			if m == nil {
+				continue
+			}
+			var args []string
+			if err := json.Unmarshal([]byte(m[1]), &args); err != nil || len(args) == 0 {
+				t.Errorf("%s: cannot read the arguments %s: %v", where, m[1], err)
+				continue
+			}
+			var fl []string
+			for _, a := range args[1:] {
+				if strings.HasPrefix(a, "-") {
+					fl = append(fl, strings.SplitN(a, "=", 2)[0])
+				}
+			}
+			check(where, invocation{cmd: args[0], flags: fl}, strings.TrimSpace(l))
+		}
+	}
+	// The usage text and the package comment of main.go.
+	usageFile, usageText, comment := usageLines(t, root)
+	for _, syn := range []struct {
+		file  string
+		lines []snippet
+	}{{usageFile, usageText}, {"cmd/tidemark/main.go", comment}} {
+		listed := parseSynopsis(syn.lines)
+		for _, cmd := range sortedKeys(listed) {
+			s := listed[cmd]
+			check(fmt.Sprintf("%s:%d", syn.file, s.line), invocation{cmd: cmd, flags: s.flags}, "tidemark "+cmd)
+		}
+	}
+}
+
+func firstLine(s []snippet) int {
+	if len(s) == 0 {
+		return 1
+	}
+	return s[0].line
+}
+
+type claim struct {
+	text       string
+	lineOffset int
+	names      []string
+}
+
+var (
+	// noCommandRe finds sentences that say commands do not exist: "there
+	// are no backfill, verify or refresh commands", "until tidemark has a
+	// refresh command".
+	noCommandRe = regexp.MustCompile(`(?i)\b(?:no|until\s+[a-z]+\s+has\s+an?)\s+((?:[a-z-]+(?:,\s+|\s+or\s+|\s+and\s+))*[a-z-]+)\s+commands?\b`)
+	listSepRe   = regexp.MustCompile(`,\s+|\s+or\s+|\s+and\s+`)
+)
+
+func missingCommandClaims(text string) []claim {
+	var out []claim
+	for _, m := range noCommandRe.FindAllStringSubmatchIndex(text, -1) {
+		list := text[m[2]:m[3]]
+		out = append(out, claim{
+			text:       strings.Join(strings.Fields(text[m[0]:m[1]]), " "),
+			lineOffset: strings.Count(text[:m[0]], "\n"),
+			names:      listSepRe.Split(strings.ToLower(list), -1),
+		})
+	}
+	return out
+}
+
+// TestDocsCommandsDocumented checks the reverse: docs/operations.md's
+// synopsis, the usage text and the package comment list every command
+// with every flag, and docs/operations.md has a section for each command.
+func TestDocsCommandsDocumented(t *testing.T) {
+	root := repoRoot(t)
+	c := binaryCLI(t)
+	const opsFile = "docs/operations.md"
+	ops := parseMarkdown(t, root, opsFile)
+	var synLines []snippet
+	block := 0
+	for _, s := range ops.code {
+		if s.h2 == "Commands" && s.h3 == "" && (block == 0 || block == s.block) {
+			block = s.block
+			synLines = append(synLines, s)
+		}
+	}
+	if len(synLines) == 0 {
+		t.Fatalf("%s: no code block right under ## Commands (the synopsis)", opsFile)
+	}
+	sections := map[string]bool{}
+	for _, h := range ops.headings {
+		if h.level == 3 && h.h2 == "Commands" {
+			sections[h.text] = true
+		}
+	}
+	usageFile, usageText, comment := usageLines(t, root)
+	for _, syn := range []struct {
+		what, file string
+		line       int
+		lines      []snippet
+		exempt     map[string]string
+	}{
+		{"the synopsis", opsFile, firstLine(synLines), synLines, nil},
+		{"the usage text", usageFile, firstLine(usageText), usageText, notInUsage},
+		{"the synopsis of the package comment", "cmd/tidemark/main.go", firstLine(comment), comment, notInUsage},
+	} {
+		listed := parseSynopsis(syn.lines)
+		for _, cmd := range c.commandNames() {
+			s, ok := listed[cmd]
+			if !ok {
+				if _, exempt := syn.exempt[cmd]; !exempt {
+					t.Errorf("%s:%d: %s does not list the command tidemark %s (flags: %s)", syn.file, syn.line, syn.what, cmd, c.flagList(cmd))
+				}
+				continue
+			}
+			for _, g := range c.groups(cmd) {
+				found := false
+				for _, f := range s.flags {
+					found = found || slices.Contains(g, strings.TrimLeft(f, "-"))
+				}
+				if !found {
+					t.Errorf("%s:%d: %s of tidemark %s does not list its flag -%s", syn.file, s.line, syn.what, cmd, strings.Join(g, "/-"))
+				}
+			}
+		}
+	}
+	for _, cmd := range c.commandNames() {
+		if _, exempt := noSection[cmd]; !sections[cmd] && !exempt {
+			t.Errorf("%s: no section \"### %s\" under \"## Commands\" describes tidemark %s", opsFile, cmd, cmd)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------
+// Configuration keys.
+
+// keyNode is a node of the configuration's key tree, built from the yaml
+// tags of package config.
+type keyNode struct {
+	path     string // dotted, with <name> for the keys of a map
+	children map[string]*keyNode
+	elem     *keyNode // the value of a map's keys
+	goName   string   // Type.Field, for messages
+}
+
+func (n *keyNode) leaf() bool { return n.children == nil && n.elem == nil }
+
+var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+
+func keyTree(t reflect.Type, path, goName string) *keyNode {
+	n := &keyNode{path: path, goName: goName}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) || t.Implements(unmarshalerType) {
+		return n
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		n.children = map[string]*keyNode{}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if !f.IsExported() || tag == "-" {
+				continue
+			}
+			if slices.Contains(strings.Split(opts, ","), "inline") {
+				maps.Copy(n.children, keyTree(f.Type, path, goName).children)
+				continue
+			}
+			if tag == "" {
+				tag = strings.ToLower(f.Name)
+			}
+			n.children[tag] = keyTree(f.Type, joinKey(path, tag), t.Name()+"."+f.Name)
+		}
+	case reflect.Map:
+		n.elem = keyTree(t.Elem(), joinKey(path, "<name>"), goName)
+	}
+	return n
+}
+
+func joinKey(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// resolve finds the node of a dotted path; any segment selects a map's
+// value, and "<...>" only does that.
+func (n *keyNode) resolve(path string) *keyNode {
+	for _, seg := range strings.Split(path, ".") {
+		switch {
+		case n.elem != nil:
+			n = n.elem
+		case strings.HasPrefix(seg, "<"):
+			return nil
+		default:
+			n = n.children[seg]
+			if n == nil {
+				return nil
+			}
+		}
+	}
+	return n
+}
+
+// relative resolves a key as written in prose: absolute, or relative to
+// a source or an aggregate.
+func (n *keyNode) relative(path string) *keyNode {
+	for _, prefix := range []string{"", "sources.<name>.", "aggregates.<name>."} {
+		if k := n.resolve(prefix + path); k != nil {
+			return k
+		}
+	}
+	return nil
+}
+
+func (n *keyNode) leaves() []*keyNode {
+	if n.leaf() {
+		return []*keyNode{n}
+	}
+	var out []*keyNode
+	if n.elem != nil {
+		return n.elem.leaves()
+	}
+	for _, k := range sortedKeys(n.children) {
+		out = append(out, n.children[k].leaves()...)
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+var (
+	relativeRe    = regexp.MustCompile("(?i)all keys are relative to `([^`]+)`")
+	placeholderRe = regexp.MustCompile(`<[^>.]+>`)
+	keyLikeRe     = regexp.MustCompile(`^[a-z][a-z0-9_]*(?:\.(?:[a-z0-9_]+|<[a-z_]+>))+$`)
+)
+
+// documentedKey is a key of a key table of docs/configuration.md.
+type documentedKey struct {
+	path string // absolute, placeholders written <name>
+	line int
+}
+
+// tableKeys reads the key tables of docs/configuration.md: tables whose
+// first header is "Key". A key is relative to the path named by an "All
+// keys are relative to `x`" sentence of its section; or else to the
+// heading when the heading is a key (### kafka.tls: `enabled`), unless
+// the key starts with the heading (## warehouse: `warehouse.dsn`) or is
+// a whole path of its own (## retention: `sources.<name>.retention.raw`).
+// The table whose first header is "Section" lists the top-level keys.
+func tableKeys(t *testing.T, d *mdDoc, tree *keyNode) (keys []documentedKey, sections []documentedKey) {
+	t.Helper()
+	firstSpan := func(cell string) string {
+		if sp := codeSpans(cell); len(sp) > 0 {
+			return sp[0].text
+		}
+		return ""
+	}
+	for _, tb := range d.tables {
+		if len(tb.header) == 0 {
+			continue
+		}
+		switch tb.header[0] {
+		case "Section":
+			for _, r := range tb.rows {
+				sections = append(sections, documentedKey{path: firstSpan(r.cells[0]), line: r.line})
+			}
+			continue
+		case "Key":
+		default:
+			continue
+		}
+		prefix := ""
+		for _, l := range d.lines[tb.line-1 : tb.sectionEnd] {
+			if m := relativeRe.FindStringSubmatch(l); m != nil {
+				prefix = m[1]
+			}
+		}
+		for _, r := range tb.rows {
+			key := firstSpan(r.cells[0])
+			if key == "" {
+				t.Errorf("%s:%d: the row of a key table has no `key` in its first column", d.file, r.line)
+				continue
+			}
+			path := key
+			first, _, _ := strings.Cut(key, ".")
+			switch under := tb.heading + "." + key; {
+			case prefix != "":
+				path = prefix + "." + key
+			case key == tb.heading || strings.HasPrefix(key, tb.heading+"."):
+			case tree.resolve(tb.heading) != nil && tree.resolve(under) != nil:
+				path = under
+			case tree.resolve(key) != nil || tree.children[first] != nil:
+				// absolute: `sources.<name>.retention.raw` under ## retention
+			case tree.resolve(tb.heading) != nil:
+				path = under
+			}
+			keys = append(keys, documentedKey{path: placeholderRe.ReplaceAllString(path, "<name>"), line: r.line})
+		}
+	}
+	return keys, sections
+}
+
+// TestDocsConfigKeys checks that every key in the key tables of
+// docs/configuration.md exists, that every key the configuration structs
+// define is in one of those tables, that key-like references in the docs
+// (`mirror.key_reconcile_max_delete`) and the keys of YAML snippets are
+// real keys, and that no sentence says a key is not implemented. That the
+// complete example and deploy/tidemark.example.yaml parse is checked by
+// config's TestDocumentedExamplesParse.
+func TestDocsConfigKeys(t *testing.T) {
+	root := repoRoot(t)
+	tree := keyTree(reflect.TypeFor[config.Config](), "", "Config")
+	const cfgFile = "docs/configuration.md"
+	d := parseMarkdown(t, root, cfgFile)
+	keys, sections := tableKeys(t, d, tree)
+	if len(keys) == 0 {
+		t.Fatalf("%s: no key tables (tables whose first column is Key)", cfgFile)
+	}
+	documented := map[string]int{}
+	for _, k := range keys {
+		if tree.resolve(k.path) == nil {
+			t.Errorf("%s:%d: the key %s does not exist in package config", cfgFile, k.line, k.path)
+		}
+		if documented[k.path] == 0 {
+			documented[k.path] = k.line
+		}
+	}
+	for _, leaf := range tree.leaves() {
+		if documented[leaf.path] != 0 {
+			continue
+		}
+		near, nearLine := "", 0
+		for p, l := range documented {
+			if common := commonPrefix(p, leaf.path); len(common) > len(near) || (len(common) == len(near) && common != "" && l < nearLine) {
+				near, nearLine = common, l
+			}
+		}
+		hint := ""
+		if nearLine != 0 {
+			hint = fmt.Sprintf(" (keys under %s are documented near line %d)", near, nearLine)
+		}
+		t.Errorf("%s: the key %s (%s) is in no key table%s", cfgFile, leaf.path, leaf.goName, hint)
+	}
+	listed := map[string]bool{}
+	for _, s := range sections {
+		listed[s.path] = true
+		if tree.children[s.path] == nil {
+			t.Errorf("%s:%d: the section table lists %q, which is not a top-level key", cfgFile, s.line, s.path)
+		}
+	}
+	if len(sections) == 0 {
+		t.Errorf("%s: no section table (a table whose first column is Section)", cfgFile)
+	} else {
+		for _, name := range sortedKeys(tree.children) {
+			if !listed[name] {
+				t.Errorf("%s:%d: the section table does not list the top-level key %s (%s)", cfgFile, sections[0].line-2, name, tree.children[name].goName)
+			}
+		}
+	}
+	for _, file := range docFiles(t, root) {
+		doc := d
+		if file != cfgFile {
+			doc = parseMarkdown(t, root, file)
+		}
+		for _, s := range doc.spans {
+			if !keyLikeRe.MatchString(s.text) {
+				continue
+			}
+			first, _, _ := strings.Cut(s.text, ".")
+			if tree.relative(first) == nil || tree.relative(first).leaf() {
+				continue // not a configuration key: tidemark.partitions, raw.app_events
+			}
+			if tree.relative(s.text) == nil {
+				t.Errorf("%s:%d: `%s` is not a configuration key", file, s.line, s.text)
+			}
+		}
+		for _, p := range doc.prose {
+			for _, sentence := range notImplementedSentences(p.text) {
+				for _, sp := range codeSpans(sentence.text) {
+					if k := tree.relative(sp.text); k != nil {
+						t.Errorf("%s:%d: %q: %s is the configuration key %s", file, p.line+sentence.lineOffset,
+							strings.Join(strings.Fields(sentence.text), " "), sp.text, k.path)
+					}
+				}
+			}
+		}
+		checkYAMLSnippets(t, file, doc, tree)
+	}
+	checkConfigMap(t, root, "deploy/kubernetes/configmap.yaml", tree)
+}
+
+func commonPrefix(a, b string) string {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	var out []string
+	for i := 0; i < len(as) && i < len(bs) && as[i] == bs[i]; i++ {
+		out = append(out, as[i])
+	}
+	return strings.Join(out, ".")
+}
+
+var (
+	sentenceEndRe    = regexp.MustCompile(`[.!?](?:\s+|$)`)
+	notImplementedRe = regexp.MustCompile(`(?i)\bnot (?:yet )?implement`)
+)
+
+type sentence struct {
+	text       string
+	lineOffset int
+}
+
+// notImplementedSentences are the sentences of a paragraph that say
+// something is not implemented.
+func notImplementedSentences(text string) []sentence {
+	if !notImplementedRe.MatchString(text) {
+		return nil
+	}
+	var out []sentence
+	start := 0
+	ends := sentenceEndRe.FindAllStringIndex(text, -1)
+	ends = append(ends, []int{len(text), len(text)})
+	for _, e := range ends {
+		s := text[start:e[1]]
+		// A period inside a code span (`sources.<name>.cdc`) does not end
+		// a sentence: only cut where the backticks are balanced.
+		if strings.Count(s, "`")%2 != 0 && e[1] < len(text) {
+			continue
+		}
+		if notImplementedRe.MatchString(s) {
+			out = append(out, sentence{text: s, lineOffset: strings.Count(text[:start], "\n")})
+		}
+		start = e[1]
+	}
+	return out
+}
+
+// checkYAMLSnippets checks the keys of the YAML blocks of a document
+// that look like configuration: a top-level key of the configuration
+// among their top-level keys. The complete example of
+// docs/configuration.md is left to config's TestDocumentedExamplesParse,
+// which parses it whole.
+func checkYAMLSnippets(t *testing.T, file string, d *mdDoc, tree *keyNode) {
+	t.Helper()
+	blocks := map[int][]snippet{}
+	var order []int
+	for _, s := range d.code {
+		if s.lang != "yaml" && s.lang != "yml" {
+			continue
+		}
+		if file == "docs/configuration.md" && s.h2 == "Complete example" {
+			continue
+		}
+		if blocks[s.block] == nil {
+			order = append(order, s.block)
+		}
+		blocks[s.block] = append(blocks[s.block], s)
+	}
+	for _, b := range order {
+		lines := blocks[b]
+		var text strings.Builder
+		for _, l := range lines {
+			text.WriteString(l.text + "\n")
+		}
+		checkConfigYAML(t, file, lines[0].line, text.String(), tree)
+	}
+}
+
+func checkConfigYAML(t *testing.T, file string, firstLine int, text string, tree *keyNode) {
+	t.Helper()
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
+		t.Errorf("%s:%d: a YAML block does not parse: %v", file, firstLine, err)
+		return
+	}
+	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return
+	}
+	top := doc.Content[0]
+	isConfig := false
+	for i := 0; i < len(top.Content); i += 2 {
+		isConfig = isConfig || tree.children[top.Content[i].Value] != nil
+	}
+	if !isConfig {
+		return // not a tidemark configuration (a Prometheus file, a manifest)
+	}
+	var walk func(n *yaml.Node, k *keyNode)
+	walk = func(n *yaml.Node, k *keyNode) {
+		if n.Kind != yaml.MappingNode || k.leaf() {
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i]
+			child := k.elem
+			if child == nil {
+				child = k.children[key.Value]
+			}
+			if child == nil {
+				t.Errorf("%s:%d: the key %s does not exist in package config", file, firstLine+key.Line-1, joinKey(k.path, key.Value))
+				continue
+			}
+			walk(n.Content[i+1], child)
+		}
+	}
+	walk(top, tree)
+}
+
+// checkConfigMap checks the keys of the configuration that a Kubernetes
+// ConfigMap holds as data."tidemark.yaml".
+func checkConfigMap(t *testing.T, root, file string, tree *keyNode) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(file)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	var find func(n *yaml.Node) *yaml.Node
+	find = func(n *yaml.Node) *yaml.Node {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Kind == yaml.MappingNode && n.Content[i].Value == "tidemark.yaml" {
+				return n.Content[i+1]
+			}
+		}
+		for _, c := range n.Content {
+			if f := find(c); f != nil {
+				return f
+			}
+		}
+		return nil
+	}
+	v := find(&doc)
+	if v == nil {
+		t.Fatalf("%s: no data tidemark.yaml", file)
+	}
+	// A block scalar starts on the line after its indicator.
+	checkConfigYAML(t, file, v.Line+1, v.Value, tree)
+}
+
+// ---------------------------------------------------------------------
+// Metrics.
+
+// metricDef is a metric that the binary's packages define.
+type metricDef struct {
+	name   string
+	kind   string   // counter, gauge, histogram, summary, untyped; "" when unknown
+	labels []string // variable labels
+	known  bool     // the labels are known
+	where  string
+}
+
+// binaryMetrics finds the metrics that the packages linked into tidemark
+// define, by reading their source: the Name of every prometheus.*Opts
+// literal and the name of every prometheus.NewDesc, with the type and the
+// labels the source states (the Opts type, the label list of the
+// constructor or of NewDesc, the value type a collector sends its Desc
+// with); what it does not state as literals is not compared.
+//
+// A scrape of a running service would not do: vectors without children
+// and the collectors that read the warehouse export nothing until there
+// is something to report, and starting every component (Kafka, poll,
+// CDC, aggregates, retention) needs both servers and takes seconds.
+// Building each component with a registry that records its descriptions
+// would need a copy of the service's wiring, which would drift. Reading
+// the source sees every definition, fast and without servers; it only
+// cannot see a name computed at run time, so a definition whose name is
+// not a string literal fails the test instead of being skipped.
+func binaryMetrics(t *testing.T, root string) map[string]*metricDef {
+	t.Helper()
+	module := ""
+	for _, l := range readLines(t, root, "go.mod") {
+		if m, ok := strings.CutPrefix(l, "module "); ok {
+			module = strings.TrimSpace(m)
+		}
+	}
+	if module == "" {
+		t.Fatal("go.mod has no module line")
+	}
+	out := map[string]*metricDef{}
+	fset := token.NewFileSet()
+	seen := map[string]bool{}
+	queue := []string{"cmd/tidemark"}
+	str := func(e ast.Expr) (string, bool) {
+		lit, ok := e.(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return "", false
+		}
+		s, err := strconv.Unquote(lit.Value)
+		return s, err == nil
+	}
+	strs := func(e ast.Expr) ([]string, bool) {
+		if id, ok := e.(*ast.Ident); ok && id.Name == "nil" {
+			return []string{}, true
+		}
+		cl, ok := e.(*ast.CompositeLit)
+		if !ok {
+			return nil, false
+		}
+		out := []string{}
+		for _, el := range cl.Elts {
+			s, ok := str(el)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, s)
+		}
+		return out, true
+	}
+	prom := func(e ast.Expr, names ...string) string {
+		sel, ok := e.(*ast.SelectorExpr)
+		if !ok {
+			return ""
+		}
+		if x, ok := sel.X.(*ast.Ident); !ok || x.Name != "prometheus" {
+			return ""
+		}
+		if len(names) > 0 && !slices.Contains(names, sel.Sel.Name) {
+			return ""
+		}
+		return sel.Sel.Name
+	}
+	add := func(pos token.Pos, name, kind string) *metricDef {
+		p := fset.Position(pos)
+		rel, _ := filepath.Rel(root, p.Filename)
+		where := fmt.Sprintf("%s:%d", filepath.ToSlash(rel), p.Line)
+		if m := out[name]; m != nil {
+			return m
+		}
+		m := &metricDef{name: name, kind: kind, where: where}
+		out[name] = m
+		return m
+	}
+	for len(queue) > 0 {
+		dir := queue[0]
+		queue = queue[1:]
+		if seen[dir] {
+			continue
+		}
+		seen[dir] = true
+		entries, err := os.ReadDir(filepath.Join(root, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			if ok, err := build.Default.MatchFile(filepath.Join(root, dir), name); err != nil || !ok {
+				continue
+			}
+			f, err := parser.ParseFile(fset, filepath.Join(root, dir, name), nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				p, _ := strconv.Unquote(imp.Path.Value)
+				if rest, ok := strings.CutPrefix(p, module+"/"); ok {
+					queue = append(queue, rest)
+				}
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.CompositeLit:
+					opts := prom(n.Type)
+					if !strings.HasSuffix(opts, "Opts") {
+						return true
+					}
+					var name string
+					nameOK := false
+					for _, el := range n.Elts {
+						kv, ok := el.(*ast.KeyValueExpr)
+						if !ok {
+							continue
+						}
+						switch key := kv.Key.(*ast.Ident); {
+						case key == nil:
+						case key.Name == "Name":
+							name, nameOK = str(kv.Value)
+						case key.Name == "Namespace" || key.Name == "Subsystem":
+							t.Errorf("%s: prometheus.%s with %s: these checks read only Name; write the whole name there",
+								fset.Position(kv.Pos()), opts, key.Name)
+						}
+					}
+					if !nameOK {
+						t.Errorf("%s: prometheus.%s without a string literal Name: these checks cannot see the metric's name", fset.Position(n.Pos()), opts)
+						return true
+					}
+					kind := strings.ToLower(strings.TrimSuffix(strings.TrimSuffix(opts, "Opts"), "Vec"))
+					add(n.Pos(), name, kind)
+				case *ast.CallExpr:
+					if prom(n.Fun, "NewDesc") != "" {
+						name, ok := str(n.Args[0])
+						if !ok {
+							t.Errorf("%s: prometheus.NewDesc without a string literal name: these checks cannot see the metric's name", fset.Position(n.Pos()))
+							return true
+						}
+						m := add(n.Pos(), name, "")
+						if len(n.Args) >= 3 {
+							m.labels, m.known = strs(n.Args[2])
+						}
+						return true
+					}
+					// NewCounterVec(opts, []string{"label"}) and the like.
+					if len(n.Args) == 0 {
+						return true
+					}
+					cl, ok := n.Args[0].(*ast.CompositeLit)
+					if !ok || !strings.HasSuffix(prom(cl.Type), "Opts") {
+						return true
+					}
+					var name string
+					for _, el := range cl.Elts {
+						if kv, ok := el.(*ast.KeyValueExpr); ok {
+							if key, ok := kv.Key.(*ast.Ident); ok && key.Name == "Name" {
+								name, _ = str(kv.Value)
+							}
+						}
+					}
+					if name == "" {
+						return true
+					}
+					m := add(cl.Pos(), name, strings.ToLower(strings.TrimSuffix(prom(cl.Type), "Opts")))
+					switch {
+					case len(n.Args) == 1:
+						m.labels, m.known = []string{}, true
+					case len(n.Args) == 2:
+						m.labels, m.known = strs(n.Args[1])
+					}
+				}
+				return true
+			})
+			// A collector's Desc gets its type where the collector
+			// sends it: MustNewConstMetric(c.age, prometheus.GaugeValue, ...),
+			// with age: prometheus.NewDesc("name", ...) in the same file.
+			descs := map[string]string{}
+			ast.Inspect(f, func(n ast.Node) bool {
+				if kv, ok := n.(*ast.KeyValueExpr); ok {
+					key, ok1 := kv.Key.(*ast.Ident)
+					call, ok2 := kv.Value.(*ast.CallExpr)
+					if ok1 && ok2 && prom(call.Fun, "NewDesc") != "" {
+						if name, ok := str(call.Args[0]); ok {
+							descs[key.Name] = name
+						}
+					}
+				}
+				return true
+			})
+			ast.Inspect(f, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok || prom(call.Fun, "MustNewConstMetric", "NewConstMetric") == "" || len(call.Args) < 2 {
+					return true
+				}
+				field, ok := call.Args[0].(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if m := out[descs[field.Sel.Name]]; m != nil && m.kind == "" {
+					m.kind = strings.ToLower(strings.TrimSuffix(prom(call.Args[1]), "Value"))
+				}
+				return true
+			})
+		}
+	}
+	return out
+}
+
+// exported are the names a scrape can show: a histogram's family also
+// gives name_bucket, name_sum and name_count, a summary's name_sum and
+// name_count.
+func exported(defs map[string]*metricDef) map[string]bool {
+	out := map[string]bool{}
+	for name, m := range defs {
+		out[name] = true
+		switch m.kind {
+		case "histogram":
+			out[name+"_bucket"], out[name+"_sum"], out[name+"_count"] = true, true, true
+		case "summary":
+			out[name+"_sum"], out[name+"_count"] = true, true
+		}
+	}
+	return out
+}
+
+var (
+	metricRe = regexp.MustCompile(`(?:^|[^A-Za-z0-9_.])(tidemark_[a-z0-9_]+)(\*?)`)
+	parenRe  = regexp.MustCompile(`\([^)]*\)`)
+)
+
+// TestDocsMetrics checks that every metric name in the docs and the
+// alerting rules is one that the binary defines, and that the metrics
+// table of docs/operations.md lists every metric with its type and labels.
+func TestDocsMetrics(t *testing.T) {
+	root := repoRoot(t)
+	defs := binaryMetrics(t, root)
+	names := exported(defs)
+	if len(defs) < 10 {
+		t.Fatalf("found only %d metric definitions in the binary's packages", len(defs))
+	}
+	files := append(docFiles(t, root), "deploy/prometheus/alerts.yaml", "deploy/prometheus/alerts_test.yaml")
+	for _, file := range files {
+		for i, l := range readLines(t, root, file) {
+			for _, m := range metricRe.FindAllStringSubmatch(l, -1) {
+				name, wildcard := m[1], m[2] == "*"
+				if _, ok := notMetrics[name]; ok {
+					continue
+				}
+				if wildcard {
+					found := false
+					for n := range names {
+						found = found || strings.HasPrefix(n, name)
+					}
+					if !found {
+						t.Errorf("%s:%d: no metric of the binary begins with %s", file, i+1, name)
+					}
+					continue
+				}
+				if !names[name] {
+					t.Errorf("%s:%d: %s is not a metric of the binary%s", file, i+1, name, suggestMetric(name, names))
+				}
+			}
+		}
+	}
+
+	// The metrics table: | `name` | type | labels | meaning |.
+	const opsFile = "docs/operations.md"
+	ops := parseMarkdown(t, root, opsFile)
+	rows := map[string]mdRow{}
+	var tableLine int
+	for _, tb := range ops.tables {
+		if tb.h2 != "Metrics" || len(tb.header) < 3 || tb.header[0] != "Name" {
+			continue
+		}
+		tableLine = tb.line
+		for _, r := range tb.rows {
+			sp := codeSpans(r.cells[0])
+			if len(sp) == 0 {
+				t.Errorf("%s:%d: a row of the metrics table has no `name`", opsFile, r.line)
+				continue
+			}
+			rows[sp[0].text] = r
+		}
+	}
+	if tableLine == 0 {
+		t.Fatalf("%s: no metrics table (first column Name) under ## Metrics", opsFile)
+	}
+	for _, name := range sortedKeys(defs) {
+		m := defs[name]
+		if !strings.HasPrefix(name, "tidemark_") {
+			continue
+		}
+		r, ok := rows[name]
+		if !ok {
+			t.Errorf("%s:%d: the metrics table does not list %s (%s, defined at %s)", opsFile, tableLine, name, describeMetric(m), m.where)
+			continue
+		}
+		if len(r.cells) < 3 {
+			t.Errorf("%s:%d: the row of %s has fewer than three columns", opsFile, r.line, name)
+			continue
+		}
+		if kind := strings.TrimSpace(r.cells[1]); m.kind != "" && kind != m.kind {
+			t.Errorf("%s:%d: %s is a %s, not a %s (defined at %s)", opsFile, r.line, name, m.kind, kind, m.where)
+		}
+		if m.known {
+			// Label names are the code spans outside parentheses; those
+			// inside list values.
+			cell := parenRe.ReplaceAllString(r.cells[2], "")
+			var doc []string
+			for _, sp := range codeSpans(cell) {
+				doc = append(doc, sp.text)
+			}
+			want := slices.Clone(m.labels)
+			sort.Strings(doc)
+			sort.Strings(want)
+			if !slices.Equal(doc, want) {
+				t.Errorf("%s:%d: %s has the labels [%s], the table says [%s] (defined at %s)", opsFile, r.line, name,
+					strings.Join(want, ", "), strings.Join(doc, ", "), m.where)
+			}
+		}
+	}
+}
+
+func describeMetric(m *metricDef) string {
+	kind := m.kind
+	if kind == "" {
+		kind = "collected"
+	}
+	if m.known && len(m.labels) > 0 {
+		return fmt.Sprintf("%s with labels %s", kind, strings.Join(m.labels, ", "))
+	}
+	return kind
+}
+
+// suggestMetric names the closest metric for a misspelt one.
+func suggestMetric(name string, names map[string]bool) string {
+	best, bestScore := "", 0
+	for n := range names {
+		score := 0
+		for score < len(n) && score < len(name) && n[score] == name[score] {
+			score++
+		}
+		if score > bestScore || (score == bestScore && n < best) {
+			best, bestScore = n, score
+		}
+	}
+	if bestScore < len("tidemark_")+4 {
+		return ""
+	}
+	return "; did you mean " + best + "?"
+}
