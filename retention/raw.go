@@ -11,13 +11,14 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
 )
 
 const (
 	// rawPartitionsSQL lists the partitions of a raw table with their
-	// bounds as PostgreSQL prints them.
+	// bounds as PostgreSQL prints them and their size with indexes.
 	rawPartitionsSQL = `
-SELECT c.relname, pg_get_expr(c.relpartbound, c.oid)
+SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), pg_total_relation_size(c.oid)
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = to_regclass($1)`
 
@@ -61,21 +62,24 @@ ON CONFLICT (source) DO UPDATE SET
 // session whose time zone is UTC.
 var boundRe = regexp.MustCompile(`^FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\)$`)
 
-// rawPartitions lists the partitions of a raw table, oldest first.
-func rawPartitions(ctx context.Context, conn *pgx.Conn, table string) ([]Partition, error) {
-	rows, err := conn.Query(ctx, rawPartitionsSQL, table)
+// RawPartitions lists the partitions of the source's raw table, oldest
+// first, with their bounds and their size with indexes (Rows is not
+// counted). None when the table does not exist.
+func RawPartitions(ctx context.Context, q ingest.Querier, source string) ([]Partition, error) {
+	table := pgx.Identifier{"raw", source}.Sanitize()
+	rows, err := q.Query(ctx, rawPartitionsSQL, table)
 	if err != nil {
-		return nil, fmt.Errorf("prune: partitions of %s: %w", table, err)
+		return nil, fmt.Errorf("partitions of %s: %w", table, err)
 	}
 	var out []Partition
 	var name, bound string
-	_, err = pgx.ForEachRow(rows, []any{&name, &bound}, func() error {
+	var size int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &bound, &size}, func() error {
 		m := boundRe.FindStringSubmatch(bound)
 		if m == nil {
 			return fmt.Errorf("partition %s has bounds %q, not a range of event times", name, bound)
 		}
-		var p Partition
-		p.Name = name
+		p := Partition{Name: name, Bytes: size}
 		for i, into := range []*time.Time{&p.Start, &p.End} {
 			t, err := time.Parse("2006-01-02 15:04:05-07", m[i+1])
 			if err != nil {
@@ -87,7 +91,7 @@ func rawPartitions(ctx context.Context, conn *pgx.Conn, table string) ([]Partiti
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("prune: partitions of %s: %w", table, err)
+		return nil, fmt.Errorf("partitions of %s: %w", table, err)
 	}
 	sortPartitions(out)
 	return out, nil
@@ -100,10 +104,9 @@ var errKept = errors.New("kept")
 // keeps, oldest first, and stops at the first one still needed.
 func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, src *config.Source, now time.Time, dryRun bool, archived map[string]int64) (Source, error) {
 	out := Source{Name: src.Name}
-	table := pgx.Identifier{"raw", src.Name}.Sanitize()
-	parts, err := rawPartitions(ctx, conn, table)
+	parts, err := RawPartitions(ctx, conn, src.Name)
 	if err != nil {
-		return out, err
+		return out, fmt.Errorf("prune: %w", err)
 	}
 	var aggs []string
 	for _, d := range p.aggs[src.Name] {

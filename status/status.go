@@ -27,6 +27,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/retention"
 )
 
 // Report is the whole view.
@@ -213,38 +214,21 @@ type Raw struct {
 	Retention string `json:"retention"`
 }
 
-const (
-	rawPartitionsSQL = `
-SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = to_regclass($1)`
-	rawRetentionSQL = `SELECT retained_from, partitions_dropped FROM tidemark.raw_retention WHERE source = $1`
-)
+const rawRetentionSQL = `SELECT retained_from, partitions_dropped FROM tidemark.raw_retention WHERE source = $1`
 
 // gatherRaw reads what the raw table of source sc holds.
 func gatherRaw(ctx context.Context, q Querier, sc *config.Source, version int) (*Raw, error) {
-	table := pgx.Identifier{"raw", sc.Name}.Sanitize()
 	raw := &Raw{Table: "raw." + sc.Name, Retention: sc.Retention.Raw.String()}
-	rows, err := q.Query(ctx, rawPartitionsSQL, table)
+	parts, err := retention.RawPartitions(ctx, q, sc.Name)
 	if err != nil {
-		return nil, fmt.Errorf("read the partitions of %s: %w", raw.Table, err)
+		return nil, err
 	}
-	var name string
-	var size int64
-	_, err = pgx.ForEachRow(rows, []any{&name, &size}, func() error {
-		raw.Partitions++
-		raw.Bytes += size
-		suffix, _ := strings.CutPrefix(name, sc.Name+"_p")
-		for _, layout := range []string{"20060102", "200601"} {
-			if start, err := time.Parse(layout, suffix); err == nil && len(suffix) == len(layout) {
-				if raw.Oldest == nil || start.Before(*raw.Oldest) {
-					raw.Oldest = &start
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read the partitions of %s: %w", raw.Table, err)
+	raw.Partitions = len(parts)
+	for _, p := range parts {
+		raw.Bytes += p.Bytes
+	}
+	if len(parts) > 0 {
+		raw.Oldest = &parts[0].Start
 	}
 	if version < 6 {
 		return raw, nil
