@@ -248,6 +248,8 @@ func TestPruneKeepsWhatIsStillNeeded(t *testing.T) {
 		}, "queued for a rebuild"},
 		{"unread load", func(b *bundle) {
 			b.ingestAt("2026-10-10 00:00", event(0, "late", "2026-10-01T10:00:00Z", "1"))
+			// Its ledger row is past the ledger retention too, but unread.
+			b.clock.Set(at("2026-10-12 00:00"))
 		}, "has not read every load into it yet"},
 	}
 	for _, tc := range tests {
@@ -269,6 +271,49 @@ func TestPruneKeepsWhatIsStillNeeded(t *testing.T) {
 				t.Errorf("tidemark_prune_kept_partitions = %v", got)
 			}
 			pgtest.Equal(t, "nothing archived", b.rows("SELECT count(*) FROM tidemark.partitions WHERE state = 'archived'"), []string{"0"})
+			if tc.name == "unread load" {
+				pgtest.Equal(t, "the unread load's ledger row", b.rows(
+					"SELECT count(*) FROM tidemark.ingest_ledger WHERE min_event_time = '2026-10-01 10:00+00'"), []string{"1"})
+			}
 		})
+	}
+}
+
+// TestPruneWaitsBoundedForABusyTable: dropping a raw partition waits at
+// most retention.lock_timeout for the raw table; a reader that holds it
+// longer puts the drop off to the next run, which drops it.
+func TestPruneWaitsBoundedForABusyTable(t *testing.T) {
+	b := retentionSetup(t, "correction")
+	b.cfg.Retention.LockTimeout = config.Duration(200 * time.Millisecond)
+	r, _ := b.reconciler()
+	b.clock.Set(at("2026-10-10 00:00"))
+	b.runOnce(r, "daily_sales")
+	p, reg := b.pruner()
+
+	ctx := context.Background()
+	reader, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx)
+	if _, err := reader.Exec(ctx, "SELECT count(*) FROM raw.app_events"); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	rep := b.prune(p, false)
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("prune took %s behind a busy table; the lock timeout is 200ms", took)
+	}
+	if raw := table(rep, "raw.app_events"); raw.Partitions != 0 || !strings.Contains(rep.Sources[0].Kept, "busy") {
+		t.Errorf("with the table busy: dropped %+v, kept %q", raw, rep.Sources[0].Kept)
+	}
+	if n, _ := promreg.Sum(reg, "tidemark_prune_lock_timeouts_total"); n != 1 {
+		t.Errorf("tidemark_prune_lock_timeouts_total = %v, want 1", n)
+	}
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if raw := table(b.prune(p, false), "raw.app_events"); raw.Partitions != 7 {
+		t.Errorf("the next run dropped %+v, want 7 partitions", raw)
 	}
 }

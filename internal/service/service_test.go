@@ -208,6 +208,9 @@ func TestEndpoints(t *testing.T) {
 		`tidemark_poll_rows_merged_total{op="insert",source="customers"} 2`,
 		`tidemark_poll_watermark_age_seconds{source="customers"}`,
 		`tidemark_key_reconcile_runs_total{result="ok",source="customers"} 1`,
+		`tidemark_state_table_rows{table="tidemark.ingest_ledger"}`,
+		`tidemark_state_table_bytes{table="raw.app_events"}`,
+		`tidemark_prune_runs_total{result="ok"}`,
 		`go_goroutines`, `process_resident_memory_bytes`,
 	} {
 		if !strings.Contains(body, want) {
