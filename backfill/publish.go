@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/ingest"
 )
 
 // ErrNoShadow means a partition has no shadow build that can be
@@ -25,15 +26,10 @@ WHERE r.aggregate = $1 AND r.kind = 'shadow' AND c.status = 'done' AND c.snapsho
   AND c.chunk_start <= $2 AND c.chunk_end >= $3
 ORDER BY r.id DESC LIMIT 1`
 
-	// requeueSQL queues partition [$2, $3) again when loads at or above
-	// $5 touched it ($6 true: always, for a table source, whose loads have
-	// no transaction ids). A ledger row's bucket is the UTC hour of its
-	// event times.
+	// requeueSQL queues partition [$2, $3) again.
 	requeueSQL = `
 INSERT INTO tidemark.pending_partitions (aggregate, partition_start, partition_end, reason, queued_at)
-SELECT $1, $2, $3, 'published', $7
-WHERE $6 OR EXISTS (SELECT FROM tidemark.ingest_ledger
-                    WHERE source = $4 AND bucket > $2::timestamptz - interval '1 hour' AND bucket < $3 AND load_xid >= $5::text::xid8)
+VALUES ($1, $2, $3, 'published', $4)
 ON CONFLICT (aggregate, partition_start) DO NOTHING`
 )
 
@@ -61,8 +57,17 @@ func publish(ctx context.Context, tx pgx.Tx, d *aggregate.Definition, p aggregat
 	if err != nil {
 		return 0, err
 	}
-	if _, err := tx.Exec(ctx, requeueSQL, d.Name, p.Start, p.End, d.Source, xmin, !d.Ledger, opts.Now()); err != nil {
-		return 0, fmt.Errorf("publish %s %s: queue loads since the shadow: %w", d.Name, p, err)
+	// A table source's loads have no transaction ids: queue it always.
+	since := !d.Ledger
+	if !since {
+		if since, err = ingest.LoadedSince(ctx, tx, d.Source, p.Start, p.End, xmin); err != nil {
+			return 0, fmt.Errorf("publish %s %s: %w", d.Name, p, err)
+		}
+	}
+	if since {
+		if _, err := tx.Exec(ctx, requeueSQL, d.Name, p.Start, p.End, opts.Now()); err != nil {
+			return 0, fmt.Errorf("publish %s %s: queue loads since the shadow: %w", d.Name, p, err)
+		}
 	}
 	return res.Rows, nil
 }

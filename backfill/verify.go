@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/ingest"
 )
 
 // Check is the outcome of verifying one partition: the published rows
@@ -40,13 +41,9 @@ const (
 	publishedSQL = `SELECT partition_start FROM tidemark.partitions WHERE aggregate = $1 ORDER BY partition_start`
 	queuedSQL    = `SELECT EXISTS (SELECT FROM tidemark.pending_partitions WHERE aggregate = $1 AND partition_start = $2)`
 
-	// unreadSQL says whether a load into [$3, $4) lies at or above the
-	// aggregate's load watermark: the reconciler has not read it yet. A
-	// ledger row's bucket is the UTC hour of its event times.
-	unreadSQL = `
-SELECT EXISTS (SELECT FROM tidemark.ingest_ledger
-               WHERE source = $2 AND bucket > $3::timestamptz - interval '1 hour' AND bucket < $4
-                 AND load_xid >= coalesce((SELECT load_xid FROM tidemark.load_watermarks WHERE aggregate = $1), '0'))`
+	// loadWatermarkSQL is how far the reconciler has read the ledger for
+	// an aggregate ("0" before its first run).
+	loadWatermarkSQL = `SELECT coalesce((SELECT load_xid::text FROM tidemark.load_watermarks WHERE aggregate = $1), '0')`
 )
 
 // Verify compares each partition of the range (every built partition when
@@ -93,8 +90,8 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 		if err == nil {
 			if err = tx.QueryRow(ctx, queuedSQL, d.Name, p.Start).Scan(&c.Queued); err != nil {
 				err = fmt.Errorf("verify %s %s: queued: %w", d.Name, p, err)
-			} else if err = tx.QueryRow(ctx, unreadSQL, d.Name, d.Source, p.Start, p.End).Scan(&c.Unread); err != nil {
-				err = fmt.Errorf("verify %s %s: unread loads: %w", d.Name, p, err)
+			} else {
+				c.Unread, err = unread(ctx, tx, d, p)
 			}
 		}
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -185,4 +182,18 @@ func RecordVerify(ctx context.Context, pool *pgxpool.Pool, name string, schedule
 		return fmt.Errorf("verify %s: record: %w", name, err)
 	}
 	return nil
+}
+
+// unread reports whether the reconciler has yet to read a load into p:
+// one at or above the aggregate's load watermark.
+func unread(ctx context.Context, tx pgx.Tx, d *aggregate.Definition, p aggregate.Partition) (bool, error) {
+	var xid string
+	if err := tx.QueryRow(ctx, loadWatermarkSQL, d.Name).Scan(&xid); err != nil {
+		return false, fmt.Errorf("verify %s %s: load watermark: %w", d.Name, p, err)
+	}
+	loaded, err := ingest.LoadedSince(ctx, tx, d.Source, p.Start, p.End, xid)
+	if err != nil {
+		return false, fmt.Errorf("verify %s %s: %w", d.Name, p, err)
+	}
+	return loaded, nil
 }

@@ -29,12 +29,6 @@ SELECT aggregate, partition_start FROM tidemark.pending_partitions
 WHERE aggregate = ANY($1) AND partition_start < $3 AND partition_end > $2
 ORDER BY aggregate, partition_start LIMIT 1`
 
-	// unreadSQL says whether a load into [$2, $3) has not been read by an
-	// aggregate whose load watermark is $4.
-	unreadSQL = `
-SELECT EXISTS (SELECT 1 FROM tidemark.ingest_ledger
-               WHERE source = $1 AND bucket >= $2 AND bucket < $3 AND load_xid >= $4::text::xid8)`
-
 	// archiveSQL archives the partitions of the aggregates that start
 	// before the new retention bound.
 	archiveSQL = `
@@ -195,9 +189,9 @@ func (p *Pruner) needed(ctx context.Context, q aggregate.Row, source string, agg
 		case err != nil:
 			return "", fmt.Errorf("prune: load watermark of %s: %w", d.Name, err)
 		}
-		var unread bool
-		if err := q.QueryRow(ctx, unreadSQL, source, part.Start, part.End, xid).Scan(&unread); err != nil {
-			return "", fmt.Errorf("prune: unread loads: %w", err)
+		unread, err := ingest.LoadedSince(ctx, q, source, part.Start, part.End, xid)
+		if err != nil {
+			return "", fmt.Errorf("prune: %w", err)
 		}
 		if unread {
 			return fmt.Sprintf("aggregate %s has not read every load into it yet", d.Name), nil
