@@ -106,10 +106,7 @@ func TestFailingPartitionBacksOff(t *testing.T) {
 	}
 
 	// tidemark status shows it.
-	rpt, err := status.Gather(context.Background(), b.pool, b.cfg, nil, clock.Add(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rpt, text := b.status(clock.Add(time.Minute))
 	ag := rpt.Aggregates[0]
 	if ag.FailingCount != 1 || len(ag.Failing) != 1 {
 		t.Fatalf("status: %d failing partitions %+v", ag.FailingCount, ag.Failing)
@@ -119,10 +116,7 @@ func TestFailingPartitionBacksOff(t *testing.T) {
 		f.NextAttempt == nil || !f.NextAttempt.Equal(at("2026-10-05 14:03")) || !strings.Contains(f.LastError, "SQLSTATE 22P02") {
 		t.Errorf("status failing partition %+v", f)
 	}
-	var text, js bytes.Buffer
-	if err := rpt.WriteText(&text); err != nil {
-		t.Fatal(err)
-	}
+	var js bytes.Buffer
 	if err := rpt.WriteJSON(&js); err != nil {
 		t.Fatal(err)
 	}
@@ -131,8 +125,8 @@ func TestFailingPartitionBacksOff(t *testing.T) {
 		"    2026-10-05          failing since 2026-10-05T10:00:00Z (9 attempts, next attempt 2026-10-05T14:03:00Z): " +
 			`rebuild daily_sales 2026-10-05: ERROR: invalid input syntax for type numeric: "bad" (SQLSTATE 22P02)` + "\n",
 	} {
-		if !strings.Contains(text.String(), want) {
-			t.Errorf("status text lacks %q:\n%s", want, text.String())
+		if !strings.Contains(text, want) {
+			t.Errorf("status text lacks %q:\n%s", want, text)
 		}
 	}
 	for _, want := range []string{`"failing_partitions": 1`, `"failing_since": "2026-10-05T10:00:00Z"`,
@@ -161,16 +155,9 @@ func TestFailingPartitionBacksOff(t *testing.T) {
 	if got := gauge(t, reg, "tidemark_reconcile_failing_partitions", "daily_sales"); got != 0 {
 		t.Errorf("failing partitions gauge after the fix %v, want 0", got)
 	}
-	rpt, err = status.Gather(context.Background(), b.pool, b.cfg, nil, clock.Add(2*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	text.Reset()
-	if err := rpt.WriteText(&text); err != nil {
-		t.Fatal(err)
-	}
-	if ag := rpt.Aggregates[0]; ag.FailingCount != 0 || len(ag.Failing) != 0 || strings.Contains(text.String(), "failing") {
-		t.Errorf("status after the fix: %d failing %+v\n%s", ag.FailingCount, ag.Failing, text.String())
+	rpt, text = b.status(clock.Add(2 * time.Minute))
+	if ag := rpt.Aggregates[0]; ag.FailingCount != 0 || len(ag.Failing) != 0 || strings.Contains(text, "failing") {
+		t.Errorf("status after the fix: %d failing %+v\n%s", ag.FailingCount, ag.Failing, text)
 	}
 
 	// The report lists the five longest failing partitions and counts the
@@ -183,14 +170,7 @@ func TestFailingPartitionBacksOff(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rpt, err = status.Gather(context.Background(), b.pool, b.cfg, nil, clock.Add(2*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	text.Reset()
-	if err := rpt.WriteText(&text); err != nil {
-		t.Fatal(err)
-	}
+	rpt, text = b.status(clock.Add(2 * time.Minute))
 	ag = rpt.Aggregates[0]
 	var listed []string
 	for _, f := range ag.Failing {
@@ -202,8 +182,23 @@ func TestFailingPartitionBacksOff(t *testing.T) {
 		"    2026-09-01          failing since 2026-10-05T12:00:00Z (2 attempts, next attempt 2026-10-05T15:00:00Z): boom\n",
 		"    … and 2 more\n",
 	} {
-		if ag.FailingCount != 7 || !strings.Contains(text.String(), want) {
-			t.Errorf("status text (%d failing) lacks %q:\n%s", ag.FailingCount, want, text.String())
+		if ag.FailingCount != 7 || !strings.Contains(text, want) {
+			t.Errorf("status text (%d failing) lacks %q:\n%s", ag.FailingCount, want, text)
 		}
 	}
+}
+
+// status gathers tidemark status at the service time now and renders it
+// as text.
+func (b *bundle) status(now time.Time) (*status.Report, string) {
+	b.t.Helper()
+	rpt, err := status.Gather(context.Background(), b.pool, b.cfg, nil, now)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var text bytes.Buffer
+	if err := rpt.WriteText(&text); err != nil {
+		b.t.Fatal(err)
+	}
+	return rpt, text.String()
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 )
@@ -62,16 +60,7 @@ aggregates:
 	}
 	recs = append(recs, &kgo.Record{Topic: "events", Value: []byte(`not json`)})
 	kafkatest.Produce(t, kafkatest.Producer(t, kc), recs...)
-	ctx, cancel := context.WithCancel(context.Background())
-	exit := make(chan int, 1)
-	go func() {
-		exit <- run(ctx, []string{"run", "--only", "ingest", "-c", cfg}, &strings.Builder{}, &strings.Builder{})
-	}()
-	ingesttest.WaitStored(t, pool, "prune-test", "events", map[int32]int64{0: 5}, time.Minute)
-	cancel()
-	if code := <-exit; code != exitOK {
-		t.Fatalf("run --only ingest: exit %d", code)
-	}
+	ingestUntil(t, cfg, pool, "prune-test", "events", map[int32]int64{0: 5})
 	if code, _, errOut := invoke(t, "reconcile", "--once", "-c", cfg); code != exitOK {
 		t.Fatalf("reconcile --once: %s", errOut)
 	}

@@ -51,17 +51,7 @@ aggregates:
 		&kgo.Record{Topic: "events", Value: []byte(`{"event_id":"e1","event_time":"2026-10-04T22:00:00Z","amount":10}`)},
 		&kgo.Record{Topic: "events", Value: []byte(`{"event_id":"e2","event_time":"2026-10-05T08:00:00Z","amount":20}`)},
 		&kgo.Record{Topic: "events", Value: []byte(`{"event_id":"e3","event_time":"2026-10-04T23:30:00Z","amount":5}`)})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	exit := make(chan int, 1)
-	go func() {
-		exit <- run(ctx, []string{"run", "--only", "ingest", "-c", cfg}, &strings.Builder{}, &strings.Builder{})
-	}()
-	ingesttest.WaitStored(t, pool, "reconcile-test", "events", map[int32]int64{0: 3}, time.Minute)
-	cancel()
-	if code := <-exit; code != exitOK {
-		t.Fatalf("run --only ingest: exit %d", code)
-	}
+	ingestUntil(t, cfg, pool, "reconcile-test", "events", map[int32]int64{0: 3})
 
 	code, out, errOut := invoke(t, "reconcile", "--once", "-c", cfg)
 	if code != exitOK {
@@ -107,6 +97,24 @@ aggregates:
 		}
 	}
 	backfillVerifyRefresh(t, cfg, pool)
+}
+
+// ingestUntil runs `tidemark run --only ingest` in-process until the
+// group has stored the end offsets of topic, then stops it as SIGTERM
+// does and requires exit status 0.
+func ingestUntil(t *testing.T, cfg string, pool *pgxpool.Pool, group, topic string, end map[int32]int64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	exit := make(chan int, 1)
+	go func() {
+		exit <- run(ctx, []string{"run", "--only", "ingest", "-c", cfg}, &strings.Builder{}, &strings.Builder{})
+	}()
+	ingesttest.WaitStored(t, pool, group, topic, end, time.Minute)
+	cancel()
+	if code := <-exit; code != exitOK {
+		t.Fatalf("run --only ingest: exit %d", code)
+	}
 }
 
 // backfillVerifyRefresh drives `tidemark verify`, `backfill` and `refresh`
