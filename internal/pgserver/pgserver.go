@@ -38,6 +38,19 @@ type Options struct {
 	Settings map[string]string
 	// Log receives the server log; nil discards it.
 	Log func(line string)
+	// TLS, when set, turns on ssl with these files (copied into the data
+	// directory, so the server's user can read them).
+	TLS *TLSFiles
+	// HBA replaces the default pg_hba.conf, which trusts every local and
+	// loopback connection. Tests of authentication and least privilege
+	// set it.
+	HBA []string
+}
+
+// TLSFiles are the server's certificate, its key, and optionally the CA
+// whose certificates clients may present (ssl_ca_file).
+type TLSFiles struct {
+	CertFile, KeyFile, CAFile string
 }
 
 // Server is a running PostgreSQL server owned by this process.
@@ -201,6 +214,19 @@ func (s *Server) writeConf() error {
 		settings["synchronous_commit"] = "off"
 		settings["full_page_writes"] = "off"
 	}
+	if t := s.opts.TLS; t != nil {
+		settings["ssl"] = "on"
+		for key, src := range map[string]string{"ssl_cert_file": t.CertFile, "ssl_key_file": t.KeyFile, "ssl_ca_file": t.CAFile} {
+			if src == "" {
+				continue
+			}
+			dst := filepath.Join(s.dataDir, key+".pem")
+			if err := s.copyPrivate(src, dst); err != nil {
+				return err
+			}
+			settings[key] = "'" + dst + "'"
+		}
+	}
 	for k, v := range s.opts.Settings {
 		settings[k] = v
 	}
@@ -213,11 +239,30 @@ func (s *Server) writeConf() error {
 	for _, k := range keys {
 		fmt.Fprintf(&conf, "%s = %s\n", k, settings[k])
 	}
-	hba := "local all all trust\nhost all all 127.0.0.1/32 trust\nlocal replication all trust\nhost replication all 127.0.0.1/32 trust\n"
+	// The harness itself always connects through the local socket.
+	hba := "local all all trust\nlocal replication all trust\n"
+	if len(s.opts.HBA) > 0 {
+		hba += strings.Join(s.opts.HBA, "\n") + "\n"
+	} else {
+		hba += "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n"
+	}
 	if err := appendFile(filepath.Join(s.dataDir, "postgresql.auto.conf"), conf.String()); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(s.dataDir, "pg_hba.conf"), []byte(hba), 0o600)
+}
+
+// copyPrivate copies src to dst, readable only by the server's user, as
+// PostgreSQL demands of a key file.
+func (s *Server) copyPrivate(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("pgserver: %w", err)
+	}
+	if err := os.WriteFile(dst, b, 0o600); err != nil {
+		return fmt.Errorf("pgserver: %w", err)
+	}
+	return s.chown(dst)
 }
 
 func appendFile(path, text string) error {
@@ -278,7 +323,7 @@ func (s *Server) start(ctx context.Context) error {
 func (s *Server) ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.URL("postgres"))
+	conn, err := pgx.Connect(ctx, s.SocketURL("postgres"))
 	if err != nil {
 		return err
 	}
@@ -297,6 +342,12 @@ func (s *Server) tailLog() string {
 // URL returns a connection string for database db as the superuser.
 func (s *Server) URL(db string) string {
 	return fmt.Sprintf("postgres://postgres@%s:%d/%s?sslmode=disable", s.Host, s.Port, db)
+}
+
+// SocketURL returns a connection string for database db as the superuser
+// through the server's unix socket, which pg_hba.conf always trusts.
+func (s *Server) SocketURL(db string) string {
+	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable", db, s.root, s.Port)
 }
 
 // Stop shuts the server down (fast mode) and removes its directory.
