@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -615,11 +616,22 @@ func ValidPointer(ptr string) error {
 	return nil
 }
 
-// redactErr keeps a DSN parse error from echoing a password.
+// redactErr describes a DSN parse error without echoing a password. pgx
+// quotes the connection string in its errors and masks passwords only on
+// a best-effort basis (not "password = x" with spaces, for one), and the
+// URL parser's own error quotes the whole URL, so the message keeps only
+// pgx's reason and drops both.
 func redactErr(err error) string {
-	msg := err.Error()
-	if i := strings.Index(msg, "("); i > 0 && strings.Contains(msg, "://") {
-		return strings.TrimSpace(msg[:i])
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return "it cannot be parsed"
 	}
-	return msg
+	msg := pe.Error()
+	if inner := pe.Unwrap(); inner != nil {
+		msg = strings.TrimSuffix(msg, " ("+inner.Error()+")")
+	}
+	if i := strings.LastIndex(msg, "`: "); i >= 0 && strings.HasPrefix(msg, "cannot parse `") {
+		return msg[i+len("`: "):]
+	}
+	return "it cannot be parsed"
 }
