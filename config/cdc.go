@@ -11,6 +11,8 @@ import (
 // applied to mirror tables and recorded as raw change rows.
 type CDCSource struct {
 	DSN string `yaml:"dsn"` // source database; the role needs REPLICATION
+	// DSNFile names a file holding the DSN, instead of dsn.
+	DSNFile string `yaml:"dsn_file"`
 	// Publication and Slot default to tidemark_<source>; both are created
 	// when missing.
 	Publication string `yaml:"publication"`

@@ -51,7 +51,9 @@ type Config struct {
 
 // Warehouse is the PostgreSQL database tidemark writes to.
 type Warehouse struct {
-	DSN      string `yaml:"dsn"`
+	DSN string `yaml:"dsn"`
+	// DSNFile names a file holding the DSN, instead of dsn.
+	DSNFile  string `yaml:"dsn_file"`
 	Migrate  *bool  `yaml:"migrate"`   // apply migrations at start; default true
 	MaxConns Int    `yaml:"max_conns"` // pool size; default 8
 }
@@ -62,10 +64,22 @@ func (w Warehouse) MigrateOnStart() bool { return w.Migrate == nil || *w.Migrate
 // HTTP is the operator endpoint: /metrics, /healthz, /readyz, /status.
 type HTTP struct {
 	Listen string `yaml:"listen"` // host:port; "off" disables; default 127.0.0.1:9187
+	// Token, when set (or read from TokenFile), is the bearer token that
+	// the pages for people (/ and /status) require; the probes and
+	// /metrics stay open.
+	Token     string `yaml:"token"`
+	TokenFile string `yaml:"token_file"`
 }
 
 // Enabled reports whether the HTTP server runs.
 func (h HTTP) Enabled() bool { return h.Listen != "off" }
+
+func (h HTTP) tokenKey() string {
+	if h.TokenFile != "" {
+		return "http.token_file"
+	}
+	return "http.token"
+}
 
 // Log configures the process log.
 type Log struct {
@@ -205,6 +219,10 @@ func Parse(file string, data []byte, lookup func(string) (string, bool)) (*Confi
 			ix.decodeError(err)
 		}
 	}
+	if len(ix.problems) > 0 {
+		return nil, ix.sorted()
+	}
+	cfg.readSecretFiles(ix)
 	if len(ix.problems) > 0 {
 		return nil, ix.sorted()
 	}
@@ -389,6 +407,9 @@ func (c *Config) validate(ix *index) {
 	if c.HTTP.Enabled() {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
 			ix.add("http.listen", "must be host:port or off, got %q", c.HTTP.Listen)
+		}
+		if t := c.HTTP.Token; t != "" && len(t) < 16 {
+			ix.add(c.HTTP.tokenKey(), "must be at least 16 characters, got %d", len(t))
 		}
 	}
 	oneOf(ix, "log.level", c.Log.Level, "debug", "info", "warn", "error")

@@ -16,9 +16,11 @@ import (
 // the mirror table and advances the watermark to the newest updated_at it
 // read.
 type PollSource struct {
-	DSN   string   `yaml:"dsn"`   // source database
-	Table string   `yaml:"table"` // "schema.table" or "table" (schema public)
-	Key   []string `yaml:"key"`   // columns of a unique key of the source table
+	DSN string `yaml:"dsn"` // source database
+	// DSNFile names a file holding the DSN, instead of dsn.
+	DSNFile string   `yaml:"dsn_file"`
+	Table   string   `yaml:"table"` // "schema.table" or "table" (schema public)
+	Key     []string `yaml:"key"`   // columns of a unique key of the source table
 	// UpdatedAt names the column every write sets: timestamptz, or
 	// timestamp without time zone together with TimeZone.
 	UpdatedAt string `yaml:"updated_at"`

@@ -7,6 +7,7 @@ package service
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -457,8 +458,27 @@ func (h *handler) mux() *http.ServeMux {
 		Registry: h.reg, ErrorHandling: promhttp.ContinueOnError, ErrorLog: promLogger{h.log}}))
 	m.HandleFunc("GET /healthz", h.healthz)
 	m.HandleFunc("GET /readyz", h.readyz)
-	m.HandleFunc("GET /status", h.status)
+	m.Handle("GET /status", h.private(http.HandlerFunc(h.status)))
 	return m
+}
+
+// private requires http.token, when set, as a bearer token: the pages for
+// people show table names, errors and positions that not everyone who can
+// reach the port should read. Probes and /metrics stay open.
+func (h *handler) private(next http.Handler) http.Handler {
+	token := h.cfg.HTTP.Token
+	if token == "" {
+		return next
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tidemark"`)
+			http.Error(w, "this page needs the bearer token of http.token\n", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // healthz is liveness: the process serves requests and is not stopping.

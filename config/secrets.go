@@ -1,0 +1,79 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"strings"
+)
+
+// Secrets may be written into the file, taken from the environment with
+// ${NAME}, or read from a file named by the key's *_file twin (as mounted
+// Kubernetes or Docker secrets are). A *_file is read once, at load; one
+// trailing newline is dropped.
+
+// secret is one value that may come from a file instead.
+type secret struct {
+	key, fileKey string
+	value        *string
+	file         string
+}
+
+// secrets lists every value with a *_file twin.
+func (c *Config) secrets() []secret {
+	out := []secret{
+		{"warehouse.dsn", "warehouse.dsn_file", &c.Warehouse.DSN, c.Warehouse.DSNFile},
+		{"http.token", "http.token_file", &c.HTTP.Token, c.HTTP.TokenFile},
+	}
+	for _, name := range c.SourceNames() {
+		s := c.Sources[name]
+		if s == nil {
+			continue
+		}
+		p := "sources." + name
+		if s.Poll != nil {
+			out = append(out, secret{p + ".poll.dsn", p + ".poll.dsn_file", &s.Poll.DSN, s.Poll.DSNFile})
+		}
+		if s.CDC != nil {
+			out = append(out, secret{p + ".cdc.dsn", p + ".cdc.dsn_file", &s.CDC.DSN, s.CDC.DSNFile})
+		}
+	}
+	return out
+}
+
+// readSecretFiles fills each value from its *_file, before defaults and
+// validation see it.
+func (c *Config) readSecretFiles(ix *index) {
+	for _, s := range c.secrets() {
+		if s.file == "" {
+			continue
+		}
+		if *s.value != "" {
+			ix.add(s.fileKey, "%s and %s are both set; give one", s.key, s.fileKey)
+			continue
+		}
+		v, err := readSecretFile(s.file)
+		if err != nil {
+			ix.add(s.fileKey, "%v", err)
+			continue
+		}
+		*s.value = v
+	}
+}
+
+// readSecretFile returns a file's contents without one trailing newline;
+// an empty secret is an error.
+func readSecretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return "", errors.New("cannot read " + path + ": " + pe.Err.Error())
+		}
+		return "", err
+	}
+	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if v == "" {
+		return "", errors.New(path + " is empty")
+	}
+	return v, nil
+}
