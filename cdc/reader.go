@@ -17,6 +17,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -418,7 +419,7 @@ func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
 	pc.RuntimeParams["application_name"] = "tidemark-cdc"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("replication connection to the source: %w", err)
+		return nil, fmt.Errorf("sources.%s.cdc.dsn: replication connection to the source: %w", r.src.Name, connerr.Explain(err))
 	}
 	return conn, nil
 }

@@ -25,6 +25,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/internal/connerr"
 )
 
 //go:embed sql/*.sql
@@ -100,7 +102,7 @@ func Up(ctx context.Context, dsn string, log *slog.Logger) (Result, error) {
 	}
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return Result{}, fmt.Errorf("migrate: connect: %w", err)
+		return Result{}, fmt.Errorf("migrate: connect to warehouse.dsn: %w", connerr.Explain(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/connerr"
 )
 
 // Column is one column of a source table.
@@ -354,7 +355,7 @@ func Connect(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
 	cc.RuntimeParams["application_name"] = app
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
-		return nil, fmt.Errorf("connect to source: %w", err)
+		return nil, fmt.Errorf("connect to source: %w", connerr.Explain(err))
 	}
 	return conn, nil
 }

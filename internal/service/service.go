@@ -32,6 +32,7 @@ import (
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
@@ -505,7 +506,11 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 		checks[name] = "ok"
 	}
-	check("warehouse", h.pool.Ping(ctx))
+	if err := h.pool.Ping(ctx); err != nil {
+		check("warehouse", fmt.Errorf("warehouse.dsn: %w", connerr.Explain(err)))
+	} else {
+		check("warehouse", nil)
+	}
 	if !h.schemaReady.Load() {
 		check("schema", errors.New("waiting for the warehouse schema"))
 	}
