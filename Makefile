@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test test-short bench soak lint rules build
+.PHONY: demo test test-short bench soak lint rules build fuzz fuzz-short
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
 demo:
@@ -15,6 +15,19 @@ test:
 ## test-short: the same tests on smaller workloads
 test-short:
 	$(GO) test -short -timeout 10m ./...
+
+## fuzz: each fuzz target for FUZZTIME (go test -fuzz takes one target a run)
+FUZZTIME     ?= 1m
+FUZZ_TARGETS ?= config:FuzzParse cdc:FuzzDecode cdc:FuzzCopyRows aggregate:FuzzCalendar
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} in ./$${t%%:*} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}/; \
+	done
+
+## fuzz-short: the fuzz targets that need no database, 10s each (CI)
+fuzz-short:
+	$(MAKE) fuzz FUZZTIME=10s FUZZ_TARGETS="config:FuzzParse cdc:FuzzDecode aggregate:FuzzCalendar"
 
 ## bench: throughput benchmarks with their in-run baselines (see docs/benchmarks.md)
 bench:

@@ -74,18 +74,60 @@ func (c Calendar) Of(t time.Time) Partition {
 		// The local hour that contains t, as instants: subtracting the
 		// minutes and seconds past the local hour works for every offset
 		// (half-hour zones included) and keeps the two 01:00 hours of a
-		// night the clocks go back apart.
+		// night the clocks go back apart. A change of offset that is not
+		// a whole hour (Lord Howe's daylight saving time moves the clocks
+		// by 30 minutes) ends one local hour and starts the next mid-hour:
+		// the partition ends and starts there, so that the partitions of
+		// the hours around it do not overlap.
 		start = t.Add(-time.Duration(l.Minute())*time.Minute - time.Duration(l.Second())*time.Second -
 			time.Duration(l.Nanosecond()))
 		end = start.Add(time.Hour)
+		zoneStart, zoneEnd := l.ZoneBounds()
+		if !zoneStart.IsZero() && zoneStart.After(start) {
+			start = zoneStart
+		}
+		if !zoneEnd.IsZero() && zoneEnd.Before(end) {
+			end = zoneEnd
+		}
 	case Month:
-		start = time.Date(l.Year(), l.Month(), 1, 0, 0, 0, 0, c.Loc)
-		end = time.Date(l.Year(), l.Month()+1, 1, 0, 0, 0, 0, c.Loc)
+		start = c.midnight(l.Year(), l.Month(), 1)
+		end = c.midnight(l.Year(), l.Month()+1, 1)
 	default:
-		start = time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, c.Loc)
-		end = time.Date(l.Year(), l.Month(), l.Day()+1, 0, 0, 0, 0, c.Loc)
+		start = c.midnight(l.Year(), l.Month(), l.Day())
+		end = c.midnight(l.Year(), l.Month(), l.Day()+1)
 	}
 	return Partition{Start: start.UTC(), End: end.UTC(), by: c.By, loc: c.Loc}
+}
+
+// midnight returns the first instant of the local date (normalised as
+// time.Date does) or, when the zone skipped that date, of the first date
+// after it. time.Date alone is not enough: where the clocks go forward at
+// midnight (Havana, Santiago, Asuncion) local midnight does not exist and
+// time.Date may return an instant of the day before, where they go back
+// to midnight the first midnight may not be the one it picks, and Apia
+// skipped 30 December 2011 altogether.
+func (c Calendar) midnight(y int, m time.Month, d int) time.Time {
+	at := time.Date(y, m, d, 0, 0, 0, 0, c.Loc)
+	want := time.Date(y, m, d, 0, 0, 0, 0, time.UTC) // normalised
+	on := func(t time.Time) bool {                   // t's local date is want or later
+		l := t.In(c.Loc)
+		return !time.Date(l.Year(), l.Month(), l.Day(), 0, 0, 0, 0, time.UTC).Before(want)
+	}
+	if on(at) && !on(at.Add(-time.Nanosecond)) {
+		return at
+	}
+	// Local dates only move forward within two days of at: the earliest
+	// instant on the date or later lies between these bounds.
+	lo, hi := at.Add(-48*time.Hour), at.Add(48*time.Hour)
+	for hi.Sub(lo) > time.Nanosecond {
+		mid := lo.Add(hi.Sub(lo) / 2)
+		if on(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
 }
 
 // At returns the partition that starts at start (as stored).

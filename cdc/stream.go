@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -202,13 +203,88 @@ func (s *stream) copyData(ctx context.Context, data []byte) error {
 			return fmt.Errorf("xlog data: %w", err)
 		}
 		s.walEnd = max(s.walEnd, x.ServerWALEnd)
-		msg, err := pglogrepl.ParseV2(x.WALData, s.inStream)
+		msg, err := parseMessage(x.WALData, s.inStream)
 		if err != nil {
 			return fmt.Errorf("decode pgoutput: %w", err)
 		}
 		return s.message(ctx, msg)
 	}
 	return nil
+}
+
+// errMalformed is the error of a pgoutput message that cannot be decoded.
+var errMalformed = errors.New("malformed pgoutput message")
+
+// parseMessage decodes a pgoutput message. pglogrepl indexes into a
+// message without checking its length, so an empty, truncated or
+// malformed message panics there; here it is an error, which ends the
+// stream (the slot sends the transaction again) instead of the process.
+func parseMessage(data []byte, inStream bool) (msg pglogrepl.Message, err error) {
+	if len(data) == 0 {
+		return nil, fmt.Errorf("%w: empty", errMalformed)
+	}
+	if !lengthsFit(data, inStream) {
+		return nil, fmt.Errorf("%w: type %q, %d bytes: a count or length runs past the end", errMalformed, data[0], len(data))
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			msg, err = nil, fmt.Errorf("%w: type %q, %d bytes: %v", errMalformed, data[0], len(data), p)
+		}
+	}()
+	return pglogrepl.ParseV2(data, inStream)
+}
+
+// lengthsFit reports whether the counts and lengths that a truncate,
+// insert, update or delete message declares fit in it: pglogrepl
+// allocates what they declare (up to 4GiB a value) before reading it. It
+// reports true when it cannot tell; pglogrepl then finds the problem.
+func lengthsFit(data []byte, inStream bool) bool {
+	p := data[1:]
+	switch data[0] {
+	case 'T', 'I', 'U', 'D':
+	default:
+		return true
+	}
+	if inStream {
+		if len(p) < 4 {
+			return true
+		}
+		p = p[4:] // xid
+	}
+	if data[0] == 'T' {
+		return len(p) < 5 || uint64(binary.BigEndian.Uint32(p))*4 <= uint64(len(p)-5)
+	}
+	if len(p) < 4 {
+		return true
+	}
+	p = p[4:] // relation id
+	for len(p) > 0 && (p[0] == 'N' || p[0] == 'K' || p[0] == 'O') {
+		if len(p) < 3 {
+			return true
+		}
+		n := int(binary.BigEndian.Uint16(p[1:]))
+		p = p[3:]
+		for range n {
+			if len(p) < 1 {
+				return true
+			}
+			kind := p[0]
+			p = p[1:]
+			if kind != pglogrepl.TupleDataTypeText && kind != pglogrepl.TupleDataTypeBinary {
+				continue
+			}
+			if len(p) < 4 {
+				return true
+			}
+			l := uint64(binary.BigEndian.Uint32(p))
+			p = p[4:]
+			if l > uint64(len(p)) {
+				return false
+			}
+			p = p[l:]
+		}
+	}
+	return true
 }
 
 // idle reports whether no tracked change is pending: nothing received and

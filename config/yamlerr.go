@@ -124,10 +124,11 @@ func (ix *index) add(path, format string, args ...any) {
 	ix.problems = append(ix.problems, Error{File: ix.file, Line: ix.line(path), Key: path, Msg: fmt.Sprintf(format, args...)})
 }
 
+// The messages may span lines: yaml.v3 quotes a multi-line value as it is.
 var (
-	yamlLineRe     = regexp.MustCompile(`^(?:yaml: )?line (\d+): (?:column (\d+): )?(.*)$`)
+	yamlLineRe     = regexp.MustCompile(`(?s)^(?:yaml: )?line (\d+): (?:column (\d+): )?(.*)$`)
 	unknownFieldRe = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
-	cannotRe       = regexp.MustCompile("^cannot unmarshal !!(\\w+) `(.*)` into (\\S+)$")
+	cannotRe       = regexp.MustCompile("(?s)^cannot unmarshal !!(\\w+) `(.*)` into (\\S+)$")
 	cannotNodeRe   = regexp.MustCompile(`^cannot unmarshal !!(\w+) into (\S+)$`)
 )
 

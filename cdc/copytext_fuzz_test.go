@@ -1,0 +1,129 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+// invalidText is the SQLSTATE of text PostgreSQL does not take: a NUL
+// byte or a byte sequence that is not UTF-8.
+const invalidText = "22021"
+
+// copyFuzzFrom and copyFuzzTo bound the commit times FuzzCopyRows writes:
+// the years PostgreSQL and the encoder's four-digit years share.
+var (
+	copyFuzzFrom = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).Unix()
+	copyFuzzTo   = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).Unix()
+)
+
+// FuzzCopyRows writes one row with copyRows and COPY into a table of a
+// real PostgreSQL, on one connection, and reads it back. The row holds a
+// text field, a value (NULL or text), a field from bytes (NULL for nil), a
+// timestamptz and a text[] of names (split at "|"). Property: when every
+// text is valid UTF-8 without NUL bytes, PostgreSQL stores exactly the
+// values written (NULL as NULL, the time to the microsecond, truncated);
+// otherwise, as pgoutput never sends such text, the COPY fails with
+// SQLSTATE 22021 and the connection stays usable. Tabs, newlines, carriage
+// returns, backslashes, \N and \. lines arrive as they were written.
+func FuzzCopyRows(f *testing.F) {
+	pool, _ := pgtest.NewPool(f)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(conn.Release)
+	if _, err := conn.Exec(ctx, "CREATE TEMP TABLE fuzz_copy (a text, b text, c text, d timestamptz, e text[])"); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, a string, b []byte, null bool, sec, nsec int64, names string) {
+		span := copyFuzzTo - copyFuzzFrom
+		at := time.Unix(copyFuzzFrom+((sec-copyFuzzFrom)%span+span)%span, ((nsec%1e9)+1e9)%1e9)
+		var list []string
+		if names != "" {
+			list = strings.Split(names, "|")
+		}
+		w := newCopyRows()
+		defer w.release()
+		w.text(a)
+		bs := string(b)
+		if null {
+			w.value(nil)
+		} else {
+			w.value(&bs)
+		}
+		w.bytes(b)
+		w.time(at)
+		w.textArray(list)
+		w.end()
+
+		valid := validText(a) && validText(bs)
+		for _, n := range list {
+			valid = valid && validText(n)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Conn().PgConn().CopyFrom(ctx, &w.buf, "COPY pg_temp.fuzz_copy FROM STDIN")
+		if !valid {
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != invalidText {
+				t.Fatalf("COPY of invalid text %q: got %v, want SQLSTATE %s", w.buf.String(), err, invalidText)
+			}
+			_ = tx.Rollback(ctx)
+			var one int
+			if err := conn.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+				t.Fatalf("connection after a failed COPY: %v", err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("COPY %q: %v", w.buf.String(), err)
+		}
+		var (
+			ga     string
+			gb, gc *string
+			gd     time.Time
+			ge     []string
+		)
+		if err := tx.QueryRow(ctx, "SELECT a, b, c, d, e FROM pg_temp.fuzz_copy").Scan(&ga, &gb, &gc, &gd, &ge); err != nil {
+			t.Fatalf("read back %q: %v", w.buf.String(), err)
+		}
+		check := func(what string, got *string, want string, isNull bool) {
+			t.Helper()
+			switch {
+			case isNull && got != nil:
+				t.Fatalf("%s: got %q, want NULL (COPY data %q)", what, *got, w.buf.String())
+			case !isNull && (got == nil || *got != want):
+				t.Fatalf("%s: got %v, want %q (COPY data %q)", what, show(row{what: got}), want, w.buf.String())
+			}
+		}
+		check("text", &ga, a, false)
+		check("value", gb, bs, null)
+		check("bytes", gc, bs, b == nil)
+		if want := at.Truncate(time.Microsecond); !gd.Equal(want) {
+			t.Fatalf("time: got %s, want %s (COPY data %q)", gd.Format(time.RFC3339Nano), want.Format(time.RFC3339Nano), w.buf.String())
+		}
+		if len(ge) != len(list) || (list != nil) != (ge != nil) {
+			t.Fatalf("text[]: got %q, want %q (COPY data %q)", ge, list, w.buf.String())
+		}
+		for i := range list {
+			if ge[i] != list[i] {
+				t.Fatalf("text[]: got %q, want %q (COPY data %q)", ge, list, w.buf.String())
+			}
+		}
+	})
+}
+
+// validText reports whether PostgreSQL takes s as text.
+func validText(s string) bool { return utf8.ValidString(s) && !strings.Contains(s, "\x00") }
