@@ -87,43 +87,6 @@ type Log struct {
 	Format string `yaml:"format"` // text or json; default text
 }
 
-// Kafka is the connection to the brokers shared by all Kafka sources.
-type Kafka struct {
-	Brokers          []string `yaml:"brokers"`
-	Group            string   `yaml:"group"`     // consumer group; default tidemark
-	ClientID         string   `yaml:"client_id"` // default tidemark
-	StartOffset      string   `yaml:"start_offset"`
-	SessionTimeout   Duration `yaml:"session_timeout"`
-	RebalanceTimeout Duration `yaml:"rebalance_timeout"`
-	FetchMaxBytes    ByteSize `yaml:"fetch_max_bytes"`
-	TLS              *TLS     `yaml:"tls"`
-	SASL             *SASL    `yaml:"sasl"`
-}
-
-// TLS configures encrypted connections to the brokers.
-type TLS struct {
-	Enabled            *bool  `yaml:"enabled"` // default true when the tls block is present
-	CAFile             string `yaml:"ca_file"`
-	CertFile           string `yaml:"cert_file"`
-	KeyFile            string `yaml:"key_file"`
-	ServerName         string `yaml:"server_name"`
-	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
-}
-
-// On reports whether TLS is used.
-func (t *TLS) On() bool { return t != nil && (t.Enabled == nil || *t.Enabled) }
-
-// SASL configures broker authentication.
-type SASL struct {
-	Mechanism string `yaml:"mechanism"` // PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
-	Username  string `yaml:"username"`
-	Password  string `yaml:"password"`
-	// AllowPlaintext accepts SASL on connections without TLS (Kafka's
-	// SASL_PLAINTEXT), where the credentials can be read or attacked on
-	// the network; default false.
-	AllowPlaintext bool `yaml:"allow_plaintext"`
-}
-
 // Ingest tunes how records are batched into warehouse transactions.
 type Ingest struct {
 	BatchMaxRows  Int      `yaml:"batch_max_rows"`  // default 10000
@@ -532,54 +495,6 @@ func (c *Config) validate(ix *index) {
 			if m := mirrors[schema+"."+t]; m != "" {
 				ix.add("aggregates."+name+".table", "table %s.%s is the mirror of %s", schema, t, m)
 			}
-		}
-	}
-}
-
-func (c *Config) validateKafka(ix *index) {
-	k := c.Kafka
-	if len(k.Brokers) == 0 {
-		ix.add("kafka.brokers", "at least one broker is required by the Kafka sources")
-	}
-	for i, b := range k.Brokers {
-		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-			ix.add(fmt.Sprintf("kafka.brokers[%d]", i), "must be host:port, got %q", b)
-		}
-	}
-	oneOf(ix, "kafka.start_offset", k.StartOffset, "earliest", "latest")
-	if k.SessionTimeout.D() < 100*time.Millisecond {
-		ix.add("kafka.session_timeout", "must be at least 100ms")
-	}
-	if k.RebalanceTimeout.D() < 100*time.Millisecond {
-		ix.add("kafka.rebalance_timeout", "must be at least 100ms")
-	}
-	if k.FetchMaxBytes < 1<<10 || k.FetchMaxBytes > 1<<30 {
-		ix.add("kafka.fetch_max_bytes", "must be between 1KiB and 1GiB")
-	}
-	if t := k.TLS; t.On() {
-		for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
-			if f == "" {
-				continue
-			}
-			if _, err := os.Stat(f); err != nil {
-				ix.add("kafka.tls."+key, "cannot read %s: %v", f, errors.Unwrap(err))
-			}
-		}
-		if (t.CertFile == "") != (t.KeyFile == "") {
-			ix.add("kafka.tls.cert_file", "cert_file and key_file must be given together")
-		}
-	}
-	if s := k.SASL; s != nil {
-		oneOf(ix, "kafka.sasl.mechanism", s.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-		if s.Username == "" {
-			ix.add("kafka.sasl.username", "is required with SASL")
-		}
-		if s.Password == "" {
-			ix.add("kafka.sasl.password", "is required with SASL")
-		}
-		if !k.TLS.On() && !s.AllowPlaintext {
-			ix.add("kafka.sasl", "SASL without TLS exposes the credentials on the network; "+
-				"configure kafka.tls, or set kafka.sasl.allow_plaintext: true to accept that")
 		}
 	}
 }

@@ -624,7 +624,7 @@ func TestParseErrors(t *testing.T) {
 		{"sasl mechanism", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
 			"    mechanism: GSSAPI", "    username: u", "    password: p", "    allow_plaintext: true",
 			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,
-			[]wantErr{{6, "kafka.sasl.mechanism", `must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, got "GSSAPI"`}}},
+			[]wantErr{{6, "kafka.sasl.mechanism", `must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, AWS_MSK_IAM, got "GSSAPI"`}}},
 		{"sasl mechanism is case sensitive", lines("warehouse:", "  dsn: postgres://h/db", "kafka:", "  brokers: [h:1]", "  sasl:",
 			"    mechanism: plain", "    username: u", "    password: p", "    allow_plaintext: true",
 			"sources:", "  s:", "    kafka: {topics: [t]}", "    event_id: /i", "    event_time: /t"), nil,

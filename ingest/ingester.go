@@ -2,13 +2,10 @@ package ingest
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,8 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/tidemark-dev/tidemark/config"
 )
@@ -59,6 +54,7 @@ type Ingester struct {
 	start   kgo.Offset
 	cl      *kgo.Client
 	klog    *kafkaLog // the client's log, rate limited
+	auth    *kafkaAuth
 	// stopClient cancels the client's context: requests in flight, such
 	// as a JoinGroup the coordinator holds open, fail at once.
 	stopClient context.CancelFunc
@@ -133,10 +129,11 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		in.start = kgo.NewOffset().AtEnd()
 	}
 
-	kopts, err := clientOptions(cfg.Kafka)
+	auth, kopts, err := clientAuthOptions(cfg.Kafka)
 	if err != nil {
 		return nil, err
 	}
+	in.auth, in.klog.auth, auth.log = auth, auth, in.klog
 	kopts = append(kopts,
 		kgo.ConsumeTopics(topics...),
 		kgo.ConsumerGroup(cfg.Kafka.Group),
@@ -173,49 +170,31 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 // clientOptions turns the kafka block into connection options shared by
 // every client tidemark makes (the ingester, status, readiness).
 func clientOptions(k config.Kafka) ([]kgo.Opt, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID)}
-	if k.TLS.On() {
-		tc := &tls.Config{ServerName: k.TLS.ServerName, InsecureSkipVerify: k.TLS.InsecureSkipVerify, MinVersion: tls.VersionTLS12} //nolint:gosec // opt-in by config
-		if k.TLS.CAFile != "" {
-			pem, err := os.ReadFile(k.TLS.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("kafka.tls.ca_file: no PEM certificates in %s", k.TLS.CAFile)
-			}
-			tc.RootCAs = pool
-		}
-		if k.TLS.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(k.TLS.CertFile, k.TLS.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("kafka.tls.cert_file: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		opts = append(opts, kgo.DialTLSConfig(tc))
+	_, opts, err := clientAuthOptions(k)
+	return opts, err
+}
+
+// clientAuthOptions is clientOptions that also returns the kafkaAuth that
+// explains refused connections.
+func clientAuthOptions(k config.Kafka) (*kafkaAuth, []kgo.Opt, error) {
+	auth, opts, err := newKafkaAuth(k)
+	if err != nil {
+		return nil, nil, err
 	}
-	if s := k.SASL; s != nil {
-		switch s.Mechanism {
-		case "PLAIN":
-			opts = append(opts, kgo.SASL(plain.Auth{User: s.Username, Pass: s.Password}.AsMechanism()))
-		case "SCRAM-SHA-256":
-			opts = append(opts, kgo.SASL(scram.Auth{User: s.Username, Pass: s.Password}.AsSha256Mechanism()))
-		case "SCRAM-SHA-512":
-			opts = append(opts, kgo.SASL(scram.Auth{User: s.Username, Pass: s.Password}.AsSha512Mechanism()))
-		default:
-			return nil, fmt.Errorf("kafka.sasl.mechanism: unsupported %q", s.Mechanism)
-		}
-	}
-	return opts, nil
+	return auth, append([]kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID)}, opts...), nil
 }
 
 // ClientOptions returns the connection options for the configured brokers.
 func ClientOptions(k config.Kafka) ([]kgo.Opt, error) { return clientOptions(k) }
 
-// Ping checks that a broker answers.
-func (in *Ingester) Ping(ctx context.Context) error { return in.cl.Ping(ctx) }
+// Ping checks that a broker answers. A connection refused during TLS or
+// SASL set-up is reported as an *AuthError that says what failed.
+func (in *Ingester) Ping(ctx context.Context) error {
+	if err := in.cl.Ping(ctx); err != nil {
+		return in.auth.explainPing(err)
+	}
+	return nil
+}
 
 // LastError returns the last failed write attempt while writes are
 // failing, nil once a write succeeds.

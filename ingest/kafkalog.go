@@ -44,6 +44,9 @@ type kafkaLog struct {
 
 	mu    sync.Mutex
 	kinds map[string]*kafkaLogKind
+
+	// auth, when set, logs TLS and SASL refusals in its own words.
+	auth *kafkaAuth
 }
 
 type kafkaLogKind struct {
@@ -115,6 +118,9 @@ func (k *kafkaLog) Level() kgo.LogLevel {
 // Log implements kgo.Logger.
 func (k *kafkaLog) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	err := errorIn(keyvals)
+	if b, _ := valueOf(keyvals, "broker"); err != nil && k.auth.report(stageUnknown, fmt.Sprint(b), fmt.Sprint(b), err) {
+		return
+	}
 	routine := err != nil && routineKafkaError(err)
 	var to slog.Level
 	switch {
@@ -141,6 +147,9 @@ func (k *kafkaLog) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ n
 		return
 	}
 	addr := brokerAddr(meta)
+	if k.auth.report(stageUnknown, kgo.NodeName(meta.NodeID), addr, err) {
+		return
+	}
 	k.emit(slog.LevelWarn, "connect\x00"+addr, "cannot connect to Kafka broker",
 		"broker", kgo.NodeName(meta.NodeID), "addr", addr, "err", err)
 }
@@ -152,11 +161,15 @@ func (k *kafkaLog) OnBrokerE2E(meta kgo.BrokerMetadata, key int16, e2e kgo.Broke
 	if err == nil || routineKafkaError(err) {
 		return
 	}
+	addr := brokerAddr(meta)
 	switch kmsg.Key(key) {
-	case kmsg.ApiVersions, kmsg.SASLHandshake, kmsg.SASLAuthenticate:
+	case kmsg.SASLHandshake, kmsg.SASLAuthenticate:
+		k.auth.report(stageSASL, kgo.NodeName(meta.NodeID), addr, err)
+		return
+	case kmsg.ApiVersions:
+		k.auth.report(stageUnknown, kgo.NodeName(meta.NodeID), addr, err)
 		return
 	}
-	addr := brokerAddr(meta)
 	k.emit(slog.LevelWarn, "request\x00"+addr, "Kafka request failed",
 		"broker", kgo.NodeName(meta.NodeID), "addr", addr, "request", kmsg.NameForKey(key), "err", err)
 }
