@@ -48,6 +48,10 @@ var (
 		"tidemark_payload": "a column name reserved by poll sources",
 		"tidemark_rows":    "a column of the benchmark output (tidemark_rows/s) in docs/benchmarks.md",
 		"tidemark_query":   "the alias of an aggregate's query in the SQL of a rebuild (docs/configuration.md, The query)",
+		"tidemark_owner":   "the default migration role of tidemark grants (docs/operations.md, Database roles)",
+		"tidemark_run":     "the default runtime role of tidemark grants",
+		"tidemark_poll":    "the default poll source role of tidemark grants",
+		"tidemark_cdc":     "the default CDC source role of tidemark grants",
 	}
 	// notOurFlags are words in code spans that look like flags but are
 	// another program's, or no flag at all.

@@ -13,6 +13,7 @@
 //	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run] [--force]
 //	tidemark prune     [-c tidemark.yaml] [--dry-run]
 //	tidemark status    [-c tidemark.yaml] [--json]
+//	tidemark grants    [-c tidemark.yaml] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
 //	tidemark demo      [-v]
 //	tidemark version
 //
@@ -41,6 +42,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/demo"
 	"github.com/tidemark-dev/tidemark/internal/service"
@@ -80,6 +82,8 @@ Usage:
                                                           find rows deleted at the source (key reconciliation)
   tidemark prune     [-c FILE] [--dry-run]                remove what retention no longer keeps
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
+  tidemark grants    [-c FILE] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
+                                                          print the SQL of least-privilege database roles
   tidemark demo      [-v]                                 run a self-contained demonstration
   tidemark version                                        print the version
 
@@ -125,6 +129,7 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"poll":      cmdPoll,
 	"keys":      cmdKeys,
 	"prune":     cmdPrune,
+	"grants":    cmdGrants,
 	"demo":      cmdDemo,
 	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) int {
 		fmt.Fprintf(stdout, "tidemark %s (%s)\n", service.VersionString(), runtime.Version())
@@ -190,9 +195,9 @@ func logger(cfg *config.Config, stderr io.Writer) *slog.Logger {
 	_ = level.UnmarshalText([]byte(cfg.Log.Level))
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.Log.Format == "json" {
-		return slog.New(slog.NewJSONHandler(stderr, opts))
+		return slog.New(grants.LogHandler(slog.NewJSONHandler(stderr, opts)))
 	}
-	return slog.New(slog.NewTextHandler(stderr, opts))
+	return slog.New(grants.LogHandler(slog.NewTextHandler(stderr, opts)))
 }
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
@@ -217,8 +222,12 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := logger(cfg, stderr)
+	if err := preflightRun(ctx, cfg, comps, log); err != nil {
+		fmt.Fprintf(stderr, "tidemark run: %v\n", err)
+		return exitFailure
+	}
 	if err := service.Run(ctx, cfg, service.Options{Logger: log, Only: comps, Now: serviceClock}); err != nil {
-		log.Error("tidemark stopped with an error", "err", err)
+		log.Error("tidemark stopped with an error", "err", grants.Explain(err))
 		return exitFailure
 	}
 	return exitOK
@@ -235,7 +244,7 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	res, err := migrate.Up(ctx, cfg.Warehouse.DSN, logger(cfg, stderr))
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark migrate: %v\n", err)
+		fmt.Fprintf(stderr, "tidemark migrate: %v\n", grants.Explain(err))
 		return exitFailure
 	}
 	for _, m := range res.Applied {
@@ -358,6 +367,10 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
 		return exitFailure
 	}
+	if err := checkGrants(ctx, pool, cfg, nil, log); err != nil {
+		fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
+		return exitFailure
+	}
 	r, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: serviceClock})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
@@ -367,7 +380,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, name := range names {
 		rep, err := r.RunOnce(ctx, name, true)
 		if err != nil {
-			fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
+			fmt.Fprintf(stderr, "tidemark reconcile: %v\n", grants.Explain(err))
 			return exitFailure
 		}
 		wm := rep.Watermark
@@ -417,11 +430,12 @@ func pollSources(cfg *config.Config) []string {
 	return names
 }
 
-// prepareWarehouse applies or checks the migrations and opens the pool.
-func prepareWarehouse(ctx context.Context, cfg *config.Config, app string, stderr io.Writer) (*pgxpool.Pool, bool) {
+// prepareWarehouse applies or checks the migrations, opens the pool and
+// checks the privileges of the warehouse role and of the roles of sources.
+func prepareWarehouse(ctx context.Context, cfg *config.Config, app string, stderr io.Writer, sources ...string) (*pgxpool.Pool, bool) {
 	if cfg.Warehouse.MigrateOnStart() {
 		if _, err := migrate.Up(ctx, cfg.Warehouse.DSN, logger(cfg, stderr)); err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", app, err)
+			fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 			return nil, false
 		}
 	}
@@ -431,6 +445,11 @@ func prepareWarehouse(ctx context.Context, cfg *config.Config, app string, stder
 		return nil, false
 	}
 	if err := migrate.Check(ctx, pool); err != nil {
+		pool.Close()
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return nil, false
+	}
+	if err := checkGrants(ctx, pool, cfg, sources, logger(cfg, stderr)); err != nil {
 		pool.Close()
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return nil, false
@@ -488,7 +507,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tidemark poll: --source: %q is not a poll source (configured: %s)\n", *name, strings.Join(names, ", "))
 		return exitUsage
 	}
-	pool, ok := prepareWarehouse(ctx, cfg, "tidemark poll", stderr)
+	pool, ok := prepareWarehouse(ctx, cfg, "tidemark poll", stderr, *name)
 	if !ok {
 		return exitFailure
 	}
@@ -501,7 +520,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer p.Close()
 	rep, err := p.RunOnce(ctx, run)
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark poll: %v\n", err)
+		fmt.Fprintf(stderr, "tidemark poll: %v\n", grants.Explain(err))
 		if errors.Is(err, ingest.ErrPollSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
 			return exitUsage
 		}
@@ -547,7 +566,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll or CDC source (configured: %s)\n", *name, strings.Join(keySources(cfg), ", "))
 		return exitUsage
 	}
-	pool, ok := prepareWarehouse(ctx, cfg, "tidemark keys", stderr)
+	pool, ok := prepareWarehouse(ctx, cfg, "tidemark keys", stderr, *name)
 	if !ok {
 		return exitFailure
 	}
@@ -608,7 +627,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", grants.Explain(err))
 		return exitFailure
 	}
 	printKeyReport(stdout, *name, rep)
@@ -693,7 +712,7 @@ func keysCDC(ctx context.Context, cfg *config.Config, name string, dryRun bool, 
 		}
 		rep, err := k.Run(ctx, true)
 		if err != nil {
-			fmt.Fprintf(stderr, "tidemark keys: %s: %v\n", t.Source.Sanitize(), err)
+			fmt.Fprintf(stderr, "tidemark keys: %s: %v\n", t.Source.Sanitize(), grants.Explain(err))
 			return exitFailure
 		}
 		printKeyReport(stdout, name+" "+t.Source[0]+"."+t.Source[1], rep)
