@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -69,7 +70,8 @@ type column struct {
 }
 
 // JSON and JSONB type OIDs: their text values are embedded as JSON, not as
-// strings.
+// strings; a json value that jsonb refuses is embedded as a string of its
+// text.
 const (
 	jsonOID  = 114
 	jsonbOID = 3802
@@ -143,7 +145,10 @@ func (t *table) keyOf(r row) (string, bool) {
 
 // json renders a row as a JSON object: text values as strings (the
 // warehouse converts them with each column's input function), json and
-// jsonb values as JSON, NULL as null. Columns not sent are absent.
+// jsonb values as JSON, NULL as null. Columns not sent are absent. A json
+// value that jsonb refuses (a \u0000 escape, a lone surrogate, a number
+// numeric cannot hold) becomes a string of its text, so that the object
+// stays a valid jsonb without losing the value.
 func (t *table) json(r row) []byte {
 	if r == nil {
 		return nil
@@ -165,7 +170,7 @@ func (t *table) json(r row) []byte {
 		switch {
 		case v == nil:
 			b = append(b, "null"...)
-		case c.oid == jsonOID || c.oid == jsonbOID:
+		case c.oid == jsonbOID, c.oid == jsonOID && pgjson.JSONBTakes(*v):
 			b = append(b, *v...)
 		default:
 			b = appendJSONString(b, *v)
