@@ -10,8 +10,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -78,8 +80,21 @@ func reason(err error) string {
 		}
 	case strings.Contains(err.Error(), "server refused TLS connection"):
 		return "the server does not offer TLS (turn ssl on there, or lower sslmode)"
+	case sentCertificate(err) && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)):
+		// With TLS 1.3 the server checks the client certificate after
+		// the client's side of the handshake is done; its alert can be
+		// lost to the closed connection.
+		return "the server closed the connection after the TLS handshake, as it does when it refuses the client certificate " +
+			"(check that sslcert is signed by a CA the server trusts and still valid)"
 	}
 	return ""
+}
+
+// sentCertificate reports whether err is from a connection attempt that
+// offered a client certificate.
+func sentCertificate(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) && ce.Config != nil && ce.Config.TLSConfig != nil && len(ce.Config.TLSConfig.Certificates) > 0
 }
 
 // certNames lists the host names and addresses a certificate is valid for.
