@@ -183,10 +183,10 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 		return fmt.Errorf("%w: sources.%s: the source database is another server (system identifier %s, tidemark read from %s); "+
 			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.src.Name, report.SystemID, pos.systemID)
 	}
-	if pos.exists && !pending && report.Slot.Exists && report.Slot.ConfirmedFlush > max(pos.applied, pos.confirmed) {
-		return fmt.Errorf("%w: sources.%s.cdc.slot: slot %s is confirmed up to %s, beyond what tidemark applied (%s): another client consumed it, "+
-			"or it was recreated; the changes in between are not in the mirrors: re-snapshot the source",
-			ErrSetup, r.src.Name, cfg.Slot, report.Slot.ConfirmedFlush, max(pos.applied, pos.confirmed))
+	if pos.exists && !pending && report.Slot.Exists {
+		if pos, err = r.confirmedWithin(ctx, pos, cfg.Slot, report.Slot.ConfirmedFlush); err != nil {
+			return err
+		}
 	}
 	if !report.PublicationExists {
 		var names []string

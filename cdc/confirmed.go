@@ -1,0 +1,40 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// confirmedWithin returns the stored position when the slot is confirmed
+// no further than it, and a setup error when the slot is confirmed beyond
+// it: another client consumed the slot, or it was recreated.
+//
+// pos was read before the slot's state. A reader of the same slot that
+// lost its lock without noticing (its lock session ended under it with a
+// warehouse restart or a broken connection, while its other sessions
+// carried on) may have applied and confirmed more in between, and the
+// slot is then legitimately ahead of pos. tidemark confirms a position
+// only once a warehouse transaction has stored it, so the position read
+// again, after the slot's state, covers everything tidemark confirmed:
+// only a slot beyond that one is refused. The position returned is the
+// newer one, which the stream must start from.
+func (r *Reader) confirmedWithin(ctx context.Context, pos position, slot string, confirmed pglogrepl.LSN) (position, error) {
+	if confirmed <= max(pos.applied, pos.confirmed) {
+		return pos, nil
+	}
+	fresh, err := r.position(ctx)
+	if err != nil {
+		return pos, err
+	}
+	if fresh.exists {
+		pos = fresh
+		if confirmed <= max(pos.applied, pos.confirmed) {
+			return pos, nil
+		}
+	}
+	return pos, fmt.Errorf("%w: sources.%s.cdc.slot: slot %s is confirmed up to %s, beyond what tidemark applied (%s): another client consumed it, "+
+		"or it was recreated; the changes in between are not in the mirrors: re-snapshot the source",
+		ErrSetup, r.src.Name, slot, confirmed, max(pos.applied, pos.confirmed))
+}
