@@ -115,6 +115,9 @@ type applier struct {
 	now      func() time.Time
 	truncate bool // apply TRUNCATE to the mirrors
 	chunk    int  // changes folded and applied at a time
+	// step bounds the writing of a chunk, and each step of a commit
+	// after the group before has committed (warehouse.write_timeout).
+	step time.Duration
 	// keepalive, when set, is how the stream waits for a chunk being
 	// written: it keeps answering the source meanwhile.
 	keepalive func(ctx context.Context, done <-chan struct{}) error
@@ -237,7 +240,9 @@ func (a *applier) add(ctx context.Context, c change) error {
 		ch := &writing{done: make(chan struct{})}
 		g.inflight = ch
 		go func() {
-			ch.err = a.write(g.ctx, g, changes)
+			wctx, cancel := context.WithTimeout(g.ctx, a.step)
+			ch.err = a.write(wctx, g, changes)
+			cancel()
 			close(ch.done)
 		}()
 	}
@@ -384,11 +389,15 @@ func (a *applier) finish(ctx context.Context, g *group) error {
 	if err == nil && len(g.pending) > 0 {
 		changes := g.pending
 		g.pending = nil
-		err = a.write(ctx, g, changes)
+		wctx, cancel := context.WithTimeout(ctx, a.step)
+		err = a.write(wctx, g, changes)
+		cancel()
 	}
 	if err == nil {
 		err = g.waitPrev()
 	}
+	ctx, cancel := context.WithTimeout(ctx, a.step)
+	defer cancel()
 	if err == nil {
 		err = a.ledger(ctx, g)
 	}

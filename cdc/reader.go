@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -44,7 +45,6 @@ UPDATE tidemark.cdc_positions SET slot_created_lsn = $2::pg_lsn, applied_lsn = $
 WHERE source = $1`
 	snapshotDoneSQL      = `UPDATE tidemark.cdc_positions SET snapshot = 'done', updated_at = $2 WHERE source = $1`
 	storeConfirmedSQL    = `UPDATE tidemark.cdc_positions SET confirmed_lsn = greatest(confirmed_lsn, $2::pg_lsn) WHERE source = $1`
-	lockSlotSQL          = `SELECT pg_advisory_lock(hashtextextended('tidemark.cdc.' || $1, 0))`
 	createPublicationSQL = `CREATE PUBLICATION %s FOR TABLE %s WITH (publish_via_partition_root = true)`
 	primaryKeySQL        = `
 SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey, a.attnum))
@@ -83,6 +83,11 @@ type Reader struct {
 	// stopAt, once set, stops the next run before a transaction (see
 	// stopBefore).
 	stopAt *stopBefore
+	// step bounds each wait on the warehouse or on a source query
+	// (warehouse.write_timeout); walSenderTimeout is the replication
+	// session's, which bounds its silence (see silence).
+	step             time.Duration
+	walSenderTimeout time.Duration
 }
 
 // New returns the reader of the CDC source called name.
@@ -91,7 +96,8 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 	if src == nil || src.CDC == nil {
 		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
 	}
-	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: ingest.NewChangeTable(name, src.RawPartition)}
+	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: ingest.NewChangeTable(name, src.RawPartition),
+		step: cfg.Warehouse.Write()}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -146,6 +152,19 @@ func (r *Reader) Run(ctx context.Context) error {
 // reader holds it), snapshots the tables when the slot is new, and streams
 // until ctx ends or an error.
 func (r *Reader) RunOnce(ctx context.Context) error {
+	// A run whose lock session fails ends, and is started again.
+	rctx, lose := context.WithCancelCause(ctx)
+	defer lose(nil)
+	err := r.runOnce(rctx, lose)
+	if ctx.Err() == nil && rctx.Err() != nil {
+		if cause := context.Cause(rctx); err == nil || !errors.Is(err, cause) {
+			err = errors.Join(cause, err)
+		}
+	}
+	return err
+}
+
+func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) error {
 	cfg := r.src.CDC
 	r.stopAt = nil
 	srcConn, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc")
@@ -156,14 +175,20 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 
 	// One reader per slot: the others wait here, hot, and take over when
 	// the holder's session ends.
-	lock, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	lcc := r.pool.Config().ConnConfig.Copy()
+	lcc.RuntimeParams["idle_session_timeout"] = fmt.Sprintf("%dms", r.step.Milliseconds())
+	lock, err := pgx.ConnectConfig(ctx, lcc)
 	if err != nil {
 		return fmt.Errorf("warehouse: %w", err)
 	}
 	defer lock.Close(context.WithoutCancel(ctx))
-	if _, err := lock.Exec(ctx, lockSlotSQL, cfg.Slot); err != nil {
-		return fmt.Errorf("wait for the slot's lock: %w", err)
+	if err := r.lockSlot(ctx, lock); err != nil {
+		return err
 	}
+	kctx, stopKeeping := context.WithCancel(ctx)
+	kept := make(chan struct{})
+	go func() { defer close(kept); r.keepLock(kctx, lock, lose) }()
+	defer func() { stopKeeping(); <-kept }()
 
 	pos, err := r.position(ctx)
 	if err != nil {
@@ -228,7 +253,7 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
-		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: 10000}}
+		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: 10000, step: r.step}}
 	// s is the stream reading now: the loop below may replace it.
 	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)
@@ -408,19 +433,18 @@ func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Ta
 
 // replicationConn opens a logical replication connection to the source.
 func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
-	pc, err := pgconn.ParseConfig(r.src.CDC.DSN)
+	pc, err := pgconnect.Replication(r.src.CDC.DSN, "tidemark-cdc")
 	if err != nil {
 		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
 	}
 	for k, v := range mirror.SessionParams {
 		pc.RuntimeParams[k] = v
 	}
-	pc.RuntimeParams["replication"] = "database"
-	pc.RuntimeParams["application_name"] = "tidemark-cdc"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("sources.%s.cdc.dsn: replication connection to the source: %w", r.src.Name, connerr.Explain(err))
 	}
+	r.readWalSenderTimeout(ctx, conn)
 	return conn, nil
 }
 
@@ -515,7 +539,10 @@ func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
 			}
 			conn = c
 		}
-		if _, err := conn.Exec(ctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano)); err != nil && ctx.Err() == nil {
+		bctx, cancel := context.WithTimeout(ctx, r.step)
+		_, err := conn.Exec(bctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano))
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			r.log.Warn("cdc heartbeat failed", "err", err)
 			conn.Close(context.WithoutCancel(ctx))
 			conn = nil

@@ -101,6 +101,13 @@ func (s *stream) run(ctx context.Context) error {
 		}
 	}()
 	interval := cfg.StatusEvery.D()
+	// silent is how long the stream has listened without hearing from the
+	// server. The server answers a status update that asks for a reply at
+	// once, and ends the session itself after wal_sender_timeout without
+	// hearing from us; a connection silent for longer than silence is
+	// stalled or half-open, and is given up.
+	var silent time.Duration
+	silence := s.r.silence(interval)
 	for {
 		if ctx.Err() != nil {
 			return s.finish(ctx)
@@ -127,6 +134,7 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			wait = interval
 		}
+		started := time.Now()
 		if wait > 0 {
 			var err error
 			if msg, err = receive(ctx, s.repl, wait); err != nil {
@@ -137,6 +145,15 @@ func (s *stream) run(ctx context.Context) error {
 				return fmt.Errorf("receive: %w", err)
 			}
 		}
+		if msg != nil {
+			silent = 0
+		} else if wait > 0 {
+			silent += time.Since(started)
+			if silent > silence {
+				s.a.rollback(ctx)
+				return fmt.Errorf("receive: %w: nothing from the source for %s", errSilent, silent.Round(time.Millisecond))
+			}
+		}
 		if msg == nil {
 			// Nothing arrived in time: commit a waiting group between
 			// transactions, and tell the server where we stand.
@@ -145,7 +162,8 @@ func (s *stream) run(ctx context.Context) error {
 					return err
 				}
 			}
-			if err := s.status(ctx, false); err != nil {
+			ask := silent >= silence/2
+			if err := s.statusAsk(ctx, ask, ask); err != nil {
 				return err
 			}
 			continue
@@ -299,6 +317,11 @@ func (s *stream) idle() bool {
 // when nothing tracked is pending, the server's WAL end, so that an idle
 // slot does not pin WAL.
 func (s *stream) status(ctx context.Context, force bool) error {
+	return s.statusAsk(ctx, force, false)
+}
+
+// statusAsk is status that, with ask, asks the server for a reply.
+func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 	pos := max(s.confirmed, s.applied)
 	if s.idle() && s.walEnd > pos {
 		pos = s.walEnd
@@ -306,6 +329,8 @@ func (s *stream) status(ctx context.Context, force bool) error {
 	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.src.CDC.StatusEvery.D() {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.r.step)
+	defer cancel()
 	if durable := max(s.applied, s.storedConfirmed); pos > durable {
 		// Beyond what the warehouse has applied: record the position
 		// first, so that a restart can tell this reader's own advance
@@ -318,8 +343,9 @@ func (s *stream) status(ctx context.Context, force bool) error {
 			s.storedConfirmed = pos
 		}
 	}
+	// The keepalive that answers ask shows that the connection works.
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.repl, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now()})
+		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now(), ReplyRequested: ask})
 	if err != nil {
 		return fmt.Errorf("standby status update: %w", err)
 	}

@@ -56,6 +56,8 @@ type Warehouse struct {
 	DSNFile  string `yaml:"dsn_file"`
 	Migrate  *bool  `yaml:"migrate"`   // apply migrations at start; default true
 	MaxConns Int    `yaml:"max_conns"` // pool size; default 8
+	// WarehouseLimits are the session settings and client deadlines.
+	WarehouseLimits `yaml:",inline"`
 }
 
 // MigrateOnStart reports whether `tidemark run` applies migrations.
@@ -489,6 +491,7 @@ func (c *Config) validate(ix *index) {
 	}
 	c.validateAggregates(ix)
 	c.validateRetention(ix)
+	c.validateLimits(ix)
 	for _, name := range c.AggregateNames() {
 		if a := c.Aggregates[name]; a != nil && ValidTableName(a.Table) {
 			schema, t := SplitTable(a.Table)

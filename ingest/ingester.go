@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // Options customise an Ingester beyond its configuration.
@@ -134,6 +135,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		return nil, err
 	}
 	in.auth, in.klog.auth, auth.log = auth, auth, in.klog
+	kopts = append(kopts, netOptions(cfg.Kafka)...)
 	kopts = append(kopts,
 		kgo.ConsumeTopics(topics...),
 		kgo.ConsumerGroup(cfg.Kafka.Group),
@@ -185,7 +187,10 @@ func clientAuthOptions(k config.Kafka) (*kafkaAuth, []kgo.Opt, error) {
 }
 
 // ClientOptions returns the connection options for the configured brokers.
-func ClientOptions(k config.Kafka) ([]kgo.Opt, error) { return clientOptions(k) }
+func ClientOptions(k config.Kafka) ([]kgo.Opt, error) {
+	opts, err := clientOptions(k)
+	return append(opts, netOptions(k)...), err
+}
 
 // Ping checks that a broker answers. A connection refused during TLS or
 // SASL set-up is reported as an *AuthError that says what failed.
@@ -265,6 +270,8 @@ func (in *Ingester) prepare(ctx context.Context) error {
 func (in *Ingester) ensureTables(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+	defer cancel()
 	w, err := in.writerLocked(ctx)
 	if err != nil {
 		return err
@@ -408,11 +415,6 @@ func (in *Ingester) flush(ctx context.Context) error {
 	return in.flushLocked(ctx)
 }
 
-// writeTimeout bounds one attempt of a batch transaction, so that a lock
-// wait or a stalled server cannot hold the ingester (and its rebalance
-// callbacks) indefinitely.
-const writeTimeout = 2 * time.Minute
-
 // flushLocked writes the batch in flight, retrying at once for bad rows
 // (row by row), vanished partitions and conflicts with concurrent
 // transactions; other failures are returned for the caller to back off.
@@ -457,7 +459,10 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	// warehouse.write_timeout bounds one attempt, so that a lock wait or
+	// a stalled server cannot hold the ingester (and its rebalance
+	// callbacks) indefinitely.
+	wctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
 	defer cancel()
 	ingestedAt := in.now()
 	started := time.Now()
@@ -546,19 +551,11 @@ func (in *Ingester) writerLocked(ctx context.Context) (*writer, error) {
 // connect opens a warehouse connection with the ingester's session
 // settings (UTC, so that timestamps read back compare as stored).
 func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
-	cc, err := pgx.ParseConfig(in.cfg.Warehouse.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("warehouse.dsn: %w", err)
-	}
-	cc.RuntimeParams["application_name"] = "tidemark-ingest"
-	cc.RuntimeParams["timezone"] = "UTC"
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, cc)
-	if err != nil {
-		return nil, fmt.Errorf("connect to warehouse: %w", err)
-	}
-	return conn, nil
+	// The server ends a statement of these sessions that outlives the
+	// client's deadline, so that a session the client gave up on does
+	// not hold its row locks.
+	return pgconnect.Warehouse(ctx, in.cfg.Warehouse, "tidemark-ingest",
+		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.Write().Milliseconds())})
 }
 
 // precreate creates raw partitions around the service clock's present
@@ -567,14 +564,16 @@ func (in *Ingester) precreate(ctx context.Context) {
 	t := time.NewTicker(30 * time.Minute)
 	defer t.Stop()
 	for {
-		if conn, err := in.connect(ctx); err == nil {
+		pctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+		if conn, err := in.connect(pctx); err == nil {
 			for _, s := range in.sources {
-				if err := s.raw.Precreate(ctx, conn, in.now()); err != nil && ctx.Err() == nil {
+				if err := s.raw.Precreate(pctx, conn, in.now()); err != nil && ctx.Err() == nil {
 					in.log.Warn("cannot create upcoming raw partitions; writes will create them", "source", s.name, "err", err)
 				}
 			}
-			_ = conn.Close(context.WithoutCancel(ctx))
+			_ = conn.Close(context.WithoutCancel(pctx))
 		}
+		cancel()
 		select {
 		case <-ctx.Done():
 			return

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/internal/connerr"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 //go:embed sql/*.sql
@@ -100,7 +101,11 @@ func Up(ctx context.Context, dsn string, log *slog.Logger) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	conn, err := pgx.Connect(ctx, dsn)
+	cc, err := pgconnect.Parse(dsn, "tidemark-migrate")
+	if err != nil {
+		return Result{}, fmt.Errorf("migrate: warehouse.dsn: %w", err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return Result{}, fmt.Errorf("migrate: connect to warehouse.dsn: %w", connerr.Explain(err))
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // Column is one column of a source table.
@@ -345,14 +346,13 @@ func quoteAll(cols []string) string {
 // Connect opens a connection to a source database with SessionParams and
 // the given application_name.
 func Connect(ctx context.Context, dsn, app string) (*pgx.Conn, error) {
-	cc, err := pgx.ParseConfig(dsn)
+	cc, err := pgconnect.Parse(dsn, app)
 	if err != nil {
 		return nil, fmt.Errorf("source dsn: %w", err)
 	}
 	for k, v := range SessionParams {
 		cc.RuntimeParams[k] = v
 	}
-	cc.RuntimeParams["application_name"] = app
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to source: %w", connerr.Explain(err))

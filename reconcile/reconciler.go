@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -480,7 +482,9 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 // until the next tick (the instances stand by for each other).
 func (r *Reconciler) Run(ctx context.Context) error {
 	for {
-		err := r.Prepare(ctx)
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
+		err := r.Prepare(pctx)
+		cancel()
 		if err == nil {
 			break
 		}
@@ -523,9 +527,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
+// isTransient reports whether err is the network's rather than the
+// configuration's: a refused or lost connection, or a deadline.
 func isTransient(err error) bool {
 	var connErr *pgconn.ConnectError
-	return errors.As(err, &connErr) || pgconn.SafeToRetry(err)
+	var netErr net.Error
+	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, context.DeadlineExceeded)
 }
 
 func sleep(ctx context.Context, d time.Duration) {

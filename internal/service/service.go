@@ -33,6 +33,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
@@ -108,18 +109,7 @@ func VersionString() string {
 
 // Pool opens the warehouse pool with tidemark's session settings.
 func Pool(ctx context.Context, cfg *config.Config, app string) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(cfg.Warehouse.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("warehouse.dsn: %w", err)
-	}
-	pc.MaxConns = int32(cfg.Warehouse.MaxConns)
-	pc.ConnConfig.RuntimeParams["application_name"] = app
-	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("warehouse pool: %w", err)
-	}
-	return pool, nil
+	return pgconnect.Pool(ctx, cfg.Warehouse, app)
 }
 
 // Run runs the service until ctx is cancelled and every component has

@@ -1,0 +1,127 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// errSilent ends a stream whose replication connection stayed silent,
+// neither data nor a keepalive, for longer than the bound of silence.
+var errSilent = errors.New("replication connection silent")
+
+// defaultWalSenderTimeout is PostgreSQL's default wal_sender_timeout,
+// assumed when the source's cannot be read or is 0 (off).
+const defaultWalSenderTimeout = time.Minute
+
+const (
+	showWalSenderTimeoutSQL = `SHOW wal_sender_timeout`
+	tryLockSlotSQL          = `SELECT pg_try_advisory_lock(hashtextextended('tidemark.cdc.' || $1, 0))`
+	pingSQL                 = `SELECT 1`
+)
+
+// silence is how long the stream may listen without hearing from the
+// server before it gives the connection up: the source's
+// wal_sender_timeout, the bound the server applies to us, and at least
+// three status intervals. The stream asks for a reply at half of it.
+func (r *Reader) silence(statusEvery time.Duration) time.Duration {
+	d := r.walSenderTimeout
+	if d <= 0 {
+		d = defaultWalSenderTimeout
+	}
+	return max(d, 3*statusEvery)
+}
+
+// readWalSenderTimeout reads the replication session's wal_sender_timeout.
+func (r *Reader) readWalSenderTimeout(ctx context.Context, repl *pgconn.PgConn) {
+	ctx, cancel := context.WithTimeout(ctx, r.step)
+	defer cancel()
+	res, err := repl.Exec(ctx, showWalSenderTimeoutSQL).ReadAll()
+	r.walSenderTimeout = 0
+	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		r.log.Debug("cannot read wal_sender_timeout; assuming the default", "err", err)
+		return
+	}
+	r.walSenderTimeout = parseGUCDuration(string(res[0].Rows[0][0]))
+}
+
+// parseGUCDuration reads a time setting as SHOW prints it (500ms, 60s, 1min,
+// 0); zero when it cannot.
+func parseGUCDuration(s string) time.Duration {
+	for _, u := range []struct {
+		suffix string
+		unit   time.Duration
+	}{{"ms", time.Millisecond}, {"s", time.Second}, {"min", time.Minute}, {"h", time.Hour}, {"d", 24 * time.Hour}} {
+		if n, ok := cutNumber(s, u.suffix); ok {
+			return time.Duration(n) * u.unit
+		}
+	}
+	return 0
+}
+
+func cutNumber(s, suffix string) (int64, bool) {
+	if len(s) <= len(suffix) || s[len(s)-len(suffix):] != suffix {
+		return 0, false
+	}
+	var n int64
+	for _, c := range s[:len(s)-len(suffix)] {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = 10*n + int64(c-'0')
+	}
+	return n, true
+}
+
+// lockSlot takes the slot's advisory lock on lock, trying every second
+// while another session holds it, each try bounded by r.step. The lock
+// session ends itself after r.step idle (idle_session_timeout), so that a
+// session the client lost does not hold the lock; keepLock keeps a
+// healthy one busy.
+func (r *Reader) lockSlot(ctx context.Context, lock *pgx.Conn) error {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, r.step)
+		var ok bool
+		err := lock.QueryRow(tctx, tryLockSlotSQL, r.src.CDC.Slot).Scan(&ok)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("wait for the slot's lock: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// keepLock pings the lock session every quarter of r.step until ctx ends;
+// a ping that fails or does not answer within r.step/4 calls lost.
+func (r *Reader) keepLock(ctx context.Context, lock *pgx.Conn, lost func(error)) {
+	every := r.step / 4
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, every)
+		_, err := lock.Exec(pctx, pingSQL)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				lost(fmt.Errorf("the slot's lock session: %w", err))
+			}
+			return
+		}
+	}
+}

@@ -1,0 +1,146 @@
+// Package pgconnect opens every PostgreSQL connection tidemark makes, to
+// the warehouse and to sources, so that none of them can wait forever on
+// the network:
+//
+//   - a connect timeout (connect_timeout) when the connection string has
+//     none;
+//   - the dialer of package dialer: TCP keepalives and TCP_USER_TIMEOUT;
+//   - on warehouse sessions, the server-side limits of warehouse.*:
+//     statement_timeout, lock_timeout and
+//     idle_in_transaction_session_timeout, unless the connection string
+//     sets them itself.
+//
+// Source sessions get no server-side limits: they run long snapshots and
+// cursors, and the source's settings are its owner's. The deadlines of
+// the calls themselves are the callers' (see Watchdog).
+package pgconnect
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/dialer"
+)
+
+// DefaultConnectTimeout bounds a connection attempt, TLS and
+// authentication included, when the connection string has no
+// connect_timeout.
+const DefaultConnectTimeout = 10 * time.Second
+
+// Harden sets the connect timeout and the dialer of cc.
+func Harden(cc *pgconn.Config) {
+	if cc.ConnectTimeout <= 0 {
+		cc.ConnectTimeout = DefaultConnectTimeout
+	}
+	cc.DialFunc = dialer.New(cc.ConnectTimeout).DialContext
+}
+
+// Session returns the server-side settings of warehouse sessions, as
+// startup parameters.
+func Session(w config.Warehouse) map[string]string {
+	out := map[string]string{}
+	set := func(name string, d time.Duration) {
+		if d > 0 {
+			out[name] = fmt.Sprintf("%dms", max(1, d.Milliseconds()))
+		}
+	}
+	set("statement_timeout", w.StatementTimeout.D())
+	set("lock_timeout", w.LockTimeout.D())
+	set("idle_in_transaction_session_timeout", w.IdleInTransaction())
+	return out
+}
+
+// apply hardens cc and adds params that the connection string does not
+// set, with the session in UTC and application_name app.
+func apply(cc *pgconn.Config, params map[string]string, app string) {
+	Harden(cc)
+	for k, v := range params {
+		if _, ok := cc.RuntimeParams[k]; !ok {
+			cc.RuntimeParams[k] = v
+		}
+	}
+	cc.RuntimeParams["application_name"] = app
+	cc.RuntimeParams["timezone"] = "UTC"
+}
+
+// WarehouseConfig parses warehouse.dsn for a connection of its own, with
+// the session settings of w and extra settings (which the connection
+// string's and w's take precedence over).
+func WarehouseConfig(w config.Warehouse, app string, extra map[string]string) (*pgx.ConnConfig, error) {
+	cc, err := pgx.ParseConfig(w.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse.dsn: %w", err)
+	}
+	params := Session(w)
+	for k, v := range extra {
+		if _, ok := params[k]; !ok {
+			params[k] = v
+		}
+	}
+	apply(&cc.Config, params, app)
+	return cc, nil
+}
+
+// Warehouse opens a warehouse connection of its own (see WarehouseConfig).
+func Warehouse(ctx context.Context, w config.Warehouse, app string, extra map[string]string) (*pgx.Conn, error) {
+	cc, err := WarehouseConfig(w, app, extra)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the warehouse: %w", err)
+	}
+	return conn, nil
+}
+
+// Pool opens the warehouse pool of w.DSN with w.MaxConns connections and
+// the session settings of w. Connections copied from its configuration
+// (pool.Config().ConnConfig.Copy()) keep them.
+func Pool(ctx context.Context, w config.Warehouse, app string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(w.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse.dsn: %w", err)
+	}
+	if w.MaxConns > 0 {
+		pc.MaxConns = int32(w.MaxConns)
+	}
+	apply(&pc.ConnConfig.Config, Session(w), app)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("warehouse pool: %w", err)
+	}
+	return pool, nil
+}
+
+// Parse parses a connection string for a session without server-side
+// limits (a source, or migrations), hardened, with
+// application_name app.
+func Parse(dsn, app string) (*pgx.ConnConfig, error) {
+	cc, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	Harden(&cc.Config)
+	cc.RuntimeParams["application_name"] = app
+	return cc, nil
+}
+
+// Replication parses a source's connection string for a logical
+// replication connection, hardened, with application_name app.
+func Replication(dsn, app string) (*pgconn.Config, error) {
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	Harden(pc)
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = app
+	return pc, nil
+}
