@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -153,8 +154,12 @@ type Poller struct {
 	conn     *pgx.Conn  // the source connection, reopened after errors
 	ddl      *pgx.Conn  // a warehouse connection outside the pool, for raw partitions
 	prepared bool
-	zone     string // time zone of a timestamp-without-time-zone updated_at
-	soft     string // SQL testing the soft-delete column, or "false"
+	// step bounds the wait for each step of a run (warehouse.write_timeout);
+	// wd is the running run's deadline, moved on by every chunk.
+	step time.Duration
+	wd   *pgconnect.Watchdog
+	zone string // time zone of a timestamp-without-time-zone updated_at
+	soft string // SQL testing the soft-delete column, or "false"
 }
 
 // NewPoller returns the poller of the poll source called name.
@@ -168,7 +173,7 @@ func NewPoller(cfg *config.Config, name string, pool *pgxpool.Pool, opts PollOpt
 		return nil, err
 	}
 	p := &Poller{src: src, table: t, raw: NewChangeTable(name, src.RawPartition), pool: pool,
-		log: opts.Logger, now: opts.Now, m: newPollMetrics(opts.Registerer)}
+		log: opts.Logger, now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.Write()}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -365,12 +370,22 @@ func (p *Poller) RunOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
-	rep, err := p.runOnce(ctx, run)
+	// No step of a run, on the source or in the warehouse, may wait
+	// longer than p.step: a stalled connection fails the run, which is
+	// then repeated on new connections.
+	wctx, wd := pgconnect.WithWatchdog(ctx, p.step)
+	defer wd.Stop()
+	p.wd = wd
+	rep, err := p.runOnce(wctx, run)
 	if errors.Is(err, errSourceChanged) || errors.Is(err, errMissingPartition) {
 		// Once the mirror has the new columns, or the partition cache is
 		// dropped, the same window loads.
 		p.log.Info("repeating the run", "reason", err)
-		rep, err = p.runOnce(ctx, run)
+		wd.Touch()
+		rep, err = p.runOnce(wctx, run)
+	}
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", context.Cause(wctx), err)
 	}
 	p.m.observe(p.src.Name, rep, err, time.Since(start), p.now())
 	if err != nil {
@@ -454,6 +469,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	// transaction, so its columns cannot change under the run; but they
 	// may have changed since the poller described them, and a column
 	// missing from the mirror would be dropped from the rows silently.
+	p.wd.Touch()
 	if changed, err := p.table.SourceChanged(ctx, stx.Conn()); err != nil {
 		return rep, err
 	} else if changed {
@@ -508,6 +524,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 			if err := p.mergeChunk(ctx, tx, mergeStmt, chunk, ingestedAt, &rep, buckets); err != nil {
 				return rep, err
 			}
+			p.wd.Touch()
 		}
 		if stop {
 			break

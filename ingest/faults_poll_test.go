@@ -1,0 +1,170 @@
+package ingest_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+// fault is a network fault injected mid-work: inject starts it, and the
+// test lets the component work for a while before heal ends it.
+type fault struct {
+	name   string
+	inject func(p *faultproxy.Proxy)
+	heal   func(p *faultproxy.Proxy)
+}
+
+// faults are the faults every component is tested against.
+var faults = []fault{
+	{"latency", func(p *faultproxy.Proxy) { p.SetLatency(30 * time.Millisecond) }, func(p *faultproxy.Proxy) { p.SetLatency(0) }},
+	{"stall then resume", (*faultproxy.Proxy).Stall, (*faultproxy.Proxy).Resume},
+	{"half-open", (*faultproxy.Proxy).HalfOpen, func(*faultproxy.Proxy) {}},
+	{"reset", (*faultproxy.Proxy).Reset, func(*faultproxy.Proxy) {}},
+	{"refuse then resume", func(p *faultproxy.Proxy) { p.Refuse(); p.Reset() }, (*faultproxy.Proxy).Resume},
+}
+
+// recoveryBound is how soon after a fault heals the component must have
+// caught up: the test timeouts (1s write_timeout and session limits) plus
+// backoff, with room for a slow machine.
+const recoveryBound = 30 * time.Second
+
+// leakCheck registers, as the test's first cleanup and so its last, a
+// check that no goroutine started during the test outlives it.
+func leakCheck(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		goleak.VerifyNone(t, ignore,
+			// The shared test server, which the first test to need it
+			// starts, runs until TestMain ends.
+			goleak.IgnoreAnyFunction("github.com/tidemark-dev/tidemark/internal/pgserver.(*Server).start.func1"))
+	})
+}
+
+// proxied starts a fault proxy in front of the server of dsn (a URL) and
+// returns dsn through it.
+func proxied(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
+	return u.String(), p
+}
+
+// TestPollFaults runs a poll source while the source or the warehouse
+// connection misbehaves, and checks that the mirror ends equal to the
+// source and the raw table holds each version once, soon after the fault
+// heals.
+func TestPollFaults(t *testing.T) {
+	for _, side := range []string{"source", "warehouse"} {
+		for _, f := range faults {
+			t.Run(side+"/"+f.name, func(t *testing.T) {
+				leakCheck(t)
+				e := newPollEnv(t, customersDDL)
+				srcDSN, whDSN := e.srcDSN, e.whDSN
+				var px *faultproxy.Proxy
+				if side == "source" {
+					srcDSN, px = proxied(t, srcDSN)
+				} else {
+					whDSN, px = proxied(t, whDSN)
+				}
+				cfg := e.config("every: 1s\nsafety_lag: 0s\nchunk_rows: 20")
+				cfg.Sources["customers"].Poll.DSN = srcDSN
+				cfg.Warehouse.DSN = whDSN
+				shortLimits(cfg)
+				pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer pool.Close()
+				p, err := ingest.NewPoller(cfg, "customers", pool, ingest.PollOptions{Now: e.clock.Now})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(e.ctx)
+				done := make(chan error, 1)
+				go func() { done <- p.Run(ctx) }()
+				defer func() {
+					cancel()
+					select {
+					case err := <-done:
+						if err != nil {
+							t.Errorf("poll Run: %v", err)
+						}
+					case <-time.After(30 * time.Second):
+						t.Errorf("poller did not stop within 30s")
+					}
+				}()
+
+				insert := func(from, to int) {
+					for i := from; i < to; i++ {
+						e.srcExec(`INSERT INTO src_customers VALUES ($1, $2, 'gold', clock_timestamp())`, i, fmt.Sprintf("c%d@example.com", i))
+					}
+				}
+				insert(0, 100)
+				waitFor(t, 15*time.Second, "first rows mirrored", func() bool { return count(t, e, "dw_customers") >= 100 })
+				f.inject(px)
+				insert(100, 150)
+				time.Sleep(2 * time.Second)
+				f.heal(px)
+				healed := time.Now()
+				insert(150, 200)
+				waitFor(t, recoveryBound, "the mirror to catch up", func() bool { return count(t, e, "dw_customers") == 200 })
+				t.Logf("caught up %s after the fault healed", time.Since(healed).Round(time.Millisecond))
+				pgtest.Equal(t, "mirror", pgtest.Lines(t, e.wh, `SELECT customer_id, email, tier, updated_at FROM dw_customers ORDER BY 1`),
+					pgtest.Lines(t, e.src, `SELECT customer_id, email, tier, updated_at FROM src_customers ORDER BY 1`))
+				if n, d := count(t, e, "raw.customers"), distinct(t, e); n != 200 || d != 200 {
+					t.Errorf("raw.customers holds %d rows, %d distinct; want 200 each", n, d)
+				}
+			})
+		}
+	}
+}
+
+// shortLimits sets the client deadline and the session limits of the
+// warehouse to a second, so that a stalled connection is given up, and a
+// session the client lost ends, within the test's time.
+func shortLimits(cfg *config.Config) {
+	cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
+	idle := config.Duration(time.Second)
+	cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
+}
+
+// count is the number of rows of a warehouse table, -1 while it does
+// not exist.
+func count(t *testing.T, e *pollEnv, table string) int64 {
+	t.Helper()
+	var n int64
+	if err := e.wh.QueryRow(e.ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// distinct is the number of distinct change versions of raw.customers.
+func distinct(t *testing.T, e *pollEnv) int64 {
+	t.Helper()
+	var n int64
+	if err := e.wh.QueryRow(e.ctx, "SELECT count(DISTINCT (event_id, event_time)) FROM raw.customers").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
