@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test test-short bench soak lint rules build fuzz fuzz-short
+.PHONY: demo test test-short bench soak chaos lint rules build fuzz fuzz-short
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
 demo:
@@ -36,6 +36,10 @@ bench:
 ## soak: 180 simulated days of the service with kills and short retention (a few minutes; make test runs a 120-day one)
 soak:
 	TIDEMARK_SOAK=full $(GO) test -run '^TestSoak$$' -v -timeout 60m ./cmd/tidemark/
+
+## chaos: 15 minutes of kills, PostgreSQL restarts, network faults and a second instance under traffic (make test runs a bounded one); TIDEMARK_CHAOS_SEED replays a run
+chaos:
+	TIDEMARK_CHAOS=full $(GO) test -run '^TestChaos$$' -v -timeout 60m ./cmd/tidemark/
 
 ## lint: formatting, vet, staticcheck, and the alerting rules (with promtool, when installed)
 lint: rules
