@@ -17,6 +17,13 @@ import (
 // byte or a byte sequence that is not UTF-8.
 const invalidText = "22021"
 
+// copyFuzzMaxLen bounds the bytes of each text of a FuzzCopyRows input;
+// copyFuzzTimeout bounds the database work of one input.
+const (
+	copyFuzzMaxLen  = 64
+	copyFuzzTimeout = 20 * time.Second
+)
+
 // copyFuzzFrom and copyFuzzTo bound the commit times FuzzCopyRows writes:
 // the years PostgreSQL and the encoder's four-digit years share.
 var (
@@ -33,6 +40,16 @@ var (
 // otherwise, as pgoutput never sends such text, the COPY fails with
 // SQLSTATE 22021 and the connection stays usable. Tabs, newlines, carriage
 // returns, backslashes, \N and \. lines arrive as they were written.
+//
+// Each input costs a few round trips to the server, and the fuzzer
+// minimizes every new interesting input with up to quadratically many
+// tries in its length: an input of a few kilobytes keeps the worker
+// minimizing, with no new executions counted, for the whole of
+// -fuzzminimizetime (60s by default). The encoder escapes byte by byte, so
+// a long input finds nothing that a short one cannot: inputs with a text
+// longer than copyFuzzMaxLen are not run. Each input has copyFuzzTimeout,
+// so a server that stops answering fails the input instead of stalling
+// the fuzzer.
 func FuzzCopyRows(f *testing.F) {
 	pool, _ := pgtest.NewPool(f)
 	ctx := context.Background()
@@ -45,6 +62,11 @@ func FuzzCopyRows(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, a string, b []byte, null bool, sec, nsec int64, names string) {
+		if len(a) > copyFuzzMaxLen || len(b) > copyFuzzMaxLen || len(names) > copyFuzzMaxLen {
+			return
+		}
+		ctx, cancel := context.WithTimeout(ctx, copyFuzzTimeout)
+		defer cancel()
 		span := copyFuzzTo - copyFuzzFrom
 		at := time.Unix(copyFuzzFrom+((sec-copyFuzzFrom)%span+span)%span, ((nsec%1e9)+1e9)%1e9)
 		var list []string
