@@ -125,9 +125,13 @@ func (t *table) decodeTuple(cols []column, td *pglogrepl.TupleData) (row, error)
 
 // keyOf returns the mirror key of a row as text (the value for one key
 // column, a JSON array of the values for several) and whether the row has
-// every key column.
+// every key column. A table without key columns gives no row a key: "[]"
+// would fold all its rows into one.
 func (t *table) keyOf(r row) (string, bool) {
 	key := t.mirror.Key
+	if len(key) == 0 {
+		return "", false
+	}
 	vals := make([]string, len(key))
 	for i, k := range key {
 		v, ok := r[k]
