@@ -48,11 +48,10 @@ type chaosScale struct {
 // pgBlackHoleRelease is how long a PostgreSQL connection that a stall or
 // a half-open fault turned into a black hole is left so before the test
 // resets the proxy's connections, as a middlebox that drops its state
-// would; 0 never does, not even when the faults end. Without deadlines
-// of its own, a client waits on such a connection for good. Keep this
-// above the deadlines of tidemark's PostgreSQL clients, so that the test
-// checks that they give up by themselves, or 0.
-const pgBlackHoleRelease = 3 * time.Second
+// would. 0 never does: tidemark's own deadlines (warehouse.write_timeout,
+// the replication stream's bound of silence) must free it, and the test
+// checks that they do.
+const pgBlackHoleRelease = 0
 
 // TestChaos runs `tidemark run` (one instance, and at times a second one
 // with the same configuration) with a Kafka source, a poll source and a
@@ -124,8 +123,10 @@ type chaos struct {
 
 func newChaos(t *testing.T, sc chaosScale, seed uint64) *chaos {
 	ctx := context.Background()
-	// A server of its own: the test restarts it.
-	srv := pgtest.NewServer(t, pgserver.Options{})
+	// A server of its own: the test restarts it. A replication stream is
+	// given up after wal_sender_timeout of silence: keep it short, as
+	// write_timeout below, so that black holes cost seconds.
+	srv := pgtest.NewServer(t, pgserver.Options{Settings: map[string]string{"wal_sender_timeout": "10s"}})
 	whDSN, srcDSN := pgtest.NewDatabaseOn(t, srv), pgtest.NewDatabaseOn(t, srv)
 	c := &chaos{t: t, sc: sc, seed: seed, ctx: ctx, srv: srv, stopTraffic: make(chan struct{})}
 	c.wh, c.src = pgtest.Pool(t, whDSN), pgtest.Pool(t, srcDSN)
@@ -152,7 +153,7 @@ CREATE TABLE writer_log (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, cha
 		t.Fatal(err)
 	}
 	c.cfg = writeFile(t, "chaos.yaml", fmt.Sprintf(`
-warehouse: {dsn: %[1]q, max_conns: 6}
+warehouse: {dsn: %[1]q, max_conns: 6, write_timeout: 10s}
 http: {listen: "off"}
 log: {level: info}
 kafka: {brokers: [%[2]q], group: chaos, session_timeout: 3s, rebalance_timeout: 6s}
