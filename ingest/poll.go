@@ -19,6 +19,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -66,17 +67,21 @@ CREATE TEMP TABLE IF NOT EXISTS tidemark_poll_stage (
     tidemark_key      text        NOT NULL,
     tidemark_time     timestamptz NOT NULL,
     tidemark_deleted  boolean     NOT NULL,
-    tidemark_payload  jsonb       NOT NULL
+    tidemark_payload  jsonb       NOT NULL,
+    tidemark_json     text[]
 ) ON COMMIT DELETE ROWS`
 	truncatePollStageSQL = `TRUNCATE pg_temp.tidemark_poll_stage`
 
-	// pollCursorSQL reads the window in (updated_at, key) order. %[1]s
+	// pollCursorSQL reads the window in (updated_at, key) order. Rows are
+	// read as json, not jsonb, so that a json value that jsonb refuses does
+	// not fail the read, and the values of json columns also as text. %[1]s
 	// source table, %[2]s updated_at as timestamptz, %[3]s key text, %[4]s
 	// soft-delete test, %[5]s and %[6]s the bounds in the column's type,
-	// %[7]s the ordering. Bounds are literals: DECLARE takes no parameters.
+	// %[7]s the ordering, %[8]s the text[] of the json columns. Bounds
+	// are literals: DECLARE takes no parameters.
 	pollCursorSQL = `
 DECLARE tidemark_poll NO SCROLL CURSOR FOR
-SELECT %[3]s, %[2]s, %[4]s, to_jsonb(tidemark_src.*)
+SELECT %[3]s, %[2]s, %[4]s, row_to_json(tidemark_src.*), %[8]s
 FROM %[1]s AS tidemark_src
 WHERE %[5]s AND %[6]s
 ORDER BY %[7]s`
@@ -87,17 +92,22 @@ ORDER BY %[7]s`
 	// newer, or equal with other values (a second write within the same
 	// timestamp), or when the stored row is flagged deleted but the source
 	// has it again; so re-reads change nothing, and every row that changed is
-	// recorded as a raw change row. It returns the changes per operation
-	// and UTC hour of event time, plus the number of rows merged. %[1]s
+	// recorded as a raw change row. The values of json columns come from
+	// their text, exactly: jsonb may refuse them, and SQL cannot take them
+	// out of a json object without de-escaping them. It returns the changes
+	// per operation and UTC hour of event time, plus the number of rows
+	// merged. %[1]s
 	// mirror, %[2]s column list, %[3]s key list, %[4]s SET list, %[5]s
 	// updated_at column, %[6]s raw table, %[7]s loaded-at column, %[8]s
 	// deleted-at column, %[9]s join of merged and incoming on the key,
-	// %[10]s the test that the incoming row differs from the stored one.
+	// %[10]s the test that the incoming row differs from the stored one,
+	// %[11]s the incoming source columns, %[12]s the staged payload
+	// without the json columns.
 	mergeChunkSQL = `
 WITH incoming AS (
-    SELECT s.tidemark_key, s.tidemark_time, s.tidemark_deleted, s.tidemark_payload, r.*
+    SELECT s.tidemark_key, s.tidemark_time, s.tidemark_deleted, s.tidemark_payload, %[11]s
     FROM pg_temp.tidemark_poll_stage s
-    CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s.tidemark_payload) AS r
+    CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, %[12]s) AS r
 ), merged AS (
     INSERT INTO %[1]s AS t (%[2]s, %[7]s, %[8]s)
     SELECT %[2]s, $1::timestamptz, NULL FROM incoming
@@ -404,7 +414,9 @@ type pollRow struct {
 	key     string
 	time    time.Time
 	deleted bool
-	payload []byte
+	row     []byte    // the row as json
+	payload []byte    // the row as jsonb takes it
+	json    []*string // the values of the json columns, as text
 }
 
 func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
@@ -496,7 +508,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 			return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), res.err)
 		}
 		chunk, stop := res.rows, false
-		if rep.Chunks == 0 && len(chunk) > 0 && !p.sameShape(chunk[0].payload) {
+		if rep.Chunks == 0 && len(chunk) > 0 && !p.sameShape(chunk[0].row) {
 			// Every row of the cursor has the shape of the first.
 			p.prepared = false
 			return rep, errSourceChanged
@@ -598,8 +610,16 @@ func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time) string {
 	for _, k := range p.table.Key {
 		order = append(order, "tidemark_src."+quote(k))
 	}
+	jsonText := "NULL::text[]"
+	if cols := jsonColumns(p.table.Columns); len(cols) > 0 {
+		var texts []string
+		for _, c := range cols {
+			texts = append(texts, "tidemark_src."+quote(c.Name)+"::text")
+		}
+		jsonText = "ARRAY[" + strings.Join(texts, ", ") + "]::text[]"
+	}
 	return fmt.Sprintf(pollCursorSQL, p.table.Source.Sanitize(), asTZ, mirror.KeyText("tidemark_src", p.table.Key), p.soft,
-		col+" > "+lowLit, col+" <= "+upLit, strings.Join(order, ", "))
+		col+" > "+lowLit, col+" <= "+upLit, strings.Join(order, ", "), jsonText)
 }
 
 func tsLiteral(t time.Time) string {
@@ -621,21 +641,58 @@ func (p *Poller) mergeSQL() string {
 	for _, k := range t.Key {
 		join = append(join, fmt.Sprintf("i.%[1]s = m.%[1]s", quote(k)))
 	}
+	// The json columns' values are their staged text, cast back; they are
+	// left out of the payload that fills the other columns.
+	incoming, payload := "r.*", "s.tidemark_payload"
+	if jc := jsonColumns(t.Columns); len(jc) > 0 {
+		var in, names []string
+		for _, c := range t.Columns {
+			if k := slices.Index(jc, c); k >= 0 {
+				in = append(in, fmt.Sprintf("s.tidemark_json[%d]::%s AS %s", k+1, c.Type, quote(c.Name)))
+				names = append(names, "'"+strings.ReplaceAll(c.Name, "'", "''")+"'")
+			} else {
+				in = append(in, "r."+quote(c.Name))
+			}
+		}
+		incoming = strings.Join(in, ", ")
+		payload = "s.tidemark_payload - ARRAY[" + strings.Join(names, ", ") + "]::text[]"
+	}
 	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), mirror.QuoteAll(t.Key),
 		strings.Join(sets, ", "), quote(p.src.Poll.UpdatedAt), p.raw.Ident(), quote(t.LoadedColumn), quote(t.DeletedColumn),
-		strings.Join(join, " AND "), rowJSON("t", t.Columns)+" IS DISTINCT FROM "+rowJSON("EXCLUDED", t.Columns))
+		strings.Join(join, " AND "), rowJSON("t", t.Columns)+" IS DISTINCT FROM "+rowJSON("EXCLUDED", t.Columns),
+		incoming, payload)
 }
+
+// jsonColumns returns the columns of type json and json[], in order.
+func jsonColumns(cols []mirror.Column) []mirror.Column {
+	var out []mirror.Column
+	for _, c := range cols {
+		if isJSON(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// isJSON reports whether c is of type json or json[]: their values are
+// passed and compared as text.
+func isJSON(c mirror.Column) bool { return c.Type == "json" || c.Type == "json[]" }
 
 // rowJSON is a jsonb of the source columns of the row alias, for comparing
 // rows whatever their column types (json and others have no equality).
-// jsonb_build_object takes at most 100 arguments, so wide rows are built in
-// parts and concatenated.
+// json values are compared as text: jsonb may refuse them, and the mirror
+// keeps their text. jsonb_build_object takes at most 100 arguments, so
+// wide rows are built in parts and concatenated.
 func rowJSON(alias string, cols []mirror.Column) string {
 	var parts []string
 	for i := 0; i < len(cols); i += 50 {
 		var args []string
 		for _, c := range cols[i:min(i+50, len(cols))] {
-			args = append(args, "'"+strings.ReplaceAll(c.Name, "'", "''")+"'", alias+"."+quote(c.Name))
+			v := alias + "." + quote(c.Name)
+			if isJSON(c) {
+				v += "::text"
+			}
+			args = append(args, "'"+strings.ReplaceAll(c.Name, "'", "''")+"'", v)
 		}
 		parts = append(parts, "jsonb_build_object("+strings.Join(args, ", ")+")")
 	}
@@ -684,12 +741,41 @@ func fetchChunk(ctx context.Context, stx pgx.Tx, n int) ([]pollRow, error) {
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pollRow, error) {
 		var pr pollRow
-		err := r.Scan(&pr.key, &pr.time, &pr.deleted, &pr.payload)
+		if err := r.Scan(&pr.key, &pr.time, &pr.deleted, &pr.row, &pr.json); err != nil {
+			return pr, err
+		}
+		var err error
+		pr.payload, err = jsonbPayload(pr.row)
 		return pr, err
 	})
 }
 
-var pollStageColumns = []string{"tidemark_key", "tidemark_time", "tidemark_deleted", "tidemark_payload"}
+// jsonbPayload returns row, a source row as a json object, as jsonb takes
+// it: a column value that jsonb refuses (a json value with a \u0000
+// escape, a lone surrogate escape or a number numeric cannot hold, also
+// inside an array or a composite value) becomes a JSON string of its
+// text, which loses nothing.
+func jsonbPayload(row []byte) ([]byte, error) {
+	if pgjson.JSONBTakes(string(row)) {
+		return row, nil
+	}
+	var cols map[string]json.RawMessage
+	if err := json.Unmarshal(row, &cols); err != nil {
+		return nil, fmt.Errorf("a source row is not a JSON object: %w", err)
+	}
+	for name, v := range cols {
+		if !pgjson.JSONBTakes(string(v)) {
+			s, err := json.Marshal(string(v))
+			if err != nil {
+				return nil, err
+			}
+			cols[name] = s
+		}
+	}
+	return json.Marshal(cols)
+}
+
+var pollStageColumns = []string{"tidemark_key", "tidemark_time", "tidemark_deleted", "tidemark_payload", "tidemark_json"}
 
 // mergeChunk stages one chunk and merges it, creating the raw partitions
 // its event times need first (on another connection: DDL must not run in
@@ -713,7 +799,7 @@ func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk [
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark_poll_stage"}, pollStageColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
 		r := &chunk[i]
-		return []any{r.key, r.time, r.deleted, r.payload}, nil
+		return []any{r.key, r.time, r.deleted, r.payload, r.json}, nil
 	}))
 	if err != nil {
 		return fmt.Errorf("stage rows: %w", err)
