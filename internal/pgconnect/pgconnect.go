@@ -5,6 +5,7 @@
 //   - a connect timeout (connect_timeout) when the connection string has
 //     none;
 //   - the dialer of package dialer: TCP keepalives and TCP_USER_TIMEOUT;
+//   - a bound on closing a connection given up on (AbandonTimeout);
 //   - on warehouse sessions, the server-side limits of warehouse.*:
 //     statement_timeout, lock_timeout and
 //     idle_in_transaction_session_timeout, unless the connection string
@@ -33,12 +34,16 @@ import (
 // connect_timeout.
 const DefaultConnectTimeout = 10 * time.Second
 
-// Harden sets the connect timeout and the dialer of cc.
+// Harden sets the connect timeout and the dialer of cc, and bounds the
+// close of a session given up on (see AbandonTimeout). A hardened
+// configuration serves one session at a time when given to
+// pgconn.ConnectConfig directly; pgx.ConnectConfig and pgxpool copy it
+// for each session.
 func Harden(cc *pgconn.Config) {
 	if cc.ConnectTimeout <= 0 {
 		cc.ConnectTimeout = DefaultConnectTimeout
 	}
-	cc.DialFunc = dialer.New(cc.ConnectTimeout).DialContext
+	guard(cc, dialer.New(cc.ConnectTimeout))
 }
 
 // Session returns the server-side settings of warehouse sessions, as

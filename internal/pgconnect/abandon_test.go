@@ -1,0 +1,116 @@
+package pgconnect_test
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// proxied starts a fault proxy in front of the server of dsn and returns
+// dsn through it.
+func proxied(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
+	return u.String(), p
+}
+
+// TestAbandonedSessionsCloseSoon gives up on pool sessions behind a
+// stalled or half-open network and checks that the pool closes within a
+// few seconds, where pgconn alone waits 15 seconds per session for the
+// cancel request and the drain of the old connection.
+func TestAbandonedSessionsCloseSoon(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault func(p *faultproxy.Proxy)
+	}{
+		{"stall", (*faultproxy.Proxy).Stall},
+		{"half-open", (*faultproxy.Proxy).HalfOpen},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn, px := proxied(t, pgtest.NewDatabase(t))
+			ctx := context.Background()
+			pool, err := pgconnect.Pool(ctx, config.Warehouse{DSN: dsn, MaxConns: 3}, "tidemark-test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			// Three sessions, each in the middle of a call when the
+			// fault strikes.
+			done := make(chan error, 3)
+			for range 3 {
+				go func() {
+					qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					defer cancel()
+					_, err := pool.Exec(qctx, "SELECT pg_sleep(1.5)")
+					done <- err
+				}()
+			}
+			time.Sleep(500 * time.Millisecond)
+			tc.fault(px)
+			for range 3 {
+				if err := <-done; err == nil {
+					t.Fatal("a call succeeded through the fault")
+				}
+			}
+			start := time.Now()
+			pool.Close()
+			if took := time.Since(start); took > 3*pgconnect.AbandonTimeout {
+				t.Errorf("pool.Close took %s, want at most %s", took.Round(time.Millisecond), 3*pgconnect.AbandonTimeout)
+			} else {
+				t.Logf("pool.Close took %s", took.Round(time.Millisecond))
+			}
+		})
+	}
+}
+
+// TestGivenUpCallCancelledOnServer checks that a call whose context ends
+// is still cancelled on a reachable server, not merely abandoned by the
+// client.
+func TestGivenUpCallCancelledOnServer(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	pool, err := pgconnect.Pool(ctx, config.Warehouse{DSN: dsn}, "tidemark-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	check := pgtest.Pool(t, dsn)
+	qctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := pool.Exec(qctx, "SELECT pg_sleep(60)"); err == nil {
+		t.Fatal("pg_sleep(60) returned within 300ms")
+	}
+	deadline := time.Now().Add(pgconnect.AbandonTimeout)
+	for {
+		var n int
+		if err := check.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'SELECT pg_sleep(60)' AND state = 'active'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server still runs the call %s after the client gave up", pgconnect.AbandonTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
