@@ -73,7 +73,7 @@ func newKafkaAuth(k config.Kafka) (*kafkaAuth, []kgo.Opt, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		opts = append(opts, kgo.DialTLSConfig(tc))
+		opts = append(opts, kgo.Dialer(tlsDialer(tc)))
 	}
 	if k.SASL != nil {
 		m, err := a.mechanism()
