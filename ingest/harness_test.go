@@ -44,6 +44,9 @@ type bundle struct {
 	parts     int32
 	yaml      string // extra source keys
 	kafkaYAML string // extra kafka keys
+	// warehouseYAML holds extra warehouse keys in flow style, each
+	// after a comma: ", write_timeout: 1s".
+	warehouseYAML string
 	// Settings that replace the defaults of configYAML when not empty.
 	brokers          string // kafka.brokers[0]; default the cluster's address
 	rebalanceTimeout string // default 5s
@@ -87,7 +90,7 @@ func (b *bundle) configYAML() string {
 		return v
 	}
 	return fmt.Sprintf(`
-warehouse: {dsn: "%s"}
+warehouse: {dsn: "%s"%s}
 http: {listen: "off"}
 kafka:
   brokers: [%q]
@@ -104,7 +107,7 @@ sources:
     event_id: /event_id
     event_time: /event_time
     max_age: 30d
-%s`, b.dsn, or(b.brokers, b.kafka.ListenAddrs()[0]), group, or(b.rebalanceTimeout, "5s"), b.kafkaYAML,
+%s`, b.dsn, b.warehouseYAML, or(b.brokers, b.kafka.ListenAddrs()[0]), group, or(b.rebalanceTimeout, "5s"), b.kafkaYAML,
 		or(b.batchMaxAge, "50ms"), b.topic, b.yaml)
 }
 

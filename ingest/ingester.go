@@ -455,15 +455,15 @@ func (in *Ingester) flushLocked(ctx context.Context) error {
 }
 
 func (in *Ingester) writeOnceLocked(ctx context.Context) error {
-	w, err := in.writerLocked(ctx)
+	// warehouse.write_timeout bounds one attempt, connecting included,
+	// so that a lock wait or a stalled server cannot hold the ingester
+	// (and its rebalance callbacks) indefinitely.
+	wctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+	defer cancel()
+	w, err := in.writerLocked(wctx)
 	if err != nil {
 		return err
 	}
-	// warehouse.write_timeout bounds one attempt, so that a lock wait or
-	// a stalled server cannot hold the ingester (and its rebalance
-	// callbacks) indefinitely.
-	wctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
-	defer cancel()
 	ingestedAt := in.now()
 	started := time.Now()
 	b := in.b
