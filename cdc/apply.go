@@ -118,6 +118,9 @@ type applier struct {
 	// step bounds the writing of a chunk, and each step of a commit
 	// after the group before has committed (warehouse.write_timeout).
 	step time.Duration
+	// keep is how often a transaction that waits for the group before
+	// runs a statement (see waitPrev).
+	keep time.Duration
 	// keepalive, when set, is how the stream waits for a chunk being
 	// written: it keeps answering the source meanwhile.
 	keepalive func(ctx context.Context, done <-chan struct{}) error
@@ -240,9 +243,7 @@ func (a *applier) add(ctx context.Context, c change) error {
 		ch := &writing{done: make(chan struct{})}
 		g.inflight = ch
 		go func() {
-			wctx, cancel := context.WithTimeout(g.ctx, a.step)
-			ch.err = a.write(wctx, g, changes)
-			cancel()
+			ch.err = a.write(g.ctx, g, changes)
 			close(ch.done)
 		}()
 	}
@@ -268,12 +269,34 @@ func (g *group) wait() error {
 	return err
 }
 
-// waitPrev waits until the group before g has committed.
-func (g *group) waitPrev() error {
+// waitPrev waits until the group before g has committed. g's transaction
+// has written its raw change rows and waits its turn, as long as that
+// group's remaining writes and commit take: a statement every a.keep
+// keeps it from counting as idle, so that the warehouse's
+// idle_in_transaction_session_timeout ends a session whose client is
+// gone, not one that waits behind a slow but working group. Nobody else
+// uses g's transaction meanwhile.
+func (a *applier) waitPrev(ctx context.Context, g *group) error {
 	if g.prev == nil {
 		return nil
 	}
-	<-g.prev.done
+	t := time.NewTicker(a.keep)
+	defer t.Stop()
+	for done := false; !done; {
+		select {
+		case <-g.prev.done:
+			done = true
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			pctx, cancel := context.WithTimeout(ctx, a.step)
+			_, err := g.tx.Exec(pctx, pingSQL)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("warehouse: waiting for the group before: %w", err)
+			}
+		}
+	}
 	if err := g.prev.err; err != nil {
 		return fmt.Errorf("the group before failed: %w", err)
 	}
@@ -284,11 +307,11 @@ func (g *group) waitPrev() error {
 // settle waits until the open group's transaction is free and every
 // earlier group has committed, so that the stream may use the transaction
 // itself (for DDL that locks the mirror, say).
-func (a *applier) settle() error {
+func (a *applier) settle(ctx context.Context) error {
 	if err := a.g.wait(); err != nil {
 		return err
 	}
-	return a.g.waitPrev()
+	return a.waitPrev(ctx, a.g)
 }
 
 // quiesce waits until nothing is written in the background: the groups
@@ -389,12 +412,10 @@ func (a *applier) finish(ctx context.Context, g *group) error {
 	if err == nil && len(g.pending) > 0 {
 		changes := g.pending
 		g.pending = nil
-		wctx, cancel := context.WithTimeout(ctx, a.step)
-		err = a.write(wctx, g, changes)
-		cancel()
+		err = a.write(ctx, g, changes)
 	}
 	if err == nil {
-		err = g.waitPrev()
+		err = a.waitPrev(ctx, g)
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.step)
 	defer cancel()
@@ -442,11 +463,20 @@ func (a *applier) finished(block bool) *group {
 // write writes a chunk of changes: their raw change rows, one for each,
 // and, once the group before has committed, their effect on the mirrors,
 // folded per key so that a key changed several times is written once.
+//
+// Each of the two is bounded by a.step on its own. The wait for the group
+// before is not: that group's writes and commit have deadlines of their
+// own, and a chunk whose deadline also ran while it waited would time out
+// behind a slow but working predecessor, failing the stream again and
+// again while a backlog is applied.
 func (a *applier) write(ctx context.Context, g *group, changes []change) error {
-	if err := a.ensurePartitions(ctx, changes); err != nil {
-		return err
+	wctx, cancel := context.WithTimeout(ctx, a.step)
+	err := a.ensurePartitions(wctx, changes)
+	if err == nil {
+		err = a.writeRaw(wctx, g, changes)
 	}
-	if err := a.writeRaw(ctx, g, changes); err != nil {
+	cancel()
+	if err != nil {
 		return err
 	}
 	for _, c := range changes {
@@ -459,9 +489,11 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 		b.rows++
 		b.min, b.max = minTime(b.min, c.commitTime), maxTime(b.max, c.commitTime)
 	}
-	if err := g.waitPrev(); err != nil {
+	if err := a.waitPrev(ctx, g); err != nil {
 		return err
 	}
+	ctx, cancel = context.WithTimeout(ctx, a.step)
+	defer cancel()
 	// A truncate can only be the last change of a chunk (add flushes at
 	// once): fold and apply what came before it, then the truncate.
 	last := changes[len(changes)-1]

@@ -88,6 +88,10 @@ type Reader struct {
 	// session's, which bounds its silence (see silence).
 	step             time.Duration
 	walSenderTimeout time.Duration
+	// keep is how often a group's transaction that waits for the group
+	// before runs a statement: a quarter of the shorter of
+	// write_timeout and idle_in_transaction_session_timeout.
+	keep time.Duration
 }
 
 // New returns the reader of the CDC source called name.
@@ -98,6 +102,10 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 	}
 	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: ingest.NewChangeTable(name, src.RawPartition),
 		step: cfg.Warehouse.Write()}
+	r.keep = r.step / 4
+	if idle := cfg.Warehouse.IdleInTransaction(); idle > 0 {
+		r.keep = min(r.step, idle) / 4
+	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -253,7 +261,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
-		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: 10000, step: r.step}}
+		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: 10000, step: r.step, keep: r.keep}}
 	// s is the stream reading now: the loop below may replace it.
 	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)

@@ -509,7 +509,7 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), quote(c.name), typ)
 		var err error
 		if s.a.open() {
-			if err := s.a.settle(); err != nil {
+			if err := s.a.settle(ctx); err != nil {
 				return err
 			}
 			_, err = s.a.g.tx.Exec(ctx, ddl)

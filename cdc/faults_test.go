@@ -1,0 +1,364 @@
+package cdc_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+)
+
+// netFault is a network fault injected while changes stream: inject
+// starts it, and the test goes on writing for a while before heal ends it.
+type netFault struct {
+	name   string
+	inject func(p *faultproxy.Proxy)
+	heal   func(p *faultproxy.Proxy)
+	// slow is set for a fault that only slows the network: the reader
+	// must ride it out without restarting.
+	slow bool
+}
+
+// netFaults are the faults the reader is tested against, on either side.
+var netFaults = []netFault{
+	{"latency", func(p *faultproxy.Proxy) { p.SetLatency(30 * time.Millisecond) }, func(p *faultproxy.Proxy) { p.SetLatency(0) }, true},
+	{"stall then resume", (*faultproxy.Proxy).Stall, (*faultproxy.Proxy).Resume, false},
+	{"half-open", (*faultproxy.Proxy).HalfOpen, func(*faultproxy.Proxy) {}, false},
+	{"reset", (*faultproxy.Proxy).Reset, func(*faultproxy.Proxy) {}, false},
+	{"refuse then resume", func(p *faultproxy.Proxy) { p.Refuse(); p.Reset() }, (*faultproxy.Proxy).Resume, false},
+}
+
+// faultRecovery is how soon after a fault heals the reader must have
+// caught up: the silence bound (the source's wal_sender_timeout, 2 s
+// here), the 1 s client deadline and session limits, the connect timeout
+// and the restart backoff, with room for a slow machine.
+const faultRecovery = 30 * time.Second
+
+// faultSettings make a stalled or silent connection short-lived on both
+// ends: the source's walsender ends a session it does not hear from within
+// 2 s, which the reader also takes as its bound of silence, and a
+// connection attempt into a black hole gives up after 2 s.
+const faultSettings = "&connect_timeout=2&options=-c%20wal_sender_timeout%3D2s"
+
+// checkNoLeaks registers, as the test's first cleanup and so its last, a
+// check that no goroutine started during the test outlives it.
+func checkNoLeaks(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		goleak.VerifyNone(t, ignore,
+			// The shared test server, which the first test to need it
+			// starts, runs until TestMain ends.
+			goleak.IgnoreAnyFunction("github.com/tidemark-dev/tidemark/internal/pgserver.(*Server).start.func1"))
+	})
+}
+
+// behindProxy starts a fault proxy in front of the server of dsn (a URL)
+// and returns dsn through it.
+func behindProxy(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
+	return u.String(), p
+}
+
+// workload writes numbered source transactions of inserts, updates and
+// hard deletes on both tracked tables, some of many rows, and records the
+// changes each committed transaction made, as "op table key".
+type workload struct {
+	e       *cdcEnv
+	mu      sync.Mutex
+	n       int      // transactions committed
+	changes []string // in commit order
+}
+
+// txn runs transaction i.
+func (w *workload) txn(ctx context.Context, i int) error {
+	var made []string
+	err := pgx.BeginFunc(ctx, w.e.src, func(tx pgx.Tx) error {
+		made = made[:0]
+		exec := func(sql string, args ...any) error {
+			_, err := tx.Exec(ctx, sql, args...)
+			return err
+		}
+		// Four orders in one statement; every fifth transaction a
+		// hundred more.
+		rows := 4
+		if i%5 == 4 {
+			rows = 100
+		}
+		base := 1000 * i
+		if err := exec(`INSERT INTO orders SELECT $1::bigint + g, $2, g * 1.25, timestamptz '2026-10-05 09:00+00' + g * interval '1 second'
+			FROM generate_series(1, $3::int) AS g`, base, i, rows); err != nil {
+			return err
+		}
+		for g := 1; g <= rows; g++ {
+			made = append(made, fmt.Sprintf("insert public.orders %d", base+g))
+		}
+		if i >= 1 {
+			// Two orders of the transaction before, in one statement.
+			prev := 1000 * (i - 1)
+			if err := exec(`UPDATE orders SET amount = amount + 1, customer_id = -customer_id WHERE id IN ($1, $2)`, prev+1, prev+2); err != nil {
+				return err
+			}
+			made = append(made, fmt.Sprintf("update public.orders %d", prev+1), fmt.Sprintf("update public.orders %d", prev+2))
+		}
+		if i >= 2 {
+			old := 1000*(i-2) + 3
+			if err := exec(`DELETE FROM orders WHERE id = $1`, old); err != nil {
+				return err
+			}
+			made = append(made, fmt.Sprintf("delete public.orders %d", old))
+		}
+		if err := exec(`INSERT INTO customers VALUES ($1, $2, 'free', '{"n": 1}', NULL)`, i, fmt.Sprintf("c%d", i)); err != nil {
+			return err
+		}
+		made = append(made, fmt.Sprintf("insert public.customers %d", i))
+		if i >= 1 {
+			if err := exec(`UPDATE customers SET tier = 'pro', doc = jsonb_set(doc, '{n}', to_jsonb($2::int)) WHERE id = $1`, i-1, i); err != nil {
+				return err
+			}
+			made = append(made, fmt.Sprintf("update public.customers %d", i-1))
+		}
+		if i >= 2 && i%2 == 0 {
+			if err := exec(`DELETE FROM customers WHERE id = $1`, i-2); err != nil {
+				return err
+			}
+			made = append(made, fmt.Sprintf("delete public.customers %d", i-2))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("source transaction %d: %w", i, err)
+	}
+	w.mu.Lock()
+	w.n++
+	w.changes = append(w.changes, made...)
+	w.mu.Unlock()
+	return nil
+}
+
+// run writes transactions, one every pause, until stop is closed, and
+// reports the first error on the returned channel when it ends.
+func (w *workload) run(ctx context.Context, stop <-chan struct{}, pause time.Duration) <-chan error {
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			w.mu.Lock()
+			i := w.n
+			w.mu.Unlock()
+			if err := w.txn(ctx, i); err != nil {
+				ended <- err
+				return
+			}
+			select {
+			case <-stop:
+				ended <- nil
+				return
+			case <-time.After(pause):
+			}
+		}
+	}()
+	return ended
+}
+
+// made returns the changes of the committed transactions.
+func (w *workload) made() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.changes)
+}
+
+// TestCDCFaults streams a workload of inserts, updates and hard deletes
+// while the connections to the source (the replication connection, the
+// reader's source queries and its heartbeats) or to the warehouse (the
+// group transactions, the slot's lock session, raw partition DDL) suffer
+// each fault. Soon after the fault heals the mirrors equal the source row
+// for row, the raw change table holds exactly one row per change the
+// workload made, the slot is confirmed past the last of them, and once
+// the reader stops no goroutine of it is left.
+func TestCDCFaults(t *testing.T) {
+	for _, side := range []string{"source", "warehouse"} {
+		for _, f := range netFaults {
+			t.Run(side+"/"+f.name, func(t *testing.T) {
+				checkNoLeaks(t)
+				started := time.Now()
+				e := newCDCEnv(t)
+				cfg := e.config("snapshot: never\nheartbeat_every: 1s", "deletes: hard")
+				srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
+				var px *faultproxy.Proxy
+				if side == "source" {
+					srcDSN, px = behindProxy(t, srcDSN)
+				} else {
+					whDSN, px = behindProxy(t, whDSN)
+				}
+				cfg.Sources["shop"].CDC.DSN = srcDSN
+				cfg.Warehouse.DSN = whDSN
+				cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
+				idle := config.Duration(time.Second)
+				cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
+				pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer pool.Close()
+				var logs syncbuf.Buffer
+				log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, &logs), nil))
+				r, err := cdc.New(cfg, "shop", pool, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: log, Registerer: e.reg})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(e.ctx)
+				done := make(chan error, 1)
+				go func() { done <- r.Run(ctx) }()
+				defer func() {
+					cancel()
+					stopping := time.Now()
+					select {
+					case err := <-done:
+						if err != nil {
+							t.Errorf("reader: %v", err)
+						}
+						t.Logf("the reader stopped in %s", time.Since(stopping).Round(time.Millisecond))
+					case <-time.After(45 * time.Second):
+						t.Errorf("the reader did not stop within 45s")
+					}
+				}()
+				e.waitStreaming(done)
+
+				w := &workload{e: e}
+				for i := 0; i < 5; i++ {
+					if err := w.txn(e.ctx, i); err != nil {
+						t.Fatal(err)
+					}
+				}
+				e.waitMirrored("")
+				before := e.confirmed()
+
+				// Faults strike while transactions stream.
+				stop := make(chan struct{})
+				writing := w.run(e.ctx, stop, 50*time.Millisecond)
+				time.Sleep(500 * time.Millisecond)
+				f.inject(px)
+				time.Sleep(3 * time.Second)
+				f.heal(px)
+				healed := time.Now()
+				time.Sleep(time.Second)
+				close(stop)
+				if err := <-writing; err != nil {
+					t.Fatal(err)
+				}
+				want := w.made()
+
+				// Caught up: one raw row per change, the mirrors equal to the
+				// source, the slot confirmed past the last change.
+				deadline := healed.Add(faultRecovery)
+				for e.count("SELECT count(*) FROM raw.shop") < int64(len(want)) || !e.mirrored() ||
+					!e.confirmedPast("SELECT max(commit_lsn)::text FROM raw.shop") {
+					if time.Now().After(deadline) {
+						t.Fatalf("not caught up %s after the fault healed: %d raw change rows of %d, mirrored %v, slot confirmed at %s",
+							faultRecovery, e.count("SELECT count(*) FROM raw.shop"), len(want), e.mirrored(), e.confirmed())
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				t.Logf("%d transactions, %d changes; caught up %s after the fault healed; proxy %+v",
+					w.n, len(want), time.Since(healed).Round(time.Millisecond), px.Stats())
+				e.waitMirrored("")
+				missing, extra := multisetDiff(want, pgtest.Rows(t, e.wh, `SELECT op || ' ' || source_table || ' ' || row_key FROM raw.shop`))
+				if len(missing) > 0 || len(extra) > 0 {
+					t.Errorf("raw change rows against the changes made: %d lost %q, %d doubled or unknown %q", len(missing), missing, len(extra), extra)
+				}
+				if n := e.count("SELECT count(DISTINCT event_id) FROM raw.shop"); n != int64(len(want)) {
+					t.Errorf("%d distinct raw event ids, want %d", n, len(want))
+				}
+				if after := e.confirmed(); after == before {
+					t.Errorf("the slot's confirmed position stayed at %s", before)
+				}
+				if restarts := strings.Count(logs.String(), "restarting"); f.slow && restarts > 0 {
+					t.Errorf("a network that was only slow restarted the reader %d times", restarts)
+				} else if !f.slow && restarts == 0 {
+					t.Errorf("the fault did not make the reader reconnect: the test did not exercise it")
+				}
+				t.Logf("subtest ran %s before stopping", time.Since(started).Round(time.Millisecond))
+			})
+		}
+	}
+}
+
+// mirrored reports whether both mirrors equal their source tables.
+func (e *cdcEnv) mirrored() bool {
+	e.t.Helper()
+	for _, q := range []struct{ sql, src, dst string }{{customerRows, "customers", "mirror.customers"}, {orderRows, "orders", "mirror.orders"}} {
+		want := pgtest.Rows(e.t, e.src, fmt.Sprintf(q.sql, q.src, ""))
+		got := pgtest.Rows(e.t, e.wh, fmt.Sprintf(q.sql, q.dst, ""))
+		if strings.Join(want, "\n") != strings.Join(got, "\n") {
+			return false
+		}
+	}
+	return true
+}
+
+// confirmedPast reports whether the slot is confirmed beyond the LSN that
+// the warehouse query sql returns.
+func (e *cdcEnv) confirmedPast(sql string) bool {
+	e.t.Helper()
+	var lsn *string
+	if err := e.wh.QueryRow(e.ctx, sql).Scan(&lsn); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+	if lsn == nil {
+		return false
+	}
+	var past bool
+	if err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT confirmed_flush_lsn > $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'), false)", *lsn).Scan(&past); err != nil {
+		e.t.Fatal(err)
+	}
+	return past
+}
+
+// multisetDiff returns the lines of want that got lacks and the lines of
+// got beyond those of want, each as often as they differ.
+func multisetDiff(want, got []string) (missing, extra []string) {
+	n := map[string]int{}
+	for _, l := range want {
+		n[l]++
+	}
+	for _, l := range got {
+		n[l]--
+	}
+	for l, c := range n {
+		for ; c > 0; c-- {
+			missing = append(missing, l)
+		}
+		for ; c < 0; c++ {
+			extra = append(extra, l)
+		}
+	}
+	slices.Sort(missing)
+	slices.Sort(extra)
+	return missing, extra
+}
