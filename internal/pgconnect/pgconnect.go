@@ -34,6 +34,11 @@ import (
 // connect_timeout.
 const DefaultConnectTimeout = 10 * time.Second
 
+// PingTimeout bounds the ping with which the warehouse pool checks an
+// idle connection before handing it out, unless the connection string
+// sets pool_ping_timeout.
+const PingTimeout = 2 * time.Second
+
 // Harden sets the connect timeout and the dialer of cc, and bounds the
 // close of a session given up on (see AbandonTimeout). A hardened
 // configuration serves one session at a time when given to
@@ -115,6 +120,13 @@ func Pool(ctx context.Context, w config.Warehouse, app string) (*pgxpool.Pool, e
 	}
 	if w.MaxConns > 0 {
 		pc.MaxConns = int32(w.MaxConns)
+	}
+	if pc.PingTimeout <= 0 {
+		// pgxpool pings a connection idle for a second before handing
+		// it out, and without a ping timeout a ping whose caller gave
+		// up waits up to a minute on a silent connection, keeping it,
+		// and Close, that long.
+		pc.PingTimeout = PingTimeout
 	}
 	apply(&pc.ConnConfig.Config, Session(w), app)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
