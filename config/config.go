@@ -229,7 +229,13 @@ func expandNode(ix *index, path string, n *yaml.Node, lookup func(string) (strin
 			case set:
 				return v
 			}
-			ix.add(path, "environment variable %s is not set", sub[1])
+			// A scalar that is the whole document has no key: name its line.
+			line := ix.line(path)
+			if line == 0 {
+				line = n.Line
+			}
+			ix.problems = append(ix.problems, Error{File: ix.file, Line: line, Key: path,
+				Msg: fmt.Sprintf("environment variable %s is not set", sub[1])})
 			return ""
 		})
 		if n.Style == 0 {

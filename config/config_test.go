@@ -549,6 +549,8 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{6, "kafka.brokers[1]", "environment variable BROKER is not set"}}},
 		{"unset variable in an integer", base("ingest:", "  batch_max_rows: ${ROWS}"), nil,
 			[]wantErr{{12, "ingest.batch_max_rows", "environment variable ROWS is not set"}}},
+		{"unset variable as the whole document", lines("", "${NOPE}"), nil,
+			[]wantErr{{2, "", "environment variable NOPE is not set"}}},
 
 		// warehouse.
 		{"missing dsn without warehouse block", lines("kafka:", "  brokers: [h:1]", "sources:", "  s:",
