@@ -28,20 +28,51 @@ import (
 // starts it, and the test goes on writing for a while before heal ends it.
 type netFault struct {
 	name   string
-	inject func(p *faultproxy.Proxy)
+	inject func(p *faultproxy.Proxy, e *cdcEnv)
 	heal   func(p *faultproxy.Proxy)
 	// slow is set for a fault that only slows the network: the reader
 	// must ride it out without restarting.
 	slow bool
+	// sourceOnly is set for a fault that only the source side gets.
+	sourceOnly bool
 }
 
-// netFaults are the faults the reader is tested against, on either side.
+// on adapts a proxy method to inject.
+func on(f func(*faultproxy.Proxy)) func(*faultproxy.Proxy, *cdcEnv) {
+	return func(p *faultproxy.Proxy, _ *cdcEnv) { f(p) }
+}
+
+// netFaults are the faults the reader is tested against.
 var netFaults = []netFault{
-	{"latency", func(p *faultproxy.Proxy) { p.SetLatency(30 * time.Millisecond) }, func(p *faultproxy.Proxy) { p.SetLatency(0) }, true},
-	{"stall then resume", (*faultproxy.Proxy).Stall, (*faultproxy.Proxy).Resume, false},
-	{"half-open", (*faultproxy.Proxy).HalfOpen, func(*faultproxy.Proxy) {}, false},
-	{"reset", (*faultproxy.Proxy).Reset, func(*faultproxy.Proxy) {}, false},
-	{"refuse then resume", func(p *faultproxy.Proxy) { p.Refuse(); p.Reset() }, (*faultproxy.Proxy).Resume, false},
+	{name: "latency", inject: on(func(p *faultproxy.Proxy) { p.SetLatency(30 * time.Millisecond) }), heal: func(p *faultproxy.Proxy) { p.SetLatency(0) }, slow: true},
+	{name: "stall then resume", inject: on((*faultproxy.Proxy).Stall), heal: (*faultproxy.Proxy).Resume},
+	{name: "half-open", inject: on((*faultproxy.Proxy).HalfOpen), heal: func(*faultproxy.Proxy) {}},
+	{name: "reset", inject: on((*faultproxy.Proxy).Reset), heal: func(*faultproxy.Proxy) {}},
+	{name: "refuse then resume", inject: on(func(p *faultproxy.Proxy) { p.Refuse(); p.Reset() }), heal: (*faultproxy.Proxy).Resume},
+	{name: "stall while starting", inject: stallWhileStarting, heal: (*faultproxy.Proxy).Resume, sourceOnly: true},
+}
+
+// stallWhileStarting resets every connection and stalls the network as
+// soon as the reader, starting again, has connected to the source: while
+// it checks the source and prepares its tables and its replication
+// connection, before the stream's own bound of silence applies.
+func stallWhileStarting(p *faultproxy.Proxy, e *cdcEnv) {
+	e.t.Helper()
+	sessions := func() []int64 {
+		var pids []int64
+		if err := e.src.QueryRow(e.ctx, `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'tidemark-cdc' AND backend_type = 'client backend'`).Scan(&pids); err != nil {
+			e.t.Fatal(err)
+		}
+		return pids
+	}
+	old := sessions()
+	p.Reset()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && !slices.ContainsFunc(sessions(), func(pid int64) bool { return !slices.Contains(old, pid) }) {
+		time.Sleep(time.Millisecond)
+	}
+	p.Stall()
 }
 
 // faultRecovery is how soon after a fault heals the reader must have
@@ -204,6 +235,9 @@ func (w *workload) made() []string {
 func TestCDCFaults(t *testing.T) {
 	for _, side := range []string{"source", "warehouse"} {
 		for _, f := range netFaults {
+			if f.sourceOnly && side != "source" {
+				continue
+			}
 			t.Run(side+"/"+f.name, func(t *testing.T) {
 				checkNoLeaks(t)
 				started := time.Now()
@@ -263,7 +297,7 @@ func TestCDCFaults(t *testing.T) {
 				stop := make(chan struct{})
 				writing := w.run(e.ctx, stop, 50*time.Millisecond)
 				time.Sleep(500 * time.Millisecond)
-				f.inject(px)
+				f.inject(px, e)
 				time.Sleep(3 * time.Second)
 				f.heal(px)
 				healed := time.Now()

@@ -202,7 +202,12 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	if err != nil {
 		return err
 	}
-	report, err := Check(ctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.readFrom()})
+	// Each wait on the source before streaming is bounded by r.step: a
+	// stalled connection answers nothing and does not fail either, and
+	// the stream's bound of silence applies only once it streams.
+	cctx, cancel := context.WithTimeout(ctx, r.step)
+	report, err := Check(cctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.readFrom()})
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -226,7 +231,15 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		for _, t := range r.specs {
 			names = append(names, t.Sanitize())
 		}
-		if _, err := srcConn.Exec(ctx, fmt.Sprintf(createPublicationSQL, pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(names, ", "))); err != nil {
+		pctx, cancel := context.WithTimeout(ctx, r.step)
+		_, err := srcConn.Exec(pctx, fmt.Sprintf(createPublicationSQL, pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(names, ", ")))
+		cancel()
+		var pgErr *pgconn.PgError
+		if err != nil && !errors.As(err, &pgErr) {
+			// The connection failed, not the statement: retry.
+			return fmt.Errorf("sources.%s.cdc.publication: create publication %s: %w", r.src.Name, cfg.Publication, err)
+		}
+		if err != nil {
 			return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
 		}
 		r.log.Info("created publication", "publication", cfg.Publication)
@@ -376,7 +389,9 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 	out := map[string]*table{}
 	for _, id := range r.specs {
 		name := id[0] + "." + id[1]
-		m, err := describeMirror(ctx, src, r.src, id)
+		dctx, cancel := context.WithTimeout(ctx, r.step)
+		m, err := describeMirror(dctx, src, r.src, id)
+		cancel()
 		if err != nil {
 			return nil, err
 		}

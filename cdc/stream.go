@@ -75,8 +75,12 @@ func (s *stream) run(ctx context.Context) error {
 	cfg := s.r.src.CDC
 	deadline := time.Now().Add(slotBusyWait)
 	for {
-		err := pglogrepl.StartReplication(ctx, s.repl, cfg.Slot, s.applied,
+		// Bounded like every wait before the stream's bound of silence
+		// applies.
+		sctx, cancel := context.WithTimeout(ctx, s.r.step)
+		err := pglogrepl.StartReplication(sctx, s.repl, cfg.Slot, s.applied,
 			pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(cfg.Publication)})
+		cancel()
 		var pgErr *pgconn.PgError
 		if err != nil && errors.As(err, &pgErr) && pgErr.Code == objectInUse && time.Now().Before(deadline) {
 			select {
@@ -502,12 +506,11 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 		return nil
 	}
 	for _, c := range added {
-		var typ string
-		if err := s.src.QueryRow(ctx, formatTypeSQL, c.oid, c.mod).Scan(&typ); err != nil {
-			return fmt.Errorf("type of %s.%s: %w", t.name, c.name, err)
+		typ, err := s.typeName(ctx, t, c)
+		if err != nil {
+			return err
 		}
 		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), quote(c.name), typ)
-		var err error
 		if s.a.open() {
 			if err := s.a.settle(ctx); err != nil {
 				return err
@@ -523,6 +526,19 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 		s.r.log.Info("source table gained a column; added to the mirror", "table", t.name, "column", c.name, "type", typ)
 	}
 	return nil
+}
+
+// typeName is the SQL name of column c's type, asked of the source
+// within s.r.step: the stream waits meanwhile, and its bound of silence
+// does not run.
+func (s *stream) typeName(ctx context.Context, t *table, c column) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.r.step)
+	defer cancel()
+	var typ string
+	if err := s.src.QueryRow(ctx, formatTypeSQL, c.oid, c.mod).Scan(&typ); err != nil {
+		return "", fmt.Errorf("type of %s.%s: %w", t.name, c.name, err)
+	}
+	return typ, nil
 }
 
 // typesKept fails with ErrSetup when a column the stream has seen before
@@ -542,9 +558,9 @@ func (s *stream) typesKept(ctx context.Context, t *table, cols []column) error {
 		if !ok {
 			continue
 		}
-		var typ string
-		if err := s.src.QueryRow(ctx, formatTypeSQL, c.oid, c.mod).Scan(&typ); err != nil {
-			return fmt.Errorf("type of %s.%s: %w", t.name, c.name, err)
+		typ, err := s.typeName(ctx, t, c)
+		if err != nil {
+			return err
 		}
 		if typ != m.Type {
 			return fmt.Errorf("%w: sources.%s: column %s of %s changed type at the source from %s to %s; "+
