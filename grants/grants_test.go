@@ -5,7 +5,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -73,14 +72,9 @@ func TestStateTables(t *testing.T) {
 // TestGenericScriptRuns runs roles.sql with psql, twice (it is
 // idempotent), with its variables set, and checks the roles it made.
 func TestGenericScriptRuns(t *testing.T) {
-	bin := "psql"
-	if dir, err := pgserver.FindBinDir(); err == nil {
-		if _, err := os.Stat(filepath.Join(dir, "psql")); err == nil {
-			bin = filepath.Join(dir, "psql")
-		}
-	}
-	if _, err := exec.LookPath(bin); err != nil {
-		t.Skipf("psql is not installed: %v", err)
+	bin, err := pgserver.FindPSQL()
+	if err != nil {
+		t.Fatal(err)
 	}
 	srv := pgtest.NewServer(t, pgserver.Options{})
 	ctx := context.Background()

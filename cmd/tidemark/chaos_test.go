@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
@@ -35,6 +36,8 @@ import (
 const (
 	envChaos     = "TIDEMARK_CHAOS"
 	envChaosSeed = "TIDEMARK_CHAOS_SEED"
+	// envChaosSummary names a file the run appends its summary line to.
+	envChaosSummary = "TIDEMARK_CHAOS_SUMMARY"
 )
 
 // chaosScale is the size of a chaos run.
@@ -759,10 +762,23 @@ func (c *chaos) check() {
 		t.Errorf("tidemark run stopped by itself: %s", e)
 	}
 	bad := len(want.dead)
-	t.Logf("chaos: seed=%d duration=%s kills=%d pg_restarts=%d faults=%d (stalls=%d resets=%d halfopen=%d latency=%d refused=%d) "+
+	summary := fmt.Sprintf("chaos: seed=%d duration=%s kills=%d pg_restarts=%d faults=%d (stalls=%d resets=%d halfopen=%d latency=%d refused=%d) "+
 		"instances_joined=%d instances_left=%d events=%d duplicates=%d bad=%d updates=%d deletes=%d source_txns=%d mismatches=%d",
 		c.seed, c.end.Sub(c.began).Round(time.Second), c.kills, c.pgRestarts, c.faults(), c.stalls, c.resets, c.halfOpen, c.latency, c.refused,
 		c.joined, c.left, len(want.good), want.duplicates, bad, c.updates.Load(), c.deletes.Load(), c.txns.Load(), mismatches)
+	t.Log(summary)
+	if path := os.Getenv(envChaosSummary); path != "" {
+		// go test shows a passing test's log only with -v; CI prints
+		// this file after the run instead.
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err == nil {
+			_, err = fmt.Fprintln(f, summary)
+			err = errors.Join(err, f.Close())
+		}
+		if err != nil {
+			t.Errorf("%s: %v", envChaosSummary, err)
+		}
+	}
 	if mismatches != 0 {
 		t.Errorf("%d mismatches (seed %d)", mismatches, c.seed)
 	}

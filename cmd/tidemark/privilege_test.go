@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -123,14 +121,9 @@ func (p *privileges) applyGrants(t *testing.T) {
 // psql runs script with psql, through the socket as the superuser.
 func psql(t *testing.T, srv *pgserver.Server, script string) {
 	t.Helper()
-	bin := "psql"
-	if dir, err := pgserver.FindBinDir(); err == nil {
-		if _, err := os.Stat(filepath.Join(dir, "psql")); err == nil {
-			bin = filepath.Join(dir, "psql")
-		}
-	}
-	if _, err := exec.LookPath(bin); err != nil {
-		t.Skipf("psql is not installed: %v", err)
+	bin, err := pgserver.FindPSQL()
+	if err != nil {
+		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", srv.SocketURL("postgres"), "-f", "-")
 	cmd.Stdin = strings.NewReader(script)

@@ -139,6 +139,26 @@ func FindBinDir() (string, error) {
 	return "", errors.New("pgserver: no PostgreSQL server binaries found: put initdb on PATH, set TIDEMARK_PG_BIN, or install postgresql (Debian: apt-get install postgresql)")
 }
 
+// FindPSQL locates psql: next to the server binaries first, then on PATH.
+// It comes with every PostgreSQL installation (Debian: postgresql-client).
+func FindPSQL() (string, error) {
+	if dir, err := FindBinDir(); err == nil {
+		if p := filepath.Join(dir, "psql"); fileExists(p) {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("psql")
+	if err != nil {
+		return "", fmt.Errorf("pgserver: psql not found next to the server binaries or on PATH (Debian: apt-get install postgresql-client): %w", err)
+	}
+	return p, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 func versionOf(path string) int {
 	// /usr/lib/postgresql/15/bin/initdb -> 15
 	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(path))))
