@@ -3,10 +3,14 @@ package ingest_test
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -270,21 +274,26 @@ func eventRecords(b *bundle, prefix string, n int) []*kgo.Record {
 	return recs
 }
 
-// mskBroker answers AWS_MSK_IAM authentication as MSK does, without
-// checking the signature (that needs AWS), and keeps each payload.
+// mskBroker answers AWS_MSK_IAM authentication as MSK does: it checks
+// the SigV4 signature of each payload with the secret key it knows for
+// the payload's access key id, refuses a wrong one, and keeps each
+// payload.
 type mskBroker struct {
 	c        *kfake.Cluster
+	secrets  map[string]string // access key id -> secret key
 	mu       sync.Mutex
 	payloads []map[string]string
 }
 
 // newMSKCluster starts a TLS cluster whose SASL exchange the control
 // hooks answer; sessions last lifetime, so that the client
-// re-authenticates. kfake's own SASL is off: the test proves the shape of
-// what tidemark sends, not that the broker enforces it.
-func newMSKCluster(t *testing.T, ca *testcert.CA, lifetime time.Duration) *mskBroker {
+// re-authenticates. kfake's own SASL is off, so requests on a connection
+// that skipped SASL are not refused: the test proves what tidemark sends
+// and that a wrong signature is refused, not that the broker enforces
+// authentication on every connection.
+func newMSKCluster(t *testing.T, ca *testcert.CA, lifetime time.Duration, secrets map[string]string) *mskBroker {
 	t.Helper()
-	m := &mskBroker{c: kafkatest.NewClusterWith(t, 1, []string{"events"}, serverTLS(t, ca, nil))}
+	m := &mskBroker{c: kafkatest.NewClusterWith(t, 1, []string{"events"}, serverTLS(t, ca, nil)), secrets: secrets}
 	m.c.ControlKey(int16(kmsg.SASLHandshake), func(r kmsg.Request) (kmsg.Response, error, bool) {
 		m.c.KeepControl()
 		req := r.(*kmsg.SASLHandshakeRequest)
@@ -307,11 +316,54 @@ func newMSKCluster(t *testing.T, ca *testcert.CA, lifetime time.Duration) *mskBr
 		m.mu.Lock()
 		m.payloads = append(m.payloads, p)
 		m.mu.Unlock()
+		keyID, _, _ := strings.Cut(p["x-amz-credential"], "/")
+		secret, known := m.secrets[keyID]
+		if !known || p["x-amz-signature"] != sigV4(secret, "eu-west-1", p) {
+			resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
+			msg := "signature does not match"
+			resp.ErrorMessage = &msg
+			return resp, nil, true
+		}
 		resp.SASLAuthBytes = []byte(`{"version":"2020_10_22","request-id":"test"}`)
 		resp.SessionLifetimeMillis = lifetime.Milliseconds()
 		return resp, nil, true
 	})
 	return m
+}
+
+// sigV4 is the signature AWS Signature Version 4 gives the presigned
+// request "GET /?Action=kafka-cluster:Connect&..." that an AWS_MSK_IAM
+// payload describes, computed with secret as AWS documents it: a
+// canonical request, a string to sign over its hash and the credential
+// scope, and a signing key derived from the secret, date, region and
+// service.
+func sigV4(secret, region string, p map[string]string) string {
+	q := url.Values{}
+	for param, key := range map[string]string{"Action": "action", "X-Amz-Algorithm": "x-amz-algorithm",
+		"X-Amz-Credential": "x-amz-credential", "X-Amz-Date": "x-amz-date", "X-Amz-Expires": "x-amz-expires",
+		"X-Amz-SignedHeaders": "x-amz-signedheaders", "X-Amz-Security-Token": "x-amz-security-token"} {
+		if v := p[key]; v != "" {
+			q.Set(param, v)
+		}
+	}
+	hexSHA := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+	mac := func(key []byte, data string) []byte {
+		h := hmac.New(sha256.New, key)
+		h.Write([]byte(data))
+		return h.Sum(nil)
+	}
+	canonical := "GET\n/\n" + strings.ReplaceAll(q.Encode(), "+", "%20") + "\nhost:" + p["host"] + "\n\nhost\n" + hexSHA("")
+	stamp := p["x-amz-date"]
+	if len(stamp) < 8 {
+		return ""
+	}
+	scope := stamp[:8] + "/" + region + "/kafka-cluster/aws4_request"
+	toSign := "AWS4-HMAC-SHA256\n" + stamp + "\n" + scope + "\n" + hexSHA(canonical)
+	key := mac([]byte("AWS4"+secret), stamp[:8])
+	key = mac(key, region)
+	key = mac(key, "kafka-cluster")
+	key = mac(key, "aws4_request")
+	return hex.EncodeToString(mac(key, toSign))
 }
 
 func (m *mskBroker) last() map[string]string {
@@ -358,7 +410,7 @@ func TestAWSMSKIAM(t *testing.T) {
 	}
 
 	t.Run("keys", func(t *testing.T) {
-		m := newMSKCluster(t, ca, 0)
+		m := newMSKCluster(t, ca, 0, map[string]string{"AKIAKEYS": "s3cret"})
 		b := setupWith(t, 1, pgtest.NewDatabase(t), m.c, kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}))
 		b.kafkaYAML = fmt.Sprintf("  tls: {ca_file: %q}\n  sasl: {mechanism: AWS_MSK_IAM, access_key: AKIAKEYS, secret_key: s3cret, session_token: sess-1}", ca.CAFile)
 		loadAndCheck(t, b, "msk", 5)
@@ -369,11 +421,22 @@ func TestAWSMSKIAM(t *testing.T) {
 		check(t, p, "AKIAKEYS", "sess-1")
 	})
 
+	t.Run("wrong secret key", func(t *testing.T) {
+		m := newMSKCluster(t, ca, 0, map[string]string{"AKIAKEYS": "s3cret"})
+		b := setupWith(t, 1, pgtest.NewDatabase(t), m.c, kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}))
+		produceOne(t, b)
+		b.kafkaYAML = fmt.Sprintf("  tls: {ca_file: %q}\n  sasl: {mechanism: AWS_MSK_IAM, access_key: AKIAKEYS, secret_key: guessed}", ca.CAFile)
+		refused(t, b, "SASL_AUTHENTICATION_FAILED", ingest.Options{})
+		if p := m.last(); p == nil || !strings.HasPrefix(p["x-amz-credential"], "AKIAKEYS/") {
+			t.Errorf("the refused payload was %v", p)
+		}
+	})
+
 	t.Run("environment, read at each authentication", func(t *testing.T) {
 		t.Setenv("AWS_ACCESS_KEY_ID", "AKIAFIRST")
 		t.Setenv("AWS_SECRET_ACCESS_KEY", "s3cret")
 		t.Setenv("AWS_SESSION_TOKEN", "")
-		m := newMSKCluster(t, ca, 2*time.Second)
+		m := newMSKCluster(t, ca, 2*time.Second, map[string]string{"AKIAFIRST": "s3cret", "AKIASECOND": "s3cret"})
 		b := setupWith(t, 1, pgtest.NewDatabase(t), m.c, kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS12}))
 		b.kafkaYAML = fmt.Sprintf("  tls: {ca_file: %q}\n  sasl: {mechanism: AWS_MSK_IAM}", ca.CAFile)
 		r := b.start(t)
