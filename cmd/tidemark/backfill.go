@@ -13,6 +13,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -110,7 +111,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	r, err := parseDays(*from, *to)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitUsage
 	}
 	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
@@ -156,12 +157,12 @@ func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	defer pool.Close()
 	d, err := aggregate.FromConfig(cfg, *f.name)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitUsage
 	}
 	r, found, err := backfill.FullRange(ctx, pool, d)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	if !found {
@@ -192,12 +193,12 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 		// could create its table.
 		d, err := aggregate.FromConfig(cfg, name)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", app, err)
+			fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 			return exitFailure
 		}
 		plan, err := backfill.Plan(ctx, pool, d, r, span, rp)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", app, err)
+			fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 			return exitFailure
 		}
 		header(plan, d)
@@ -212,12 +213,12 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 	}
 	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock})
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	d, err := rec.Definition(ctx, name)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	opts.Now, opts.Logger = serviceClock, logger(cfg, stderr)
@@ -241,7 +242,7 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 	}
 	switch {
 	case err != nil:
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	case len(rep.Failed) > 0:
 		fmt.Fprintf(stderr, "%s: %d chunks failed; once the cause is fixed, run again with --reprocess failed\n", app, len(rep.Failed))
@@ -316,12 +317,12 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer pool.Close()
 	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock})
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	d, err := rec.Definition(ctx, *name)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	started := serviceClock()
@@ -330,7 +331,7 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		err = rerr
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	compared, unexpected, pending, archived := backfill.Tally(checks)

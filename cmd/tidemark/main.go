@@ -268,7 +268,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer cancel()
 	pool, err := service.Pool(ctx, cfg, "tidemark-status")
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+		fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
 		return exitFailure
 	}
 	defer pool.Close()
@@ -276,7 +276,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if len(cfg.Kafka.Brokers) > 0 {
 		kopts, err := ingest.ClientOptions(cfg.Kafka)
 		if err != nil {
-			fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+			fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
 			return exitFailure
 		}
 		cl, err := kgo.NewClient(kopts...)
@@ -289,7 +289,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	rep, err := status.Gather(ctx, pool, cfg, adm, time.Now())
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+		fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
 		return exitFailure
 	}
 	if *asJSON {
@@ -298,7 +298,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		err = rep.WriteText(stdout)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark status: %v\n", err)
+		fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
 		return exitFailure
 	}
 	return exitOK

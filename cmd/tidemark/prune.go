@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/retention"
 )
 
@@ -29,7 +30,7 @@ func cmdPrune(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer pool.Close()
 	p, err := retention.New(cfg, pool, retention.Options{Logger: logger(cfg, stderr), Now: serviceClock})
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	rep, err := p.Run(ctx, *dryRun)
@@ -39,7 +40,7 @@ func cmdPrune(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 		return exitFailure
 	}
 	return exitOK
