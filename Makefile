@@ -21,7 +21,7 @@ test-short:
 # go's default, 60s, FuzzParse spent most of a run minimizing large inputs.
 FUZZTIME         ?= 1m
 FUZZMINIMIZETIME ?= 5s
-FUZZ_TARGETS     ?= config:FuzzParse cdc:FuzzDecode cdc:FuzzCopyRows aggregate:FuzzCalendar
+FUZZ_TARGETS     ?= config:FuzzParse ingest:FuzzScanJSON cdc:FuzzDecode cdc:FuzzCopyRows aggregate:FuzzCalendar
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} in ./$${t%%:*} for $(FUZZTIME)"; \
@@ -30,7 +30,7 @@ fuzz:
 
 ## fuzz-short: every fuzz target for 10s (CI; FuzzCopyRows runs against a throwaway PostgreSQL)
 fuzz-short:
-	$(MAKE) fuzz FUZZTIME=10s FUZZ_TARGETS="config:FuzzParse cdc:FuzzDecode cdc:FuzzCopyRows aggregate:FuzzCalendar"
+	$(MAKE) fuzz FUZZTIME=10s
 
 ## bench: throughput benchmarks with their in-run baselines (see docs/benchmarks.md)
 bench:

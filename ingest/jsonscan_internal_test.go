@@ -747,6 +747,10 @@ func compact(t *testing.T, raw []byte) string {
 	return b.String()
 }
 
+// FuzzScanJSON checks the scanner that reads event ids and times out of
+// Kafka message values: it accepts exactly the documents encoding/json
+// accepts (and jsonb can store), refuses the others with errJSON, and
+// finds at a pointer what a full decode finds there.
 func FuzzScanJSON(f *testing.F) {
 	seeds := []struct {
 		doc        string

@@ -4,8 +4,9 @@ package main
 // the commands and flags that README.md, docs/*.md, deploy/ and the usage
 // text mention against the commands of this package, the configuration
 // keys of docs/configuration.md against the structs of package config,
-// and the metric names of the docs and the alerting rules against the
-// metrics the binary's packages define. They read files only: no
+// the metric names of the docs and the alerting rules against the
+// metrics the binary's packages define, and the tests the docs name
+// against the tests that exist. They read files only: no
 // database, no broker.
 
 import (
@@ -1652,4 +1653,63 @@ func suggestMetric(name string, names map[string]bool) string {
 		return ""
 	}
 	return "; did you mean " + best + "?"
+}
+
+// testNameRe matches the names of tests and fuzz targets in the docs.
+var testNameRe = regexp.MustCompile(`\b(?:Test|Fuzz)[A-Z][A-Za-z0-9_]*`)
+
+// TestDocsNameTests checks that every test and fuzz target the docs name
+// as the ground of a guarantee exists: a renamed or deleted test must
+// take its claim with it.
+func TestDocsNameTests(t *testing.T) {
+	root := repoRoot(t)
+	defined := map[string]bool{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != root {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		for _, decl := range f.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil {
+				defined[fn.Name.Name] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range docFiles(t, root) {
+		for i, line := range readLines(t, root, file) {
+			for _, loc := range testNameRe.FindAllStringIndex(line, -1) {
+				name := line[loc[0]:loc[1]]
+				if name == "TestMain" || defined[name] {
+					continue
+				}
+				if loc[1] < len(line) && line[loc[1]] == '*' && definedPrefix(defined, name) {
+					continue // TestDecode*: a family of tests
+				}
+				t.Errorf("%s:%d: names %s, which no _test.go file defines", file, i+1, name)
+			}
+		}
+	}
+}
+
+func definedPrefix(defined map[string]bool, prefix string) bool {
+	for name := range defined {
+		if strings.HasPrefix(name, prefix) {
+			return true
+		}
+	}
+	return false
 }
