@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -49,6 +50,14 @@ type chunk struct {
 // snapshot replaces what a mirror held. The snapshot is marked done only
 // when every chunk is committed; a snapshot cut short stays pending, and
 // the next start drops the slot and begins again.
+//
+// Each wait is bounded by r.step (warehouse.write_timeout): importing the
+// snapshot, planning a table, emptying the mirrors and marking the
+// snapshot done each get r.step, and a chunk's copy may take as long as
+// its bytes keep flowing (see copyChunk). A stall on either side thus
+// fails the snapshot, and the reader's restart takes it again with a new
+// slot: the exported snapshot lives only as long as the replication
+// connection that created it, so a snapshot cannot be resumed.
 func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*table) error {
 	cfg := r.src.CDC
 	started := time.Now()
@@ -57,14 +66,17 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 		return err
 	}
 	defer plan.Close(context.WithoutCancel(ctx))
-	ptx, err := importSnapshot(ctx, plan, name)
+	ptx, err := importSnapshot(ctx, plan, name, r.step)
 	if err != nil {
 		return err
 	}
+	defer r.rollback(ctx, ptx) // a no-op once rolled back below
 	var chunks []chunk
 	for _, id := range r.specs {
 		t := tables[id[0]+"."+id[1]]
-		wheres, err := planChunks(ctx, ptx, t, id, cfg.SnapshotChunkRows)
+		pctx, cancel := context.WithTimeout(ctx, r.step)
+		wheres, err := planChunks(pctx, ptx, t, id, cfg.SnapshotChunkRows)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("plan the snapshot of %s: %w", t.name, err)
 		}
@@ -72,14 +84,17 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 			chunks = append(chunks, chunk{t: t, id: id, where: w})
 		}
 	}
-	_ = ptx.Rollback(ctx)
+	r.rollback(ctx, ptx)
 	_ = plan.Close(ctx) // idle from here on; the deferred Close is then a no-op
 
 	var mirrors []string
 	for _, id := range r.specs {
 		mirrors = append(mirrors, tables[id[0]+"."+id[1]].mirror.Target.Sanitize())
 	}
-	if _, err := r.pool.Exec(ctx, fmt.Sprintf(truncateMirrorSQL, strings.Join(mirrors, ", "))); err != nil {
+	tctx, cancel := context.WithTimeout(ctx, r.step)
+	_, err = r.pool.Exec(tctx, fmt.Sprintf(truncateMirrorSQL, strings.Join(mirrors, ", ")))
+	cancel()
+	if err != nil {
 		return fmt.Errorf("empty the mirrors: %w", err)
 	}
 	r.m.snapshotPlanned.Set(float64(len(chunks)))
@@ -113,12 +128,12 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 				return
 			}
 			defer conn.Close(context.WithoutCancel(wctx))
-			stx, err := importSnapshot(wctx, conn, name)
+			stx, err := importSnapshot(wctx, conn, name, r.step)
 			if err != nil {
 				fail(err)
 				return
 			}
-			defer func() { _ = stx.Rollback(context.WithoutCancel(wctx)) }()
+			defer r.rollback(wctx, stx)
 			for c := range todo {
 				n, err := r.copyChunk(wctx, conn, c, loaded)
 				if err != nil {
@@ -149,47 +164,103 @@ feed:
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if _, err := r.pool.Exec(ctx, snapshotDoneSQL, r.src.Name, r.now()); err != nil {
-		return err
+	dctx, cancel := context.WithTimeout(ctx, r.step)
+	_, err = r.pool.Exec(dctx, snapshotDoneSQL, r.src.Name, r.now())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("mark the snapshot done: %w", err)
 	}
 	r.log.Info("snapshot copied", "rows", rows, "chunks", len(chunks), "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 
 // importSnapshot begins a read-only transaction on src in the exported
-// snapshot.
-func importSnapshot(ctx context.Context, src *pgx.Conn, name string) (pgx.Tx, error) {
-	tx, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+// snapshot, waiting at most step.
+func importSnapshot(ctx context.Context, src *pgx.Conn, name string, step time.Duration) (pgx.Tx, error) {
+	ictx, cancel := context.WithTimeout(ctx, step)
+	defer cancel()
+	tx, err := src.BeginTx(ictx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("begin the snapshot's transaction: %w", err)
 	}
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+literal(name)); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ictx, "SET TRANSACTION SNAPSHOT "+literal(name)); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ictx))
 		return nil, fmt.Errorf("use the slot's snapshot: %w", err)
 	}
 	return tx, nil
 }
 
+// rollback ends tx, waiting at most r.step, also when ctx has ended: a
+// rollback on a stalled connection would otherwise wait for good.
+func (r *Reader) rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.step)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}
+
+// progressWriter passes writes on to w and touches wd as bytes pass, at
+// most once per every: a watchdog's deadline then moves on while data
+// flows, at a cost that does not grow with the number of rows.
+type progressWriter struct {
+	w     io.Writer
+	wd    *pgconnect.Watchdog
+	every time.Duration
+	last  time.Time
+}
+
+// Write implements io.Writer.
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if n > 0 {
+		if now := time.Now(); now.Sub(p.last) >= p.every {
+			p.wd.Touch()
+			p.last = now
+		}
+	}
+	return n, err
+}
+
 // copyChunk copies one chunk from the source connection (inside its
 // snapshot transaction) into the mirror, in one warehouse transaction, and
 // returns the rows copied.
+//
+// The wait for a warehouse connection is not bounded here: with
+// snapshot_workers at or above warehouse.max_conns, workers wait for each
+// other's chunks, which are. From then on a watchdog of r.step bounds the
+// chunk, and the bytes that pass from the source's COPY into the
+// warehouse's move it on: a chunk takes as long as it needs while data
+// flows, and a stall on either side ends it within r.step of the last
+// byte.
 func (r *Reader) copyChunk(ctx context.Context, src *pgx.Conn, c chunk, loaded string) (int64, error) {
-	m := c.t.mirror
-	cols := mirror.QuoteAll(m.ColumnNames())
 	wh, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return 0, err
 	}
 	defer wh.Release()
+	wctx, wd := pgconnect.WithWatchdog(ctx, r.step)
+	defer wd.Stop()
+	n, err := r.copyChunkOn(wctx, wd, wh.Conn(), src, c, loaded)
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", context.Cause(wctx), err)
+	}
+	return n, err
+}
+
+// copyChunkOn is copyChunk on the warehouse connection wh, under the
+// watchdog wd of ctx.
+func (r *Reader) copyChunkOn(ctx context.Context, wd *pgconnect.Watchdog, wh *pgx.Conn, src *pgx.Conn, c chunk, loaded string) (int64, error) {
+	m := c.t.mirror
+	cols := mirror.QuoteAll(m.ColumnNames())
 	tx, err := wh.Begin(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer r.rollback(ctx, tx)
 	pr, pw := io.Pipe()
+	out := &progressWriter{w: pw, wd: wd, every: r.step / 16}
 	done := make(chan error, 1)
 	go func() {
-		_, err := src.PgConn().CopyTo(ctx, pw, fmt.Sprintf(copyChunkSQL, cols, literal(loaded), c.id.Sanitize(), c.where))
+		_, err := src.PgConn().CopyTo(ctx, out, fmt.Sprintf(copyChunkSQL, cols, literal(loaded), c.id.Sanitize(), c.where))
 		pw.CloseWithError(err)
 		done <- err
 	}()
@@ -201,6 +272,7 @@ func (r *Reader) copyChunk(ctx context.Context, src *pgx.Conn, c chunk, loaded s
 	if err != nil {
 		return 0, err
 	}
+	wd.Touch()
 	return tag.RowsAffected(), tx.Commit(ctx)
 }
 

@@ -1,0 +1,201 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/mirror"
+)
+
+// proxied starts a fault proxy in front of the server of dsn (a URL) and
+// returns dsn through it.
+func proxied(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
+	return u.String(), p
+}
+
+// TestCopyChunkBounded copies one snapshot chunk of 50000 rows from a
+// source behind a slow network for several times write_timeout: data
+// keeps moving, so the chunk is copied whole. The same copy through a
+// network that stalls in the middle of it, on the source's side or on the
+// warehouse's, ends with ErrNoProgress within write_timeout of the stall
+// (on the warehouse's side, of the last rows sent into it), where it
+// waited for good before, and leaves nothing in the mirror. The fault
+// strikes only the chunk's connections, so the chunk's own bound is what
+// ends it, not the reader's other sessions noticing.
+//
+// A slow warehouse is not among the cases: the client sees a COPY's rows
+// leave when the kernel takes them, so the last few megabytes of socket
+// buffers must reach the warehouse and be written within write_timeout,
+// which a network slowed to a few MB/s against a write_timeout of half a
+// second does not allow.
+func TestCopyChunkBounded(t *testing.T) {
+	const (
+		rows = 50000
+		step = 500 * time.Millisecond
+	)
+	ctx := context.Background()
+	srcPool, srcDSN := pgtest.NewPool(t)
+	whPool, whDSN := pgtest.NewPool(t)
+	if _, err := srcPool.Exec(ctx, fmt.Sprintf(`CREATE TABLE orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL, amount numeric(12,2) NOT NULL, placed_at timestamptz NOT NULL);
+		INSERT INTO orders SELECT i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second' FROM generate_series(1, %d) AS i`, rows)); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse("t.yaml", []byte(fmt.Sprintf(`warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders]}
+    mirror: {schema: mirror}
+`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := cfg.Sources["shop"]
+	id := pgx.Identifier{"public", "orders"}
+	setup, err := mirror.Connect(ctx, srcDSN, "tidemark-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := describeMirror(ctx, setup, src, id)
+	setup.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wh, err := pgx.Connect(ctx, whDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wh.Close(ctx)
+	if err := m.Ensure(ctx, wh); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name    string
+		side    string // "source" or "warehouse"
+		latency time.Duration
+		stall   bool
+	}{
+		{"slow source", "source", 10 * time.Millisecond, false},
+		{"source stalls", "source", 10 * time.Millisecond, true},
+		{"warehouse stalls", "warehouse", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+			if _, err := wh.Exec(ctx, "TRUNCATE "+m.Target.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+			sdsn, wdsn := srcDSN+"&connect_timeout=2", whDSN+"&connect_timeout=2"
+			var px *faultproxy.Proxy
+			if tt.side == "source" {
+				sdsn, px = proxied(t, sdsn)
+			} else {
+				wdsn, px = proxied(t, wdsn)
+			}
+			w := cfg.Warehouse
+			w.DSN = wdsn
+			pool, err := pgconnect.Pool(ctx, w, "tidemark-test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			conn, err := mirror.Connect(ctx, sdsn, "tidemark-test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			r := &Reader{src: src, pool: pool, log: slog.New(slog.DiscardHandler), step: step}
+			c := chunk{t: &table{name: "public.orders", mirror: m}, id: id, where: "true"}
+
+			px.SetLatency(tt.latency)
+			stalled := make(chan time.Time, 1)
+			if tt.stall {
+				// The stall strikes once the side behind the proxy
+				// has processed rows of the COPY: in its middle.
+				side := srcPool
+				if tt.side == "warehouse" {
+					side = whPool
+				}
+				go func() {
+					deadline := time.Now().Add(10 * time.Second)
+					for time.Now().Before(deadline) {
+						var n int64
+						if err := side.QueryRow(ctx, "SELECT coalesce(max(tuples_processed), 0) FROM pg_stat_progress_copy WHERE datname = current_database()").Scan(&n); err != nil {
+							break
+						}
+						if n > 0 {
+							px.Stall()
+							stalled <- time.Now()
+							return
+						}
+						time.Sleep(time.Millisecond)
+					}
+					stalled <- time.Time{}
+				}()
+			}
+			started := time.Now()
+			n, err := r.copyChunk(ctx, conn, c, "2026-12-01 00:00:00+00")
+			took := time.Since(started)
+			t.Logf("copyChunk returned after %s: %d rows, %v; proxy %+v", took.Round(time.Millisecond), n, err, px.Stats())
+			if !tt.stall {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n != rows {
+					t.Errorf("%d rows copied, want %d", n, rows)
+				}
+				if took < 2*step {
+					t.Errorf("the copy took %s, not longer than twice write_timeout (%s): the test did not exercise a long chunk", took, step)
+				}
+				return
+			}
+			at := <-stalled
+			if at.IsZero() {
+				t.Fatal("the COPY was not seen under way: the test did not stall it")
+			}
+			if !errors.Is(err, pgconnect.ErrNoProgress) {
+				t.Fatalf("copy through a stall ended with %v, want ErrNoProgress", err)
+			}
+			if after := time.Since(at); after > step+2*time.Second {
+				t.Errorf("the copy ended %s after the stall, want within write_timeout (%s) and the rows in flight", after, step)
+			}
+			if got := mustCount(t, wh, "SELECT count(*) FROM "+m.Target.Sanitize()); got != 0 {
+				t.Errorf("%d rows in the mirror after a failed chunk, want none", got)
+			}
+		})
+	}
+}
+
+// mustCount runs a count query on conn.
+func mustCount(t *testing.T, conn *pgx.Conn, sql string) int64 {
+	t.Helper()
+	var n int64
+	if err := conn.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
