@@ -456,7 +456,7 @@ func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Ta
 
 // replicationConn opens a logical replication connection to the source.
 func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
-	pc, err := pgconnect.Replication(r.src.CDC.DSN, "tidemark-cdc")
+	pc, err := pgconnect.Replication(r.src.CDC.DSN, replicationApp)
 	if err != nil {
 		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
 	}
@@ -475,7 +475,11 @@ func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
 // tables in the snapshot the slot exports, so that streaming from the
 // slot's consistent point has no gap and no overlap. A snapshot cut short
 // (position "pending") is started again with a new slot: the old one was
-// created by tidemark for it and nothing was read from it.
+// created by tidemark for it and nothing was read from it (see
+// dropUnfinishedSlot). The creation may wait for the source's open
+// transactions for as long as they last, watched so that a stalled
+// network still ends it (see createSlotWatched); each other wait is
+// bounded by r.step.
 func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, report Report, pos position, tables map[string]*table) (position, error) {
 	cfg := r.src.CDC
 	if report.Slot.Exists {
@@ -486,28 +490,33 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 			}
 			// Stream from where the existing slot stands.
 			at := report.Slot.ConfirmedFlush
-			_, err := r.pool.Exec(ctx, insertPositionSQL, r.src.Name, cfg.Slot, report.SystemID, at.String(), "skipped", r.now())
+			err := r.execStep(ctx, insertPositionSQL, r.src.Name, cfg.Slot, report.SystemID, at.String(), "skipped", r.now())
 			return position{exists: true, systemID: report.SystemID, snapshot: "skipped", applied: at, confirmed: at}, err
 		}
 		// A snapshot that did not finish: start over with a new slot.
-		if err := pglogrepl.DropReplicationSlot(ctx, repl, cfg.Slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
-			return pos, fmt.Errorf("drop the slot of an unfinished snapshot: %w", err)
-		}
-	}
-	if pos.exists {
-		if _, err := r.pool.Exec(ctx, deletePositionSQL, r.src.Name); err != nil {
+		if err := r.dropUnfinishedSlot(ctx, repl, src); err != nil {
 			return pos, err
 		}
 	}
-	if _, err := r.pool.Exec(ctx, claimSlotSQL, r.src.Name, cfg.Slot, report.SystemID, r.now()); err != nil {
+	if pos.exists {
+		if err := r.execStep(ctx, deletePositionSQL, r.src.Name); err != nil {
+			return pos, fmt.Errorf("store the position: %w", err)
+		}
+	}
+	if err := r.execStep(ctx, claimSlotSQL, r.src.Name, cfg.Slot, report.SystemID, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
 	action := "NOEXPORT_SNAPSHOT"
 	if cfg.Snapshot == config.SnapshotInitial {
 		action = "EXPORT_SNAPSHOT"
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, cfg.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: action})
+	res, err := r.createSlotWatched(ctx, repl, src, action)
+	var pgErr *pgconn.PgError
+	if err != nil && (errors.Is(err, pgconnect.ErrNoProgress) || !errors.As(err, &pgErr)) {
+		// The server stopped confirming progress, or a connection
+		// failed: retry.
+		return pos, fmt.Errorf("sources.%s.cdc.slot: create slot %s: %w", r.src.Name, cfg.Slot, err)
+	}
 	if err != nil {
 		return pos, fmt.Errorf("%w: sources.%s.cdc.slot: create slot %s: %w", ErrSetup, r.src.Name, cfg.Slot, err)
 	}
@@ -519,7 +528,7 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 	if cfg.Snapshot == config.SnapshotInitial {
 		state = "pending"
 	}
-	if _, err := r.pool.Exec(ctx, slotCreatedSQL, r.src.Name, at.String(), state, r.now()); err != nil {
+	if err := r.execStep(ctx, slotCreatedSQL, r.src.Name, at.String(), state, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
 	r.log.Info("created replication slot", "slot", cfg.Slot, "consistent_point", at, "snapshot", cfg.Snapshot)
