@@ -396,3 +396,303 @@ func multisetDiff(want, got []string) (missing, extra []string) {
 	slices.Sort(extra)
 	return missing, extra
 }
+
+// setupRun is a reader setting up (creating its slot, copying the initial
+// snapshot) behind a fault proxy, as a setupFault sees it.
+type setupRun struct {
+	t    *testing.T
+	e    *cdcEnv
+	px   *faultproxy.Proxy
+	logs *syncbuf.Buffer
+	// healed is when the fault ended; zero for none.
+	healed time.Time
+}
+
+// setupFault is a fault injected while the reader sets up: strike waits
+// for the moment it strikes at, injects it, heals it and sets
+// run.healed.
+type setupFault struct {
+	name   string
+	side   string // "source" or "warehouse": what the proxy is in front of
+	strike func(run *setupRun)
+	// restarts is set when the fault must restart the reader, and
+	// recopies when the snapshot must then be copied again.
+	restarts, recopies bool
+	// logged are texts the reader must have logged.
+	logged []string
+}
+
+// setupFaults are the faults the reader's setup is tested against.
+var setupFaults = []setupFault{
+	{name: "stall while copying the snapshot", side: "source", strike: stallWhileCopying, restarts: true, recopies: true},
+	{name: "stall while copying the snapshot", side: "warehouse", strike: stallWhileCopying, restarts: true, recopies: true},
+	{name: "stall while creating the slot", side: "source", strike: stallWhileCreatingSlot, restarts: true,
+		logged: []string{"creating the replication slot waits for transactions open on the source", "no progress"}},
+	{name: "slot creation waits for a transaction", side: "source", strike: waitWhileCreatingSlot,
+		logged: []string{"creating the replication slot waits for transactions open on the source"}},
+}
+
+// snapshotRows is how many orders the source holds before the reader
+// starts: 50 snapshot chunks of 1000 rows, keys apart from the workload's.
+const snapshotRows = 50000
+
+// stallWhileCopying slows the network until a few snapshot chunks are
+// copied, so that the copy lasts, then stalls it for 3 s: the chunks under
+// way must end within write_timeout, and the snapshot must be taken again,
+// whole, with a new slot.
+func stallWhileCopying(run *setupRun) {
+	run.t.Helper()
+	run.px.SetLatency(5 * time.Millisecond)
+	deadline := time.Now().Add(20 * time.Second)
+	for run.e.metric("tidemark_cdc_snapshot_chunks_copied") < 3 {
+		if time.Now().After(deadline) {
+			run.t.Fatal("the snapshot copied no chunks")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if n := run.e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot = 'done'"); n != 0 {
+		run.t.Fatal("the snapshot was done before the stall: the test did not exercise it")
+	}
+	run.px.Stall()
+	time.Sleep(3 * time.Second)
+	run.px.SetLatency(0)
+	run.px.Resume()
+	run.healed = time.Now()
+}
+
+// holdTransaction opens a transaction on the source that has a
+// transaction id, which a slot's creation waits for, and returns its
+// backend's pid and the function that commits it.
+func holdTransaction(run *setupRun) (pid int64, commit func()) {
+	run.t.Helper()
+	conn, err := run.e.src.Acquire(run.e.ctx)
+	if err != nil {
+		run.t.Fatal(err)
+	}
+	tx, err := conn.Begin(run.e.ctx)
+	if err != nil {
+		conn.Release()
+		run.t.Fatal(err)
+	}
+	if err := tx.QueryRow(run.e.ctx, "INSERT INTO untracked (note) VALUES ('held') RETURNING pg_backend_pid()").Scan(&pid); err != nil {
+		conn.Release()
+		run.t.Fatal(err)
+	}
+	var once sync.Once
+	commit = func() {
+		once.Do(func() {
+			defer conn.Release()
+			if err := tx.Commit(run.e.ctx); err != nil {
+				run.t.Fatal(err)
+			}
+		})
+	}
+	run.t.Cleanup(commit)
+	return pid, commit
+}
+
+// creatingWalsender waits until a walsender of the reader, other than
+// those of not, waits for a lock (for a transaction, in
+// CREATE_REPLICATION_SLOT), and returns its pid.
+func creatingWalsender(run *setupRun, not ...int64) int64 {
+	run.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var pids []int64
+		if err := run.e.src.QueryRow(run.e.ctx, `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
+			WHERE application_name = 'tidemark-cdc' AND backend_type = 'walsender' AND wait_event_type = 'Lock'`).Scan(&pids); err != nil {
+			run.t.Fatal(err)
+		}
+		for _, p := range pids {
+			if !slices.Contains(not, p) {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			run.t.Fatal("no walsender of the reader waited to create the slot")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// alive reports whether a backend of pid runs on the source.
+func alive(run *setupRun, pid int64) bool {
+	run.t.Helper()
+	var n int64
+	if err := run.e.src.QueryRow(run.e.ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+		run.t.Fatal(err)
+	}
+	return n > 0
+}
+
+// waitLogged waits up to d until the reader has logged text.
+func waitLogged(run *setupRun, text string, d time.Duration) {
+	run.t.Helper()
+	deadline := time.Now().Add(d)
+	for !strings.Contains(run.logs.String(), text) {
+		if time.Now().After(deadline) {
+			run.t.Fatalf("the reader did not log %q within %s", text, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stallWhileCreatingSlot holds a transaction open on the source so that
+// creating the slot waits for it, lets the creation wait longer than
+// write_timeout (a legitimate wait must not fail), then stalls the
+// network: the creation must end within write_timeout. After the stall
+// heals, the next start ends the walsender left waiting at the server,
+// so that it cannot finish a slot nobody reads, and waits for the
+// transaction again; once it commits, the reader snapshots and streams.
+func stallWhileCreatingSlot(run *setupRun) {
+	run.t.Helper()
+	_, commit := holdTransaction(run)
+	first := creatingWalsender(run)
+	time.Sleep(1500 * time.Millisecond)
+	if strings.Contains(run.logs.String(), "restarting") {
+		run.t.Fatalf("a slot creation waiting for a transaction was given up:\n%s", run.logs.String())
+	}
+	run.px.Stall()
+	stalled := time.Now()
+	waitLogged(run, "restarting", 10*time.Second)
+	run.t.Logf("the slot's creation ended %s after the stall", time.Since(stalled).Round(time.Millisecond))
+	if !alive(run, first) {
+		run.t.Fatal("the walsender that was creating the slot ended by itself: the test does not show that the reader ends it")
+	}
+	time.Sleep(time.Second)
+	run.px.Resume()
+	run.healed = time.Now()
+	second := creatingWalsender(run, first)
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(run, first) {
+		if time.Now().After(deadline) {
+			run.t.Fatalf("the walsender %d left creating the slot was not ended", first)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	run.t.Logf("walsender %d, left creating the slot, was ended; %d creates it now", first, second)
+	commit()
+}
+
+// waitWhileCreatingSlot holds a transaction open on the source for more
+// than twice write_timeout while the slot's creation waits for it, then
+// commits it: the watched creation succeeds, with no restart.
+func waitWhileCreatingSlot(run *setupRun) {
+	run.t.Helper()
+	holder, commit := holdTransaction(run)
+	creatingWalsender(run)
+	time.Sleep(2500 * time.Millisecond)
+	commit()
+	waitLogged(run, fmt.Sprintf("oldest_pid=%d", holder), 10*time.Second)
+}
+
+// TestCDCSetupFaults runs the reader's setup with snapshot: initial,
+// creating the slot and copying a table of 50 chunks, behind each
+// setupFault. Soon after the fault heals the reader streams; the mirrors
+// then equal the source, the raw change table holds exactly one row per
+// change made after the snapshot, and once the reader stops no goroutine
+// of it is left.
+func TestCDCSetupFaults(t *testing.T) {
+	for _, f := range setupFaults {
+		t.Run(f.side+"/"+f.name, func(t *testing.T) {
+			checkNoLeaks(t)
+			started := time.Now()
+			e := newCDCEnv(t)
+			e.exec(fmt.Sprintf(`INSERT INTO orders SELECT 10000000 + i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second'
+				FROM generate_series(1, %d) AS i; ANALYZE orders`, snapshotRows))
+			cfg := e.config("snapshot: initial\nsnapshot_workers: 2\nsnapshot_chunk_rows: 1000\nheartbeat_every: 1s", "deletes: hard")
+			srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
+			var px *faultproxy.Proxy
+			if f.side == "source" {
+				srcDSN, px = behindProxy(t, srcDSN)
+			} else {
+				whDSN, px = behindProxy(t, whDSN)
+			}
+			cfg.Sources["shop"].CDC.DSN = srcDSN
+			cfg.Warehouse.DSN = whDSN
+			cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
+			idle := config.Duration(time.Second)
+			cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
+			pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			var logs syncbuf.Buffer
+			log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, &logs), nil))
+			r, err := cdc.New(cfg, "shop", pool, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: log, Registerer: e.reg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(e.ctx)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			defer func() {
+				cancel()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Errorf("reader: %v", err)
+					}
+				case <-time.After(45 * time.Second):
+					t.Errorf("the reader did not stop within 45s")
+				}
+			}()
+
+			run := &setupRun{t: t, e: e, px: px, logs: &logs}
+			f.strike(run)
+			if run.healed.IsZero() {
+				run.healed = time.Now()
+			}
+			e.waitStreaming(done)
+			t.Logf("streaming %s after the fault healed", time.Since(run.healed).Round(time.Millisecond))
+
+			w := &workload{e: e}
+			for i := range 5 {
+				if err := w.txn(e.ctx, i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := w.made()
+			deadline := run.healed.Add(faultRecovery)
+			for e.count("SELECT count(*) FROM raw.shop") < int64(len(want)) || !e.mirrored() ||
+				!e.confirmedPast("SELECT max(commit_lsn)::text FROM raw.shop") {
+				if time.Now().After(deadline) {
+					t.Fatalf("not caught up %s after the fault healed: %d raw change rows of %d, mirrored %v, slot confirmed at %s",
+						faultRecovery, e.count("SELECT count(*) FROM raw.shop"), len(want), e.mirrored(), e.confirmed())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			t.Logf("caught up %s after the fault healed; proxy %+v", time.Since(run.healed).Round(time.Millisecond), px.Stats())
+			missing, extra := multisetDiff(want, pgtest.Rows(t, e.wh, `SELECT op || ' ' || source_table || ' ' || row_key FROM raw.shop`))
+			if len(missing) > 0 || len(extra) > 0 {
+				t.Errorf("raw change rows against the changes made: %d lost %q, %d doubled or unknown %q", len(missing), missing, len(extra), extra)
+			}
+			if n := e.count("SELECT count(*) FROM mirror.orders WHERE id > 10000000"); n != snapshotRows {
+				t.Errorf("%d snapshot rows mirrored, want %d", n, snapshotRows)
+			}
+			restarts := strings.Count(logs.String(), "restarting")
+			if f.restarts && restarts == 0 {
+				t.Errorf("the fault did not make the reader restart: the test did not exercise it")
+			} else if !f.restarts && restarts > 0 {
+				t.Errorf("the reader restarted %d times", restarts)
+			}
+			if copied := e.metric("tidemark_cdc_snapshot_rows_total"); f.recopies != (copied > snapshotRows) {
+				t.Errorf("%v rows copied by snapshots: want %d in one attempt, or more when the snapshot is taken again (%v)", copied, snapshotRows, f.recopies)
+			}
+			for _, text := range f.logged {
+				if !strings.Contains(logs.String(), text) {
+					t.Errorf("the reader did not log %q", text)
+				}
+			}
+			var slots int64
+			if err := e.src.QueryRow(e.ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").Scan(&slots); err != nil {
+				t.Fatal(err)
+			}
+			if slots != 1 {
+				t.Errorf("%d replication slots in the source database, want 1", slots)
+			}
+			t.Logf("subtest ran %s before stopping", time.Since(started).Round(time.Millisecond))
+		})
+	}
+}
