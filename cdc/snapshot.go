@@ -20,6 +20,8 @@ const (
 	// estimateRowsSQL is the planner's row count of a table; -1 when the
 	// table was never analyzed.
 	estimateRowsSQL = `SELECT reltuples::float8, relpages::float8 FROM pg_class WHERE oid = $1::regclass`
+	// relationPagesSQL is a table's size in blocks, from its file size.
+	relationPagesSQL = `SELECT pg_relation_size($1::regclass) / current_setting('block_size')::float8`
 	// sampleKeysSQL reads the keys of a block sample of a table, in key
 	// order, as text. %[1]s key columns of t as text, %[2]s table, %[3]s
 	// key columns of t: qualified, so that the order is the columns'
@@ -34,6 +36,31 @@ const (
 
 // minSampleBlocks is the fewest blocks a chunk plan samples.
 const minSampleBlocks = 256
+
+// countPages is the size, in blocks, up to which a table that was never
+// analyzed is counted whole to plan its chunks; a larger one is counted
+// on a block sample of this many blocks, so that planning stays well
+// inside write_timeout whatever the table's size. A variable for tests.
+var countPages = 16384.0
+
+// estimateUnanalyzed estimates the rows and blocks of a table that was
+// never analyzed (pg_class.reltuples is -1 and relpages may be 0):
+// blocks from its size on disk, rows by counting, whole or on a sample.
+func estimateUnanalyzed(ctx context.Context, tx pgx.Tx, id pgx.Identifier) (rows, pages float64, err error) {
+	if err := tx.QueryRow(ctx, relationPagesSQL, id.Sanitize()).Scan(&pages); err != nil {
+		return 0, 0, err
+	}
+	q, scale := "SELECT count(*)::float8 FROM "+id.Sanitize(), 1.0
+	if pages > countPages {
+		pct := 100 * countPages / pages
+		q += fmt.Sprintf(" TABLESAMPLE SYSTEM (%g)", pct)
+		scale = 100 / pct
+	}
+	if err := tx.QueryRow(ctx, q).Scan(&rows); err != nil {
+		return 0, 0, err
+	}
+	return rows * scale, pages, nil
+}
 
 // chunk is one key range of a table, copied in one warehouse transaction.
 type chunk struct {
@@ -286,12 +313,10 @@ func planChunks(ctx context.Context, tx pgx.Tx, t *table, id pgx.Identifier, chu
 		return nil, err
 	}
 	if est < 0 {
-		// Never analyzed: count.
-		var n int64
-		if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+id.Sanitize()).Scan(&n); err != nil {
+		var err error
+		if est, pages, err = estimateUnanalyzed(ctx, tx, id); err != nil {
 			return nil, err
 		}
-		est = float64(n)
 	}
 	n := int(math.Ceil(est / float64(chunkRows)))
 	if n <= 1 {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -198,4 +199,79 @@ func mustCount(t *testing.T, conn *pgx.Conn, sql string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestPlanChunksOfAnUnanalyzedTable plans the snapshot of a table that
+// was never analyzed and is larger than countPages: its rows are
+// estimated on a block sample rather than counted (planning must stay
+// inside write_timeout whatever the size), and the chunks still cover
+// every row exactly once.
+func TestPlanChunksOfAnUnanalyzedTable(t *testing.T) {
+	const rows = 20000
+	ctx := context.Background()
+	srcPool, srcDSN := pgtest.NewPool(t)
+	if _, err := srcPool.Exec(ctx, fmt.Sprintf(`CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL) WITH (autovacuum_enabled = false);
+		INSERT INTO orders SELECT i, repeat('x', 50) FROM generate_series(1, %d) AS i`, rows)); err != nil {
+		t.Fatal(err)
+	}
+	var reltuples float64
+	if err := srcPool.QueryRow(ctx, "SELECT reltuples::float8 FROM pg_class WHERE oid = 'orders'::regclass").Scan(&reltuples); err != nil {
+		t.Fatal(err)
+	}
+	if reltuples >= 0 {
+		t.Fatalf("the table was analyzed (reltuples %v); the test needs one that was not", reltuples)
+	}
+	old := countPages
+	countPages = 8 // the table has about 200 blocks: sample it
+	t.Cleanup(func() { countPages = old })
+
+	cfg, err := config.Parse("t.yaml", []byte(fmt.Sprintf(`warehouse: {dsn: "postgres://localhost/w"}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders]}
+    mirror: {schema: mirror}
+`, srcDSN)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := mirror.Connect(ctx, srcDSN, "tidemark-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	id := pgx.Identifier{"public", "orders"}
+	m, err := describeMirror(ctx, conn, cfg.Sources["shop"], id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	est, pages, err := estimateUnanalyzed(ctx, tx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pages < 100 || est < rows/4 || est > rows*4 {
+		t.Errorf("estimate of %d rows: %v rows in %v blocks", rows, est, pages)
+	}
+	wheres, err := planChunks(ctx, tx, &table{name: "public.orders", mirror: m}, id, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(wheres) < 2 {
+		t.Fatalf("%d chunks planned for %d rows of 1000 a chunk", len(wheres), rows)
+	}
+	var sum []string
+	for _, w := range wheres {
+		sum = append(sum, "("+w+")::int")
+	}
+	var outside int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM orders WHERE "+strings.Join(sum, " + ")+" <> 1").Scan(&outside); err != nil {
+		t.Fatal(err)
+	}
+	if outside != 0 {
+		t.Errorf("%d rows are in no chunk or in more than one", outside)
+	}
 }
