@@ -35,6 +35,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	// The zone database, for hosts and images that have none: aggregate
+	// calendars and poll time zones name IANA zones.
+	_ "time/tzdata"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
