@@ -62,6 +62,12 @@ func (c *committer) take() map[string]map[int32]kgo.EpochOffset {
 	return out
 }
 
+// start begins a commit of what is pending unless one is in flight. The
+// commit is made from a goroutine of its own: CommitOffsets may wait up
+// to commitTimeout for a group join before it sends anything, and may
+// call its callback before it returns (when it cannot commit at all), so
+// neither the writer that stored the offsets nor c.mu may be held across
+// it.
 func (c *committer) start() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -73,6 +79,10 @@ func (c *committer) start() {
 		return
 	}
 	c.inFlight = true
+	go c.commit(offsets)
+}
+
+func (c *committer) commit(offsets map[string]map[int32]kgo.EpochOffset) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	c.cl.CommitOffsets(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		cancel()

@@ -388,7 +388,13 @@ func (c *chaos) inject(rng *rand.Rand) {
 		select {
 		case <-c.secondary.exited:
 		case <-time.After(90 * time.Second):
-			t.Fatalf("second instance did not stop within 90s of %v:\n%s", sig, tail(c.secondary.output.String(), 40))
+			// SIGQUIT: the Go runtime prints every goroutine's stack.
+			_ = c.secondary.cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-c.secondary.exited:
+			case <-time.After(10 * time.Second):
+			}
+			t.Fatalf("second instance did not stop within 90s of %v:\n%s", sig, tail(c.secondary.output.String(), 2000))
 		}
 		if sig == syscall.SIGTERM && c.secondary.err != nil {
 			c.exits = append(c.exits, fmt.Sprintf("after SIGTERM: %v: %s", c.secondary.err, tail(c.secondary.output.String(), 15)))
