@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -58,6 +59,13 @@ import (
 // serviceClock is the clock `tidemark run` gives the service. Tests of the
 // command replace it to run the service at a fixed date.
 var serviceClock = time.Now
+
+// shutdownLimit bounds how long `run` takes to stop after SIGTERM or
+// SIGINT. Every step of a shutdown has a bound of its own (about 40s in
+// all); if they do not add up, a bug is holding the process, which then
+// logs every goroutine's stack, for the report, and exits with status 1.
+// The exactly-once bookkeeping makes that as safe as a SIGKILL.
+var shutdownLimit = 60 * time.Second
 
 // Exit codes.
 const (
@@ -229,11 +237,33 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tidemark run: %v\n", err)
 		return exitFailure
 	}
+	finished := make(chan struct{})
+	defer close(finished)
+	go exitIfShutdownHangs(ctx, finished, log, stderr)
 	if err := service.Run(ctx, cfg, service.Options{Logger: log, Only: comps, Now: serviceClock}); err != nil {
 		log.Error("tidemark stopped with an error", "err", grants.Explain(err))
 		return exitFailure
 	}
 	return exitOK
+}
+
+// exitIfShutdownHangs ends the process shutdownLimit after ctx is
+// cancelled (by a signal) unless finished is closed first.
+func exitIfShutdownHangs(ctx context.Context, finished <-chan struct{}, log *slog.Logger, stderr io.Writer) {
+	select {
+	case <-finished:
+		return
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(shutdownLimit)
+	defer t.Stop()
+	select {
+	case <-finished:
+	case <-t.C:
+		log.Error("shutdown did not finish in time; exiting without waiting further (the goroutines follow)", "limit", shutdownLimit)
+		_ = pprof.Lookup("goroutine").WriteTo(stderr, 2)
+		os.Exit(exitFailure)
+	}
 }
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {

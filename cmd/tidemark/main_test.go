@@ -22,6 +22,8 @@ const (
 	envMain      = "TIDEMARK_TEST_MAIN"
 	envClock     = "TIDEMARK_TEST_CLOCK"
 	envClockFile = "TIDEMARK_TEST_CLOCK_FILE"
+	// envShutdownLimit replaces shutdownLimit (a duration).
+	envShutdownLimit = "TIDEMARK_TEST_SHUTDOWN_LIMIT"
 )
 
 func TestMain(m *testing.M) {
@@ -31,6 +33,9 @@ func TestMain(m *testing.M) {
 		}
 		if f := os.Getenv(envClockFile); f != "" {
 			serviceClock = fileClock(f)
+		}
+		if d, err := time.ParseDuration(os.Getenv(envShutdownLimit)); err == nil {
+			shutdownLimit = d
 		}
 		main()
 		return

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/internal/faulttest"
+	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+// TestShutdownLimit: a `run` whose shutdown cannot finish within the
+// shutdown limit (here a batch is being written to a warehouse that has
+// stopped answering, which the shutdown retries for up to 30 s) exits
+// with status 1 once the limit passes, after logging why and every
+// goroutine's stack, instead of waiting for whatever holds it.
+func TestShutdownLimit(t *testing.T) {
+	const group, topic = "tidemark-shutdown", "events"
+	pool, dsn := pgtest.NewPool(t)
+	proxied, px := faulttest.Front(t, dsn)
+	kc := kafkatest.NewCluster(t, 1, topic)
+	cfgPath := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+kafka: {brokers: [%q], group: %s, session_timeout: 1s, rebalance_timeout: 2s}
+ingest: {batch_max_age: 20ms}
+sources:
+  app_events:
+    kafka: {topics: [%s]}
+    event_id: /event_id
+    event_time: /event_time
+`, proxied, kc.ListenAddrs()[0], group, topic))
+	producer := kafkatest.Producer(t, kc)
+	record := func(id string) *kgo.Record {
+		return &kgo.Record{Topic: topic, Value: []byte(fmt.Sprintf(`{"event_id":%q,"event_time":"2026-10-05T10:00:00Z"}`, id))}
+	}
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	p := startWith(t, []string{envClock + "=" + now.Format(time.RFC3339), envShutdownLimit + "=2s"}, "run", "-c", cfgPath)
+	kafkatest.Produce(t, producer, record("before"))
+	deadline := time.Now().Add(time.Minute)
+	for storedTotal(t, pool, group, topic) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing stored within a minute:\n%s", p.output.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	px.Stall()
+	kafkatest.Produce(t, producer, record("during"))
+	time.Sleep(500 * time.Millisecond) // the batch is read and its write hangs
+	sent := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("run did not exit within 20s of SIGTERM with a 2s shutdown limit:\n%s", p.output.String())
+	}
+	took := time.Since(sent)
+	var exit *exec.ExitError
+	if !errors.As(p.err, &exit) || exit.ExitCode() != 1 {
+		t.Errorf("exit: %v, want status 1", p.err)
+	}
+	out := p.output.String()
+	for _, want := range []string{"shutdown did not finish in time", "goroutine ", "ingest.(*Ingester)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if took < 2*time.Second || took > 10*time.Second {
+		t.Errorf("exited %s after SIGTERM, want about the 2s limit", took.Round(100*time.Millisecond))
+	}
+	px.Resume()
+}
