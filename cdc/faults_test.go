@@ -5,20 +5,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
@@ -86,36 +84,6 @@ const faultRecovery = 30 * time.Second
 // 2 s, which the reader also takes as its bound of silence, and a
 // connection attempt into a black hole gives up after 2 s.
 const faultSettings = "&connect_timeout=2&options=-c%20wal_sender_timeout%3D2s"
-
-// checkNoLeaks registers, as the test's first cleanup and so its last, a
-// check that no goroutine started during the test outlives it.
-func checkNoLeaks(t *testing.T) {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		goleak.VerifyNone(t, ignore,
-			// The shared test server, which the first test to need it
-			// starts, runs until TestMain ends.
-			goleak.IgnoreAnyFunction("github.com/tidemark-dev/tidemark/internal/pgserver.(*Server).start.func1"))
-	})
-}
-
-// behindProxy starts a fault proxy in front of the server of dsn (a URL)
-// and returns dsn through it.
-func behindProxy(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
-	return u.String(), p
-}
 
 // workload writes numbered source transactions of inserts, updates and
 // hard deletes on both tracked tables, some of many rows, and records the
@@ -239,16 +207,16 @@ func TestCDCFaults(t *testing.T) {
 				continue
 			}
 			t.Run(side+"/"+f.name, func(t *testing.T) {
-				checkNoLeaks(t)
+				faulttest.CheckNoLeaks(t)
 				started := time.Now()
 				e := newCDCEnv(t)
 				cfg := e.config("snapshot: never\nheartbeat_every: 1s", "deletes: hard")
 				srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
 				var px *faultproxy.Proxy
 				if side == "source" {
-					srcDSN, px = behindProxy(t, srcDSN)
+					srcDSN, px = faulttest.Front(t, srcDSN)
 				} else {
-					whDSN, px = behindProxy(t, whDSN)
+					whDSN, px = faulttest.Front(t, whDSN)
 				}
 				cfg.Sources["shop"].CDC.DSN = srcDSN
 				cfg.Warehouse.DSN = whDSN
@@ -595,7 +563,7 @@ func waitWhileCreatingSlot(run *setupRun) {
 func TestCDCSetupFaults(t *testing.T) {
 	for _, f := range setupFaults {
 		t.Run(f.side+"/"+f.name, func(t *testing.T) {
-			checkNoLeaks(t)
+			faulttest.CheckNoLeaks(t)
 			started := time.Now()
 			e := newCDCEnv(t)
 			e.exec(fmt.Sprintf(`INSERT INTO orders SELECT 10000000 + i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second'
@@ -604,9 +572,9 @@ func TestCDCSetupFaults(t *testing.T) {
 			srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
 			var px *faultproxy.Proxy
 			if f.side == "source" {
-				srcDSN, px = behindProxy(t, srcDSN)
+				srcDSN, px = faulttest.Front(t, srcDSN)
 			} else {
-				whDSN, px = behindProxy(t, whDSN)
+				whDSN, px = faulttest.Front(t, whDSN)
 			}
 			cfg.Sources["shop"].CDC.DSN = srcDSN
 			cfg.Warehouse.DSN = whDSN

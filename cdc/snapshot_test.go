@@ -5,38 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
-
-// proxied starts a fault proxy in front of the server of dsn (a URL) and
-// returns dsn through it.
-func proxied(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
-	return u.String(), p
-}
 
 // TestCopyChunkBounded copies one snapshot chunk of 50000 rows from a
 // source behind a slow network for several times write_timeout: data
@@ -106,16 +87,16 @@ sources:
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+			faulttest.CheckNoLeaks(t)
 			if _, err := wh.Exec(ctx, "TRUNCATE "+m.Target.Sanitize()); err != nil {
 				t.Fatal(err)
 			}
 			sdsn, wdsn := srcDSN+"&connect_timeout=2", whDSN+"&connect_timeout=2"
 			var px *faultproxy.Proxy
 			if tt.side == "source" {
-				sdsn, px = proxied(t, sdsn)
+				sdsn, px = faulttest.Front(t, sdsn)
 			} else {
-				wdsn, px = proxied(t, wdsn)
+				wdsn, px = faulttest.Front(t, wdsn)
 			}
 			w := cfg.Warehouse
 			w.DSN = wdsn

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
@@ -32,9 +33,9 @@ func shortKafka() []kgo.Opt {
 func TestIngestFaults(t *testing.T) {
 	const parts = 2
 	for _, side := range []string{"broker", "warehouse"} {
-		for i, f := range faults {
-			t.Run(side+"/"+f.name, func(t *testing.T) {
-				leakCheck(t)
+		for i, f := range faulttest.Faults {
+			t.Run(side+"/"+f.Name, func(t *testing.T) {
+				faulttest.CheckNoLeaks(t)
 				dsn := pgtest.NewDatabase(t)
 				var px *faultproxy.Proxy
 				var cluster *kfake.Cluster
@@ -45,7 +46,7 @@ func TestIngestFaults(t *testing.T) {
 				}
 				b := setupWith(t, parts, dsn, cluster, append(shortKafka(), kgo.ProduceRequestTimeout(time.Second))...)
 				if side == "warehouse" {
-					b.dsn, px = proxied(t, dsn)
+					b.dsn, px = faulttest.Front(t, dsn)
 				}
 				b.warehouseYAML = ", write_timeout: 1s, idle_in_transaction_session_timeout: 1s"
 
@@ -54,9 +55,9 @@ func TestIngestFaults(t *testing.T) {
 				r := b.startWith(t, ingest.Options{KafkaOpts: shortKafka(), ShutdownGrace: 5 * time.Second})
 				stream := b.produceStream(p, w.Records, 100, 100*time.Millisecond)
 				b.waitProgress(t, 300, 15*time.Second)
-				f.inject(px)
+				f.Inject(px)
 				time.Sleep(2 * time.Second)
-				f.heal(px)
+				f.Heal(px)
 				healed := time.Now()
 				select {
 				case err := <-stream:

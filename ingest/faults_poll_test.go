@@ -3,71 +3,21 @@ package ingest_test
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"strconv"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 )
-
-// fault is a network fault injected mid-work: inject starts it, and the
-// test lets the component work for a while before heal ends it.
-type fault struct {
-	name   string
-	inject func(p *faultproxy.Proxy)
-	heal   func(p *faultproxy.Proxy)
-}
-
-// faults are the faults every component is tested against.
-var faults = []fault{
-	{"latency", func(p *faultproxy.Proxy) { p.SetLatency(30 * time.Millisecond) }, func(p *faultproxy.Proxy) { p.SetLatency(0) }},
-	{"stall then resume", (*faultproxy.Proxy).Stall, (*faultproxy.Proxy).Resume},
-	{"half-open", (*faultproxy.Proxy).HalfOpen, func(*faultproxy.Proxy) {}},
-	{"reset", (*faultproxy.Proxy).Reset, func(*faultproxy.Proxy) {}},
-	{"refuse then resume", func(p *faultproxy.Proxy) { p.Refuse(); p.Reset() }, (*faultproxy.Proxy).Resume},
-}
 
 // recoveryBound is how soon after a fault heals the component must have
 // caught up: the test timeouts (1s write_timeout and session limits) plus
 // backoff, with room for a slow machine.
 const recoveryBound = 30 * time.Second
-
-// leakCheck registers, as the test's first cleanup and so its last, a
-// check that no goroutine started during the test outlives it.
-func leakCheck(t *testing.T) {
-	t.Helper()
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		goleak.VerifyNone(t, ignore,
-			// The shared test server, which the first test to need it
-			// starts, runs until TestMain ends.
-			goleak.IgnoreAnyFunction("github.com/tidemark-dev/tidemark/internal/pgserver.(*Server).start.func1"))
-	})
-}
-
-// proxied starts a fault proxy in front of the server of dsn (a URL) and
-// returns dsn through it.
-func proxied(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
-	return u.String(), p
-}
 
 // TestPollFaults runs a poll source while the source or the warehouse
 // connection misbehaves, and checks that the mirror ends equal to the
@@ -75,16 +25,16 @@ func proxied(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
 // heals.
 func TestPollFaults(t *testing.T) {
 	for _, side := range []string{"source", "warehouse"} {
-		for _, f := range faults {
-			t.Run(side+"/"+f.name, func(t *testing.T) {
-				leakCheck(t)
+		for _, f := range faulttest.Faults {
+			t.Run(side+"/"+f.Name, func(t *testing.T) {
+				faulttest.CheckNoLeaks(t)
 				e := newPollEnv(t, customersDDL)
 				srcDSN, whDSN := e.srcDSN, e.whDSN
 				var px *faultproxy.Proxy
 				if side == "source" {
-					srcDSN, px = proxied(t, srcDSN)
+					srcDSN, px = faulttest.Front(t, srcDSN)
 				} else {
-					whDSN, px = proxied(t, whDSN)
+					whDSN, px = faulttest.Front(t, whDSN)
 				}
 				cfg := e.config("every: 1s\nsafety_lag: 0s\nchunk_rows: 20")
 				cfg.Sources["customers"].Poll.DSN = srcDSN
@@ -121,10 +71,10 @@ func TestPollFaults(t *testing.T) {
 				}
 				insert(0, 100)
 				waitFor(t, 15*time.Second, "first rows mirrored", func() bool { return count(t, e, "dw_customers") >= 100 })
-				f.inject(px)
+				f.Inject(px)
 				insert(100, 150)
 				time.Sleep(2 * time.Second)
-				f.heal(px)
+				f.Heal(px)
 				healed := time.Now()
 				insert(150, 200)
 				waitFor(t, recoveryBound, "the mirror to catch up", func() bool { return count(t, e, "dw_customers") == 200 })

@@ -3,7 +3,6 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strconv"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -28,18 +28,8 @@ const recoveryBound = 30 * time.Second
 // equals a rebuild from the raw table, no partition is left queued or
 // failing, and the reconciler is still running.
 func TestReconcileFaults(t *testing.T) {
-	for _, f := range []struct {
-		name   string
-		inject func(p *faultproxy.Proxy)
-		heal   func(p *faultproxy.Proxy)
-	}{
-		{"latency", func(p *faultproxy.Proxy) { p.SetLatency(30 * time.Millisecond) }, func(p *faultproxy.Proxy) { p.SetLatency(0) }},
-		{"stall then resume", (*faultproxy.Proxy).Stall, (*faultproxy.Proxy).Resume},
-		{"half-open", (*faultproxy.Proxy).HalfOpen, func(*faultproxy.Proxy) {}},
-		{"reset", (*faultproxy.Proxy).Reset, func(*faultproxy.Proxy) {}},
-		{"refuse then resume", func(p *faultproxy.Proxy) { p.Refuse(); p.Reset() }, (*faultproxy.Proxy).Resume},
-	} {
-		t.Run(f.name, func(t *testing.T) {
+	for _, f := range faulttest.Faults {
+		t.Run(f.Name, func(t *testing.T) {
 			b := setup(t, 2, dailySales("correction"))
 			b.cfg.Reconcile.Every = config.Duration(200 * time.Millisecond)
 			b.cfg.Reconcile.RunTimeout = config.Duration(2 * time.Second)
@@ -47,7 +37,7 @@ func TestReconcileFaults(t *testing.T) {
 
 			w := b.cfg.Warehouse
 			var px *faultproxy.Proxy
-			w.DSN, px = proxiedDSN(t, b.dsn)
+			w.DSN, px = faulttest.Front(t, b.dsn)
 			w.WriteTimeout = config.Duration(time.Second)
 			idle := config.Duration(time.Second)
 			w.IdleInTransactionSessionTimeout = &idle
@@ -95,11 +85,11 @@ func TestReconcileFaults(t *testing.T) {
 			b.ingestAt("2026-10-05 10:00", events(30)...)
 			waitConsistent(t, b, done, recoveryBound, "the first rebuilds")
 
-			f.inject(px)
+			f.Inject(px)
 			b.ingestAt("2026-10-05 10:00", events(30)...)
 			time.Sleep(2 * time.Second)
 			b.ingestAt("2026-10-05 10:00", events(30)...)
-			f.heal(px)
+			f.Heal(px)
 			healed := time.Now()
 			b.ingestAt("2026-10-05 10:00", events(30)...)
 			waitConsistent(t, b, done, recoveryBound, "the reconciler to catch up after the fault")
@@ -145,21 +135,4 @@ func waitConsistent(t *testing.T, b *bundle, done <-chan error, timeout time.Dur
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// proxiedDSN starts a fault proxy in front of the server of dsn and
-// returns dsn through it.
-func proxiedDSN(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
-	return u.String(), p
 }

@@ -2,35 +2,17 @@ package pgconnect_test
 
 import (
 	"context"
-	"net/url"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-// proxied starts a fault proxy in front of the server of dsn and returns
-// dsn through it.
-func proxied(t *testing.T, dsn string) (string, *faultproxy.Proxy) {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	u.Host = "127.0.0.1:" + strconv.Itoa(p.Port())
-	return u.String(), p
-}
 
 // TestAbandonedSessionsCloseSoon gives up on pool sessions behind a
 // stalled or half-open network and checks that the pool closes within a
@@ -45,7 +27,7 @@ func TestAbandonedSessionsCloseSoon(t *testing.T) {
 		{"half-open", (*faultproxy.Proxy).HalfOpen},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dsn, px := proxied(t, pgtest.NewDatabase(t))
+			dsn, px := faulttest.Front(t, pgtest.NewDatabase(t))
 			ctx := context.Background()
 			pool, err := pgconnect.Pool(ctx, config.Warehouse{DSN: dsn, MaxConns: 3}, "tidemark-test")
 			if err != nil {
