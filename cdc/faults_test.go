@@ -211,45 +211,7 @@ func TestCDCFaults(t *testing.T) {
 				started := time.Now()
 				e := newCDCEnv(t)
 				cfg := e.config("snapshot: never\nheartbeat_every: 1s", "deletes: hard")
-				srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
-				var px *faultproxy.Proxy
-				if side == "source" {
-					srcDSN, px = faulttest.Front(t, srcDSN)
-				} else {
-					whDSN, px = faulttest.Front(t, whDSN)
-				}
-				cfg.Sources["shop"].CDC.DSN = srcDSN
-				cfg.Warehouse.DSN = whDSN
-				cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
-				idle := config.Duration(time.Second)
-				cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
-				pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer pool.Close()
-				var logs syncbuf.Buffer
-				log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, &logs), nil))
-				r, err := cdc.New(cfg, "shop", pool, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: log, Registerer: e.reg})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(e.ctx)
-				done := make(chan error, 1)
-				go func() { done <- r.Run(ctx) }()
-				defer func() {
-					cancel()
-					stopping := time.Now()
-					select {
-					case err := <-done:
-						if err != nil {
-							t.Errorf("reader: %v", err)
-						}
-						t.Logf("the reader stopped in %s", time.Since(stopping).Round(time.Millisecond))
-					case <-time.After(45 * time.Second):
-						t.Errorf("the reader did not stop within 45s")
-					}
-				}()
+				px, logs, done := e.startReader(t, cfg, side)
 				e.waitStreaming(done)
 
 				w := &workload{e: e}
@@ -569,45 +531,9 @@ func TestCDCSetupFaults(t *testing.T) {
 			e.exec(fmt.Sprintf(`INSERT INTO orders SELECT 10000000 + i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second'
 				FROM generate_series(1, %d) AS i; ANALYZE orders`, snapshotRows))
 			cfg := e.config("snapshot: initial\nsnapshot_workers: 2\nsnapshot_chunk_rows: 1000\nheartbeat_every: 1s", "deletes: hard")
-			srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
-			var px *faultproxy.Proxy
-			if f.side == "source" {
-				srcDSN, px = faulttest.Front(t, srcDSN)
-			} else {
-				whDSN, px = faulttest.Front(t, whDSN)
-			}
-			cfg.Sources["shop"].CDC.DSN = srcDSN
-			cfg.Warehouse.DSN = whDSN
-			cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
-			idle := config.Duration(time.Second)
-			cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
-			pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			var logs syncbuf.Buffer
-			log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, &logs), nil))
-			r, err := cdc.New(cfg, "shop", pool, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: log, Registerer: e.reg})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(e.ctx)
-			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
-			defer func() {
-				cancel()
-				select {
-				case err := <-done:
-					if err != nil {
-						t.Errorf("reader: %v", err)
-					}
-				case <-time.After(45 * time.Second):
-					t.Errorf("the reader did not stop within 45s")
-				}
-			}()
+			px, logs, done := e.startReader(t, cfg, f.side)
 
-			run := &setupRun{t: t, e: e, px: px, logs: &logs}
+			run := &setupRun{t: t, e: e, px: px, logs: logs}
 			f.strike(run)
 			if run.healed.IsZero() {
 				run.healed = time.Now()
@@ -663,4 +589,53 @@ func TestCDCSetupFaults(t *testing.T) {
 			t.Logf("subtest ran %s before stopping", time.Since(started).Round(time.Millisecond))
 		})
 	}
+}
+
+// startReader puts the side ("source" or "warehouse") of cfg's
+// connections behind a fault proxy, sets the short limits of these tests,
+// and runs a reader on a pool of its own until the test ends, when it
+// must stop within 45 s and without an error. It returns the proxy, the
+// reader's log, and the channel on which Run returns.
+func (e *cdcEnv) startReader(t *testing.T, cfg *config.Config, side string) (*faultproxy.Proxy, *syncbuf.Buffer, chan error) {
+	t.Helper()
+	srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
+	var px *faultproxy.Proxy
+	if side == "source" {
+		srcDSN, px = faulttest.Front(t, srcDSN)
+	} else {
+		whDSN, px = faulttest.Front(t, whDSN)
+	}
+	cfg.Sources["shop"].CDC.DSN = srcDSN
+	cfg.Warehouse.DSN = whDSN
+	cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
+	idle := config.Duration(time.Second)
+	cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
+	pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	logs := &syncbuf.Buffer{}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), nil))
+	r, err := cdc.New(cfg, "shop", pool, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: log, Registerer: e.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		stopping := time.Now()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("reader: %v", err)
+			}
+			t.Logf("the reader stopped in %s", time.Since(stopping).Round(time.Millisecond))
+		case <-time.After(45 * time.Second):
+			t.Errorf("the reader did not stop within 45s")
+		}
+	})
+	return px, logs, done
 }
