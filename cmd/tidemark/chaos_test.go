@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
@@ -816,33 +816,14 @@ func (c *chaos) checkRaw(want expected) int {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	var missing, doubled, extra []string
-	for id := range want.good {
-		switch got[id] {
-		case 0:
-			missing = append(missing, id)
-		case 1:
-		default:
-			doubled = append(doubled, id)
-		}
-	}
-	for id := range got {
-		if _, ok := want.good[id]; !ok {
-			extra = append(extra, id)
-		}
-	}
-	n := len(missing) + len(doubled) + len(extra) + len(wrongTime)
+	d := ingesttest.Compare(want.good, got)
+	n := d.Len() + len(wrongTime)
 	if n > 0 {
-		sort.Strings(missing)
-		sort.Strings(doubled)
-		sort.Strings(extra)
-		t.Errorf("raw.events differs from the topic's %d distinct events: %d missing %v, %d doubled %v, %d never produced %v, %d with another event time %v",
-			len(want.good), len(missing), head(missing), len(doubled), head(doubled), len(extra), head(extra), len(wrongTime), head(wrongTime))
+		t.Errorf("raw.events differs from the topic's %d distinct events: %s, %d with another event time %v",
+			len(want.good), d, len(wrongTime), ingesttest.Head(wrongTime))
 	}
 	return n
 }
-
-func head(s []string) []string { return s[:min(len(s), 5)] }
 
 // checkDeadLetters compares the dead letters with the bad records of the
 // topic: one each, with its reason and its bytes.

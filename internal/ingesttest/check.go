@@ -3,6 +3,7 @@ package ingesttest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -95,36 +96,52 @@ func AssertRaw(tb testing.TB, pool *pgxpool.Pool, source string, want map[string
 		}
 		got[id]++
 	}
-	var missing, doubled, extra []string
-	for id := range want {
-		switch got[id] {
-		case 0:
-			missing = append(missing, id)
-		case 1:
-		default:
-			doubled = append(doubled, id)
-		}
-	}
-	for id := range got {
-		if !want[id] {
-			extra = append(extra, id)
-		}
-	}
-	if len(missing)+len(doubled)+len(extra) > 0 {
-		sort.Strings(missing)
-		sort.Strings(doubled)
-		sort.Strings(extra)
-		tb.Fatalf("raw.%s differs from the produced set: %d missing %v, %d doubled %v, %d unexpected %v",
-			source, len(missing), head(missing), len(doubled), head(doubled), len(extra), head(extra))
+	if d := Compare(want, got); d.Len() > 0 {
+		tb.Fatalf("raw.%s differs from the produced set: %s", source, d)
 	}
 }
 
-func head(s []string) []string {
-	if len(s) > 5 {
-		return s[:5]
-	}
-	return s
+// Difference is how stored ids differ from the ids that should be stored
+// once each, every list sorted.
+type Difference struct {
+	Missing, Doubled, Extra []string
 }
+
+// Compare returns how got, the number of times each id is stored,
+// differs from want, the ids that must be stored exactly once.
+func Compare[V any](want map[string]V, got map[string]int) Difference {
+	var d Difference
+	for id := range want {
+		switch got[id] {
+		case 0:
+			d.Missing = append(d.Missing, id)
+		case 1:
+		default:
+			d.Doubled = append(d.Doubled, id)
+		}
+	}
+	for id := range got {
+		if _, ok := want[id]; !ok {
+			d.Extra = append(d.Extra, id)
+		}
+	}
+	sort.Strings(d.Missing)
+	sort.Strings(d.Doubled)
+	sort.Strings(d.Extra)
+	return d
+}
+
+// Len is the number of ids that differ.
+func (d Difference) Len() int { return len(d.Missing) + len(d.Doubled) + len(d.Extra) }
+
+// String shows the counts and the first few ids of each kind.
+func (d Difference) String() string {
+	return fmt.Sprintf("%d missing %v, %d doubled %v, %d unexpected %v",
+		len(d.Missing), Head(d.Missing), len(d.Doubled), Head(d.Doubled), len(d.Extra), Head(d.Extra))
+}
+
+// Head is the first five elements of s, for messages.
+func Head(s []string) []string { return s[:min(len(s), 5)] }
 
 // AssertDeadLetters checks that tidemark.dead_letters holds exactly the bad
 // records of w, once each, with their reason, value bytes, first header and
