@@ -102,21 +102,6 @@ func (s *SASL) CommandTimeout() time.Duration {
 	return s.TokenCommandTimeout.D()
 }
 
-// ReadPasswordFile reads a file holding one secret: the contents without one
-// trailing newline. It fails when the file cannot be read or holds nothing.
-func ReadPasswordFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("cannot read %s: %w", path, errors.Unwrap(err))
-	}
-	s := strings.TrimSuffix(string(b), "\n")
-	s = strings.TrimSuffix(s, "\r")
-	if s == "" {
-		return "", fmt.Errorf("%s is empty", path)
-	}
-	return s, nil
-}
-
 // ReadTokenFile reads a file holding a bearer token, surrounding white
 // space removed. It fails when the file cannot be read or holds nothing.
 func ReadTokenFile(path string) (string, error) {
@@ -232,7 +217,7 @@ func validateSASL(ix *index, s *SASL, tlsOn bool) {
 		case s.Password != "" && s.PasswordFile != "":
 			ix.add("kafka.sasl.password_file", "password and password_file are mutually exclusive")
 		case s.PasswordFile != "":
-			if _, err := ReadPasswordFile(s.PasswordFile); err != nil {
+			if _, err := ReadSecretFile(s.PasswordFile); err != nil {
 				ix.add("kafka.sasl.password_file", "%v", err)
 			}
 		case s.Password == "":

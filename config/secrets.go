@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 )
@@ -51,7 +52,7 @@ func (c *Config) readSecretFiles(ix *index) {
 			ix.add(s.fileKey, "%s and %s are both set; give one", s.key, s.fileKey)
 			continue
 		}
-		v, err := readSecretFile(s.file)
+		v, err := ReadSecretFile(s.file)
 		if err != nil {
 			ix.add(s.fileKey, "%v", err)
 			continue
@@ -60,20 +61,17 @@ func (c *Config) readSecretFiles(ix *index) {
 	}
 }
 
-// readSecretFile returns a file's contents without one trailing newline;
-// an empty secret is an error.
-func readSecretFile(path string) (string, error) {
+// ReadSecretFile reads a file holding one secret: the contents without
+// one trailing newline. It fails when the file cannot be read or holds
+// nothing.
+func ReadSecretFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			return "", errors.New("cannot read " + path + ": " + pe.Err.Error())
-		}
-		return "", err
+		return "", fmt.Errorf("cannot read %s: %w", path, errors.Unwrap(err))
 	}
-	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
-	if v == "" {
-		return "", errors.New(path + " is empty")
+	s := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if s == "" {
+		return "", fmt.Errorf("%s is empty", path)
 	}
-	return v, nil
+	return s, nil
 }

@@ -179,7 +179,7 @@ func (a *kafkaAuth) password() (string, error) {
 	if s.PasswordFile == "" {
 		return s.Password, nil
 	}
-	p, err := config.ReadPasswordFile(s.PasswordFile)
+	p, err := config.ReadSecretFile(s.PasswordFile)
 	if err != nil {
 		return "", &AuthError{Reason: "SASL: cannot read the password", Err: fmt.Errorf("kafka.sasl.password_file: %w", err)}
 	}
