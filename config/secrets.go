@@ -9,8 +9,10 @@ import (
 
 // Secrets may be written into the file, taken from the environment with
 // ${NAME}, or read from a file named by the key's *_file twin (as mounted
-// Kubernetes or Docker secrets are). A *_file is read once, at load; one
-// trailing newline is dropped.
+// Kubernetes or Docker secrets are). The *_file keys listed in secrets
+// are read once, at load; kafka.sasl.password_file is checked at load and
+// read again at each authentication (see ReadSecretFile). One trailing
+// newline is dropped.
 
 // secret is one value that may come from a file instead.
 type secret struct {
