@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // Options configure a run.
@@ -143,7 +144,11 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 	if !got {
 		return nil, fmt.Errorf("backfill %s: %w", d.Name, ErrBusy)
 	}
-	defer func() { _, _ = lock.Exec(context.WithoutCancel(ctx), unlockSQL, d.Name) }()
+	defer func() {
+		cctx, cancel := pgconnect.Cleanup(ctx)
+		defer cancel()
+		_, _ = lock.Exec(cctx, unlockSQL, d.Name)
+	}()
 	if _, err := lock.Exec(ctx, abandonRunsSQL, d.Name); err != nil {
 		return nil, fmt.Errorf("backfill %s: close abandoned runs: %w", d.Name, err)
 	}
@@ -216,7 +221,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 					status, msg, stored = "failed", err.Error(), nil
 				}
 				// The outcome is recorded even when ctx has ended.
-				_, bErr := pool.Exec(context.WithoutCancel(ctx), finishChunkSQL, rep.RunID, c.Start, status, stored, msg, opts.Now())
+				bctx, cancel := pgconnect.Cleanup(ctx)
+				_, bErr := pool.Exec(bctx, finishChunkSQL, rep.RunID, c.Start, status, stored, msg, opts.Now())
+				cancel()
 				mu.Lock()
 				if bErr != nil {
 					bookErr = errors.Join(bookErr, fmt.Errorf("chunk %s: %w", c.Label(), bErr))
@@ -254,9 +261,11 @@ feed:
 		status = "failed"
 	}
 	slices.SortFunc(rep.Shadow, func(a, b Check) int { return a.Partition.Start.Compare(b.Partition.Start) })
-	if _, err := pool.Exec(context.WithoutCancel(ctx), finishRunSQL, rep.RunID, status, opts.Now()); err != nil {
+	fctx, cancel := pgconnect.Cleanup(ctx)
+	if _, err := pool.Exec(fctx, finishRunSQL, rep.RunID, status, opts.Now()); err != nil {
 		bookErr = errors.Join(bookErr, err)
 	}
+	cancel()
 	switch {
 	case bookErr != nil:
 		return rep, fmt.Errorf("backfill %s: record outcome: %w", d.Name, bookErr)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
 
@@ -139,8 +140,10 @@ func (s *Schedule) verify(ctx context.Context, log *slog.Logger, m *scheduleMetr
 		return
 	}
 	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), untryVerifySQL, s.Aggregate); err != nil {
-			conn.Conn().Close(context.Background())
+		cctx, cancel := pgconnect.Cleanup(ctx)
+		defer cancel()
+		if _, err := conn.Exec(cctx, untryVerifySQL, s.Aggregate); err != nil {
+			pgconnect.Close(ctx, conn.Conn())
 		}
 	}()
 	// Another instance may have run it while this one waited.

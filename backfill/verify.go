@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // Check is the outcome of verifying one partition: the published rows
@@ -94,7 +95,7 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 				c.Unread, err = unread(ctx, tx, d, p)
 			}
 		}
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		pgconnect.Rollback(ctx, tx)
 		if err != nil {
 			return out, err
 		}

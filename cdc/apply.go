@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -372,7 +373,7 @@ func (a *applier) rollback(ctx context.Context) {
 	if g := a.g; g != nil {
 		g.release() // a chunk under way stops at once
 		_ = g.wait()
-		_ = g.tx.Rollback(context.WithoutCancel(ctx))
+		pgconnect.Rollback(ctx, g.tx)
 		g.conn.Release()
 		g.err = errors.New("rolled back")
 		close(g.done)
@@ -428,7 +429,7 @@ func (a *applier) finish(ctx context.Context, g *group) error {
 		}
 	}
 	if err != nil {
-		_ = g.tx.Rollback(context.WithoutCancel(ctx))
+		pgconnect.Rollback(ctx, g.tx)
 		g.conn.Release()
 		return err
 	}
@@ -888,7 +889,7 @@ func (a *applier) ledger(ctx context.Context, g *group) error {
 func (a *applier) close(ctx context.Context) {
 	a.rollback(ctx)
 	if a.ddl != nil {
-		_ = a.ddl.Close(context.WithoutCancel(ctx))
+		pgconnect.Close(ctx, a.ddl)
 		a.ddl = nil
 	}
 }

@@ -179,7 +179,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	if err != nil {
 		return fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
 	}
-	defer srcConn.Close(context.WithoutCancel(ctx))
+	defer pgconnect.Close(ctx, srcConn)
 
 	// One reader per slot: the others wait here, hot, and take over when
 	// the holder's session ends.
@@ -189,7 +189,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	if err != nil {
 		return fmt.Errorf("warehouse: %w", err)
 	}
-	defer lock.Close(context.WithoutCancel(ctx))
+	defer pgconnect.Close(ctx, lock)
 	if err := r.lockSlot(ctx, lock); err != nil {
 		return err
 	}
@@ -264,7 +264,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	}
 	defer func() {
 		if repl != nil {
-			repl.Close(context.WithoutCancel(ctx))
+			pgconnect.Close(ctx, repl)
 		}
 	}()
 	if !pos.exists || pos.snapshot == "pending" {
@@ -308,7 +308,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		if err := r.reloadMirrors(ctx, tables); err != nil {
 			return err
 		}
-		repl.Close(context.WithoutCancel(ctx))
+		pgconnect.Close(ctx, repl)
 		next, err := r.replicationConn(ctx)
 		if err != nil {
 			repl = nil
@@ -441,7 +441,7 @@ func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Ta
 	if err != nil {
 		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", name, err)
 	}
-	defer src.Close(context.WithoutCancel(ctx))
+	defer pgconnect.Close(ctx, src)
 	var out []*mirror.Table
 	for _, t := range s.CDC.Tables {
 		schema, table := config.SplitTable(t)
@@ -548,7 +548,7 @@ func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
+			pgconnect.Close(ctx, conn)
 		}
 	}()
 	t := time.NewTicker(every)
@@ -576,7 +576,7 @@ func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("cdc heartbeat failed", "err", err)
-			conn.Close(context.WithoutCancel(ctx))
+			pgconnect.Close(ctx, conn)
 			conn = nil
 		}
 	}

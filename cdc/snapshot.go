@@ -92,7 +92,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 	if err != nil {
 		return err
 	}
-	defer plan.Close(context.WithoutCancel(ctx))
+	defer pgconnect.Close(ctx, plan)
 	ptx, err := importSnapshot(ctx, plan, name, r.step)
 	if err != nil {
 		return err
@@ -154,7 +154,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 				fail(err)
 				return
 			}
-			defer conn.Close(context.WithoutCancel(wctx))
+			defer pgconnect.Close(wctx, conn)
 			stx, err := importSnapshot(wctx, conn, name, r.step)
 			if err != nil {
 				fail(err)
@@ -211,7 +211,7 @@ func importSnapshot(ctx context.Context, src *pgx.Conn, name string, step time.D
 		return nil, fmt.Errorf("begin the snapshot's transaction: %w", err)
 	}
 	if _, err := tx.Exec(ictx, "SET TRANSACTION SNAPSHOT "+literal(name)); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ictx))
+		pgconnect.Rollback(ictx, tx)
 		return nil, fmt.Errorf("use the slot's snapshot: %w", err)
 	}
 	return tx, nil

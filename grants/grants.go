@@ -38,6 +38,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // StateTables are tidemark's state tables in schema tidemark, besides
@@ -512,7 +513,7 @@ func CheckSources(ctx context.Context, cfg *config.Config, names []string, log *
 			continue
 		}
 		err = Check(ctx, conn, Source(cfg, name, ""))
-		conn.Close(context.WithoutCancel(ctx))
+		pgconnect.Close(ctx, conn)
 		var missing *MissingError
 		switch {
 		case errors.As(err, &missing):

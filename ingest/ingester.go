@@ -571,7 +571,7 @@ func (in *Ingester) precreate(ctx context.Context) {
 					in.log.Warn("cannot create upcoming raw partitions; writes will create them", "source", s.name, "err", err)
 				}
 			}
-			_ = conn.Close(context.WithoutCancel(pctx))
+			pgconnect.Close(pctx, conn)
 		}
 		cancel()
 		select {
@@ -667,7 +667,7 @@ func (in *Ingester) readStored(ctx context.Context, offsets map[string]map[int32
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer pgconnect.Close(ctx, conn)
 	rows, err := conn.Query(cctx, readStoredSQL, in.cfg.Kafka.Group, topics)
 	if err != nil {
 		return nil, err

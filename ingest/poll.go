@@ -440,7 +440,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("warehouse: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Rollback(ctx, tx)
 	if err := mirror.SetLocal(ctx, tx); err != nil {
 		return rep, fmt.Errorf("warehouse: %w", err)
 	}
@@ -466,7 +466,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("source: %w", err)
 	}
-	defer func() { _ = stx.Rollback(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Rollback(ctx, stx)
 	upper := run.Upper
 	if upper.IsZero() {
 		if err := stx.QueryRow(ctx, sourceUpperSQL, cfg.SafetyLag.D().Microseconds()).Scan(&upper); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // rawColumns are the columns the ingester writes; load_xid takes its
@@ -129,7 +130,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err != nil {
 		return res, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Rollback(ctx, tx)
 
 	stored, err := w.lockOffsets(ctx, tx, b)
 	if err != nil {

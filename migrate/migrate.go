@@ -109,13 +109,15 @@ func Up(ctx context.Context, dsn string, log *slog.Logger) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("migrate: connect to warehouse.dsn: %w", connerr.Explain(err))
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer pgconnect.Close(ctx, conn)
 
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", LockKey); err != nil {
 		return Result{}, fmt.Errorf("migrate: take advisory lock: %w", err)
 	}
 	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", LockKey)
+		cctx, cancel := pgconnect.Cleanup(ctx)
+		defer cancel()
+		_, _ = conn.Exec(cctx, "SELECT pg_advisory_unlock($1)", LockKey)
 	}()
 
 	if _, err := conn.Exec(ctx, createVersionTable); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -272,11 +273,7 @@ func (k *KeyReconciler) run(ctx context.Context, dryRun, force bool) (KeyReport,
 	if err != nil {
 		return rep, fmt.Errorf("keys %s: %w", t.Name, err)
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = src.Close(cctx)
-	}()
+	defer pgconnect.Close(ctx, src)
 	if len(t.Columns) == 0 {
 		if err := t.Describe(ctx, src); err != nil {
 			return rep, fmt.Errorf("keys %s: %w", t.Name, err)
@@ -338,12 +335,12 @@ func (r *keyRun) compare(ctx context.Context, src *pgx.Conn) error {
 	if err != nil {
 		return fmt.Errorf("source: %w", err)
 	}
-	defer func() { _ = stx.Rollback(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Rollback(ctx, stx)
 	wtx, err := k.pool.BeginTx(ctx, snapshot)
 	if err != nil {
 		return fmt.Errorf("warehouse: %w", err)
 	}
-	defer func() { _ = wtx.Rollback(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Rollback(ctx, wtx)
 	if err := mirror.SetLocal(ctx, wtx); err != nil {
 		return err
 	}
@@ -705,7 +702,7 @@ func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) e
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer pgconnect.Rollback(ctx, tx)
 	if err := mirror.SetLocal(ctx, tx); err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // Options customise a Reconciler beyond its configuration.
@@ -244,7 +245,7 @@ func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Repor
 	defer conn.Release()
 	if wait {
 		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", lockKey(name)); err != nil {
-			conn.Conn().Close(context.Background()) // the lock may be held by a cancelled wait
+			pgconnect.Close(ctx, conn.Conn()) // the lock may be held by a cancelled wait
 			return rep, fmt.Errorf("reconcile %s: wait for lock: %w", name, err)
 		}
 	} else {
@@ -259,8 +260,10 @@ func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Repor
 		}
 	}
 	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(name)); err != nil {
-			conn.Conn().Close(context.Background())
+		cctx, cancel := pgconnect.Cleanup(ctx)
+		defer cancel()
+		if _, err := conn.Exec(cctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(name)); err != nil {
+			pgconnect.Close(ctx, conn.Conn())
 		}
 	}()
 	err = r.run(ctx, conn.Conn(), d, &rep)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -130,8 +131,10 @@ func (p *Pruner) Run(ctx context.Context, dryRun bool) (*Report, error) {
 		return nil, ErrBusy
 	}
 	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), unlockPruneSQL); err != nil {
-			conn.Conn().Close(context.Background())
+		cctx, cancel := pgconnect.Cleanup(ctx)
+		defer cancel()
+		if _, err := conn.Exec(cctx, unlockPruneSQL); err != nil {
+			pgconnect.Close(ctx, conn.Conn())
 		}
 	}()
 	rep, err := p.run(ctx, conn.Conn(), dryRun)

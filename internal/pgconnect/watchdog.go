@@ -44,3 +44,36 @@ func (w *Watchdog) Stop() {
 	w.t.Stop()
 	w.cancel(context.Canceled)
 }
+
+// CleanupTimeout bounds the cleanup done after a caller stopped waiting
+// for its work (a rollback, an unlock, a final status write, closing a
+// connection). Each is quick on a live server; on a stalled or dead one
+// the bound gives the connection up, which the server treats as a
+// rollback and a release of the session's locks.
+const CleanupTimeout = 5 * time.Second
+
+// Cleanup returns a context for cleanup after ctx: one that ctx's end
+// does not cancel, bounded by CleanupTimeout.
+func Cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
+}
+
+// Rollback rolls tx back within CleanupTimeout, whether or not ctx has
+// ended; a rollback after a commit does nothing.
+func Rollback(ctx context.Context, tx interface {
+	Rollback(context.Context) error
+}) {
+	cctx, cancel := Cleanup(ctx)
+	defer cancel()
+	_ = tx.Rollback(cctx)
+}
+
+// Close closes a connection within CleanupTimeout, whether or not ctx
+// has ended.
+func Close(ctx context.Context, conn interface {
+	Close(context.Context) error
+}) {
+	cctx, cancel := Cleanup(ctx)
+	defer cancel()
+	_ = conn.Close(cctx)
+}
