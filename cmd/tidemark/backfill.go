@@ -13,7 +13,6 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -111,7 +110,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	r, err := parseDays(*from, *to)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitUsage
 	}
 	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
@@ -157,13 +156,12 @@ func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	defer pool.Close()
 	d, err := aggregate.FromConfig(cfg, *f.name)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return exitUsage
 	}
 	r, found, err := backfill.FullRange(ctx, pool, d)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	if !found {
 		fmt.Fprintf(stdout, "%s: %s holds no events; nothing to refresh\n", *f.name, d.Raw.Sanitize())
@@ -193,13 +191,11 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 		// could create its table.
 		d, err := aggregate.FromConfig(cfg, name)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-			return exitFailure
+			return failed(stderr, app, err)
 		}
 		plan, err := backfill.Plan(ctx, pool, d, r, span, rp)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-			return exitFailure
+			return failed(stderr, app, err)
 		}
 		header(plan, d)
 		for _, c := range plan {
@@ -213,13 +209,11 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 	}
 	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock})
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	d, err := rec.Definition(ctx, name)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	opts.Now, opts.Logger = serviceClock, logger(cfg, stderr)
 	rep, err := backfill.Run(ctx, pool, d, r, opts)
@@ -242,8 +236,7 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 	}
 	switch {
 	case err != nil:
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	case len(rep.Failed) > 0:
 		fmt.Fprintf(stderr, "%s: %d chunks failed; once the cause is fixed, run again with --reprocess failed\n", app, len(rep.Failed))
 		return exitFailure
@@ -317,13 +310,11 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer pool.Close()
 	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock})
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	d, err := rec.Definition(ctx, *name)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	started := serviceClock()
 	checks, err := backfill.Verify(ctx, pool, d, r)
@@ -331,8 +322,7 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		err = rerr
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	compared, unexpected, pending, archived := backfill.Tally(checks)
 	drifted := unexpected + pending

@@ -36,6 +36,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
 	// The zone database, for hosts and images that have none: aggregate
 	// calendars and poll time zones name IANA zones.
 	_ "time/tzdata"
@@ -59,6 +60,14 @@ import (
 // serviceClock is the clock `tidemark run` gives the service. Tests of the
 // command replace it to run the service at a fixed date.
 var serviceClock = time.Now
+
+// failed reports err as the command app's failure, with the hint to
+// `tidemark grants` when the warehouse refused a privilege, and returns
+// the exit status for it.
+func failed(stderr io.Writer, app string, err error) int {
+	fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
+	return exitFailure
+}
 
 // shutdownLimit bounds how long `run` takes to stop after SIGTERM or
 // SIGINT. Every step of a shutdown has a bound of its own (about 40s in
@@ -277,8 +286,7 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	res, err := migrate.Up(ctx, cfg.Warehouse.DSN, logger(cfg, stderr))
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark migrate: %v\n", grants.Explain(err))
-		return exitFailure
+		return failed(stderr, "tidemark migrate", err)
 	}
 	for _, m := range res.Applied {
 		fmt.Fprintf(stdout, "applied %04d_%s\n", m.Version, m.Name)
@@ -301,16 +309,14 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer cancel()
 	pool, err := service.Pool(ctx, cfg, "tidemark-status")
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
-		return exitFailure
+		return failed(stderr, "tidemark status", err)
 	}
 	defer pool.Close()
 	var adm *kadm.Client
 	if len(cfg.Kafka.Brokers) > 0 {
 		kopts, err := ingest.ClientOptions(cfg.Kafka)
 		if err != nil {
-			fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
-			return exitFailure
+			return failed(stderr, "tidemark status", err)
 		}
 		cl, err := kgo.NewClient(kopts...)
 		if err != nil {
@@ -322,8 +328,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	rep, err := status.Gather(ctx, pool, cfg, adm, time.Now())
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
-		return exitFailure
+		return failed(stderr, "tidemark status", err)
 	}
 	if *asJSON {
 		err = rep.WriteJSON(stdout)
@@ -331,8 +336,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		err = rep.WriteText(stdout)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark status: %v\n", grants.Explain(err))
-		return exitFailure
+		return failed(stderr, "tidemark status", err)
 	}
 	return exitOK
 }
@@ -413,8 +417,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, name := range names {
 		rep, err := r.RunOnce(ctx, name, true)
 		if err != nil {
-			fmt.Fprintf(stderr, "tidemark reconcile: %v\n", grants.Explain(err))
-			return exitFailure
+			return failed(stderr, "tidemark reconcile", err)
 		}
 		wm := rep.Watermark
 		if wm == "" || strings.HasPrefix(wm, "0001-01-01") {
@@ -660,8 +663,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tidemark keys: %v\n", grants.Explain(err))
-		return exitFailure
+		return failed(stderr, "tidemark keys", err)
 	}
 	printKeyReport(stdout, *name, rep)
 	if rep.DryRun && rep.Deleted > 0 {

@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/retention"
 )
 
@@ -30,8 +29,7 @@ func cmdPrune(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer pool.Close()
 	p, err := retention.New(cfg, pool, retention.Options{Logger: logger(cfg, stderr), Now: serviceClock})
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	rep, err := p.Run(ctx, *dryRun)
 	if rep != nil {
@@ -40,8 +38,7 @@ func cmdPrune(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
-		return exitFailure
+		return failed(stderr, app, err)
 	}
 	return exitOK
 }
