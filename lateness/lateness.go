@@ -1,0 +1,295 @@
+// Package lateness measures how late a source's events arrive, from the
+// warehouse alone: the delay of each raw row's ingestion time after its
+// event time, and, for each aggregate over the source, after the end of
+// the event's partition in the aggregate's calendar — the delay the
+// lateness horizon is compared with. From the second it finds the smallest
+// horizon that would have kept a target share of events, and it reads the
+// arrival curve behind the completeness estimate: the share of a final
+// partition's rows that had arrived at each age.
+//
+// `tidemark lateness` prints a Report; the status page draws one as a
+// chart per aggregate next to the arrival curve.
+package lateness
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/config"
+)
+
+// Querier reads from the warehouse.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Quantiles the reports give, besides the target.
+var Quantiles = []float64{0.5, 0.9, 0.99, 0.999}
+
+// Options say what to measure.
+type Options struct {
+	// Since and Until bound the event times measured: [Since, Until).
+	Since, Until time.Time
+	// Target is the share of events a recommended horizon must keep, in
+	// (0, 1]; 0 means DefaultTarget.
+	Target float64
+	// MaxRows, when positive, measures a sample of about that many rows
+	// (TABLESAMPLE SYSTEM) when the planner estimates more in range; the
+	// status page uses it to stay cheap. 0 measures every row.
+	MaxRows int64
+}
+
+// DefaultTarget is the share of events a recommended horizon keeps unless
+// told otherwise.
+const DefaultTarget = 0.999
+
+// Report is the lateness of one source.
+type Report struct {
+	Source string    `json:"source"`
+	Since  time.Time `json:"since"`
+	Until  time.Time `json:"until"`
+	Target float64   `json:"target"`
+	// SamplePercent is the share of the raw table's blocks read, in
+	// percent; 100 when every row was measured.
+	SamplePercent float64 `json:"sample_percent"`
+	// Delay is ingested_at − event_time.
+	Delay Distribution `json:"delay"`
+	// Aggregates hold the delay after the partition's end, per aggregate
+	// over the source.
+	Aggregates []Aggregate `json:"aggregates"`
+}
+
+// Distribution summarises delays in seconds.
+type Distribution struct {
+	Events int64 `json:"events"`
+	// Quantiles holds the delay at each of Quantiles, in seconds: the
+	// smallest delay at or below which that share of events arrived.
+	Quantiles []float64 `json:"quantiles_seconds"`
+	Min       float64   `json:"min_seconds"`
+	Max       float64   `json:"max_seconds"`
+	// Bins count events by delay: Bins[0] those with delay < Edges[0],
+	// Bins[i] those with Edges[i-1] <= delay < Edges[i], and the last those
+	// at or beyond the last edge.
+	Edges []float64 `json:"bin_edges_seconds"`
+	Bins  []int64   `json:"bins"`
+}
+
+// Quantile returns the delay at share q of Quantiles.
+func (d Distribution) Quantile(q float64) (time.Duration, bool) {
+	i := slices.Index(Quantiles, q)
+	if i < 0 || i >= len(d.Quantiles) {
+		return 0, false
+	}
+	return seconds(d.Quantiles[i]), true
+}
+
+// Aggregate is the delay of a source's events after the end of their
+// partition in one aggregate's calendar.
+type Aggregate struct {
+	Name     string        `json:"aggregate"`
+	Calendar string        `json:"calendar"` // e.g. "day in UTC"
+	Horizon  time.Duration `json:"lateness_horizon_ns"`
+	PastEnd  Distribution  `json:"delay_after_partition_end"`
+	// Beyond counts the events that arrived after their partition's
+	// horizon; Kept is the share that did not.
+	Beyond int64   `json:"beyond_horizon"`
+	Kept   float64 `json:"kept"`
+	// Recommended is the smallest horizon that would have kept Target of
+	// the events: the Target quantile of the delay after the partition's
+	// end, or 0 when that arrived before the end. Suggested rounds it up
+	// to a value for the configuration.
+	Recommended time.Duration `json:"recommended_horizon_ns"`
+	Suggested   string        `json:"suggested_lateness_horizon"`
+}
+
+// Edges are the delay bins' upper bounds in seconds: before the end (or
+// the event), then 15 minutes, 1, 3, 6 and 12 hours, 1, 2, 3, 7, 14 and 30
+// days.
+var Edges = []float64{0, 900, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 3 * 86400, 7 * 86400, 14 * 86400, 30 * 86400}
+
+// delaySQL measures the delays of one raw table: %[1]s the table aliased
+// r (with a sample clause), %[2]s the delay expression in seconds, %[3]s the event
+// time column. $1, $2 bound event times, $3 the bin edges, $4 the
+// quantiles, $5 the horizon in seconds (NULL for none). The rollup row
+// (grouping 1) holds the totals.
+const delaySQL = `
+WITH d AS (
+    SELECT %[2]s AS delay FROM %[1]s WHERE r.%[3]s >= $1 AND r.%[3]s < $2
+)
+SELECT grouping(width_bucket(delay, $3::float8[])), coalesce(width_bucket(delay, $3::float8[]), -1), count(*),
+       percentile_disc($4::float8[]) WITHIN GROUP (ORDER BY delay), min(delay), max(delay),
+       count(*) FILTER (WHERE delay > $5::float8)
+FROM d GROUP BY ROLLUP (width_bucket(delay, $3::float8[]))`
+
+// estimateSQL estimates the rows of a table, summing its partitions.
+const estimateSQL = `
+SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8
+FROM pg_class c
+WHERE c.oid = $1::regclass OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`
+
+// Measure reports the lateness of source over [o.Since, o.Until).
+func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, o Options) (*Report, error) {
+	sc := cfg.Sources[source]
+	if sc == nil {
+		return nil, fmt.Errorf("lateness: no source named %q", source)
+	}
+	if o.Target == 0 {
+		o.Target = DefaultTarget
+	}
+	if o.Target <= 0 || o.Target > 1 {
+		return nil, fmt.Errorf("lateness: target %v is not a share in (0, 1]", o.Target)
+	}
+	if !o.Since.Before(o.Until) {
+		return nil, fmt.Errorf("lateness: empty range %s .. %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
+	}
+	table, eventTime, ingestedAt := RawTable(sc)
+	r := &Report{Source: source, Since: o.Since.UTC(), Until: o.Until.UTC(), Target: o.Target, SamplePercent: 100}
+	from := table.Sanitize() + " r"
+	if o.MaxRows > 0 {
+		var est float64
+		if err := q.QueryRow(ctx, estimateSQL, table.Sanitize()).Scan(&est); err != nil {
+			return nil, fmt.Errorf("lateness %s: estimate rows: %w", source, err)
+		}
+		if est > float64(o.MaxRows) {
+			r.SamplePercent = math.Max(0.01, 100*float64(o.MaxRows)/est)
+			from += fmt.Sprintf(" TABLESAMPLE SYSTEM (%g)", r.SamplePercent)
+		}
+	}
+	et, ia := pgx.Identifier{eventTime}.Sanitize(), pgx.Identifier{ingestedAt}.Sanitize()
+	delay := fmt.Sprintf("extract(epoch FROM r.%s - r.%s)::float8", ia, et)
+	qs := Quantiles
+	var err error
+	if r.Delay, _, _, err = measure(ctx, q, fmt.Sprintf(delaySQL, from, delay, et), r.Since, r.Until, Edges, qs, nil); err != nil {
+		return nil, fmt.Errorf("lateness %s: %w", source, err)
+	}
+	for _, name := range cfg.AggregateNames() {
+		a := cfg.Aggregates[name]
+		if a.Source != source {
+			continue
+		}
+		d, err := aggregate.FromConfig(cfg, name)
+		if err != nil {
+			return nil, err
+		}
+		bounds := Bounds(d.Calendar, r.Since, r.Until)
+		pastEnd := fmt.Sprintf("extract(epoch FROM r.%s - ($6::timestamptz[])[width_bucket(r.%s, $6::timestamptz[]) + 1])::float8", ia, et)
+		h := d.Horizon.Seconds()
+		edges := withEdge(Edges, h)
+		ag := Aggregate{Name: name, Calendar: a.Partition.By + " in " + a.Partition.TimeZone, Horizon: d.Horizon}
+		var targetQ float64
+		ag.PastEnd, targetQ, ag.Beyond, err = measure(ctx, q, fmt.Sprintf(delaySQL, from, pastEnd, et), r.Since, r.Until, edges,
+			append(slices.Clone(qs), o.Target), &h, bounds)
+		if err != nil {
+			return nil, fmt.Errorf("lateness %s, aggregate %s: %w", source, name, err)
+		}
+		if ag.PastEnd.Events > 0 {
+			ag.Kept = 1 - float64(ag.Beyond)/float64(ag.PastEnd.Events)
+			ag.Recommended = seconds(math.Max(0, targetQ))
+			ag.Suggested = Suggest(ag.Recommended)
+		}
+		r.Aggregates = append(r.Aggregates, ag)
+	}
+	return r, nil
+}
+
+// measure runs one delaySQL with args after the first five. It returns
+// the distribution, the quantile asked for after Quantiles (if any), and
+// the events delayed more than horizon (if given).
+func measure(ctx context.Context, q Querier, sql string, since, until time.Time, edges, qs []float64, horizon *float64, extra ...any) (Distribution, float64, int64, error) {
+	rows, err := q.Query(ctx, sql, append([]any{since, until, edges, qs, horizon}, extra...)...)
+	if err != nil {
+		return Distribution{}, 0, 0, err
+	}
+	d := Distribution{Edges: edges, Bins: make([]int64, len(edges)+1)}
+	var targetQ float64
+	var over int64
+	for rows.Next() {
+		var total int32
+		var bin, n, o int64
+		var quant []float64
+		var lo, hi *float64
+		if err := rows.Scan(&total, &bin, &n, &quant, &lo, &hi, &o); err != nil {
+			rows.Close()
+			return Distribution{}, 0, 0, err
+		}
+		if total == 0 {
+			if bin >= 0 && int(bin) < len(d.Bins) {
+				d.Bins[bin] += n
+			}
+			continue
+		}
+		d.Events, over = n, o
+		if n == 0 || len(quant) < len(Quantiles) {
+			continue
+		}
+		d.Quantiles = quant[:len(Quantiles)]
+		if len(quant) > len(Quantiles) {
+			targetQ = quant[len(Quantiles)]
+		}
+		d.Min, d.Max = *lo, *hi
+	}
+	if err := rows.Err(); err != nil {
+		return Distribution{}, 0, 0, err
+	}
+	return d, targetQ, over, nil
+}
+
+// withEdge returns edges with e inserted in order (once).
+func withEdge(edges []float64, e float64) []float64 {
+	out := slices.Clone(edges)
+	if !slices.Contains(out, e) {
+		out = append(out, e)
+		slices.Sort(out)
+	}
+	return out
+}
+
+// Bounds returns the starts of the partitions of cal holding [since,
+// until), followed by the end of the last: what width_bucket needs to map
+// an event time to its partition's end.
+func Bounds(cal aggregate.Calendar, since, until time.Time) []time.Time {
+	p := cal.Of(since)
+	out := []time.Time{p.Start}
+	for {
+		out = append(out, p.End)
+		if !p.End.Before(until) {
+			return out
+		}
+		p = cal.Of(p.End)
+	}
+}
+
+// RawTable returns the table holding a source's events and its event-time
+// and ingestion-time columns.
+func RawTable(sc *config.Source) (pgx.Identifier, string, string) {
+	if t := sc.Table; t != nil {
+		s, n := config.SplitTable(t.Name)
+		return pgx.Identifier{s, n}, t.EventTime, t.IngestedAt
+	}
+	return pgx.Identifier{"raw", sc.Name}, "event_time", "ingested_at"
+}
+
+// Suggest rounds a horizon up to a value for lateness_horizon: whole
+// minutes under an hour, whole hours under a week, whole days beyond.
+func Suggest(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0"
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", ceilDiv(d, time.Minute))
+	case d < 7*24*time.Hour:
+		return fmt.Sprintf("%dh", ceilDiv(d, time.Hour))
+	}
+	return fmt.Sprintf("%dd", ceilDiv(d, 24*time.Hour))
+}
+
+func ceilDiv(d, unit time.Duration) int64 { return int64((d + unit - 1) / unit) }
+
+func seconds(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }
