@@ -15,6 +15,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 )
 
 // Options configure a run.
@@ -49,6 +50,9 @@ type Options struct {
 	// default time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
+	// Progress shows the run's progress, in chunks, through Logger or as
+	// a bar; nil shows nothing.
+	Progress *progress.Display
 }
 
 // Report is what a run did.
@@ -191,6 +195,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 	}
 	opts.Logger.Info("backfill started", "aggregate", d.Name, "run", rep.RunID, "kind", opts.Kind,
 		"chunks", len(todo), "skipped", rep.Skipped, "concurrency", opts.Concurrency)
+	tr := opts.Progress.Start(opts.Logger, progress.Job{Label: opts.Kind, Unit: "chunks", Total: int64(len(todo))})
+	defer tr.Finish(false)
 
 	// stop ends the feeding of chunks when the warehouse cannot be reached.
 	runCtx, stop := context.WithCancelCause(ctx)
@@ -239,6 +245,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 					opts.Logger.Error("chunk failed; the run goes on", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "err", err)
 				}
 				mu.Unlock()
+				if status != "pending" {
+					tr.Add(1)
+				}
 			}
 		}()
 	}
@@ -252,6 +261,7 @@ feed:
 	}
 	close(work)
 	wg.Wait()
+	tr.Finish(rep.Done+len(rep.Failed) == len(todo))
 
 	status := "done"
 	switch {

@@ -227,6 +227,7 @@ func newBar(out io.Writer, job Job) *progressbar.ProgressBar {
 		progressbar.OptionShowIts(),
 		progressbar.OptionSetItsString(job.Unit),
 		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionShowElapsedTimeOnFinish(),
 		// Redrawn only when reported into (per chunk or batch, so
 		// rarely) or around a log line: no goroutine of its own.
 		progressbar.OptionSetSpinnerChangeInterval(0),
