@@ -7,11 +7,13 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -33,6 +35,10 @@ const (
 	// truncateMirrorSQL empties a mirror before a snapshot fills it.
 	truncateMirrorSQL = `TRUNCATE %s`
 )
+
+// snapshotProgressEvery is how often, in nanoseconds, a snapshot logs
+// its progress; zero is progress.DefaultEvery. Tests shorten it.
+var snapshotProgressEvery atomic.Int64
 
 // minSampleBlocks is the fewest blocks a chunk plan samples.
 const minSampleBlocks = 256
@@ -128,6 +134,10 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 	r.m.snapshotCopied.Set(0)
 	workers := min(cfg.SnapshotWorkers, len(chunks))
 	r.log.Info("snapshot planned", "tables", len(r.specs), "chunks", len(chunks), "workers", workers)
+	// A service component: plain lines through the reader's log.
+	tr := progress.Service(time.Duration(snapshotProgressEvery.Load())).Start(r.log,
+		progress.Job{Label: "snapshot", Unit: "chunks", Total: int64(len(chunks))})
+	defer tr.Finish(false)
 
 	loaded := r.now().UTC().Format("2006-01-02 15:04:05.999999") + "+00"
 	wctx, cancel := context.WithCancel(ctx)
@@ -172,6 +182,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 				mu.Unlock()
 				r.m.snapshotRows.Add(float64(n))
 				r.m.snapshotCopied.Inc()
+				tr.Add(1)
 			}
 		})
 	}
@@ -197,6 +208,7 @@ feed:
 	if err != nil {
 		return fmt.Errorf("mark the snapshot done: %w", err)
 	}
+	tr.Finish(true)
 	r.log.Info("snapshot copied", "rows", rows, "chunks", len(chunks), "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }

@@ -1,0 +1,10 @@
+package cdc
+
+import "time"
+
+// SetSnapshotProgressEvery makes snapshots log their progress every d
+// until the returned function restores the interval.
+func SetSnapshotProgressEvery(d time.Duration) (restore func()) {
+	old := snapshotProgressEvery.Swap(int64(d))
+	return func() { snapshotProgressEvery.Store(old) }
+}
