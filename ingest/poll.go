@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -87,6 +88,13 @@ WHERE %[5]s AND %[6]s
 ORDER BY %[7]s`
 	fetchPollSQL = `FETCH FORWARD %d FROM tidemark_poll`
 
+	// estimateSourceRowsSQL is the planner's row count of the source
+	// table, or without one (never analyzed) the statistics' count of
+	// live rows: the total a first load's progress expects.
+	estimateSourceRowsSQL = `
+SELECT (CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE coalesce(s.n_live_tup, 0) END)::int8
+FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid WHERE c.oid = $1::regclass`
+
 	// mergeChunkSQL merges the staged chunk into the mirror: new keys are
 	// inserted, existing ones updated only when the incoming updated_at is
 	// newer, or equal with other values (a second write within the same
@@ -144,6 +152,12 @@ type PollOptions struct {
 	Registerer prometheus.Registerer
 	// Now is the service clock (ingested_at, loaded-at); default time.Now.
 	Now func() time.Time
+	// Progress shows the progress of a first load (a run while the
+	// source has no watermark yet), in rows against the source table's
+	// estimated size. nil logs plain lines through Logger every
+	// progress.DefaultEvery, as a service component does (none when
+	// progress.Env is "off").
+	Progress *progress.Display
 }
 
 // Poller loads one poll source: each run reads the source rows whose
@@ -159,6 +173,8 @@ type Poller struct {
 	log   *slog.Logger
 	now   func() time.Time
 	m     *pollMetrics
+	// progress shows the progress of a first load.
+	progress *progress.Display
 
 	mu       sync.Mutex // one run at a time per Poller
 	conn     *pgx.Conn  // the source connection, reopened after errors
@@ -192,6 +208,10 @@ func NewPoller(cfg *config.Config, name string, pool *pgxpool.Pool, opts PollOpt
 		p.now = time.Now
 	}
 	p.log = p.log.With("source", name)
+	p.progress = opts.Progress
+	if p.progress == nil {
+		p.progress = progress.Service(progress.DefaultEvery)
+	}
 	p.m.register(name, p.now)
 	return p, nil
 }
@@ -491,6 +511,17 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	if _, err := tx.Exec(ctx, createPollStageSQL); err != nil {
 		return rep, fmt.Errorf("staging table: %w", err)
 	}
+	var tr *progress.Tracker
+	if hw.InfinityModifier != pgtype.Finite && p.progress.Mode() != progress.Off {
+		// A first load reads the whole table: show how far it got.
+		var est int64
+		if err := stx.QueryRow(ctx, estimateSourceRowsSQL, p.table.Source.Sanitize()).Scan(&est); err != nil {
+			return rep, fmt.Errorf("source: estimate the rows of %s: %w", p.table.Source.Sanitize(), err)
+		}
+		tr = p.progress.Start(p.log, progress.Job{Label: "poll first load", Unit: "rows",
+			Total: min(est, int64(cfg.MaxRowsPerRun)), Estimated: true})
+		defer tr.Finish(false)
+	}
 
 	var (
 		maxRead   time.Time
@@ -537,6 +568,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 				return rep, err
 			}
 			p.wd.Touch()
+			tr.Add(int64(len(chunk)))
 		}
 		if stop {
 			break
@@ -569,6 +601,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return rep, fmt.Errorf("commit: %w", err)
 	}
+	tr.Finish(!rep.More)
 	p.log.Debug("poll run", "low", rep.Low, "upper", rep.Upper, "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark)
 	return rep, nil
 }

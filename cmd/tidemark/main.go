@@ -13,6 +13,7 @@
 //	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run] [--force]
 //	tidemark prune     [-c tidemark.yaml] [--dry-run]
 //	tidemark status    [-c tidemark.yaml] [--json]
+//	tidemark lateness  --source NAME [-c tidemark.yaml] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
 //	tidemark grants    [-c tidemark.yaml] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
 //	tidemark demo      [-v]
 //	tidemark version
@@ -102,6 +103,8 @@ Usage:
                                                           find rows deleted at the source (key reconciliation)
   tidemark prune     [-c FILE] [--dry-run]                remove what retention no longer keeps
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
+  tidemark lateness  --source NAME [-c FILE] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
+                                                          how late events arrive; the horizon that keeps a target share
   tidemark grants    [-c FILE] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
                                                           print the SQL of least-privilege database roles
   tidemark demo      [-v]                                 run a self-contained demonstration
@@ -142,6 +145,7 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	},
 	"migrate":   cmdMigrate,
 	"status":    cmdStatus,
+	"lateness":  cmdLateness,
 	"reconcile": cmdReconcile,
 	"backfill":  cmdBackfill,
 	"verify":    cmdVerify,
