@@ -25,6 +25,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
@@ -107,7 +108,9 @@ func Up(ctx context.Context, dsn string, log *slog.Logger) (Result, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
-		return Result{}, fmt.Errorf("migrate: connect to warehouse.dsn: %w", connerr.Explain(err))
+		// Connecting is the first thing every command does with the
+		// warehouse: the error names the key to fix, not this step.
+		return Result{}, fmt.Errorf("warehouse.dsn: %w", connerr.Explain(err))
 	}
 	defer pgconnect.Close(ctx, conn)
 
@@ -173,6 +176,12 @@ func Version(ctx context.Context, q interface {
 }) (int, error) {
 	var exists bool
 	if err := q.QueryRow(ctx, "SELECT to_regclass('tidemark.schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
+		// The first query of a command that does not migrate, on a
+		// pool that connects only now.
+		var ce *pgconn.ConnectError
+		if errors.As(err, &ce) {
+			return 0, fmt.Errorf("warehouse.dsn: %w", connerr.Explain(err))
+		}
 		return 0, fmt.Errorf("migrate: read schema version: %w", err)
 	}
 	if !exists {

@@ -66,7 +66,11 @@ var serviceClock = time.Now
 // `tidemark grants` when the warehouse refused a privilege, and returns
 // the exit status for it.
 func failed(stderr io.Writer, app string, err error) int {
-	fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
+	msg := grants.Explain(err).Error()
+	// The errors of a package named like the command (migrate) begin
+	// with its name too: say it once.
+	msg = strings.TrimPrefix(msg, strings.TrimPrefix(app, "tidemark ")+": ")
+	fmt.Fprintf(stderr, "%s: %s\n", app, msg)
 	return exitFailure
 }
 

@@ -4,6 +4,12 @@
 // connections, or one that requires a client certificate. The error
 // messages of the driver and the server say so in their own terms; the
 // explanation adds which connection parameter to look at.
+//
+// It also shortens the driver's report of a failed connection to one
+// line: the driver lists every attempt on a line of its own, and repeats
+// an attempt that failed the same way (with sslmode=prefer it tries each
+// address with TLS and then without), so that one refused port reads as
+// the same dial error twice, each naming the address twice.
 package connerr
 
 import (
@@ -12,6 +18,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -20,22 +28,36 @@ import (
 
 // Error is a connection error with its explanation in front of it.
 type Error struct {
-	// Reason says why the connection was refused and what to check.
+	// Reason says why the connection was refused and what to check;
+	// empty when the cause is not one it recognises.
 	Reason string
 	// Err is the error of the driver.
 	Err error
 }
 
-func (e *Error) Error() string { return e.Reason + ": " + e.Err.Error() }
+// Error returns the reason, if any, and the driver's error, whose report
+// of a failed connection is shortened to one line (see summary).
+func (e *Error) Error() string {
+	msg := e.Err.Error()
+	var ce *pgconn.ConnectError
+	if errors.As(e.Err, &ce) {
+		msg = strings.Replace(msg, ce.Error(), summary(ce), 1)
+	}
+	if e.Reason == "" {
+		return msg
+	}
+	return e.Reason + ": " + msg
+}
 
 // Unwrap returns the driver's error.
 func (e *Error) Unwrap() error { return e.Err }
 
 // Explain returns err with a short explanation in front when it is a
-// refused connection whose cause it recognises, and err unchanged
-// otherwise (also when err is nil or already explained). The explanation
-// names connection parameters, never their values, so it cannot echo a
-// password.
+// refused connection whose cause it recognises, and with the driver's
+// report shortened to one line when it is a failed connection (see
+// summary); it returns err unchanged otherwise (also when err is nil or
+// already explained). The explanation names connection parameters, never
+// their values, so it cannot echo a password.
 func Explain(err error) error {
 	if err == nil {
 		return nil
@@ -44,10 +66,92 @@ func Explain(err error) error {
 	if errors.As(err, &done) {
 		return err
 	}
-	if reason := reason(err); reason != "" {
+	var ce *pgconn.ConnectError
+	if reason := reason(err); reason != "" || errors.As(err, &ce) {
 		return &Error{Reason: reason, Err: err}
 	}
 	return err
+}
+
+// summary describes a failed connection in one line: "cannot connect to
+// ADDRESS (HOST): WHY", where WHY is the system's reason for a failed
+// dial ("connection refused") and the driver's text otherwise, or
+// "cannot connect: WHY" when the driver had no address to try (the host
+// name did not resolve). Attempts that failed alike are named once,
+// addresses that failed alike share their reason, and different failures
+// are separated by semicolons.
+func summary(ce *pgconn.ConnectError) string {
+	var attempts []error
+	switch inner := ce.Unwrap().(type) {
+	case interface{ Unwrap() []error }:
+		attempts = inner.Unwrap()
+	case nil:
+		return ce.Error()
+	default:
+		attempts = []error{inner}
+	}
+	type failure struct {
+		why   string
+		where []string
+	}
+	var failures []*failure
+	for _, a := range attempts {
+		where, why := attempt(a)
+		var f *failure
+		for _, g := range failures {
+			if g.why == why {
+				f = g
+			}
+		}
+		if f == nil {
+			f = &failure{why: why}
+			failures = append(failures, f)
+		}
+		if where != "" && !slices.Contains(f.where, where) {
+			f.where = append(f.where, where)
+		}
+	}
+	if len(failures) == 0 {
+		return ce.Error()
+	}
+	lead := "cannot connect to "
+	parts := make([]string, 0, len(failures))
+	for _, f := range failures {
+		if len(f.where) == 0 {
+			lead = "cannot connect: "
+			parts = append(parts, f.why)
+			continue
+		}
+		parts = append(parts, strings.Join(f.where, ", ")+": "+f.why)
+	}
+	return lead + strings.Join(parts, "; ")
+}
+
+// attempt splits the driver's error of one connection attempt, "ADDRESS
+// (HOST): WHAT: ERR", into where it went and why it failed. An error
+// that names no address (the host name did not resolve) has no where.
+func attempt(err error) (where, why string) {
+	text := err.Error()
+	inner := errors.Unwrap(err)
+	if inner == nil || !strings.HasSuffix(text, ": "+inner.Error()) {
+		return "", oneLine(text)
+	}
+	where, why = strings.TrimSuffix(text, ": "+inner.Error()), inner.Error()
+	if strings.Contains(where, ": ") || !strings.Contains(where, " (") || !strings.HasSuffix(where, ")") {
+		// Not an attempt's address: a message of another shape, such
+		// as the lookups of a host name that did not resolve, one line
+		// each.
+		return "", where + ": " + oneLine(inner.Error())
+	}
+	var opErr *net.OpError
+	if errors.As(inner, &opErr) && opErr.Op == "dial" && opErr.Err != nil {
+		why = opErr.Err.Error()
+		var sysErr *os.SyscallError
+		if errors.As(opErr.Err, &sysErr) {
+			why = sysErr.Err.Error()
+		}
+	}
+	return where, why
 }
 
 func reason(err error) string {
@@ -111,4 +215,15 @@ func certNames(c *x509.Certificate) string {
 		return "no host names"
 	}
 	return strings.Join(names, ", ")
+}
+
+// oneLine joins the distinct lines of text with semicolons.
+func oneLine(text string) string {
+	var lines []string
+	for _, l := range strings.Split(text, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !slices.Contains(lines, l) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "; ")
 }

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// cliConfig is a configuration with a Kafka source, an aggregate over it
+// and a poll source, whose warehouse is dsn; migrate sets
+// warehouse.migrate.
+func cliConfig(t *testing.T, dsn string, migrate bool) string {
+	t.Helper()
+	return writeFile(t, "cli.yaml", fmt.Sprintf(`warehouse: {dsn: %q, migrate: %t}
+http: {listen: "off"}
+log: {format: json}
+kafka: {brokers: ["127.0.0.1:1"]}
+sources:
+  app_events:
+    kafka: {topics: [app-events]}
+    event_id: /event_id
+    event_time: /event_time
+  customers:
+    poll: {dsn: "postgres://u@127.0.0.1:1/source", table: customers, key: [id], updated_at: updated_at}
+    mirror: {table: dw_customers}
+aggregates:
+  daily:
+    source: app_events
+    table: daily
+    partition: {by: day, column: day}
+    sql: SELECT {{partition}} AS day, count(*) AS n FROM {{events}} GROUP BY 1
+`, dsn, migrate))
+}
+
+// TestUnreachableWarehouse: a warehouse that refuses connections is
+// reported in one line that names warehouse.dsn, the address and the
+// reason, once, by every command that needs it, whether it migrates
+// first or goes straight to the pool, and in run's log.
+func TestUnreachableWarehouse(t *testing.T) {
+	addr := freeAddr(t)
+	// No sslmode: the driver tries with TLS, then without, and reports
+	// both refusals.
+	dsn := "postgres://tidemark@" + addr + "/warehouse"
+	want := "warehouse.dsn: cannot connect to " + addr + " (127.0.0.1): connection refused"
+	for _, migrate := range []bool{true, false} {
+		cfg := cliConfig(t, dsn, migrate)
+		for _, args := range [][]string{
+			{"migrate"},
+			{"status"},
+			{"reconcile", "--once"},
+			{"poll", "--once", "--source", "customers"},
+			{"keys", "--source", "customers"},
+			{"backfill", "--aggregate", "daily", "--from", "2026-10-01", "--to", "2026-10-02"},
+			{"prune"},
+		} {
+			t.Run(fmt.Sprintf("%s/migrate=%t", strings.Join(args, " "), migrate), func(t *testing.T) {
+				code, stdout, stderr := invoke(t, append(args, "-c", cfg)...)
+				if wantErr := "tidemark " + args[0] + ": " + want + "\n"; code != exitFailure || stderr != wantErr {
+					t.Errorf("exit %d, stderr:\n%s\nwant exit 1, stderr:\n%s\nstdout:\n%s", code, stderr, wantErr, stdout)
+				}
+			})
+		}
+	}
+	t.Run("run", func(t *testing.T) {
+		r := startRunning(t, "-c", cliConfig(t, dsn, true))
+		if got := r.logged(t, "warehouse unreachable; waiting for it"); got != want {
+			t.Errorf("run's log: err=%q, want %q", got, want)
+		}
+	})
+}
+
+// TestFailedPrefixOnce: a command's failure names the command once, also
+// when the error comes from the package of the same name.
+func TestFailedPrefixOnce(t *testing.T) {
+	for _, tt := range []struct {
+		app  string
+		err  error
+		want string
+	}{
+		{"tidemark migrate", errors.New("migrate: the database has schema version 99"), "tidemark migrate: the database has schema version 99\n"},
+		{"tidemark status", errors.New("migrate: read schema version: boom"), "tidemark status: migrate: read schema version: boom\n"},
+		{"tidemark migrate", errors.New("warehouse.dsn: cannot connect"), "tidemark migrate: warehouse.dsn: cannot connect\n"},
+	} {
+		var stderr strings.Builder
+		if code := failed(&stderr, tt.app, tt.err); code != exitFailure || stderr.String() != tt.want {
+			t.Errorf("failed(%q, %q): exit %d, %q, want 1, %q", tt.app, tt.err, code, stderr.String(), tt.want)
+		}
+	}
+}
