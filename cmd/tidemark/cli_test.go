@@ -88,3 +88,29 @@ func TestFailedPrefixOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestSubcommandHelp: `tidemark CMD -h` and `--help` print the command's
+// flags to standard output and exit 0; a usage error prints the error and
+// the flags to standard error and exits 2.
+func TestSubcommandHelp(t *testing.T) {
+	for _, name := range sortedKeys(commands) {
+		if name == "help" || name == "version" {
+			continue // no flags
+		}
+		for _, h := range []string{"-h", "--help"} {
+			t.Run(name+" "+h, func(t *testing.T) {
+				code, stdout, stderr := invoke(t, name, h)
+				if code != exitOK || !strings.HasPrefix(stdout, "Usage of tidemark "+name+":\n") || stderr != "" {
+					t.Errorf("exit %d\nstdout:\n%s\nstderr:\n%s\nwant exit 0 and the usage on stdout only", code, stdout, stderr)
+				}
+			})
+		}
+		t.Run(name+" --bogus", func(t *testing.T) {
+			code, stdout, stderr := invoke(t, name, "--bogus")
+			if code != exitUsage || stdout != "" ||
+				!strings.HasPrefix(stderr, "flag provided but not defined: -bogus\nUsage of tidemark "+name+":\n") {
+				t.Errorf("exit %d\nstdout:\n%s\nstderr:\n%s\nwant exit 2 and the error and usage on stderr only", code, stdout, stderr)
+			}
+		})
+	}
+}

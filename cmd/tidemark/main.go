@@ -31,10 +31,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"reflect"
 	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -136,6 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		name = alias
 	}
 	if cmd := commands[name]; cmd != nil {
+		defer helpTo(stderr, stdout)()
 		return cmd(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "tidemark: unknown command %q\n\n%s", args[0], usage)
@@ -172,6 +175,41 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 // commandAliases are other names of commands.
 var commandAliases = map[string]string{"--version": "version", "-h": "help", "--help": "help"}
 
+// helpOutputs maps the standard error of each command that run is
+// running to its standard output, where the command's -h prints its
+// flags: a help that was asked for is output, not an error.
+var helpOutputs sync.Map
+
+// helpTo records stdout as the help output of the command whose standard
+// error is stderr, and returns the function that forgets it.
+func helpTo(stderr, stdout io.Writer) func() {
+	if stderr == nil || !reflect.TypeOf(stderr).Comparable() {
+		return func() {}
+	}
+	helpOutputs.Store(stderr, stdout)
+	return func() { helpOutputs.CompareAndDelete(stderr, stdout) }
+}
+
+// helpOutput is where the command whose standard error is stderr prints
+// the help it was asked for: its standard output when run recorded it.
+func helpOutput(stderr io.Writer) io.Writer {
+	if stderr != nil && reflect.TypeOf(stderr).Comparable() {
+		if w, ok := helpOutputs.Load(stderr); ok {
+			return w.(io.Writer)
+		}
+	}
+	return stderr
+}
+
+// printFlags prints the usage of fs to w, as the flag package does.
+func printFlags(fs *flag.FlagSet, w io.Writer) {
+	out := fs.Output()
+	fs.SetOutput(w)
+	fmt.Fprintf(w, "Usage of %s:\n", fs.Name())
+	fs.PrintDefaults()
+	fs.SetOutput(out)
+}
+
 // flags makes a command's flag set with the shared -c/--config flag.
 func flags(name string, stderr io.Writer) (*flag.FlagSet, *string) {
 	fs := flag.NewFlagSet("tidemark "+name, flag.ContinueOnError)
@@ -187,12 +225,21 @@ func flags(name string, stderr io.Writer) (*flag.FlagSet, *string) {
 }
 
 // parse parses flags; it returns false with the exit code when the command
-// must stop (help or a usage error).
+// must stop: help (-h, --help), printed to standard output with exit
+// status 0, or a usage error, printed with the usage to standard error
+// with status 2.
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, false
-		}
+	out := fs.Output()
+	fs.SetOutput(io.Discard) // the error and the usage are printed below, each where it belongs
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		printFlags(fs, helpOutput(stderr))
+		return exitOK, false
+	case err != nil:
+		fmt.Fprintln(out, err)
+		printFlags(fs, out)
 		return exitUsage, false
 	}
 	if fs.NArg() > 0 {
