@@ -114,3 +114,37 @@ func TestSubcommandHelp(t *testing.T) {
 		})
 	}
 }
+
+// TestNoSuchSource: naming a source or an aggregate that is not
+// configured lists those that are, or says that there are none.
+func TestNoSuchSource(t *testing.T) {
+	// A Kafka source only: no poll source, no aggregate.
+	kafkaOnly := writeFile(t, "kafka.yaml", validConfig)
+	full := cliConfig(t, "postgres://tidemark@127.0.0.1:1/warehouse", true)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"poll", "--once", "--source", "x", "-c", kafkaOnly},
+			`tidemark poll: --source: "x" is not a poll source; no poll sources are configured`},
+		{[]string{"poll", "--once", "--source", "x", "-c", full},
+			`tidemark poll: --source: "x" is not a poll source (configured: customers)`},
+		{[]string{"keys", "--source", "x", "-c", kafkaOnly},
+			`tidemark keys: --source: "x" is not a poll or CDC source; no poll or CDC sources are configured`},
+		{[]string{"keys", "--source", "app_events", "-c", full},
+			`tidemark keys: --source: "app_events" is not a poll or CDC source (configured: customers)`},
+		{[]string{"reconcile", "--once", "--aggregate", "x", "-c", kafkaOnly},
+			`tidemark reconcile: --aggregate: no aggregate named "x"; no aggregates are configured`},
+		{[]string{"reconcile", "--once", "--aggregate", "x", "-c", full},
+			`tidemark reconcile: --aggregate: no aggregate named "x" (configured: daily)`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args[:len(tt.args)-2], " ")+" "+map[bool]string{true: "none", false: "some"}[tt.args[len(tt.args)-1] == kafkaOnly],
+			func(t *testing.T) {
+				code, _, stderr := invoke(t, tt.args...)
+				if code != exitUsage || stderr != tt.want+"\n" {
+					t.Errorf("exit %d, stderr:\n%s\nwant exit 2, stderr:\n%s", code, stderr, tt.want)
+				}
+			})
+	}
+}

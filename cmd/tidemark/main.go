@@ -249,6 +249,16 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
 	return 0, true
 }
 
+// configured ends a message about a name that a flag got wrong with the
+// names it could have been: " (configured: a, b)", or "; no KIND are
+// configured" when there are none.
+func configured(kind string, names []string) string {
+	if len(names) == 0 {
+		return "; no " + kind + " are configured"
+	}
+	return " (configured: " + strings.Join(names, ", ") + ")"
+}
+
 // load reads the configuration; on failure it prints every problem and
 // returns false.
 func load(path string, stderr io.Writer) (*config.Config, bool) {
@@ -433,7 +443,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	names := cfg.AggregateNames()
 	if *only != "" {
 		if cfg.Aggregates[*only] == nil {
-			fmt.Fprintf(stderr, "tidemark reconcile: --aggregate: no aggregate named %q (configured: %s)\n", *only, strings.Join(names, ", "))
+			fmt.Fprintf(stderr, "tidemark reconcile: --aggregate: no aggregate named %q%s\n", *only, configured("aggregates", names))
 			return exitUsage
 		}
 		names = []string{*only}
@@ -595,7 +605,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	names := pollSources(cfg)
 	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
-		fmt.Fprintf(stderr, "tidemark poll: --source: %q is not a poll source (configured: %s)\n", *name, strings.Join(names, ", "))
+		fmt.Fprintf(stderr, "tidemark poll: --source: %q is not a poll source%s\n", *name, configured("poll sources", names))
 		return exitUsage
 	}
 	pool, ok := prepareWarehouse(ctx, cfg, "tidemark poll", stderr, *name)
@@ -654,7 +664,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return keysCDC(ctx, cfg, *name, *dryRun, stdout, stderr)
 	}
 	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
-		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll or CDC source (configured: %s)\n", *name, strings.Join(keySources(cfg), ", "))
+		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll or CDC source%s\n", *name, configured("poll or CDC sources", keySources(cfg)))
 		return exitUsage
 	}
 	pool, ok := prepareWarehouse(ctx, cfg, "tidemark keys", stderr, *name)
