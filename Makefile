@@ -5,8 +5,12 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 .PHONY: demo test test-short bench soak chaos lint rules build fuzz fuzz-short
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
+# Builds bin/tidemark first, saying so: a first build downloads the modules
+# and compiles, silent for a minute or more.
 demo:
-	$(GO) run ./cmd/tidemark demo
+	@echo "building bin/tidemark (the first build downloads the Go modules and compiles: about a minute on 2 cores, more on a slow network; later builds take seconds)..."
+	$(GO) build -o bin/tidemark ./cmd/tidemark
+	./bin/tidemark demo
 
 ## test: every test, with the race detector, against real PostgreSQL and kfake
 test:
