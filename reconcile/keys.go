@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -57,6 +58,10 @@ type KeyOptions struct {
 	// returns an error wrapping ErrKeyRefused; RunForced ignores the
 	// limit. nil means no limit.
 	MaxDelete *config.Percent
+	// Progress shows a run's progress through Logger or as a bar, in
+	// first-level key ranges resolved (compared, and the differing ones
+	// split or listed); nil shows nothing.
+	Progress *progress.Display
 }
 
 // KeyReconciler finds the rows of a mirror whose key no longer exists at
@@ -106,6 +111,7 @@ type KeyReconciler struct {
 	now       func() time.Time
 	m         *keyMetrics
 	maxDelete *config.Percent
+	progress  *progress.Display
 
 	ranges, fanout, leafKeys int
 
@@ -179,7 +185,7 @@ func NewKeyReconciler(t *mirror.Table, sourceDSN string, pool *pgxpool.Pool, opt
 	if _, err := pgx.ParseConfig(sourceDSN); err != nil {
 		return nil, fmt.Errorf("keys %s: source dsn: %w", t.Name, err)
 	}
-	k := &KeyReconciler{t: t, dsn: sourceDSN, pool: pool, log: opts.Logger, now: opts.Now,
+	k := &KeyReconciler{t: t, dsn: sourceDSN, pool: pool, log: opts.Logger, now: opts.Now, progress: opts.Progress,
 		ranges: opts.Ranges, fanout: opts.Fanout, leafKeys: opts.LeafKeys}
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
@@ -324,6 +330,8 @@ type keyRun struct {
 	// early is true when the run was refused on the first level's counts:
 	// no keys were listed.
 	early bool
+	// progress counts the first level's ranges resolved.
+	progress *progress.Tracker
 }
 
 // compare walks the ranges in key order inside one snapshot per database
@@ -369,10 +377,15 @@ func (r *keyRun) compare(ctx context.Context, src *pgx.Conn) error {
 			"table", t.Source.Sanitize())
 	}
 
+	// Progress counts the first level's ranges as they are resolved; the
+	// first level's own sums, one pass over each side, come before any.
+	r.progress = k.progress.Start(k.log, progress.Job{Label: "keys", Unit: "ranges", Total: int64(k.ranges)})
+	defer r.progress.Finish(false)
 	top, sums, err := r.firstLevel(ctx)
 	if err != nil {
 		return err
 	}
+	r.progress.SetTotal(int64(len(top)))
 	if r.refuseEarly(top, sums) {
 		k.log.Debug("the first level's key counts exceed the delete limit; keys are not listed",
 			"missing_at_source_at_least", r.rep.Deleted, "allowed", r.rep.Allowed)
@@ -501,6 +514,10 @@ func (r *keyRun) descend(ctx context.Context, ranges []keyRange, level int) erro
 func (r *keyRun) resolve(ctx context.Context, ranges []keyRange, sourceSums []keySum, level int) error {
 	differ := 0
 	for i, rg := range ranges {
+		if level == 1 && i > 0 {
+			// The first level's range before this one is resolved.
+			r.progress.Add(1)
+		}
 		r.rep.RangesCompared++
 		sc := sourceSums[i]
 		if level == 1 {
@@ -524,6 +541,9 @@ func (r *keyRun) resolve(ctx context.Context, ranges []keyRange, sourceSums []ke
 		if err := r.leaf(ctx, rg, sc.count); err != nil {
 			return err
 		}
+	}
+	if level == 1 && len(ranges) > 0 {
+		r.progress.Add(1)
 	}
 	r.k.log.Debug("key ranges compared", "level", level, "ranges", len(ranges), "differ", differ)
 	return nil
