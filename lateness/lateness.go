@@ -74,9 +74,9 @@ type Distribution struct {
 	Quantiles []float64 `json:"quantiles_seconds"`
 	Min       float64   `json:"min_seconds"`
 	Max       float64   `json:"max_seconds"`
-	// Bins count events by delay: Bins[0] those with delay < Edges[0],
-	// Bins[i] those with Edges[i-1] <= delay < Edges[i], and the last those
-	// at or beyond the last edge.
+	// Bins count events by delay: Bins[0] those with delay <= Edges[0],
+	// Bins[i] those with Edges[i-1] < delay <= Edges[i], and the last those
+	// beyond the last edge.
 	Edges []float64 `json:"bin_edges_seconds"`
 	Bins  []int64   `json:"bins"`
 }
@@ -115,18 +115,18 @@ type Aggregate struct {
 var Edges = []float64{0, 900, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 3 * 86400, 7 * 86400, 14 * 86400, 30 * 86400}
 
 // delaySQL measures the delays of one raw table: %[1]s the table aliased
-// r (with a sample clause), %[2]s the delay expression in seconds, %[3]s the event
-// time column. $1, $2 bound event times, $3 the bin edges, $4 the
-// quantiles, $5 the horizon in seconds (NULL for none). The rollup row
-// (grouping 1) holds the totals.
+// r (with a sample clause), %[2]s the delay expression in seconds, %[3]s
+// the event time column. $1, $2 bound event times, $3 holds the bin edges
+// negated in reverse order, so that width_bucket's lower-inclusive buckets
+// become the upper-inclusive bins of Distribution, $4 the quantiles. The
+// rollup row (grouping 1) holds the totals.
 const delaySQL = `
 WITH d AS (
     SELECT %[2]s AS delay FROM %[1]s WHERE r.%[3]s >= $1 AND r.%[3]s < $2
 )
-SELECT grouping(width_bucket(delay, $3::float8[])), coalesce(width_bucket(delay, $3::float8[]), -1), count(*),
-       percentile_disc($4::float8[]) WITHIN GROUP (ORDER BY delay), min(delay), max(delay),
-       count(*) FILTER (WHERE delay > $5::float8)
-FROM d GROUP BY ROLLUP (width_bucket(delay, $3::float8[]))`
+SELECT grouping(width_bucket(-delay, $3::float8[])), coalesce(width_bucket(-delay, $3::float8[]), -1), count(*),
+       percentile_disc($4::float8[]) WITHIN GROUP (ORDER BY delay), min(delay), max(delay)
+FROM d GROUP BY ROLLUP (width_bucket(-delay, $3::float8[]))`
 
 // estimateSQL estimates the rows of a table, summing its partitions.
 const estimateSQL = `
@@ -164,11 +164,18 @@ func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, 
 	}
 	et, ia := pgx.Identifier{eventTime}.Sanitize(), pgx.Identifier{ingestedAt}.Sanitize()
 	delay := fmt.Sprintf("extract(epoch FROM r.%s - r.%s)::float8", ia, et)
-	qs := Quantiles
 	var err error
-	if r.Delay, _, _, err = measure(ctx, q, fmt.Sprintf(delaySQL, from, delay, et), r.Since, r.Until, Edges, qs, nil); err != nil {
+	if r.Delay, _, err = measure(ctx, q, fmt.Sprintf(delaySQL, from, delay, et), r.Since, r.Until, Edges, Quantiles); err != nil {
 		return nil, fmt.Errorf("lateness %s: %w", source, err)
 	}
+	// The delay after the partition's end depends on the calendar only:
+	// measure it once per calendar, with every horizon among the edges.
+	type calendar struct {
+		cal  aggregate.Calendar
+		aggs []int // indices in r.Aggregates
+	}
+	var cals []*calendar
+	byName := map[string]*calendar{}
 	for _, name := range cfg.AggregateNames() {
 		a := cfg.Aggregates[name]
 		if a.Source != source {
@@ -178,54 +185,70 @@ func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, 
 		if err != nil {
 			return nil, err
 		}
-		bounds := Bounds(d.Calendar, r.Since, r.Until)
-		pastEnd := fmt.Sprintf("extract(epoch FROM r.%s - ($6::timestamptz[])[width_bucket(r.%s, $6::timestamptz[]) + 1])::float8", ia, et)
-		h := d.Horizon.Seconds()
-		edges := withEdge(Edges, h)
-		ag := Aggregate{Name: name, Calendar: a.Partition.By + " in " + a.Partition.TimeZone, Horizon: d.Horizon}
-		var targetQ float64
-		ag.PastEnd, targetQ, ag.Beyond, err = measure(ctx, q, fmt.Sprintf(delaySQL, from, pastEnd, et), r.Since, r.Until, edges,
-			append(slices.Clone(qs), o.Target), &h, bounds)
+		key := a.Partition.By + " in " + a.Partition.TimeZone
+		c := byName[key]
+		if c == nil {
+			c = &calendar{cal: d.Calendar}
+			byName[key] = c
+			cals = append(cals, c)
+		}
+		r.Aggregates = append(r.Aggregates, Aggregate{Name: name, Calendar: key, Horizon: d.Horizon})
+		c.aggs = append(c.aggs, len(r.Aggregates)-1)
+	}
+	pastEnd := fmt.Sprintf("extract(epoch FROM r.%s - ($5::timestamptz[])[width_bucket(r.%s, $5::timestamptz[]) + 1])::float8", ia, et)
+	for _, c := range cals {
+		edges := Edges
+		for _, i := range c.aggs {
+			edges = withEdge(edges, r.Aggregates[i].Horizon.Seconds())
+		}
+		dist, targetQ, err := measure(ctx, q, fmt.Sprintf(delaySQL, from, pastEnd, et), r.Since, r.Until, edges,
+			append(slices.Clone(Quantiles), o.Target), Bounds(c.cal, r.Since, r.Until))
 		if err != nil {
-			return nil, fmt.Errorf("lateness %s, aggregate %s: %w", source, name, err)
+			return nil, fmt.Errorf("lateness %s, %s: %w", source, r.Aggregates[c.aggs[0]].Calendar, err)
 		}
-		if ag.PastEnd.Events > 0 {
-			ag.Kept = 1 - float64(ag.Beyond)/float64(ag.PastEnd.Events)
-			ag.Recommended = seconds(math.Max(0, targetQ))
-			ag.Suggested = Suggest(ag.Recommended)
+		for _, i := range c.aggs {
+			a := &r.Aggregates[i]
+			a.PastEnd = dist
+			a.Beyond = dist.Beyond(a.Horizon.Seconds())
+			if dist.Events > 0 {
+				a.Kept = 1 - float64(a.Beyond)/float64(dist.Events)
+				a.Recommended = seconds(math.Max(0, targetQ))
+				a.Suggested = Suggest(a.Recommended)
+			}
 		}
-		r.Aggregates = append(r.Aggregates, ag)
 	}
 	return r, nil
 }
 
-// measure runs one delaySQL with args after the first five. It returns
-// the distribution, the quantile asked for after Quantiles (if any), and
-// the events delayed more than horizon (if given).
-func measure(ctx context.Context, q Querier, sql string, since, until time.Time, edges, qs []float64, horizon *float64, extra ...any) (Distribution, float64, int64, error) {
-	rows, err := q.Query(ctx, sql, append([]any{since, until, edges, qs, horizon}, extra...)...)
+// measure runs one delaySQL with args after the first four. It returns
+// the distribution and the quantile asked for after Quantiles, if any.
+func measure(ctx context.Context, q Querier, sql string, since, until time.Time, edges, qs []float64, extra ...any) (Distribution, float64, error) {
+	neg := make([]float64, len(edges))
+	for i, e := range edges {
+		neg[len(edges)-1-i] = -e
+	}
+	rows, err := q.Query(ctx, sql, append([]any{since, until, neg, qs}, extra...)...)
 	if err != nil {
-		return Distribution{}, 0, 0, err
+		return Distribution{}, 0, err
 	}
 	d := Distribution{Edges: edges, Bins: make([]int64, len(edges)+1)}
 	var targetQ float64
-	var over int64
 	for rows.Next() {
 		var total int32
-		var bin, n, o int64
+		var bucket, n int64
 		var quant []float64
 		var lo, hi *float64
-		if err := rows.Scan(&total, &bin, &n, &quant, &lo, &hi, &o); err != nil {
+		if err := rows.Scan(&total, &bucket, &n, &quant, &lo, &hi); err != nil {
 			rows.Close()
-			return Distribution{}, 0, 0, err
+			return Distribution{}, 0, err
 		}
 		if total == 0 {
-			if bin >= 0 && int(bin) < len(d.Bins) {
+			if bin := int64(len(edges)) - bucket; bucket >= 0 && bin >= 0 {
 				d.Bins[bin] += n
 			}
 			continue
 		}
-		d.Events, over = n, o
+		d.Events = n
 		if n == 0 || len(quant) < len(Quantiles) {
 			continue
 		}
@@ -236,9 +259,23 @@ func measure(ctx context.Context, q Querier, sql string, since, until time.Time,
 		d.Min, d.Max = *lo, *hi
 	}
 	if err := rows.Err(); err != nil {
-		return Distribution{}, 0, 0, err
+		return Distribution{}, 0, err
 	}
-	return d, targetQ, over, nil
+	return d, targetQ, nil
+}
+
+// Beyond counts the events delayed more than h, which must be one of the
+// edges.
+func (d Distribution) Beyond(h float64) int64 {
+	i := slices.Index(d.Edges, h)
+	if i < 0 {
+		return -1
+	}
+	var n int64
+	for _, b := range d.Bins[i+1:] {
+		n += b
+	}
+	return n
 }
 
 // withEdge returns edges with e inserted in order (once).

@@ -21,8 +21,9 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // testConfig has a timestamp-mode source over partner.sales and two
-// aggregates over it in different calendars: days in UTC and hours in
-// Asia/Kolkata (UTC+05:30, so its hours start at :30 UTC).
+// aggregates over it in different calendars: days in UTC (twice, with
+// different horizons) and hours in Asia/Kolkata (UTC+05:30, so its hours
+// start at :30 UTC).
 const testConfig = `
 warehouse: {dsn: %q}
 sources:
@@ -34,6 +35,12 @@ aggregates:
     table: partner_daily
     partition: {by: day, column: day}
     lateness_horizon: 30h
+    sql: SELECT {{partition}} AS day, count(*) AS n FROM {{events}} GROUP BY 1
+  partner_daily_strict:
+    source: partner
+    table: partner_daily_strict
+    partition: {by: day, column: day}
+    lateness_horizon: 6h
     sql: SELECT {{partition}} AS day, count(*) AS n FROM {{events}} GROUP BY 1
   partner_hourly:
     source: partner
@@ -130,10 +137,10 @@ func TestMeasureMatchesSQL(t *testing.T) {
 		for i, got := range d.Bins {
 			cond := []string{}
 			if i > 0 {
-				cond = append(cond, fmt.Sprintf("%s >= %v", expr, d.Edges[i-1]))
+				cond = append(cond, fmt.Sprintf("%s > %v", expr, d.Edges[i-1]))
 			}
 			if i < len(d.Edges) {
-				cond = append(cond, fmt.Sprintf("%s < %v", expr, d.Edges[i]))
+				cond = append(cond, fmt.Sprintf("%s <= %v", expr, d.Edges[i]))
 			}
 			where := inRange
 			for _, c := range cond {
@@ -157,11 +164,12 @@ func TestMeasureMatchesSQL(t *testing.T) {
 		t.Fatalf("only %d events measured", rep.Delay.Events)
 	}
 	ends := map[string]string{
-		"partner_daily":  "(date_trunc('day', occurred_at AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'",
-		"partner_hourly": "(date_trunc('hour', occurred_at AT TIME ZONE 'Asia/Kolkata') + interval '1 hour') AT TIME ZONE 'Asia/Kolkata'",
+		"partner_daily":        "(date_trunc('day', occurred_at AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'",
+		"partner_daily_strict": "(date_trunc('day', occurred_at AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'",
+		"partner_hourly":       "(date_trunc('hour', occurred_at AT TIME ZONE 'Asia/Kolkata') + interval '1 hour') AT TIME ZONE 'Asia/Kolkata'",
 	}
-	if len(rep.Aggregates) != 2 {
-		t.Fatalf("%d aggregates reported, want 2", len(rep.Aggregates))
+	if len(rep.Aggregates) != 3 {
+		t.Fatalf("%d aggregates reported, want 3", len(rep.Aggregates))
 	}
 	for _, a := range rep.Aggregates {
 		pastEnd := fmt.Sprintf("extract(epoch FROM loaded_at - %s)::float8", ends[a.Name])
