@@ -48,7 +48,9 @@ type Aggregate struct {
 	Table     string `json:"table"`
 	Partition string `json:"partition"` // e.g. "day in UTC"
 	Horizon   string `json:"lateness_horizon"`
-	Policy    string `json:"beyond_horizon"`
+	// HorizonSeconds is the horizon in seconds.
+	HorizonSeconds int64  `json:"lateness_horizon_seconds"`
+	Policy         string `json:"beyond_horizon"`
 	// LoadWatermark is an xid for ledger sources; IngestedThrough the
 	// newest ingestion time read, for table sources.
 	LoadWatermark      string         `json:"load_watermark"`
@@ -129,17 +131,28 @@ type Backfill struct {
 	FinishedAt   *time.Time `json:"finished_at"`
 }
 
+// RecentPartitions is how many of an aggregate's newest partitions the
+// report shows.
+const RecentPartitions = 14
+
 // AggPartition is the status of one aggregate partition.
 type AggPartition struct {
-	Key          string     `json:"partition"`
-	Start        time.Time  `json:"start"`
-	End          time.Time  `json:"end"`
-	State        string     `json:"state"`
-	Rows         *int64     `json:"rows"`
-	Completeness *float64   `json:"completeness"`
-	RebuiltAt    *time.Time `json:"rebuilt_at"`
-	Rebuilds     int64      `json:"rebuilds"`
-	FinalAt      time.Time  `json:"final_at"`
+	Key   string    `json:"partition"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	// State is open, closed, final or archived, or queued for a partition
+	// queued for its first build.
+	State string `json:"state"`
+	// Queued says the partition waits in the queue to be rebuilt;
+	// FailedAttempts counts the rebuilds of it that failed since.
+	Queued         bool       `json:"queued"`
+	FailedAttempts int64      `json:"failed_attempts"`
+	Rows           *int64     `json:"rows"`
+	Completeness   *float64   `json:"completeness"`
+	RebuiltAt      *time.Time `json:"rebuilt_at"`
+	Rebuilds       int64      `json:"rebuilds"`
+	// FinalAt is when the partition is final: its end plus the horizon.
+	FinalAt time.Time `json:"final_at"`
 }
 
 // FailingPartition is a queued partition whose last rebuild failed: the
@@ -532,10 +545,21 @@ SELECT partition_start, partition_end, attempts, failing_since, next_attempt_at,
 FROM tidemark.pending_partitions WHERE aggregate = $1 AND attempts > 0
 ORDER BY failing_since NULLS FIRST, partition_start DESC LIMIT $2`
 
+	// recentPartitionsSQL lists the newest partitions of an aggregate,
+	// built ones and queued ones never built yet, with whether each waits
+	// in the queue and how many rebuilds of it failed since it was queued.
 	recentPartitionsSQL = `
-SELECT partition_key, partition_start, partition_end, state, rows, completeness, rebuilt_at, rebuilds, final_at
-FROM tidemark.partitions WHERE aggregate = $1
-ORDER BY partition_start DESC LIMIT 10`
+WITH keys AS (
+    (SELECT partition_start, partition_end FROM tidemark.partitions WHERE aggregate = $1 ORDER BY partition_start DESC LIMIT $2)
+    UNION
+    (SELECT partition_start, partition_end FROM tidemark.pending_partitions WHERE aggregate = $1 ORDER BY partition_start DESC LIMIT $2)
+)
+SELECT coalesce(p.partition_key, ''), k.partition_start, k.partition_end, coalesce(p.state, 'queued'), p.rows, p.completeness, p.rebuilt_at,
+       coalesce(p.rebuilds, 0), p.final_at, q.partition_start IS NOT NULL, coalesce(q.attempts, 0)
+FROM keys k
+LEFT JOIN tidemark.partitions p ON p.aggregate = $1 AND p.partition_start = k.partition_start
+LEFT JOIN tidemark.pending_partitions q ON q.aggregate = $1 AND q.partition_start = k.partition_start
+ORDER BY k.partition_start DESC LIMIT $2`
 
 	// oldestTransactionSQL finds the transaction with the oldest id among
 	// running and prepared ones: the reconciler's load watermarks cannot
@@ -563,20 +587,31 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 	for _, name := range cfg.AggregateNames() {
 		a := cfg.Aggregates[name]
 		ag := Aggregate{Name: name, Source: a.Source, Table: a.Table, Policy: a.BeyondHorizon, Horizon: a.LatenessHorizon.String(),
-			Partition: a.Partition.By + " in " + a.Partition.TimeZone, Partitions: []AggPartition{}, Failing: []FailingPartition{}}
+			HorizonSeconds: int64(a.LatenessHorizon.D() / time.Second),
+			Partition:      a.Partition.By + " in " + a.Partition.TimeZone, Partitions: []AggPartition{}, Failing: []FailingPartition{}}
 		err := q.QueryRow(ctx, aggregateStateSQL, name).Scan(&ag.LoadWatermark, &ag.IngestedThrough, &ag.WatermarkMovedAt,
 			&ag.LastRunAt, &ag.EventTimeWatermark, &ag.Queued)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("read the state of aggregate %s: %w", name, err)
 		}
-		rows, err := q.Query(ctx, recentPartitionsSQL, name)
+		rows, err := q.Query(ctx, recentPartitionsSQL, name, RecentPartitions)
 		if err != nil {
 			return fmt.Errorf("read the partitions of aggregate %s: %w", name, err)
 		}
+		cal := aggregate.Calendar{By: a.Partition.By, Loc: a.Partition.Location()}
 		ag.Partitions, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (AggPartition, error) {
 			var p AggPartition
-			err := row.Scan(&p.Key, &p.Start, &p.End, &p.State, &p.Rows, &p.Completeness, &p.RebuiltAt, &p.Rebuilds, &p.FinalAt)
-			p.Start, p.End, p.FinalAt, p.RebuiltAt = p.Start.UTC(), p.End.UTC(), p.FinalAt.UTC(), utc(p.RebuiltAt)
+			var final *time.Time
+			err := row.Scan(&p.Key, &p.Start, &p.End, &p.State, &p.Rows, &p.Completeness, &p.RebuiltAt, &p.Rebuilds, &final, &p.Queued, &p.FailedAttempts)
+			if p.Key == "" {
+				p.Key = cal.At(p.Start).Label()
+			}
+			p.Start, p.End, p.RebuiltAt = p.Start.UTC(), p.End.UTC(), utc(p.RebuiltAt)
+			if final != nil {
+				p.FinalAt = final.UTC()
+			} else {
+				p.FinalAt = p.End.Add(a.LatenessHorizon.D()).UTC()
+			}
 			return p, err
 		})
 		if err != nil {
@@ -783,7 +818,11 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		fmt.Fprintf(tw, "  partition\tstate\trows\tcompleteness\trebuilt at\tfinal at\n")
 		for _, p := range a.Partitions {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Key, p.State, fmtInt(p.Rows), fmtRatio(p.Completeness),
+			state := p.State
+			if p.Queued && state != "queued" {
+				state += " (queued)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Key, state, fmtInt(p.Rows), fmtRatio(p.Completeness),
 				fmtTime(p.RebuiltAt), p.FinalAt.UTC().Format(time.RFC3339))
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/lateness"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
@@ -439,6 +441,7 @@ type handler struct {
 	now         func() time.Time
 	reg         *prometheus.Registry
 	stopping    atomic.Bool
+	lateness    latenessCache
 }
 
 func (h *handler) mux() *http.ServeMux {
@@ -450,6 +453,7 @@ func (h *handler) mux() *http.ServeMux {
 	m.HandleFunc("GET /healthz", h.healthz)
 	m.HandleFunc("GET /readyz", h.readyz)
 	m.Handle("GET /status", h.private(http.HandlerFunc(h.status)))
+	m.Handle("GET /{$}", h.private(http.HandlerFunc(h.page)))
 	return m
 }
 
@@ -528,6 +532,66 @@ func (h *handler) status(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = rep.WriteJSON(w)
+}
+
+// page serves the status page: the report as HTML, with the lateness
+// charts, arrival curves and partition grid.
+func (h *handler) page(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	now := h.now()
+	rep, err := status.Gather(ctx, h.pool, h.cfg, h.adm, now)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	p := status.BuildPage(ctx, h.pool, h.cfg, rep, func(ctx context.Context, source string) (*lateness.Report, error) {
+		return h.lateness.get(ctx, h.pool, h.cfg, source, now)
+	})
+	if families, err := h.reg.Gather(); err == nil {
+		p.AddSlots(families)
+	}
+	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && n > 0 {
+		p.Refresh = max(n, 5)
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := p.WriteHTML(w); err != nil {
+		h.log.Warn("status page", "err", err)
+	}
+}
+
+// latenessCache keeps each source's lateness for latenessTTL: measuring
+// reads up to status.LatenessRows raw rows, too much for every reload of
+// the page.
+type latenessCache struct {
+	mu      sync.Mutex
+	entries map[string]latenessEntry
+}
+
+type latenessEntry struct {
+	at  time.Time
+	rep *lateness.Report
+}
+
+// latenessTTL is how long the page reuses a measurement.
+const latenessTTL = time.Minute
+
+func (c *latenessCache) get(ctx context.Context, q lateness.Querier, cfg *config.Config, source string, now time.Time) (*lateness.Report, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[source]; ok && time.Since(e.at) < latenessTTL && !e.rep.Until.After(now) && now.Sub(e.rep.Until) < latenessTTL {
+		return e.rep, nil
+	}
+	rep, err := lateness.Measure(ctx, q, cfg, source, lateness.Options{Since: now.Add(-status.LatenessWindow), Until: now,
+		MaxRows: status.LatenessRows})
+	if err != nil {
+		return nil, err
+	}
+	if c.entries == nil {
+		c.entries = map[string]latenessEntry{}
+	}
+	c.entries[source] = latenessEntry{time.Now(), rep}
+	return rep, nil
 }
 
 // promLogger sends the metrics handler's errors to the service log.
