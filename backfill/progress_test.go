@@ -37,10 +37,10 @@ func TestProgress(t *testing.T) {
 		t.Fatalf("first run: %v, %+v", err, rep)
 	}
 	text := logs.String()
-	if !regexp.MustCompile(`msg="backfill progress" done=[1-5] total=6 unit=chunks rate="[0-9.]+ chunks/s" eta=\S+ elapsed=\S+\n`).MatchString(text) {
+	if !regexp.MustCompile(`msg="backfill progress" aggregate=daily_sales run=1 done=[1-5] total=6 unit=chunks rate="[0-9.]+ chunks/s" eta=\S+ elapsed=\S+\n`).MatchString(text) {
 		t.Errorf("no periodic progress line while chunks were rebuilt:\n%s", text)
 	}
-	final := regexp.MustCompile(`msg="backfill progress" done=6 total=6 .*finished=true`)
+	final := regexp.MustCompile(`msg="backfill progress" aggregate=daily_sales run=1 done=6 total=6 .*finished=true`)
 	if !final.MatchString(text) {
 		t.Errorf("no last progress line with all 6 chunks done:\n%s", text)
 	}

@@ -195,7 +195,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 	}
 	opts.Logger.Info("backfill started", "aggregate", d.Name, "run", rep.RunID, "kind", opts.Kind,
 		"chunks", len(todo), "skipped", rep.Skipped, "concurrency", opts.Concurrency)
-	tr := opts.Progress.Start(opts.Logger, progress.Job{Label: opts.Kind, Unit: "chunks", Total: int64(len(todo))})
+	tr := opts.Progress.Start(opts.Logger.With("aggregate", d.Name, "run", rep.RunID),
+		progress.Job{Label: opts.Kind, Unit: "chunks", Total: int64(len(todo))})
 	defer tr.Finish(false)
 
 	// stop ends the feeding of chunks when the warehouse cannot be reached.

@@ -13,8 +13,14 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
+
+// progressEvery is how often the long commands (backfill, refresh, poll,
+// keys) log a progress line when their standard error is not a terminal.
+// Tests shorten it.
+var progressEvery = progress.DefaultEvery
 
 // rebuildFlags are the flags backfill and refresh share.
 type rebuildFlags struct {
@@ -207,7 +213,11 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 		}
 		return exitOK
 	}
-	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: logger(cfg, stderr), Now: serviceClock})
+	// A bar on a terminal, plain lines elsewhere; the log goes through
+	// the display so that its lines do not overwrite the bar.
+	disp := progress.Command(stderr, progressEvery)
+	log := logger(cfg, disp.Writer())
+	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: serviceClock})
 	if err != nil {
 		return failed(stderr, app, err)
 	}
@@ -215,7 +225,7 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 	if err != nil {
 		return failed(stderr, app, err)
 	}
-	opts.Now, opts.Logger = serviceClock, logger(cfg, stderr)
+	opts.Now, opts.Logger, opts.Progress = serviceClock, log, disp
 	rep, err := backfill.Run(ctx, pool, d, r, opts)
 	if rep != nil {
 		header(rep.Chunks, d)

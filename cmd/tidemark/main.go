@@ -53,6 +53,7 @@ import (
 	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/demo"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
@@ -613,7 +614,10 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	defer pool.Close()
-	p, err := ingest.NewPoller(cfg, *name, pool, ingest.PollOptions{Logger: logger(cfg, stderr), Now: serviceClock})
+	// A first load shows its progress: a bar on a terminal, plain lines
+	// elsewhere; the log goes through the display around the bar.
+	disp := progress.Command(stderr, progressEvery)
+	p, err := ingest.NewPoller(cfg, *name, pool, ingest.PollOptions{Logger: logger(cfg, disp.Writer()), Now: serviceClock, Progress: disp})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark poll: %v\n", err)
 		return exitFailure
@@ -672,7 +676,10 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	defer pool.Close()
-	log := logger(cfg, stderr)
+	// A bar on a terminal, plain lines elsewhere; the log goes through the
+	// display around the bar.
+	disp := progress.Command(stderr, progressEvery)
+	log := logger(cfg, disp.Writer())
 	t, err := mirror.FromConfig(cfg.Sources[*name])
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
@@ -709,7 +716,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		t = p.Mirror()
 	}
 	k, err := reconcile.NewKeyReconciler(t, cfg.Sources[*name].Poll.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock,
-		MaxDelete: cfg.Sources[*name].Mirror.KeyReconcileMaxDelete})
+		MaxDelete: cfg.Sources[*name].Mirror.KeyReconcileMaxDelete, Progress: disp})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure

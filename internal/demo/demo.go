@@ -23,8 +23,10 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/clock"
+	"github.com/tidemark-dev/tidemark/internal/history"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/service"
+	"github.com/tidemark-dev/tidemark/lateness"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/status"
 )
@@ -116,7 +118,7 @@ aggregates:
 	}
 	fmt.Fprintln(out)
 
-	clk := clock.New(at("2026-10-04 22:01"))
+	clk := clock.New(historyFrom)
 	svcCtx, stopSvc := context.WithCancel(ctx)
 	defer stopSvc()
 	addrCh := make(chan string, 1)
@@ -152,6 +154,10 @@ aggregates:
 		return err
 	}
 	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec, log: log}
+	if err := d.history(); err != nil {
+		return err
+	}
+	clk.Set(at("2026-10-04 22:01"))
 	fmt.Fprintln(out, "The service clock follows the ingestion times of the worked example (UTC); after each step the")
 	fmt.Fprintln(out, "reconciler runs once and rebuilds the daily_sales partitions that the new rows touched:")
 	steps := []struct {
@@ -186,6 +192,9 @@ aggregates:
 	fmt.Fprintln(out)
 
 	if err := d.show(); err != nil {
+		return err
+	}
+	if err := d.completeness(cfg); err != nil {
 		return err
 	}
 	src, err := pgxpool.New(ctx, pg.URL("app"))
@@ -239,6 +248,99 @@ type run struct {
 	log  *slog.Logger
 }
 
+// History is the simulated history the demo loads before the worked
+// example: sales from historyFrom to historyTo, arriving by historyNow.
+var (
+	historyFrom = at("2026-09-20 00:00")
+	historyTo   = at("2026-10-04 00:00")
+	historyNow  = at("2026-10-04 22:00")
+)
+
+// history loads two weeks of simulated sales, arriving late in a
+// realistic mix, with the service clock at each batch's arrival, and
+// reconciles them: the final partitions the completeness estimate learns
+// from.
+func (d *run) history() error {
+	evs := history.Sales("h", historyFrom, historyTo, historyNow, 12)
+	batches := history.Batches(evs)
+	fmt.Fprintf(d.out, "First, two weeks of history: %d simulated sales from %s to %s (IDs h0001...), produced in %d batches\n",
+		len(evs), historyFrom.Format("2 January"), historyTo.AddDate(0, 0, -1).Format("2 January"), len(batches))
+	fmt.Fprintln(d.out, "with the service clock at their arrival, every three hours: most within hours, some a day later, one in")
+	fmt.Fprintln(d.out, "twelve after more than three days. The reconciler learns from the final days how fast a day fills up.")
+	for _, b := range batches {
+		d.clk.Set(b[0].Arrives)
+		recs := make([]*kgo.Record, len(b))
+		for i, e := range b {
+			recs[i] = &kgo.Record{Topic: topic, Partition: int32(i % 2), Key: []byte(e.ID), Value: e.JSON()}
+		}
+		if err := d.produceAndWait(recs); err != nil {
+			return err
+		}
+	}
+	d.clk.Set(historyNow)
+	rep, err := d.rec.RunOnce(d.ctx, "daily_sales", true)
+	if err != nil {
+		return err
+	}
+	var beyond int64
+	if err := d.pool.QueryRow(d.ctx, "SELECT count(*) FROM tidemark.corrections").Scan(&beyond); err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "  [%s] reconcile: rebuilt %d partitions (%s .. %s); %d late event(s) beyond the 72h horizon recorded\n\n",
+		historyNow.Format("2006-01-02 15:04"), len(rep.Rebuilt), rep.Rebuilt[len(rep.Rebuilt)-1], rep.Rebuilt[0], beyond)
+	return nil
+}
+
+// completeness prints the completeness estimate of the partitions that are
+// not final, explained from the arrival curve, and the lateness of the
+// source's events.
+func (d *run) completeness(cfg *config.Config) error {
+	curve, err := lateness.Curve(d.ctx, d.pool, "daily_sales", reconcile.HistoryPartitions("day"))
+	if err != nil {
+		return err
+	}
+	rows, err := d.pool.Query(d.ctx, `SELECT partition_key, state, extract(epoch FROM $1::timestamptz - partition_end)::float8, completeness
+		FROM tidemark.partitions WHERE aggregate = 'daily_sales' AND state NOT IN ('final', 'archived') AND completeness IS NOT NULL
+		ORDER BY partition_start DESC`, d.clk.Now())
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	fmt.Fprintf(d.out, "completeness of the daily_sales partitions that are not final, as of %s: the share of a day's events\n", d.clk.Now().Format("2006-01-02 15:04"))
+	fmt.Fprintf(d.out, "already loaded, estimated from the arrival history of the %d latest final days:\n", curve.Partitions)
+	for rows.Next() {
+		var key, state string
+		var age, c float64
+		if err := rows.Scan(&key, &state, &age, &c); err != nil {
+			return err
+		}
+		when := lateness.Format(time.Duration(age)*time.Second) + " after its end"
+		if age < 0 {
+			when = lateness.Format(time.Duration(-age)*time.Second) + " before its end"
+		}
+		fmt.Fprintf(d.out, "  %s  %-6s  %6s complete: %s of a final day's events had arrived %s, on average\n",
+			key, state, lateness.Percent(c), lateness.Percent(c), when)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	until := d.clk.Now()
+	rep, err := lateness.Measure(d.ctx, d.pool, cfg, "app_events", lateness.Options{Since: until.Add(-14 * 24 * time.Hour), Until: until})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "\n`tidemark lateness --source app_events --since 14d --until %q`: the evidence for the horizon\n", until.Format("2006-01-02 15:04Z07:00"))
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		return err
+	}
+	for _, line := range strings.Split(strings.TrimRight(text.String(), "\n"), "\n") {
+		fmt.Fprintln(d.out, "  "+line)
+	}
+	fmt.Fprintln(d.out)
+	return nil
+}
+
 // reconcile runs the reconciler once and says what it rebuilt.
 func (d *run) reconcile() error {
 	rep, err := d.rec.RunOnce(d.ctx, "daily_sales", true)
@@ -246,7 +348,7 @@ func (d *run) reconcile() error {
 		return err
 	}
 	var beyond int64
-	if err := d.pool.QueryRow(d.ctx, "SELECT count(*) FROM tidemark.corrections").Scan(&beyond); err != nil {
+	if err := d.pool.QueryRow(d.ctx, "SELECT count(*) FROM tidemark.corrections WHERE event_key NOT LIKE 'h%'").Scan(&beyond); err != nil {
 		return err
 	}
 	what := "nothing to rebuild"
@@ -335,37 +437,37 @@ func (d *run) table(title, sql string) error {
 
 func (d *run) show() error {
 	for _, t := range []struct{ title, sql string }{
-		{"raw.app_events: one row per distinct event, stamped with the service clock; the retry of e2 was dropped", `
+		{"raw.app_events (the history's rows left out): one row per distinct event, stamped with the service clock; the retry of e2 was dropped", `
 SELECT event_id,
        to_char(event_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS event_time,
        to_char(ingested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS ingested_at,
        (ingested_at - event_time)::text AS arrival_delay,
        payload->>'amount' AS amount,
        kafka_partition || '/' || kafka_offset AS "partition/offset"
-FROM raw.app_events ORDER BY event_id`},
+FROM raw.app_events WHERE event_id NOT LIKE 'h%' ORDER BY event_id`},
 		{"raw partitions, one per event date (UTC), created around the present and for late dates on demand:", `
 SELECT c.relname AS partition, pg_get_expr(c.relpartbound, c.oid) AS bounds
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'raw.app_events'::regclass ORDER BY 1`},
-		{"tidemark.ingest_ledger: what each load transaction wrote, per UTC hour of event time (the reconciler reads this, not the raw rows)", `
+		{"tidemark.ingest_ledger (the worked example's loads): what each load transaction wrote, per UTC hour of event time (the reconciler reads this, not the raw rows)", `
 SELECT load_xid, to_char(bucket AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS bucket, rows,
        to_char(ingested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS ingested_at
-FROM tidemark.ingest_ledger ORDER BY id`},
+FROM tidemark.ingest_ledger WHERE ingested_at > '2026-10-04 22:00+00' ORDER BY id`},
 		{"tidemark.dead_letters: bad input with its original bytes and the reason", `
 SELECT reason, topic || '/' || partition || '/' || "offset" AS coordinates,
        convert_from(record_key, 'UTF8') AS key, convert_from(record_value, 'UTF8') AS value
 FROM tidemark.dead_letters ORDER BY id`},
-		{"daily_sales: the aggregate, rebuilt partition by partition (4 October twice: e3 arrived late)", `
-SELECT sale_date::text, total::text, event_count FROM daily_sales ORDER BY 1`},
-		{"tidemark.partitions: each partition's state, rows, rebuilds and when its numbers become final", `
-SELECT partition_key AS partition, state, rows, rebuilds,
+		{"daily_sales since 29 September: the aggregate, rebuilt partition by partition (4 October twice: e3 arrived late)", `
+SELECT sale_date::text, total::text, event_count FROM daily_sales WHERE sale_date >= '2026-09-29' ORDER BY 1`},
+		{"tidemark.partitions since 29 September: each partition's state, rows, rebuilds, completeness and when its numbers become final", `
+SELECT partition_key AS partition, state, rows, rebuilds, round(completeness::numeric * 100, 1) || '%' AS completeness,
        to_char(rebuilt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS rebuilt_at,
        to_char(final_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS final_at
-FROM tidemark.partitions ORDER BY partition_start`},
-		{"tidemark.corrections: events that arrived after their partition's horizon (the partition stays final)", `
+FROM tidemark.partitions WHERE partition_start >= '2026-09-29' ORDER BY partition_start`},
+		{"tidemark.corrections (the worked example's): events that arrived after their partition's horizon (the partition stays final)", `
 SELECT aggregate, event_key, to_char(event_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS event_time,
        to_char(ingested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS ingested_at, event->'payload'->>'amount' AS amount
-FROM tidemark.corrections ORDER BY id`},
+FROM tidemark.corrections WHERE event_key NOT LIKE 'h%' ORDER BY id`},
 		{"tidemark.kafka_offsets: next offsets, stored in the same transactions as the rows", `
 SELECT topic || '/' || partition AS partition, next_offset, rows_written, duplicates, dead_letters,
        to_char(max_event_time AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS max_event_time

@@ -3,10 +3,13 @@ package demo
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tidemark-dev/tidemark/internal/history"
 )
 
 // TestDemo runs `make demo` in-process and checks what it shows, so that
@@ -19,16 +22,24 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	text := out.String()
+	rows := 4 + len(history.Sales("h", historyFrom, historyTo, historyNow, 12))
 	for _, want := range []string{
+		fmt.Sprintf(`tidemark_ingest_rows_written_total{source="app_events"} %d`, rows),
+		// The open partition's completeness, from the history's final days.
+		"completeness of the daily_sales partitions that are not final",
+		"2026-10-05  open     45.5% complete: 45.5% of a final day's events had arrived 14h before its end",
+		"2026-10-04  closed   90.9% complete",
+		// The lateness of the source, with a recommended horizon.
+		"aggregate daily_sales (day in UTC, lateness_horizon 72h): delay after the end of the event's partition:",
+		"smallest horizon keeping 99.9%  84h (lateness_horizon: 84h)",
 		// e3 happened on 4 October and arrived 9h45m later, on the 5th.
 		"e3        2026-10-04 23:30  2026-10-05 09:15  09:45:00",
 		"app_events_p20261004", "app_events_p20261005",
 		"missing_id", "invalid_json", "time_out_of_range",
 		"duplicates dropped    1",
 		"event-time watermark  2026-10-05T08:00:00Z",
-		`tidemark_ingest_rows_written_total{source="app_events"} 4`,
 		"reconcile: rebuilt 2026-10-04 (load watermark",
-		"2026-10-04  15.00  2", "2026-10-05  20.00  1",
+		"2026-10-04  15.00   2", "2026-10-05  20.00   1",
 		"2026-10-04  closed  1     2",
 		"e0|2026-10-01 12:00:00+00",
 		"poll --upper \"2026-10-05 12:00+00\": read 0, merged 0",
