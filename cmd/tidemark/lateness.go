@@ -93,12 +93,9 @@ func parseShare(s string) (float64, error) {
 }
 
 // noSuchSource says that name is not a configured source, and which are.
-func noSuchSource(name string, configured []string) string {
-	if len(configured) == 0 {
-		return "no sources are configured"
-	}
+func noSuchSource(name string, names []string) string {
 	if name == "" {
-		return "name a source: " + strings.Join(configured, ", ")
+		return "name the source to measure" + configured("sources", names)
 	}
-	return fmt.Sprintf("no source named %q (configured: %s)", name, strings.Join(configured, ", "))
+	return fmt.Sprintf("no source named %q%s", name, configured("sources", names))
 }
