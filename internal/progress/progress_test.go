@@ -2,6 +2,7 @@ package progress_test
 
 import (
 	"bytes"
+	"io"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -180,5 +181,19 @@ func TestCommandMode(t *testing.T) {
 	t.Setenv(progress.Env, "off")
 	if m := progress.Service(0).Mode(); m != progress.Off {
 		t.Errorf("a service's display with %s=off is in mode %v", progress.Env, m)
+	}
+}
+
+// BenchmarkAdd measures what reporting one chunk or batch costs the work
+// code: lines mode counts it; bar mode also redraws the bar.
+func BenchmarkAdd(b *testing.B) {
+	for _, m := range []progress.Mode{progress.Off, progress.Lines, progress.Bar} {
+		b.Run(m.String(), func(b *testing.B) {
+			tr := progress.New(m, io.Discard, time.Hour).Start(nil, progress.Job{Label: "bench", Unit: "chunks", Total: 1 << 40})
+			for b.Loop() {
+				tr.Add(1)
+			}
+			tr.Finish(false)
+		})
 	}
 }
