@@ -249,6 +249,7 @@ type Tracker struct {
 	done     int64
 	total    int64
 	finished bool
+	ticked   bool // a periodic line was logged
 
 	stop, stopped chan struct{} // the line ticker's, in lines mode
 }
@@ -300,7 +301,8 @@ func (t *Tracker) SetTotal(total int64) {
 }
 
 // Finish ends the display of the operation: the bar is completed or left
-// where it stands, or the last line is logged. complete says that the
+// where it stands, or the last line is logged (unless nothing was done
+// and no line was logged yet). complete says that the
 // operation did all its work, which makes an estimated total (or an
 // unknown one) its count. Only the first call counts, so a deferred
 // Finish(false) may back up a Finish(true) on success.
@@ -321,7 +323,11 @@ func (t *Tracker) Finish(complete bool) {
 	if t.bar == nil {
 		close(t.stop)
 		<-t.stopped
-		t.line(true)
+		if t.done > 0 || t.ticked {
+			// A job that did nothing within an interval (a poll of an
+			// empty table, every poll.every) says nothing.
+			t.line(true)
+		}
 		return
 	}
 	t.d.mu.Lock()
@@ -349,6 +355,9 @@ func (t *Tracker) tick(every time.Duration) {
 		case <-t.stop:
 			return
 		case <-tk.C:
+			t.mu.Lock()
+			t.ticked = true
+			t.mu.Unlock()
 			t.line(false)
 		}
 	}

@@ -117,7 +117,8 @@ func TestEstimated(t *testing.T) {
 }
 
 // TestNilAndOff: a nil Display, and one that is off, start trackers that
-// do nothing.
+// do nothing; so does a job in lines mode that ends with nothing done
+// before its first interval.
 func TestNilAndOff(t *testing.T) {
 	var d *progress.Display
 	tr := d.Start(nil, progress.Job{Label: "x", Total: 1})
@@ -132,6 +133,11 @@ func TestNilAndOff(t *testing.T) {
 	off.Start(slog.New(slog.NewTextHandler(&out, nil)), progress.Job{Label: "x", Total: 1}).Finish(true)
 	if out.Len() != 0 {
 		t.Errorf("an Off display wrote %q", out.String())
+	}
+	// A job that did nothing within an interval logs nothing at all.
+	progress.New(progress.Lines, &out, time.Hour).Start(slog.New(slog.NewTextHandler(&out, nil)), progress.Job{Label: "x"}).Finish(true)
+	if out.Len() != 0 {
+		t.Errorf("an empty job logged %q", out.String())
 	}
 }
 
