@@ -116,6 +116,13 @@ func (p *Page) AddSlots(families []*dto.MetricFamily) {
 			p.Slots[src] = s
 		}
 	}
+	// A reader that never read its slot's status (another instance
+	// streams) leaves its series at zero: nothing to show.
+	for src, s := range p.Slots {
+		if s.WALStatus == "" && !s.Streaming {
+			delete(p.Slots, src)
+		}
+	}
 }
 
 //go:embed page.html

@@ -41,8 +41,21 @@ func at(s string) time.Time {
 	return t.UTC()
 }
 
+// Options customise a demonstration.
+type Options struct {
+	// Logger receives the service log; nil discards it.
+	Logger *slog.Logger
+	// Serve keeps the service, and its status page, running at the end
+	// until ctx is cancelled.
+	Serve bool
+}
+
 // Run runs the demonstration, writing what happens to out.
-func Run(ctx context.Context, out io.Writer, log *slog.Logger) error {
+func Run(ctx context.Context, out io.Writer, opts Options) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	fmt.Fprintln(out, "tidemark demo: an embedded Kafka broker, a throwaway PostgreSQL, and the service in between.")
 	fmt.Fprintln(out)
 
@@ -223,6 +236,13 @@ aggregates:
 	fmt.Fprintln(out)
 	if err := d.metrics(addr); err != nil {
 		return err
+	}
+	if opts.Serve {
+		fmt.Fprintf(out, "\nstatus page: http://%s/ (the partition grid, the lateness of app_events and the arrival curve of\n", addr)
+		fmt.Fprintln(out, "daily_sales, at the demo's clock); press Ctrl-C to stop.")
+		<-ctx.Done()
+	} else {
+		fmt.Fprintln(out, "\n`tidemark demo --serve` keeps the service running at the end, with its status page at /, until Ctrl-C.")
 	}
 	stopSvc()
 	if err := <-svcErr; err != nil {
