@@ -10,6 +10,14 @@ import (
 )
 
 const (
+	// movingPartitionsSQL counts each aggregate's open and closed
+	// partitions (zero included) through the partial index
+	// partitions_moving, which holds only those.
+	movingPartitionsSQL = `
+SELECT w.aggregate, s.state, (SELECT count(*) FROM tidemark.partitions p
+                              WHERE p.aggregate = w.aggregate AND p.state = s.state AND p.state IN ('open', 'closed'))
+FROM tidemark.load_watermarks w CROSS JOIN (VALUES ('open'), ('closed')) s (state)`
+
 	watermarkAgesSQL = `SELECT aggregate, advanced_at FROM tidemark.load_watermarks WHERE advanced_at IS NOT NULL`
 
 	// oldestTransactionSQL times the transaction with the oldest id among
@@ -24,13 +32,15 @@ SELECT coalesce((SELECT extract(epoch FROM now() - started)::float8 FROM (
 )
 
 // Collector exports, at scrape time, how far each aggregate's load
-// watermark lags (service time since it last moved) and the age of the
-// warehouse's oldest transaction, which holds the watermarks back.
+// watermark lags (service time since it last moved), how many of its
+// partitions are open and closed, and the age of the warehouse's oldest
+// transaction, which holds the watermarks back.
 type Collector struct {
 	q      ingest.Querier
 	now    func() time.Time
 	age    *prometheus.Desc
 	oldest *prometheus.Desc
+	moving *prometheus.Desc
 }
 
 // NewCollector returns the collector; now is the service clock.
@@ -40,6 +50,9 @@ func NewCollector(q ingest.Querier, now func() time.Time) *Collector {
 			"Service time since the aggregate's load watermark last moved.", []string{"aggregate"}, nil),
 		oldest: prometheus.NewDesc("tidemark_warehouse_oldest_transaction_seconds",
 			"Age of the warehouse transaction (running or prepared) with the oldest transaction id; load watermarks cannot pass it.", nil, nil),
+		moving: prometheus.NewDesc("tidemark_partitions",
+			"Partitions of the aggregate in the state: open (event time has not passed their end) or closed (it has; their numbers may still change). Final partitions are not counted.",
+			[]string{"aggregate", "state"}, nil),
 	}
 }
 
@@ -47,6 +60,7 @@ func NewCollector(q ingest.Querier, now func() time.Time) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.age
 	ch <- c.oldest
+	ch <- c.moving
 }
 
 // Collect implements prometheus.Collector.
@@ -70,6 +84,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, max(0, now.Sub(at).Seconds()), name)
 	}
 	rows.Close()
+	if err := c.collectMoving(ctx, ch); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.moving, err)
+	}
 	var oldest float64
 	r, err := c.q.Query(ctx, oldestTransactionSQL)
 	if err != nil {
@@ -84,4 +101,22 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest)
+}
+
+// collectMoving sends the open and closed partition counts.
+func (c *Collector) collectMoving(ctx context.Context, ch chan<- prometheus.Metric) error {
+	rows, err := c.q.Query(ctx, movingPartitionsSQL)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name, state string
+		var n int64
+		if err := rows.Scan(&name, &state, &n); err != nil {
+			return err
+		}
+		ch <- prometheus.MustNewConstMetric(c.moving, prometheus.GaugeValue, float64(n), name, state)
+	}
+	return rows.Err()
 }

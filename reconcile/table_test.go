@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -160,6 +161,45 @@ func TestCompleteness(t *testing.T) {
 	}
 	if got := lateness(t, reg, "under_6h"); got != 4 {
 		t.Errorf("events up to 6h late %v, want 4", got)
+	}
+	// tidemark_partitions counts the open and closed partitions; once
+	// event time passes 3 October, that day is closed and the 4th open.
+	moving(t, b, map[string]float64{"open": 1, "closed": 0})
+	sales("2026-10-04 03:00", "2026-10-04", 2)
+	moving(t, b, map[string]float64{"open": 1, "closed": 1})
+}
+
+// moving checks tidemark_partitions of daily_sales, as the collector reads
+// it from the warehouse, against want and against the table.
+func moving(t *testing.T, b *bundle, want map[string]float64) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(reconcile.NewCollector(b.pool, b.clock.Now))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "tidemark_partitions" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "state" {
+					got[l.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	for state, n := range want {
+		var inTable float64
+		if err := b.pool.QueryRow(context.Background(), "SELECT count(*) FROM tidemark.partitions WHERE aggregate = 'daily_sales' AND state = $1", state).Scan(&inTable); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := got[state]; !ok || v != n || v != inTable {
+			t.Errorf("tidemark_partitions{state=%q} = %v (exported %v), want %v; the table has %v", state, v, ok, n, inTable)
+		}
 	}
 }
 
