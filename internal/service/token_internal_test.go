@@ -21,7 +21,8 @@ import (
 )
 
 // TestBearerToken checks that http.token (here from http.token_file)
-// guards /status and leaves the probes and /metrics open.
+// guards the status page and /status and leaves the probes and /metrics
+// open.
 func TestBearerToken(t *testing.T) {
 	pool, dsn := pgtest.NewPool(t)
 	ctx := context.Background()
@@ -57,6 +58,9 @@ sources:
 		{"/status", "Bearer wrong-token-0123456789", http.StatusUnauthorized},
 		{"/status", "Basic " + token, http.StatusUnauthorized},
 		{"/status", "Bearer " + token, http.StatusOK},
+		{"/", "", http.StatusUnauthorized},
+		{"/", "Bearer " + token, http.StatusOK},
+		{"/elsewhere", "Bearer " + token, http.StatusNotFound},
 		{"/healthz", "", http.StatusOK},
 		{"/metrics", "", http.StatusOK},
 	}
