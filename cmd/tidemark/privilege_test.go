@@ -258,6 +258,8 @@ func TestPrivilegeLeastRoles(t *testing.T) {
 		{[]string{"keys", "--source", "shop", "--dry-run"}, exitOK, "0 missing at the source"},
 		{[]string{"prune"}, exitOK, ""},
 		{[]string{"status"}, exitOK, "source shop"},
+		{[]string{"lateness", "--source", "app_events"}, exitOK, "lateness of source app_events"},
+		{[]string{"lateness", "--source", "shop"}, exitOK, "lateness of source shop"},
 	} {
 		code, out, errOut := invoke(t, append(c.args, "-c", p.runCfg)...)
 		if code != c.code || !strings.Contains(out+errOut, c.want) {
