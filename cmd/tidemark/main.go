@@ -802,6 +802,9 @@ func keysCDC(ctx context.Context, cfg *config.Config, name string, dryRun bool, 
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure
 	}
+	// One bar (or series of lines) per mirror, as for a poll source.
+	disp := progress.Command(stderr, progressEvery)
+	log := logger(cfg, disp.Writer())
 	code := exitOK
 	for _, t := range mirrors {
 		var exists bool
@@ -813,7 +816,7 @@ func keysCDC(ctx context.Context, cfg *config.Config, name string, dryRun bool, 
 			fmt.Fprintf(stderr, "tidemark keys: the mirror %s does not exist yet; it is created when the CDC reader of %s starts\n", t.Target.Sanitize(), name)
 			return exitFailure
 		}
-		k, err := reconcile.NewKeyReconciler(t, cfg.Sources[name].CDC.DSN, pool, reconcile.KeyOptions{Logger: logger(cfg, stderr), Now: serviceClock})
+		k, err := reconcile.NewKeyReconciler(t, cfg.Sources[name].CDC.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock, Progress: disp})
 		if err != nil {
 			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 			return exitFailure
