@@ -53,11 +53,11 @@ func (f rebuildFlags) load(app, path string, stderr io.Writer) (*config.Config, 
 // check validates the shared flags; it prints what is wrong.
 func (f rebuildFlags) check(app string, cfg *config.Config, stderr io.Writer) (time.Duration, bool) {
 	if *f.name == "" {
-		fmt.Fprintf(stderr, "%s: --aggregate is required (configured: %s)\n", app, strings.Join(cfg.AggregateNames(), ", "))
+		fmt.Fprintf(stderr, "%s: --aggregate is required%s\n", app, configured("aggregates", cfg.AggregateNames()))
 		return 0, false
 	}
 	if cfg.Aggregates[*f.name] == nil {
-		fmt.Fprintf(stderr, "%s: --aggregate: no aggregate named %q (configured: %s)\n", app, *f.name, strings.Join(cfg.AggregateNames(), ", "))
+		fmt.Fprintf(stderr, "%s: --aggregate: no aggregate named %q%s\n", app, *f.name, configured("aggregates", cfg.AggregateNames()))
 		return 0, false
 	}
 	span, err := config.ParseDuration(*f.chunk)
@@ -297,11 +297,11 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitUsage
 	}
 	if *name == "" {
-		fmt.Fprintf(stderr, "%s: --aggregate is required (configured: %s)\n", app, strings.Join(cfg.AggregateNames(), ", "))
+		fmt.Fprintf(stderr, "%s: --aggregate is required%s\n", app, configured("aggregates", cfg.AggregateNames()))
 		return exitUsage
 	}
 	if cfg.Aggregates[*name] == nil {
-		fmt.Fprintf(stderr, "%s: --aggregate: no aggregate named %q (configured: %s)\n", app, *name, strings.Join(cfg.AggregateNames(), ", "))
+		fmt.Fprintf(stderr, "%s: --aggregate: no aggregate named %q%s\n", app, *name, configured("aggregates", cfg.AggregateNames()))
 		return exitUsage
 	}
 	var r *backfill.Range

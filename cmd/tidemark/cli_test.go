@@ -137,6 +137,13 @@ func TestNoSuchSource(t *testing.T) {
 			`tidemark reconcile: --aggregate: no aggregate named "x"; no aggregates are configured`},
 		{[]string{"reconcile", "--once", "--aggregate", "x", "-c", full},
 			`tidemark reconcile: --aggregate: no aggregate named "x" (configured: daily)`},
+		{[]string{"backfill", "--aggregate", "x", "--from", "2026-10-01", "--to", "2026-10-02", "-c", kafkaOnly},
+			`tidemark backfill: --aggregate: no aggregate named "x"; no aggregates are configured`},
+		{[]string{"verify", "-c", kafkaOnly}, `tidemark verify: --aggregate is required; no aggregates are configured`},
+		{[]string{"refresh", "--full", "--aggregate", "x", "-c", full},
+			`tidemark refresh: --aggregate: no aggregate named "x" (configured: daily)`},
+		{[]string{"lateness", "--source", "x", "-c", kafkaOnly},
+			`tidemark lateness: --source: no source named "x" (configured: app_events)`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args[:len(tt.args)-2], " ")+" "+map[bool]string{true: "none", false: "some"}[tt.args[len(tt.args)-1] == kafkaOnly],
