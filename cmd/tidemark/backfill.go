@@ -102,7 +102,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	shadow := fs.Bool("shadow", false, "build every partition of the range into the aggregate's shadow table and compare it with the published one; publishes nothing")
 	publish := fs.Bool("publish", false, "publish what the latest --shadow run built of each partition of the range (exactly what it compared) instead of rebuilding it")
 	force := fs.Bool("force", false, "also rebuild archived partitions, whose raw rows retention dropped, from what is left (their published rows are replaced)")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfg, span, ok := f.load(app, *path, stderr)
@@ -144,7 +144,7 @@ func cmdRefresh(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs, path := flags("refresh", stderr)
 	f := addRebuildFlags(fs)
 	full := fs.Bool("full", false, "rebuild every partition the raw table holds events for (required)")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	if !*full {
@@ -289,7 +289,7 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	name := fs.String("aggregate", "", "the aggregate to verify")
 	from := fs.String("from", "", "first day to verify (YYYY-MM-DD); default every built partition")
 	to := fs.String("to", "", "last day to verify, included")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfg, ok := load(*path, stderr)

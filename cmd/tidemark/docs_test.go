@@ -394,12 +394,12 @@ func binaryCLI(t *testing.T) cli {
 		if code := cmd(context.Background(), []string{"-h"}, &stdout, &stderr); code != exitOK {
 			t.Fatalf("tidemark %s -h: exit code %d\n%s%s", name, code, stdout.String(), stderr.String())
 		}
-		if !strings.HasPrefix(stderr.String(), "Usage of tidemark "+name+":") {
+		if !strings.HasPrefix(stdout.String(), "Usage of tidemark "+name+":") {
 			c.flags[name] = nil // parses no flags
 			continue
 		}
 		c.flags[name] = []string{}
-		for _, m := range flagLine.FindAllStringSubmatch(stderr.String(), -1) {
+		for _, m := range flagLine.FindAllStringSubmatch(stdout.String(), -1) {
 			c.flags[name] = append(c.flags[name], m[1])
 		}
 	}

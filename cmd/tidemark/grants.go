@@ -24,7 +24,7 @@ func cmdGrants(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&roles.Runtime, "runtime-role", roles.Runtime, "the warehouse role of `tidemark run` and the other commands")
 	fs.StringVar(&roles.Poll, "poll-role", roles.Poll, "the role of poll sources on their databases")
 	fs.StringVar(&roles.CDC, "cdc-role", roles.CDC, "the role of CDC sources on their databases")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfg, ok := load(*path, stderr)

@@ -25,7 +25,7 @@ func cmdLateness(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	targetFlag := fs.String("target", "99.9%", "share of events the recommended horizon keeps (99.9% or 0.999)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	since, err := config.ParseDuration(*sinceFlag)

@@ -31,12 +31,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"reflect"
 	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -139,7 +137,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		name = alias
 	}
 	if cmd := commands[name]; cmd != nil {
-		defer helpTo(stderr, stdout)()
 		return cmd(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "tidemark: unknown command %q\n\n%s", args[0], usage)
@@ -148,9 +145,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // commands are the commands by name; run dispatches through this table.
 var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) int{
-	"run": func(ctx context.Context, args []string, _, stderr io.Writer) int {
-		return cmdRun(ctx, args, stderr)
-	},
+	"run":       cmdRun,
 	"migrate":   cmdMigrate,
 	"status":    cmdStatus,
 	"lateness":  cmdLateness,
@@ -175,32 +170,6 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 
 // commandAliases are other names of commands.
 var commandAliases = map[string]string{"--version": "version", "-h": "help", "--help": "help"}
-
-// helpOutputs maps the standard error of each command that run is
-// running to its standard output, where the command's -h prints its
-// flags: a help that was asked for is output, not an error.
-var helpOutputs sync.Map
-
-// helpTo records stdout as the help output of the command whose standard
-// error is stderr, and returns the function that forgets it.
-func helpTo(stderr, stdout io.Writer) func() {
-	if stderr == nil || !reflect.TypeOf(stderr).Comparable() {
-		return func() {}
-	}
-	helpOutputs.Store(stderr, stdout)
-	return func() { helpOutputs.CompareAndDelete(stderr, stdout) }
-}
-
-// helpOutput is where the command whose standard error is stderr prints
-// the help it was asked for: its standard output when run recorded it.
-func helpOutput(stderr io.Writer) io.Writer {
-	if stderr != nil && reflect.TypeOf(stderr).Comparable() {
-		if w, ok := helpOutputs.Load(stderr); ok {
-			return w.(io.Writer)
-		}
-	}
-	return stderr
-}
 
 // printFlags prints the usage of fs to w, as the flag package does.
 func printFlags(fs *flag.FlagSet, w io.Writer) {
@@ -229,14 +198,14 @@ func flags(name string, stderr io.Writer) (*flag.FlagSet, *string) {
 // must stop: help (-h, --help), printed to standard output with exit
 // status 0, or a usage error, printed with the usage to standard error
 // with status 2.
-func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (int, bool) {
 	out := fs.Output()
 	fs.SetOutput(io.Discard) // the error and the usage are printed below, each where it belongs
 	err := fs.Parse(args)
 	fs.SetOutput(out)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		printFlags(fs, helpOutput(stderr))
+		printFlags(fs, stdout)
 		return exitOK, false
 	case err != nil:
 		fmt.Fprintln(out, err)
@@ -286,10 +255,10 @@ func logger(cfg *config.Config, stderr io.Writer) *slog.Logger {
 	return slog.New(grants.LogHandler(slog.NewTextHandler(stderr, opts)))
 }
 
-func cmdRun(ctx context.Context, args []string, stderr io.Writer) int {
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, path := flags("run", stderr)
 	only := fs.String("only", "", "comma-separated components to run (available: "+strings.Join(service.Components, ", ")+"); default all")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	var comps []string
@@ -343,7 +312,7 @@ func exitIfShutdownHangs(ctx context.Context, finished <-chan struct{}, log *slo
 
 func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, path := flags("migrate", stderr)
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfg, ok := load(*path, stderr)
@@ -364,7 +333,7 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, path := flags("status", stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfg, ok := load(*path, stderr)
@@ -412,7 +381,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "show the service log")
 	serve := fs.Bool("serve", false, "keep the service and its status page running at the end, until Ctrl-C")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	level := slog.LevelError + 4
@@ -431,7 +400,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs, path := flags("reconcile", stderr)
 	once := fs.Bool("once", false, "run once for each aggregate (or --aggregate), waiting for any other instance, then exit")
 	only := fs.String("aggregate", "", "reconcile only this aggregate")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	if !*once {
@@ -577,7 +546,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	name := fs.String("source", "", "the poll source to load")
 	upperFlag := fs.String("upper", "", "upper bound of the window (default: now() - safety_lag on the source's clock)")
 	lookbackFlag := fs.String("lookback", "", "re-read this much before the watermark (default: poll.lookback)")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	if !*once {
@@ -654,7 +623,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	dryRun := fs.Bool("dry-run", false, "report only; exit 1 when rows are missing at the source")
 	force := fs.Bool("force", false, "apply even when more rows are missing at the source than mirror.key_reconcile_max_delete allows (this run only); "+
 		"with --dry-run, list everything such a run would apply")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfg, ok := load(*path, stderr)

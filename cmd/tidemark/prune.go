@@ -15,7 +15,7 @@ func cmdPrune(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	const app = "tidemark prune"
 	fs, path := flags("prune", stderr)
 	dryRun := fs.Bool("dry-run", false, "print what retention would remove and change nothing")
-	if code, ok := parse(fs, args, stderr); !ok {
+	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfg, ok := load(*path, stderr)
