@@ -185,7 +185,10 @@ type Poller struct {
 	step time.Duration
 	wd   *pgconnect.Watchdog
 	zone string // time zone of a timestamp-without-time-zone updated_at
-	soft string // SQL testing the soft-delete column, or "false"
+	// estimateWarned is set once a failed estimate of the source
+	// table's rows was logged.
+	estimateWarned bool
+	soft           string // SQL testing the soft-delete column, or "false"
 }
 
 // NewPoller returns the poller of the poll source called name.
@@ -393,6 +396,27 @@ type PollReport struct {
 	More bool
 }
 
+// estimateRows returns the estimated row count of the source table, read
+// in tx under a savepoint so that a failure (a role without access to the
+// statistics views) leaves the transaction and its cursor usable.
+func (p *Poller) estimateRows(ctx context.Context, tx pgx.Tx) (int64, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("source: savepoint: %w", err)
+	}
+	var est int64
+	if err := sp.QueryRow(ctx, estimateSourceRowsSQL, p.table.Source.Sanitize()).Scan(&est); err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return 0, fmt.Errorf("source: estimate the rows of %s: %w (roll back to the savepoint: %w)", p.table.Source.Sanitize(), err, rerr)
+		}
+		return 0, fmt.Errorf("source: estimate the rows of %s: %w", p.table.Source.Sanitize(), err)
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("source: release the savepoint: %w", err)
+	}
+	return est, nil
+}
+
 // RunOnce loads one window. A failure at any point leaves the watermark,
 // the mirror and the raw table as they were; the next run re-reads the
 // same rows.
@@ -514,9 +538,16 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	var tr *progress.Tracker
 	if hw.InfinityModifier != pgtype.Finite && p.progress.Mode() != progress.Off {
 		// A first load reads the whole table: show how far it got.
-		var est int64
-		if err := stx.QueryRow(ctx, estimateSourceRowsSQL, p.table.Source.Sanitize()).Scan(&est); err != nil {
-			return rep, fmt.Errorf("source: estimate the rows of %s: %w", p.table.Source.Sanitize(), err)
+		// The total is only shown: without it (a role that may not read
+		// the statistics) the load goes on with an unknown total.
+		est, err := p.estimateRows(ctx, stx)
+		if err != nil {
+			if !p.estimateWarned {
+				p.estimateWarned = true
+				p.log.Warn("cannot estimate the rows of the source table; the first load's progress shows no total",
+					"table", p.table.Source.Sanitize(), "err", err)
+			}
+			est = 0
 		}
 		tr = p.progress.Start(p.log, progress.Job{Label: "poll first load", Unit: "rows",
 			Total: min(est, int64(cfg.MaxRowsPerRun)), Estimated: true})

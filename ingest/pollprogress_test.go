@@ -1,7 +1,11 @@
 package ingest_test
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -69,5 +73,60 @@ func TestPollFirstLoadProgress(t *testing.T) {
 	e.run(p, "2026-10-05 12:00", nil)
 	if strings.Contains(logs.String(), "progress") {
 		t.Errorf("%s=off: the first load logged progress:\n%s", progress.Env, logs.String())
+	}
+}
+
+// TestPollFirstLoadWithoutEstimate: a source role that may read its table
+// but not the statistics views (an administrator revoked pg_stat_all_tables
+// from PUBLIC) cannot estimate the table's size; the first load still
+// loads every row, its progress counts them against an unknown total (its
+// last line takes the count as the total), and the poller warns
+// about the estimate once, not at every first load.
+func TestPollFirstLoadWithoutEstimate(t *testing.T) {
+	t.Setenv(progress.Env, "")
+	e := newPollEnv(t, customersDDL)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	role := "poll_role_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := e.src.Exec(ctx, `DROP OWNED BY `+role+`; DROP ROLE `+role); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	})
+	e.srcExec(`INSERT INTO src_customers SELECT i, 'c' || i || '@example.com', 'free',
+		timestamptz '2026-10-05 09:00+00' + i * interval '1 second' FROM generate_series(1, 3000) AS i; ANALYZE src_customers`)
+	e.srcExec(`CREATE ROLE ` + role + ` LOGIN; GRANT SELECT ON src_customers TO ` + role +
+		`; REVOKE SELECT ON pg_catalog.pg_stat_all_tables FROM PUBLIC`)
+	u, err := url.Parse(e.srcDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	e.srcDSN = u.String()
+
+	var logs syncbuf.Buffer
+	p, err := ingest.NewPoller(e.config("chunk_rows: 100"), "customers", e.wh, ingest.PollOptions{Now: e.clock.Now,
+		Logger:   slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Progress: progress.New(progress.Lines, nil, time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	for range 2 {
+		if rep := e.run(p, "2026-10-05 12:00", nil); rep.Read != 3000 {
+			t.Fatalf("first load read %d rows, want 3000", rep.Read)
+		}
+		e.int(`WITH d AS (DELETE FROM tidemark.poll_watermarks RETURNING 1) SELECT count(*) FROM d`)
+	}
+	text := logs.String()
+	final := regexp.MustCompile(`msg="poll first load progress" source=customers done=3000 total=3000 unit=rows .*finished=true`)
+	if n := len(final.FindAllString(text, -1)); n != 2 {
+		t.Errorf("%d last progress lines with every row, want one per first load:\n%s", n, text)
+	}
+	warn := regexp.MustCompile(`msg="[^"]*estimate[^"]*" source=customers .*pg_stat_all_tables`)
+	if n := len(warn.FindAllString(text, -1)); n != 1 {
+		t.Errorf("%d lines about the failed estimate, want 1:\n%s", n, text)
 	}
 }
