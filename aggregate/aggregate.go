@@ -74,15 +74,31 @@ func FromConfig(cfg *config.Config, name string) (*Definition, error) {
 		Policy:   a.BeyondHorizon,
 		SQL:      strings.TrimSpace(a.SQL),
 	}
+	r := RawOf(a.Source, src)
+	d.Raw, d.EventTime, d.IngestedAt, d.EventKey, d.Ledger = r.Table, r.EventTime, r.IngestedAt, r.Key, r.Ledger
+	return d, nil
+}
+
+// Raw is where a source's events are: its table, the names of its
+// event-time and ingestion-time columns and of the columns identifying an
+// event, and whether its loads are recorded in the ingest ledger.
+type Raw struct {
+	Table      pgx.Identifier
+	EventTime  string
+	IngestedAt string
+	Key        []string
+	Ledger     bool
+}
+
+// RawOf returns where the events of source name (src) are: raw.<name> for
+// Kafka, poll and CDC sources, the configured table for a table source.
+func RawOf(name string, src *config.Source) Raw {
 	if t := src.Table; t != nil {
 		rs, rt := config.SplitTable(t.Name)
-		d.Raw, d.EventTime, d.IngestedAt, d.EventKey = pgx.Identifier{rs, rt}, t.EventTime, t.IngestedAt, t.Key
-	} else {
-		d.Raw, d.EventTime, d.IngestedAt = pgx.Identifier{"raw", a.Source}, "event_time", "ingested_at"
-		d.EventKey = []string{"event_id", "event_time"}
-		d.Ledger = true
+		return Raw{Table: pgx.Identifier{rs, rt}, EventTime: t.EventTime, IngestedAt: t.IngestedAt, Key: t.Key}
 	}
-	return d, nil
+	return Raw{Table: pgx.Identifier{"raw", name}, EventTime: "event_time", IngestedAt: "ingested_at",
+		Key: []string{"event_id", "event_time"}, Ledger: true}
 }
 
 // Of returns the partition holding t.

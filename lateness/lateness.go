@@ -13,6 +13,7 @@ package lateness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -116,23 +117,28 @@ var Edges = []float64{0, 900, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86
 
 // delaySQL measures the delays of one raw table: %[1]s the table aliased
 // r (with a sample clause), %[2]s the delay expression in seconds, %[3]s
-// the event time column. $1, $2 bound event times, $3 holds the bin edges
-// negated in reverse order, so that width_bucket's lower-inclusive buckets
-// become the upper-inclusive bins of Distribution, $4 the quantiles. The
-// rollup row (grouping 1) holds the totals.
+// the event time column, %[4]s the ingestion time column (rows without
+// one have no delay and are left out). $1, $2 bound event times, $3 holds
+// the bin edges negated in reverse order, so that width_bucket's
+// lower-inclusive buckets become the upper-inclusive bins of
+// Distribution, $4 the quantiles. The delays are read once and sorted
+// once; the bins are counted from the same rows.
 const delaySQL = `
-WITH d AS (
-    SELECT %[2]s AS delay FROM %[1]s WHERE r.%[3]s >= $1 AND r.%[3]s < $2
+WITH d AS MATERIALIZED (
+    SELECT %[2]s AS delay FROM %[1]s WHERE r.%[3]s >= $1 AND r.%[3]s < $2 AND r.%[4]s IS NOT NULL
+), b AS (
+    SELECT width_bucket(-delay, $3::float8[]) AS bucket, count(*) AS n FROM d GROUP BY 1
 )
-SELECT grouping(width_bucket(-delay, $3::float8[])), coalesce(width_bucket(-delay, $3::float8[]), -1), count(*),
-       percentile_disc($4::float8[]) WITHIN GROUP (ORDER BY delay), min(delay), max(delay)
-FROM d GROUP BY ROLLUP (width_bucket(-delay, $3::float8[]))`
+SELECT t.n, t.q, t.lo, t.hi, coalesce(b.buckets, '{}'), coalesce(b.counts, '{}')
+FROM (SELECT count(*) AS n, percentile_disc($4::float8[]) WITHIN GROUP (ORDER BY delay) AS q, min(delay) AS lo, max(delay) AS hi FROM d) t,
+     (SELECT array_agg(bucket ORDER BY bucket) AS buckets, array_agg(n ORDER BY bucket) AS counts FROM b) b`
 
-// estimateSQL estimates the rows of a table, summing its partitions.
-const estimateSQL = `
-SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8
-FROM pg_class c
-WHERE c.oid = $1::regclass OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)`
+// estimateSQL asks the planner how many rows of a table have event times
+// in [$1, $2): %[1]s the table, %[2]s the event time column.
+const estimateSQL = `EXPLAIN (FORMAT JSON) SELECT 1 FROM %[1]s WHERE %[2]s >= $1 AND %[2]s < $2`
+
+// sampleSeed makes every scan of one measurement read the same sample.
+const sampleSeed = 20261005
 
 // Measure reports the lateness of source over [o.Since, o.Until).
 func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, o Options) (*Report, error) {
@@ -149,23 +155,23 @@ func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, 
 	if !o.Since.Before(o.Until) {
 		return nil, fmt.Errorf("lateness: empty range %s .. %s", o.Since.Format(time.RFC3339), o.Until.Format(time.RFC3339))
 	}
-	table, eventTime, ingestedAt := RawTable(sc)
+	raw := aggregate.RawOf(source, sc)
 	r := &Report{Source: source, Since: o.Since.UTC(), Until: o.Until.UTC(), Target: o.Target, SamplePercent: 100}
-	from := table.Sanitize() + " r"
+	et, ia := pgx.Identifier{raw.EventTime}.Sanitize(), pgx.Identifier{raw.IngestedAt}.Sanitize()
+	from := raw.Table.Sanitize() + " r"
 	if o.MaxRows > 0 {
-		var est float64
-		if err := q.QueryRow(ctx, estimateSQL, table.Sanitize()).Scan(&est); err != nil {
+		est, err := estimate(ctx, q, fmt.Sprintf(estimateSQL, raw.Table.Sanitize(), et), r.Since, r.Until)
+		if err != nil {
 			return nil, fmt.Errorf("lateness %s: estimate rows: %w", source, err)
 		}
 		if est > float64(o.MaxRows) {
 			r.SamplePercent = math.Max(0.01, 100*float64(o.MaxRows)/est)
-			from += fmt.Sprintf(" TABLESAMPLE SYSTEM (%g)", r.SamplePercent)
+			from += fmt.Sprintf(" TABLESAMPLE SYSTEM (%g) REPEATABLE (%d)", r.SamplePercent, sampleSeed)
 		}
 	}
-	et, ia := pgx.Identifier{eventTime}.Sanitize(), pgx.Identifier{ingestedAt}.Sanitize()
 	delay := fmt.Sprintf("extract(epoch FROM r.%s - r.%s)::float8", ia, et)
 	var err error
-	if r.Delay, _, err = measure(ctx, q, fmt.Sprintf(delaySQL, from, delay, et), r.Since, r.Until, Edges, Quantiles); err != nil {
+	if r.Delay, _, err = measure(ctx, q, fmt.Sprintf(delaySQL, from, delay, et, ia), r.Since, r.Until, Edges, Quantiles); err != nil {
 		return nil, fmt.Errorf("lateness %s: %w", source, err)
 	}
 	// The delay after the partition's end depends on the calendar only:
@@ -201,7 +207,7 @@ func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, 
 		for _, i := range c.aggs {
 			edges = withEdge(edges, r.Aggregates[i].Horizon.Seconds())
 		}
-		dist, targetQ, err := measure(ctx, q, fmt.Sprintf(delaySQL, from, pastEnd, et), r.Since, r.Until, edges,
+		dist, targetQ, err := measure(ctx, q, fmt.Sprintf(delaySQL, from, pastEnd, et, ia), r.Since, r.Until, edges,
 			append(slices.Clone(Quantiles), o.Target), Bounds(c.cal, r.Since, r.Until))
 		if err != nil {
 			return nil, fmt.Errorf("lateness %s, %s: %w", source, r.Aggregates[c.aggs[0]].Calendar, err)
@@ -212,7 +218,9 @@ func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, 
 			a.Beyond = dist.Beyond(a.Horizon.Seconds())
 			if dist.Events > 0 {
 				a.Kept = 1 - float64(a.Beyond)/float64(dist.Events)
-				a.Recommended = seconds(math.Max(0, targetQ))
+				// Rounded up: a horizon a nanosecond short of the
+				// quantile would not keep it.
+				a.Recommended = time.Duration(math.Ceil(math.Max(0, targetQ) * float64(time.Second)))
 				a.Suggested = Suggest(a.Recommended)
 			}
 		}
@@ -227,41 +235,43 @@ func measure(ctx context.Context, q Querier, sql string, since, until time.Time,
 	for i, e := range edges {
 		neg[len(edges)-1-i] = -e
 	}
-	rows, err := q.Query(ctx, sql, append([]any{since, until, neg, qs}, extra...)...)
+	d := Distribution{Edges: edges, Bins: make([]int64, len(edges)+1)}
+	var quant []float64
+	var lo, hi *float64
+	var buckets, counts []int64
+	err := q.QueryRow(ctx, sql, append([]any{since, until, neg, qs}, extra...)...).Scan(&d.Events, &quant, &lo, &hi, &buckets, &counts)
 	if err != nil {
 		return Distribution{}, 0, err
 	}
-	d := Distribution{Edges: edges, Bins: make([]int64, len(edges)+1)}
-	var targetQ float64
-	for rows.Next() {
-		var total int32
-		var bucket, n int64
-		var quant []float64
-		var lo, hi *float64
-		if err := rows.Scan(&total, &bucket, &n, &quant, &lo, &hi); err != nil {
-			rows.Close()
-			return Distribution{}, 0, err
-		}
-		if total == 0 {
-			if bin := int64(len(edges)) - bucket; bucket >= 0 && bin >= 0 {
-				d.Bins[bin] += n
-			}
-			continue
-		}
-		d.Events = n
-		if n == 0 || len(quant) < len(Quantiles) {
-			continue
-		}
-		d.Quantiles = quant[:len(Quantiles)]
-		if len(quant) > len(Quantiles) {
-			targetQ = quant[len(Quantiles)]
-		}
-		d.Min, d.Max = *lo, *hi
+	for i, bucket := range buckets {
+		d.Bins[int64(len(edges))-bucket] += counts[i]
 	}
-	if err := rows.Err(); err != nil {
-		return Distribution{}, 0, err
+	if d.Events == 0 || len(quant) < len(Quantiles) || lo == nil || hi == nil {
+		return d, 0, nil
+	}
+	d.Quantiles, d.Min, d.Max = quant[:len(Quantiles)], *lo, *hi
+	var targetQ float64
+	if len(quant) > len(Quantiles) {
+		targetQ = quant[len(Quantiles)]
 	}
 	return d, targetQ, nil
+}
+
+// estimate returns the planner's estimate of the rows explainSQL (an
+// EXPLAIN (FORMAT JSON)) would read.
+func estimate(ctx context.Context, q Querier, explainSQL string, args ...any) (float64, error) {
+	var plan []struct {
+		Plan struct {
+			Rows float64 `json:"Plan Rows"`
+		} `json:"Plan"`
+	}
+	if err := q.QueryRow(ctx, explainSQL, args...).Scan(&plan); err != nil {
+		return 0, err
+	}
+	if len(plan) == 0 {
+		return 0, errors.New("EXPLAIN returned no plan")
+	}
+	return plan[0].Plan.Rows, nil
 }
 
 // Beyond counts the events delayed more than h, which must be one of the
@@ -292,25 +302,12 @@ func withEdge(edges []float64, e float64) []float64 {
 // until), followed by the end of the last: what width_bucket needs to map
 // an event time to its partition's end.
 func Bounds(cal aggregate.Calendar, since, until time.Time) []time.Time {
-	p := cal.Of(since)
-	out := []time.Time{p.Start}
-	for {
-		out = append(out, p.End)
-		if !p.End.Before(until) {
-			return out
-		}
-		p = cal.Of(p.End)
+	parts := cal.Overlapping(since, until.Add(-time.Nanosecond))
+	out := make([]time.Time, 0, len(parts)+1)
+	for _, p := range parts {
+		out = append(out, p.Start)
 	}
-}
-
-// RawTable returns the table holding a source's events and its event-time
-// and ingestion-time columns.
-func RawTable(sc *config.Source) (pgx.Identifier, string, string) {
-	if t := sc.Table; t != nil {
-		s, n := config.SplitTable(t.Name)
-		return pgx.Identifier{s, n}, t.EventTime, t.IngestedAt
-	}
-	return pgx.Identifier{"raw", sc.Name}, "event_time", "ingested_at"
+	return append(out, parts[len(parts)-1].End)
 }
 
 // Suggest rounds a horizon up to a value for lateness_horizon: whole

@@ -22,7 +22,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // testConfig has a timestamp-mode source over partner.sales and two
 // aggregates over it in different calendars: days in UTC (twice, with
-// different horizons) and hours in Asia/Kolkata (UTC+05:30, so its hours
+// different horizons), days in America/New_York (where 1 November 2026
+// lasts 25 hours) and hours in Asia/Kolkata (UTC+05:30, so its hours
 // start at :30 UTC).
 const testConfig = `
 warehouse: {dsn: %q}
@@ -41,6 +42,12 @@ aggregates:
     table: partner_daily_strict
     partition: {by: day, column: day}
     lateness_horizon: 6h
+    sql: SELECT {{partition}} AS day, count(*) AS n FROM {{events}} GROUP BY 1
+  partner_ny:
+    source: partner
+    table: partner_ny
+    partition: {by: day, column: day, time_zone: America/New_York}
+    lateness_horizon: 2d
     sql: SELECT {{partition}} AS day, count(*) AS n FROM {{events}} GROUP BY 1
   partner_hourly:
     source: partner
@@ -103,9 +110,15 @@ func setup(t *testing.T) (*pgxpool.Pool, *config.Config) {
 func TestMeasureMatchesSQL(t *testing.T) {
 	pool, cfg := setup(t)
 	ctx := context.Background()
-	since, until := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 10, 11, 0, 0, 0, 0, time.UTC)
-	// Events outside the range must not count.
+	since, until := time.Date(2026, 10, 27, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 6, 0, 0, 0, 0, time.UTC)
+	// Events outside the range must not count, nor those without an
+	// ingestion time (a table source's column may allow NULL).
 	lateSales(t, pool, 6000, since.Add(-48*time.Hour), until.Add(24*time.Hour))
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE partner.sales ALTER loaded_at DROP NOT NULL;
+		INSERT INTO partner.sales SELECT 100000 + i, '%s'::timestamptz + i * interval '1 hour', NULL FROM generate_series(1, 50) i`,
+		since.Format(time.RFC3339))); err != nil {
+		t.Fatal(err)
+	}
 	const target = 0.98
 	rep, err := lateness.Measure(ctx, pool, cfg, "partner", lateness.Options{Since: since, Until: until, Target: target})
 	if err != nil {
@@ -114,7 +127,8 @@ func TestMeasureMatchesSQL(t *testing.T) {
 	delay := "extract(epoch FROM loaded_at - occurred_at)::float8"
 	check := func(what, expr string, d lateness.Distribution) {
 		t.Helper()
-		inRange := fmt.Sprintf("FROM partner.sales WHERE occurred_at >= '%s' AND occurred_at < '%s'", since.Format(time.RFC3339), until.Format(time.RFC3339))
+		inRange := fmt.Sprintf("FROM partner.sales WHERE occurred_at >= '%s' AND occurred_at < '%s' AND loaded_at IS NOT NULL",
+			since.Format(time.RFC3339), until.Format(time.RFC3339))
 		var n int64
 		var lo, hi float64
 		if err := pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*), min(%[1]s), max(%[1]s) %[2]s", expr, inRange)).Scan(&n, &lo, &hi); err != nil {
@@ -166,15 +180,17 @@ func TestMeasureMatchesSQL(t *testing.T) {
 	ends := map[string]string{
 		"partner_daily":        "(date_trunc('day', occurred_at AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'",
 		"partner_daily_strict": "(date_trunc('day', occurred_at AT TIME ZONE 'UTC') + interval '1 day') AT TIME ZONE 'UTC'",
+		"partner_ny":           "(date_trunc('day', occurred_at AT TIME ZONE 'America/New_York') + interval '1 day') AT TIME ZONE 'America/New_York'",
 		"partner_hourly":       "(date_trunc('hour', occurred_at AT TIME ZONE 'Asia/Kolkata') + interval '1 hour') AT TIME ZONE 'Asia/Kolkata'",
 	}
-	if len(rep.Aggregates) != 3 {
-		t.Fatalf("%d aggregates reported, want 3", len(rep.Aggregates))
+	if len(rep.Aggregates) != 4 {
+		t.Fatalf("%d aggregates reported, want 4", len(rep.Aggregates))
 	}
 	for _, a := range rep.Aggregates {
 		pastEnd := fmt.Sprintf("extract(epoch FROM loaded_at - %s)::float8", ends[a.Name])
 		check(a.Name, pastEnd, a.PastEnd)
-		inRange := fmt.Sprintf("FROM partner.sales WHERE occurred_at >= '%s' AND occurred_at < '%s'", since.Format(time.RFC3339), until.Format(time.RFC3339))
+		inRange := fmt.Sprintf("FROM partner.sales WHERE occurred_at >= '%s' AND occurred_at < '%s' AND loaded_at IS NOT NULL",
+			since.Format(time.RFC3339), until.Format(time.RFC3339))
 		var beyond, keptByRec, keptBelow, n int64
 		err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[1]s > $1), count(*) FILTER (WHERE %[1]s <= $2),
 			count(*) FILTER (WHERE %[1]s < $2), count(*) %[2]s`, pastEnd, inRange),
@@ -223,6 +239,29 @@ func TestMeasureSamples(t *testing.T) {
 	}
 	if sample.Delay.Events > 20000 || sample.Delay.Events < 2000 {
 		t.Errorf("the sample measured %d events of %d, want about 10000", sample.Delay.Events, full.Delay.Events)
+	}
+	// Every scan of a measurement reads the same sample, and so does the
+	// next measurement of an unchanged table.
+	for _, a := range sample.Aggregates {
+		if a.PastEnd.Events != sample.Delay.Events {
+			t.Errorf("%s measured %d sampled events, the source %d", a.Name, a.PastEnd.Events, sample.Delay.Events)
+		}
+	}
+	again, err := lateness.Measure(ctx, pool, cfg, "partner", lateness.Options{Since: since, Until: until, MaxRows: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Delay.Events != sample.Delay.Events || again.Delay.Max != sample.Delay.Max {
+		t.Errorf("two samples differ: %d events (max %v), then %d (max %v)", sample.Delay.Events, sample.Delay.Max, again.Delay.Events, again.Delay.Max)
+	}
+	// Rows outside the window do not count towards the sample's size: a
+	// window of a tenth of the rows is measured whole.
+	tenth, err := lateness.Measure(ctx, pool, cfg, "partner", lateness.Options{Since: since, Until: since.Add(until.Sub(since) / 10), MaxRows: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tenth.SamplePercent != 100 {
+		t.Errorf("a window of about 5000 rows was sampled at %v%%", tenth.SamplePercent)
 	}
 	p50, _ := full.Delay.Quantile(0.5)
 	s50, _ := sample.Delay.Quantile(0.5)

@@ -40,6 +40,10 @@ func (r *Report) WriteText(w io.Writer) error {
 // writeDistribution writes the quantiles, then one line per bin with a
 // bar.
 func writeDistribution(w io.Writer, d Distribution, early string) {
+	if d.Events == 0 || len(d.Quantiles) < len(Quantiles) {
+		fmt.Fprintln(w, "  no events")
+		return
+	}
 	var qs []string
 	for i, q := range Quantiles {
 		qs = append(qs, fmt.Sprintf("p%s %s", strconv.FormatFloat(q*100, 'f', -1, 64), Format(seconds(d.Quantiles[i]))))
