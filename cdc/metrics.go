@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
@@ -25,6 +26,95 @@ type metrics struct {
 // walStatuses are the values of pg_replication_slots.wal_status.
 var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 
+// slotVecs returns new vectors of the slot series.
+func slotVecs() (slotLag, walStatus, streaming *prometheus.GaugeVec) {
+	slotLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_slot_lag_bytes",
+		Help: "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn on the source: WAL the slot keeps, as of the last status update.",
+	}, []string{"source"})
+	walStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_slot_wal_status",
+		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others.",
+	}, []string{"source", "status"})
+	streaming = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_streaming",
+		Help: "1 while this process holds the slot's lock and streams from it, 0 otherwise; the slot series are those of the last status update.",
+	}, []string{"source"})
+	return slotLag, walStatus, streaming
+}
+
+// sharedSlotVecs returns the slot vectors registered with reg, registering
+// them first if no reader has.
+func sharedSlotVecs(reg prometheus.Registerer) (slotLag, walStatus, streaming *prometheus.GaugeVec) {
+	slotLag, walStatus, streaming = slotVecs()
+	return promreg.Shared(reg, slotLag), promreg.Shared(reg, walStatus), promreg.Shared(reg, streaming)
+}
+
+// SlotReading is a CDC source's replication slot as a reader of this
+// process last read it.
+type SlotReading struct {
+	// LagBytes is the WAL the slot keeps on the source.
+	LagBytes float64
+	// WALStatus is the slot's wal_status: reserved, extended, unreserved
+	// or lost.
+	WALStatus string
+	// Streaming says that the reader holds the slot and streams from it.
+	Streaming bool
+}
+
+// SlotReadings returns, per source, the slot reading that this process's CDC
+// readers registered with reg last exported; a source whose reader never
+// read its slot's status (another instance streams) is absent. It reads
+// only the slot series, not the whole registry.
+func SlotReadings(reg prometheus.Registerer) map[string]SlotReading {
+	slotLag, walStatus, streaming := sharedSlotVecs(reg)
+	out := map[string]SlotReading{}
+	each(slotLag, func(l map[string]string, v float64) {
+		s := out[l["source"]]
+		s.LagBytes = v
+		out[l["source"]] = s
+	})
+	each(walStatus, func(l map[string]string, v float64) {
+		if v == 1 {
+			s := out[l["source"]]
+			s.WALStatus = l["status"]
+			out[l["source"]] = s
+		}
+	})
+	each(streaming, func(l map[string]string, v float64) {
+		s := out[l["source"]]
+		s.Streaming = v == 1
+		out[l["source"]] = s
+	})
+	for src, s := range out {
+		if s.WALStatus == "" && !s.Streaming {
+			delete(out, src)
+		}
+	}
+	return out
+}
+
+// each calls f with the labels and value of every series of the gauge
+// vector v.
+func each(v *prometheus.GaugeVec, f func(labels map[string]string, value float64)) {
+	ch := make(chan prometheus.Metric, 16)
+	go func() {
+		v.Collect(ch)
+		close(ch)
+	}()
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range pb.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		f(labels, pb.GetGauge().GetValue())
+	}
+}
+
 func newMetrics(reg prometheus.Registerer, source string) *metrics {
 	changes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tidemark_cdc_changes_applied_total",
@@ -47,18 +137,7 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Name: "tidemark_cdc_confirmed_lsn",
 		Help: "LSN last confirmed to the replication slot, as a number.",
 	}, []string{"source"})
-	slotLag := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tidemark_cdc_slot_lag_bytes",
-		Help: "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn on the source: WAL the slot keeps, as of the last status update.",
-	}, []string{"source"})
-	walStatus := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tidemark_cdc_slot_wal_status",
-		Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others.",
-	}, []string{"source", "status"})
-	streaming := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tidemark_cdc_streaming",
-		Help: "1 while this process holds the slot's lock and streams from it, 0 otherwise; the slot series are those of the last status update.",
-	}, []string{"source"})
+	slotLag, walStatus, streaming := slotVecs()
 	planned := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tidemark_cdc_snapshot_chunks_planned",
 		Help: "Key-range chunks of the initial snapshot in progress or last taken.",
@@ -72,12 +151,10 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Help: "Rows copied into mirrors by initial snapshots.",
 	}, []string{"source"})
 	if reg != nil {
-		streaming = promreg.Shared(reg, streaming)
+		slotLag, walStatus, streaming = sharedSlotVecs(reg)
 		planned = promreg.Shared(reg, planned)
 		copied = promreg.Shared(reg, copied)
 		snapRows = promreg.Shared(reg, snapRows)
-		slotLag = promreg.Shared(reg, slotLag)
-		walStatus = promreg.Shared(reg, walStatus)
 		changes = promreg.Shared(reg, changes)
 		txns = promreg.Shared(reg, txns)
 		lag = promreg.Shared(reg, lag)

@@ -293,6 +293,21 @@ func TestMirrorsFollowTheSource(t *testing.T) {
 			e.exec(`INSERT INTO orders SELECT i, 1, i, timestamptz '2026-10-06 00:00+00' FROM generate_series(1000, 100999) AS i`)
 			e.exec(`UPDATE orders SET amount = amount + 1 WHERE id BETWEEN 1000 AND 1999`)
 			e.waitMirrored(live)
+			// The status page reads the slot as the reader last saw it.
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				r, ok := cdc.SlotReadings(e.reg)["shop"]
+				if ok && r.Streaming && r.WALStatus == "reserved" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("SlotReadings has %+v (found %v) for shop, want streaming with wal_status reserved", r, ok)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if _, ok := cdc.SlotReadings(e.reg)["elsewhere"]; ok {
+				t.Error("SlotReadings has a source no reader of this process streams")
+			}
 			// Changes, one raw row each: 3 + 100 + 1 + 10 + 7 + 100000 + 1000.
 			if n := e.count("SELECT count(*) FROM raw.shop"); n != 101121 {
 				t.Errorf("raw change rows %d, want 101121", n)

@@ -48,7 +48,7 @@ func latenessChart(a lateness.Aggregate) template.HTML {
 	var s svg
 	s.add(`<svg class="chart lateness" viewBox="0 0 %d %d" role="img" aria-label="%s" data-aggregate="%s" data-events="%d" data-beyond="%d" data-horizon-seconds="%g">`,
 		chartW, chartH, html.EscapeString("arrival delay after the partition's end, "+a.Name), html.EscapeString(a.Name), d.Events, a.Beyond, a.Horizon.Seconds())
-	if d.Events == 0 {
+	if d.Events == 0 || len(d.Quantiles) < len(lateness.Quantiles) {
 		s.text(chartW/2, chartH/2, "middle", "note", "no events in the window")
 		s.add(`</svg>`)
 		return template.HTML(s.b.String())
@@ -176,6 +176,9 @@ func curveChart(c *lateness.ArrivalCurve, ag Aggregate, now time.Time) template.
 	lo, up := math.Min(0, float64(c.Points[0].Age)), math.Max(float64(c.Points[len(c.Points)-1].Age), hz.Seconds())
 	for _, p := range open {
 		lo = math.Min(lo, p.age)
+	}
+	if up <= lo {
+		up = lo + 3600 // every point at one age and no horizon: an hour wide
 	}
 	up += (up - lo) * 0.04
 	x := func(age float64) float64 {

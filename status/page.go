@@ -12,8 +12,7 @@ import (
 	"strings"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
+	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/lateness"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -34,16 +33,9 @@ type Page struct {
 	CurveError map[string]string
 	// Slots holds, per CDC source, its slot's state as this instance last
 	// saw it; absent when this instance does not run the source's reader.
-	Slots map[string]Slot
+	Slots map[string]cdc.SlotReading
 	// Refresh, when positive, reloads the page every Refresh seconds.
 	Refresh int
-}
-
-// Slot is a CDC source's replication slot as its reader last saw it.
-type Slot struct {
-	LagBytes  float64
-	WALStatus string
-	Streaming bool
 }
 
 // LatenessWindow is how far back in event time the page measures
@@ -52,6 +44,22 @@ const (
 	LatenessWindow       = 7 * 24 * time.Hour
 	LatenessRows   int64 = 200_000
 )
+
+// LatenessRange is the range of event times the page measures the
+// lateness of source's events over: the LatenessWindow before now minus the
+// longest horizon of the source's aggregates, so that every partition in
+// it is final and its late events, beyond the horizon too, have arrived
+// as far as the horizon looks.
+func LatenessRange(cfg *config.Config, source string, now time.Time) (since, until time.Time) {
+	var longest time.Duration
+	for _, a := range cfg.Aggregates {
+		if a.Source == source {
+			longest = max(longest, a.LatenessHorizon.D())
+		}
+	}
+	until = now.Add(-longest)
+	return until.Add(-LatenessWindow), until
+}
 
 // LatenessFunc measures the lateness of one source, for the page; the
 // service caches what it returns.
@@ -62,7 +70,7 @@ type LatenessFunc func(ctx context.Context, source string) (*lateness.Report, er
 // shown on the page rather than failing it.
 func BuildPage(ctx context.Context, q Querier, cfg *config.Config, rep *Report, measure LatenessFunc) *Page {
 	p := &Page{Report: rep, Lateness: map[string]*lateness.Report{}, LatenessError: map[string]string{},
-		Curves: map[string]*lateness.ArrivalCurve{}, CurveError: map[string]string{}, Slots: map[string]Slot{}}
+		Curves: map[string]*lateness.ArrivalCurve{}, CurveError: map[string]string{}, Slots: map[string]cdc.SlotReading{}}
 	measured := map[string]bool{}
 	for _, a := range rep.Aggregates {
 		if !measured[a.Source] {
@@ -85,44 +93,6 @@ func BuildPage(ctx context.Context, q Querier, cfg *config.Config, rep *Report, 
 		}
 	}
 	return p
-}
-
-// AddSlots reads the CDC slot series of families, gathered from the
-// service's registry, into the page.
-func (p *Page) AddSlots(families []*dto.MetricFamily) {
-	for _, mf := range families {
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			src := labels["source"]
-			if src == "" {
-				continue
-			}
-			s := p.Slots[src]
-			switch mf.GetName() {
-			case "tidemark_cdc_slot_lag_bytes":
-				s.LagBytes = m.GetGauge().GetValue()
-			case "tidemark_cdc_slot_wal_status":
-				if m.GetGauge().GetValue() == 1 {
-					s.WALStatus = labels["status"]
-				}
-			case "tidemark_cdc_streaming":
-				s.Streaming = m.GetGauge().GetValue() == 1
-			default:
-				continue
-			}
-			p.Slots[src] = s
-		}
-	}
-	// A reader that never read its slot's status (another instance
-	// streams) leaves its series at zero: nothing to show.
-	for src, s := range p.Slots {
-		if s.WALStatus == "" && !s.Streaming {
-			delete(p.Slots, src)
-		}
-	}
 }
 
 //go:embed page.html

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/history"
@@ -94,7 +96,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := clock.New(time.Date(2026, 9, 22, 0, 0, 0, 0, time.UTC))
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
@@ -161,6 +163,17 @@ func TestStatusPageInBrowser(t *testing.T) {
 	eval(`document.querySelectorAll('#aggregate-daily_sales svg.lateness line.horizon').length`, &horizons)
 	eval(`document.querySelectorAll('#aggregate-daily_sales svg.curve path.curve-line').length`, &curves)
 	eval(`Array.from(document.querySelectorAll('#aggregate-daily_sales svg.curve g.partition')).map(g => Object.assign({}, g.dataset))`, &points)
+	var window map[string]string
+	eval(`Object.assign({}, document.querySelector('#aggregate-daily_sales figure.lateness').dataset)`, &window)
+	// Where the grid and the charts are on the page, in screenshot pixels.
+	rect := func(sel string) image.Rectangle {
+		t.Helper()
+		var r []float64
+		eval(`(() => { const r = document.querySelector('`+sel+`').getBoundingClientRect(), d = devicePixelRatio;
+			return [(r.left + scrollX) * d, (r.top + scrollY) * d, (r.right + scrollX) * d, (r.bottom + scrollY) * d]; })()`, &r)
+		return image.Rect(int(r[0]), int(r[1]), int(r[2]), int(r[3]))
+	}
+	gridBox, latenessBox, curveBox := rect("#grid"), rect("#aggregate-daily_sales svg.lateness"), rect("#aggregate-daily_sales svg.curve")
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("browser: screenshot: %v", err)
@@ -175,23 +188,33 @@ func TestStatusPageInBrowser(t *testing.T) {
 		queued              bool
 	}
 	wantCells := map[string]want{}
+	newest := map[string][]string{} // per aggregate, the labels of its 14 newest partitions
 	rows, err := pool.Query(ctx, `
-		SELECT a.aggregate, coalesce(p.partition_key, to_char(a.partition_start AT TIME ZONE 'UTC', 'YYYY-MM-DD')),
-		       coalesce(p.state, 'queued'), coalesce(p.completeness::text, ''), coalesce(p.rebuilds, 0),
+		SELECT a.aggregate, a.partition_start, coalesce(p.state, 'queued'), coalesce(p.completeness::text, ''), coalesce(p.rebuilds, 0),
 		       q.aggregate IS NOT NULL, coalesce(q.attempts, 0)
 		FROM (SELECT aggregate, partition_start FROM tidemark.partitions UNION SELECT aggregate, partition_start FROM tidemark.pending_partitions) a
 		LEFT JOIN tidemark.partitions p USING (aggregate, partition_start)
-		LEFT JOIN tidemark.pending_partitions q USING (aggregate, partition_start)`)
+		LEFT JOIN tidemark.pending_partitions q USING (aggregate, partition_start)
+		ORDER BY a.aggregate, a.partition_start DESC`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for rows.Next() {
-		var agg, key string
+		var agg string
+		var start time.Time
 		var w want
-		if err := rows.Scan(&agg, &key, &w.state, &w.completeness, &w.rebuilds, &w.queued, &w.attempts); err != nil {
+		if err := rows.Scan(&agg, &start, &w.state, &w.completeness, &w.rebuilds, &w.queued, &w.attempts); err != nil {
 			t.Fatal(err)
 		}
+		d, err := aggregate.FromConfig(cfg, agg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := d.Calendar.At(start).Label()
 		wantCells[agg+" "+key] = w
+		if len(newest[agg]) < 14 {
+			newest[agg] = append([]string{key}, newest[agg]...)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
@@ -222,16 +245,27 @@ func TestStatusPageInBrowser(t *testing.T) {
 			t.Errorf("no grid cell is %s; states shown: %v", s, states)
 		}
 	}
-	if n := len(cells); n != 3*14 {
-		t.Errorf("%d grid cells, want 14 for each of 3 aggregates", n)
+	shown := map[string][]string{}
+	for _, c := range cells {
+		shown[c["aggregate"]] = append(shown[c["aggregate"]], c["partition"])
+	}
+	for _, agg := range cfg.AggregateNames() {
+		if !slices.Equal(shown[agg], newest[agg]) || len(shown[agg]) != 14 {
+			t.Errorf("grid row %s shows %v, want the 14 newest partitions, oldest first: %v", agg, shown[agg], newest[agg])
+		}
 	}
 
-	// The lateness chart of daily_sales: the events of the last 7 days of
-	// event time, those beyond the 72h horizon, one bar per bin.
+	// The lateness chart of daily_sales: the events of the 7 days of event
+	// time before the longest horizon (72h) ended, those beyond the 72h
+	// horizon, one bar per bin.
+	until := pageNow.Add(-72 * time.Hour)
+	if window["since"] != until.Add(-7*24*time.Hour).Format(time.RFC3339) || window["until"] != until.Format(time.RFC3339) {
+		t.Errorf("lateness window %v, want the 7 days before %s", window, until.Format(time.RFC3339))
+	}
 	var events, beyond int64
 	err = pool.QueryRow(ctx, `
 		SELECT count(*), count(*) FILTER (WHERE ingested_at > date_trunc('day', event_time AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '1 day 72 hours')
-		FROM raw.app_events WHERE event_time >= $1 AND event_time < $2`, pageNow.Add(-7*24*time.Hour), pageNow).Scan(&events, &beyond)
+		FROM raw.app_events WHERE event_time >= $1 AND event_time < $2`, until.Add(-7*24*time.Hour), until).Scan(&events, &beyond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,10 +301,24 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("screenshot is not a PNG: %v", err)
 	}
-	for name, rgb := range map[string][3]uint8{"bars within the horizon": {0x3b, 0x82, 0xf6}, "bars beyond it": {0xdc, 0x26, 0x26},
-		"the horizon line": {0xb4, 0x23, 0x18}, "the curve": {0x25, 0x63, 0xeb}, "final cells": {0xbb, 0xf7, 0xd0}, "closed cells": {0xfd, 0xe6, 0x8a}} {
-		if n := countColour(img, rgb); n < 20 {
-			t.Errorf("the screenshot shows %d pixels of %s (#%02x%02x%02x)", n, name, rgb[0], rgb[1], rgb[2])
+	for _, c := range []struct {
+		name string
+		box  image.Rectangle
+		rgb  [3]uint8
+	}{
+		{"bars within the horizon", latenessBox, [3]uint8{0x3b, 0x82, 0xf6}},
+		{"bars beyond it", latenessBox, [3]uint8{0xdc, 0x26, 0x26}},
+		{"the horizon line", latenessBox, [3]uint8{0xb4, 0x23, 0x18}},
+		{"the curve", curveBox, [3]uint8{0x25, 0x63, 0xeb}},
+		{"the curve's horizon", curveBox, [3]uint8{0xb4, 0x23, 0x18}},
+		{"partitions on the curve", curveBox, [3]uint8{0xd9, 0x77, 0x06}},
+		{"open cells", gridBox, [3]uint8{0xdb, 0xea, 0xfe}},
+		{"closed cells", gridBox, [3]uint8{0xfd, 0xe6, 0x8a}},
+		{"final cells", gridBox, [3]uint8{0xbb, 0xf7, 0xd0}},
+		{"archived cells", gridBox, [3]uint8{0xe5, 0xe7, 0xeb}},
+	} {
+		if n := countColour(img, c.box, c.rgb); n < 20 {
+			t.Errorf("the screenshot shows %d pixels of %s (#%02x%02x%02x) in %v", n, c.name, c.rgb[0], c.rgb[1], c.rgb[2], c.box)
 		}
 	}
 }
@@ -397,10 +445,11 @@ func sameFloat(a, b string) bool {
 	return errA == nil && errB == nil && math.Abs(x-y) < 1e-9
 }
 
-// countColour counts the pixels of img within a small distance of rgb.
-func countColour(img image.Image, rgb [3]uint8) int {
+// countColour counts the pixels of img in box within a small distance of
+// rgb.
+func countColour(img image.Image, box image.Rectangle, rgb [3]uint8) int {
 	n := 0
-	b := img.Bounds()
+	b := img.Bounds().Intersect(box)
 	for y := b.Min.Y; y < b.Max.Y; y++ {
 		for x := b.Min.X; x < b.Max.X; x++ {
 			r, g, bl, _ := img.At(x, y).RGBA()

@@ -548,9 +548,7 @@ func (h *handler) page(w http.ResponseWriter, r *http.Request) {
 	p := status.BuildPage(ctx, h.pool, h.cfg, rep, func(ctx context.Context, source string) (*lateness.Report, error) {
 		return h.lateness.get(ctx, h.pool, h.cfg, source, now)
 	})
-	if families, err := h.reg.Gather(); err == nil {
-		p.AddSlots(families)
-	}
+	p.Slots = cdc.SlotReadings(h.reg)
 	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && n > 0 {
 		p.Refresh = max(n, 5)
 	}
@@ -560,17 +558,22 @@ func (h *handler) page(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// latenessCache keeps each source's lateness for latenessTTL: measuring
-// reads up to status.LatenessRows raw rows, too much for every reload of
-// the page.
+// latenessCache keeps each source's lateness, or the error measuring it,
+// for latenessTTL: measuring reads up to status.LatenessRows raw rows, too
+// much for every reload of the page. Sources are measured independently,
+// each by one request at a time; a request waits for another's
+// measurement only as long as its context allows.
 type latenessCache struct {
 	mu      sync.Mutex
-	entries map[string]latenessEntry
+	entries map[string]*latenessEntry
 }
 
 type latenessEntry struct {
-	at  time.Time
-	rep *lateness.Report
+	busy  chan struct{} // holds one token while the source is measured
+	at    time.Time     // real time of the measurement
+	until time.Time     // its service-clock end
+	rep   *lateness.Report
+	err   error
 }
 
 // latenessTTL is how long the page reuses a measurement.
@@ -578,20 +581,28 @@ const latenessTTL = time.Minute
 
 func (c *latenessCache) get(ctx context.Context, q lateness.Querier, cfg *config.Config, source string, now time.Time) (*lateness.Report, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.entries[source]; ok && time.Since(e.at) < latenessTTL && !e.rep.Until.After(now) && now.Sub(e.rep.Until) < latenessTTL {
-		return e.rep, nil
-	}
-	rep, err := lateness.Measure(ctx, q, cfg, source, lateness.Options{Since: now.Add(-status.LatenessWindow), Until: now,
-		MaxRows: status.LatenessRows})
-	if err != nil {
-		return nil, err
-	}
 	if c.entries == nil {
-		c.entries = map[string]latenessEntry{}
+		c.entries = map[string]*latenessEntry{}
 	}
-	c.entries[source] = latenessEntry{time.Now(), rep}
-	return rep, nil
+	e := c.entries[source]
+	if e == nil {
+		e = &latenessEntry{busy: make(chan struct{}, 1)}
+		c.entries[source] = e
+	}
+	c.mu.Unlock()
+	select {
+	case e.busy <- struct{}{}:
+		defer func() { <-e.busy }()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("lateness of %s: %w", source, ctx.Err())
+	}
+	since, until := status.LatenessRange(cfg, source, now)
+	if !e.at.IsZero() && time.Since(e.at) < latenessTTL && until.Sub(e.until).Abs() < latenessTTL {
+		return e.rep, e.err
+	}
+	e.rep, e.err = lateness.Measure(ctx, q, cfg, source, lateness.Options{Since: since, Until: until, MaxRows: status.LatenessRows})
+	e.at, e.until = time.Now(), until
+	return e.rep, e.err
 }
 
 // promLogger sends the metrics handler's errors to the service log.
