@@ -157,6 +157,8 @@ func TestEndpoints(t *testing.T) {
 
 	rep := b.waitStatus(t, func(r *status.Report) bool {
 		return len(r.Sources) == 2 && r.Sources[0].Records == 3 && len(r.Aggregates) == 1 && len(r.Aggregates[0].Partitions) == 1 &&
+			r.Aggregates[0].Partitions[0].Rows != nil && // built, not only queued
+
 			r.Sources[1].Poll != nil && r.Sources[1].Poll.RowsMerged == 2 && r.Sources[1].Poll.LastKeyCheck != nil
 	})
 	// Key reconciliation ran at start (none was recorded before) and
