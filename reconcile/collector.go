@@ -10,13 +10,13 @@ import (
 )
 
 const (
-	// movingPartitionsSQL counts each aggregate's open and closed
-	// partitions (zero included) through the partial index
+	// movingPartitionsSQL counts the open and closed partitions (zero
+	// included) of each aggregate of $1 through the partial index
 	// partitions_moving, which holds only those.
 	movingPartitionsSQL = `
-SELECT w.aggregate, s.state, (SELECT count(*) FROM tidemark.partitions p
-                              WHERE p.aggregate = w.aggregate AND p.state = s.state AND p.state IN ('open', 'closed'))
-FROM tidemark.load_watermarks w CROSS JOIN (VALUES ('open'), ('closed')) s (state)`
+SELECT a.name, s.state, (SELECT count(*) FROM tidemark.partitions p
+                         WHERE p.aggregate = a.name AND p.state = s.state AND p.state IN ('open', 'closed'))
+FROM unnest($1::text[]) a (name) CROSS JOIN (VALUES ('open'), ('closed')) s (state)`
 
 	watermarkAgesSQL = `SELECT aggregate, advanced_at FROM tidemark.load_watermarks WHERE advanced_at IS NOT NULL`
 
@@ -38,14 +38,16 @@ SELECT coalesce((SELECT extract(epoch FROM now() - started)::float8 FROM (
 type Collector struct {
 	q      ingest.Querier
 	now    func() time.Time
+	names  []string
 	age    *prometheus.Desc
 	oldest *prometheus.Desc
 	moving *prometheus.Desc
 }
 
-// NewCollector returns the collector; now is the service clock.
-func NewCollector(q ingest.Querier, now func() time.Time) *Collector {
-	return &Collector{q: q, now: now,
+// NewCollector returns the collector of the aggregates named names; now is
+// the service clock.
+func NewCollector(q ingest.Querier, now func() time.Time, names []string) *Collector {
+	return &Collector{q: q, now: now, names: names,
 		age: prometheus.NewDesc("tidemark_reconcile_load_watermark_age_seconds",
 			"Service time since the aggregate's load watermark last moved.", []string{"aggregate"}, nil),
 		oldest: prometheus.NewDesc("tidemark_warehouse_oldest_transaction_seconds",
@@ -105,7 +107,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // collectMoving sends the open and closed partition counts.
 func (c *Collector) collectMoving(ctx context.Context, ch chan<- prometheus.Metric) error {
-	rows, err := c.q.Query(ctx, movingPartitionsSQL)
+	rows, err := c.q.Query(ctx, movingPartitionsSQL, c.names)
 	if err != nil {
 		return err
 	}

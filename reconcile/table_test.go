@@ -174,23 +174,34 @@ func TestCompleteness(t *testing.T) {
 func moving(t *testing.T, b *bundle, want map[string]float64) {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(reconcile.NewCollector(b.pool, b.clock.Now))
+	// A configured aggregate that has not run yet is exported at 0.
+	reg.MustRegister(reconcile.NewCollector(b.pool, b.clock.Now, []string{"daily_sales", "not_run_yet"}))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]float64{}
+	got, other := map[string]float64{}, map[string]float64{}
 	for _, mf := range mfs {
 		if mf.GetName() != "tidemark_partitions" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "state" {
-					got[l.GetValue()] = m.GetGauge().GetValue()
-				}
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch labels["aggregate"] {
+			case "daily_sales":
+				got[labels["state"]] = m.GetGauge().GetValue()
+			case "not_run_yet":
+				other[labels["state"]] = m.GetGauge().GetValue()
+			default:
+				t.Errorf("tidemark_partitions of an aggregate not asked for: %v", labels)
 			}
 		}
+	}
+	if v, ok := other["open"]; !ok || v != 0 || len(other) != 2 {
+		t.Errorf("tidemark_partitions of an aggregate that has not run: %v, want open and closed at 0", other)
 	}
 	for state, n := range want {
 		var inTable float64

@@ -161,7 +161,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	reg.MustRegister(ingest.NewWatermarkCollector(cfg, pool, now))
 	reg.MustRegister(retention.NewCollector(pool))
 	if len(cfg.Aggregates) > 0 {
-		reg.MustRegister(reconcile.NewCollector(pool, now))
+		reg.MustRegister(reconcile.NewCollector(pool, now, cfg.AggregateNames()))
 	}
 
 	var adm *kadm.Client
