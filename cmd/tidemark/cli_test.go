@@ -52,6 +52,9 @@ func TestUnreachableWarehouse(t *testing.T) {
 			{"poll", "--once", "--source", "customers"},
 			{"keys", "--source", "customers"},
 			{"backfill", "--aggregate", "daily", "--from", "2026-10-01", "--to", "2026-10-02"},
+			{"verify", "--aggregate", "daily"},
+			{"refresh", "--aggregate", "daily", "--full"},
+			{"lateness", "--source", "app_events"},
 			{"prune"},
 		} {
 			t.Run(fmt.Sprintf("%s/migrate=%t", strings.Join(args, " "), migrate), func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/lateness"
+	"github.com/tidemark-dev/tidemark/migrate"
 )
 
 // cmdLateness prints how late a source's events arrived and the smallest
@@ -60,6 +61,10 @@ func cmdLateness(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return failed(stderr, "tidemark lateness", err)
 	}
 	defer pool.Close()
+	// It reads the warehouse only: the schema must be there, not applied.
+	if _, err := migrate.Version(ctx, pool); err != nil {
+		return failed(stderr, "tidemark lateness", err)
+	}
 	rep, err := lateness.Measure(ctx, pool, cfg, *name, lateness.Options{Since: until.Add(-since), Until: until, Target: target})
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w (--timeout %s; a shorter --since reads fewer rows)", err, *timeout)
