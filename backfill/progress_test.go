@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,20 +25,54 @@ func TestProgress(t *testing.T) {
 	for _, day := range []string{"01", "02", "03", "04", "05", "06"} {
 		w.sale("s"+day, "2026-09-"+day+" 10:00", 1)
 	}
-	// Each chunk takes a while, so that lines come between chunks; the
-	// fifth day fails and counts as done with too.
+	// The third day's chunk waits for an advisory lock the test holds
+	// until a periodic line has come, however late the interval fires on
+	// a busy machine; the fifth day fails and counts as done with too.
 	w.exec(`CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(0.03); IF NEW.sale_date = '2026-09-05' THEN RAISE EXCEPTION 'source busy'; END IF; RETURN NEW; END $$`)
+		BEGIN
+			IF NEW.sale_date = '2026-09-03' THEN PERFORM pg_advisory_lock_shared(4242); PERFORM pg_advisory_unlock_shared(4242); END IF;
+			IF NEW.sale_date = '2026-09-05' THEN RAISE EXCEPTION 'source busy'; END IF;
+			RETURN NEW;
+		END $$`)
 	w.exec(`CREATE TRIGGER slow BEFORE INSERT ON daily_sales FOR EACH ROW EXECUTE FUNCTION slow()`)
+	hold, err := w.pool.Acquire(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Release()
+	if _, err := hold.Exec(w.ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	unlock := sync.OnceFunc(func() {
+		if _, err := hold.Exec(w.ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+			t.Error(err)
+		}
+	})
+	defer unlock()
 
 	var logs syncbuf.Buffer
-	rep, err := w.backfill("2026-09-01", "2026-09-06", backfill.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-		Progress: progress.New(progress.Lines, nil, 10*time.Millisecond)})
-	if err != nil || rep.Done != 5 || len(rep.Failed) != 1 {
+	type result struct {
+		rep *backfill.Report
+		err error
+	}
+	ran := make(chan result, 1)
+	go func() {
+		rep, err := w.backfill("2026-09-01", "2026-09-06", backfill.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			Progress: progress.New(progress.Lines, nil, 10*time.Millisecond)})
+		ran <- result{rep, err}
+	}()
+	periodic := regexp.MustCompile(`msg="backfill progress" aggregate=daily_sales run=1 done=[1-5] total=6 unit=chunks rate="[0-9.]+ chunks/s" eta=\S+ elapsed=\S+\n`)
+	deadline := time.Now().Add(10 * time.Second)
+	for !periodic.MatchString(logs.String()) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	unlock()
+	res := <-ran
+	if rep, err := res.rep, res.err; err != nil || rep.Done != 5 || len(rep.Failed) != 1 {
 		t.Fatalf("first run: %v, %+v", err, rep)
 	}
 	text := logs.String()
-	if !regexp.MustCompile(`msg="backfill progress" aggregate=daily_sales run=1 done=[1-5] total=6 unit=chunks rate="[0-9.]+ chunks/s" eta=\S+ elapsed=\S+\n`).MatchString(text) {
+	if !periodic.MatchString(text) {
 		t.Errorf("no periodic progress line while chunks were rebuilt:\n%s", text)
 	}
 	final := regexp.MustCompile(`msg="backfill progress" aggregate=daily_sales run=1 done=6 total=6 .*finished=true`)
@@ -50,7 +85,7 @@ func TestProgress(t *testing.T) {
 
 	var bar bytes.Buffer
 	w.exec(`CREATE OR REPLACE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$`)
-	rep, err = w.backfill("2026-09-01", "2026-09-06", backfill.Options{Reprocess: backfill.Completed, Concurrency: 2,
+	rep, err := w.backfill("2026-09-01", "2026-09-06", backfill.Options{Reprocess: backfill.Completed, Concurrency: 2,
 		Progress: progress.New(progress.Bar, &bar, 0)})
 	if err != nil || rep.Done != 6 {
 		t.Fatalf("second run: %v, %+v", err, rep)

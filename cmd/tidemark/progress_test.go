@@ -85,24 +85,62 @@ func TestProgressOutput(t *testing.T) {
 	onTerminal(regexp.MustCompile(`keys +\d+% \|[^|]*\| \(\d+/\d+, \d+ ranges/(s|min|hr)\) \[\d\S*:\d\S*\]`), "keys", "--source", "customers", "--dry-run")
 
 	// Not a terminal: plain lines, every progressEvery and at the end.
-	// Each chunk takes a while, so that lines come between chunks.
-	if _, err := wh.Exec(ctx, `CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.01); RETURN NULL; END $$;
+	// The fifth write of a backfill (in its third chunk or later) waits
+	// for an advisory lock the test holds until a periodic line has come,
+	// however late the interval fires on a busy machine.
+	if _, err := wh.Exec(ctx, `CREATE SEQUENCE slow_writes;
+		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+			IF nextval('slow_writes') = 5 THEN PERFORM pg_advisory_lock_shared(4242); PERFORM pg_advisory_unlock_shared(4242); END IF;
+			RETURN NULL; END $$;
 		CREATE TRIGGER slow BEFORE INSERT OR DELETE ON daily_changes FOR EACH STATEMENT EXECUTE FUNCTION slow()`); err != nil {
 		t.Fatal(err)
+	}
+	// gated runs a command while the lock is held, and releases it once
+	// its standard error shows a line matching periodic (or after 10s).
+	gated := func(periodic *regexp.Regexp, args ...string) (int, string, string) {
+		t.Helper()
+		hold, err := wh.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hold.Release()
+		if _, err := hold.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		var errOut syncbuf.Buffer
+		code := make(chan int, 1)
+		go func() { code <- run(ctx, args, &out, &errOut) }()
+		deadline := time.Now().Add(10 * time.Second)
+		for !periodic.MatchString(errOut.String()) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if _, err := hold.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+			t.Error(err)
+		}
+		c := <-code
+		return c, out.String(), errOut.String()
 	}
 	for _, tt := range []struct {
 		args     []string
 		periodic *regexp.Regexp
 		final    *regexp.Regexp
+		gated    bool
 	}{
 		{[]string{"backfill", "--aggregate", "daily_changes", "--from", "2026-10-01", "--to", "2026-10-10", "--reprocess", "completed"},
 			regexp.MustCompile(`level=INFO msg="backfill progress" aggregate=daily_changes run=\d+ done=[1-9] total=10 unit=chunks rate="[0-9.]+ chunks/s" eta=\S+ elapsed=\S+\n`),
-			regexp.MustCompile(`level=INFO msg="backfill progress" aggregate=daily_changes run=\d+ done=10 total=10 unit=chunks .*finished=true\n`)},
+			regexp.MustCompile(`level=INFO msg="backfill progress" aggregate=daily_changes run=\d+ done=10 total=10 unit=chunks .*finished=true\n`), true},
 		{[]string{"keys", "--source", "customers", "--dry-run"},
 			regexp.MustCompile(`level=INFO msg="keys progress" component=keys source=customers done=\d+ total=\d+ unit=ranges rate="[0-9.]+ ranges/s" eta=\S+ elapsed=\S+\n`),
-			regexp.MustCompile(`level=INFO msg="keys progress" component=keys source=customers done=(\d+) total=(\d+) unit=ranges .*finished=true\n`)},
+			regexp.MustCompile(`level=INFO msg="keys progress" component=keys source=customers done=(\d+) total=(\d+) unit=ranges .*finished=true\n`), false},
 	} {
-		code, out, errOut := invoke(t, append(tt.args, "-c", cfg)...)
+		var code int
+		var out, errOut string
+		if tt.gated {
+			code, out, errOut = gated(tt.periodic, append(tt.args, "-c", cfg)...)
+		} else {
+			code, out, errOut = invoke(t, append(tt.args, "-c", cfg)...)
+		}
 		if code != exitOK {
 			t.Fatalf("%v: exit %d\n%s%s", tt.args, code, out, errOut)
 		}

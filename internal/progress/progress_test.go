@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,17 +22,25 @@ var barPattern = regexp.MustCompile(`\(\d+/\d+, \d+ chunks/(s|min|hr)\) \[\d[0-9
 
 // TestLines: a Display in lines mode logs a plain line every interval
 // while the job runs and one at the end, with the count, total, rate and
-// time left, and never writes terminal control characters.
+// time left, and never writes terminal control characters. The job waits
+// for a line with each partial count before it goes on, however late the
+// interval fires on a busy machine.
 func TestLines(t *testing.T) {
 	var out syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	d := progress.New(progress.Lines, &out, 20*time.Millisecond)
 	tr := d.Start(log, progress.Job{Label: "backfill", Unit: "chunks", Total: 4})
-	for range 3 {
-		time.Sleep(30 * time.Millisecond)
+	for i := range 3 {
 		tr.Add(1)
+		periodic := regexp.MustCompile(`msg="backfill progress" done=` + strconv.Itoa(i+1) + ` total=4 `)
+		deadline := time.Now().Add(10 * time.Second)
+		for !periodic.MatchString(out.String()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no line with done=%d within 10s:\n%s", i+1, out.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
-	time.Sleep(30 * time.Millisecond)
 	tr.Add(1)
 	tr.Finish(true)
 	tr.Finish(false) // a deferred backup changes nothing
