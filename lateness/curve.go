@@ -27,8 +27,8 @@ type ArrivalCurve struct {
 
 // curveSQL averages, over the latest $2 final partitions of aggregate $1
 // that have an arrival history, the share of each partition's rows that
-// had arrived by each age step of any of them — the completeness
-// estimate's computation (reconcile's completenessSQL) at every step.
+// had arrived by each age step of any of them. The reconciler's
+// completeness estimate is this curve read at a partition's age.
 const curveSQL = `
 WITH finals AS (
     SELECT partition_start FROM tidemark.partitions

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/lateness"
 )
 
 const (
@@ -33,34 +35,17 @@ UPDATE tidemark.partitions SET
     updated_at = $2
 WHERE aggregate = $1 AND state NOT IN ('final', 'archived')`
 
-	// completenessSQL estimates, for each partition that is not final, the
-	// share of its eventual rows already loaded: for each of the latest
-	// final partitions, the share of its rows that had arrived at the same
-	// age (time since the partition's end), averaged.
-	completenessSQL = `
-WITH finals AS (
-    SELECT partition_start FROM tidemark.partitions
-    WHERE aggregate = $1 AND state IN ('final', 'archived')
-    ORDER BY partition_start DESC LIMIT $3
-), totals AS (
-    SELECT a.partition_start, sum(a.rows)::float8 AS total
-    FROM tidemark.partition_arrivals a JOIN finals f USING (partition_start)
-    WHERE a.aggregate = $1
-    GROUP BY 1 HAVING sum(a.rows) > 0
-), current AS (
-    SELECT partition_start, extract(epoch FROM $2::timestamptz - partition_end) AS age
-    FROM tidemark.partitions WHERE aggregate = $1 AND state NOT IN ('final', 'archived')
-), estimates AS (
-    SELECT c.partition_start,
-           avg(coalesce((SELECT sum(a.rows) FROM tidemark.partition_arrivals a
-                         WHERE a.aggregate = $1 AND a.partition_start = t.partition_start AND a.age_seconds <= c.age), 0)
-               / t.total) AS estimate
-    FROM current c CROSS JOIN totals t
-    GROUP BY 1
-)
-UPDATE tidemark.partitions p SET completeness = e.estimate
-FROM estimates e
-WHERE p.aggregate = $1 AND p.partition_start = e.partition_start`
+	// notFinalSQL lists the partitions that are not final, with their
+	// age (service time since their end).
+	notFinalSQL = `
+SELECT partition_start, extract(epoch FROM $2::timestamptz - partition_end)::float8
+FROM tidemark.partitions WHERE aggregate = $1 AND state NOT IN ('final', 'archived')`
+
+	// storeCompletenessSQL stores the estimates of partitions.
+	storeCompletenessSQL = `
+UPDATE tidemark.partitions p SET completeness = u.c
+FROM unnest($2::timestamptz[], $3::float8[]) AS u (s, c)
+WHERE p.aggregate = $1 AND p.partition_start = u.s`
 
 	openPartitionsSQL = `
 SELECT partition_key, completeness FROM tidemark.partitions WHERE aggregate = $1 AND state NOT IN ('final', 'archived')`
@@ -111,6 +96,42 @@ func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *agg
 	return stored, nil
 }
 
+// estimate stores the completeness of each partition of d that is not
+// final: the share of its eventual rows already loaded, estimated as the
+// arrival curve of the latest final partitions (lateness.Curve) read at
+// its age. Without a final partition that has an arrival history, there
+// is no estimate.
+func (r *Reconciler) estimate(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, now time.Time) error {
+	curve, err := lateness.Curve(ctx, conn, d.Name, HistoryPartitions(d.Calendar.By))
+	if errors.Is(err, lateness.ErrNoHistory) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	rows, err := conn.Query(ctx, notFinalSQL, d.Name, now)
+	if err != nil {
+		return err
+	}
+	var starts []time.Time
+	var estimates []float64
+	for rows.Next() {
+		var start time.Time
+		var age float64
+		if err := rows.Scan(&start, &age); err != nil {
+			rows.Close()
+			return err
+		}
+		starts, estimates = append(starts, start), append(estimates, curve.At(age))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(starts) == 0 {
+		return err
+	}
+	_, err = conn.Exec(ctx, storeCompletenessSQL, d.Name, starts, estimates)
+	return err
+}
+
 // updateStates stores the source's event-time watermark, moves the
 // aggregate's partitions through their states and refreshes completeness.
 func (r *Reconciler) updateStates(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, w *window) error {
@@ -127,7 +148,7 @@ func (r *Reconciler) updateStates(ctx context.Context, conn *pgx.Conn, d *aggreg
 	if _, err := conn.Exec(ctx, partitionStatesSQL, d.Name, now, wm); err != nil {
 		return fmt.Errorf("reconcile %s: partition states: %w", d.Name, err)
 	}
-	if _, err := conn.Exec(ctx, completenessSQL, d.Name, now, HistoryPartitions(d.Calendar.By)); err != nil {
+	if err := r.estimate(ctx, conn, d, now); err != nil {
 		return fmt.Errorf("reconcile %s: completeness: %w", d.Name, err)
 	}
 	rows, err := conn.Query(ctx, openPartitionsSQL, d.Name)
