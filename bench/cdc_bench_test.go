@@ -24,7 +24,7 @@ import (
 )
 
 // cdcChanges is how many row changes the CDC throughput benchmark streams.
-var cdcChanges = envInt("TIDEMARK_BENCH_CDC_CHANGES", 1_000_000)
+var cdcChanges = size("TIDEMARK_BENCH_CDC_CHANGES", 1_000_000, 100_000)
 
 // cdcSourceDDL is the source table of the CDC benchmark: about 150 bytes
 // a row.

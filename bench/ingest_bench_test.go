@@ -68,13 +68,20 @@ func (e *env) settle(b *testing.B) {
 
 func newEnv(b *testing.B) *env {
 	b.Helper()
-	srv := durableServer(b)
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(parts, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	e := &env{srv: durableServer(b)}
+	e.kc = newCluster(b, parts)
+	return e
+}
+
+// newCluster starts a kfake cluster holding the topic with n partitions.
+func newCluster(b *testing.B, n int32) *kfake.Cluster {
+	b.Helper()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(n, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(kc.Close)
-	return &env{srv: srv, kc: kc}
+	return kc
 }
 
 // durableServer starts the benchmarks' PostgreSQL server: fsync and
@@ -150,8 +157,12 @@ sources:
 }
 
 // workload returns n good events of about 200 bytes.
-func workload(n int) ([]*kgo.Record, float64) {
-	w := ingesttest.Make(topic, n, parts, 42, 0, 0, benchNow)
+func workload(n int) ([]*kgo.Record, float64) { return workloadOn(n, parts) }
+
+// workloadOn returns n good events of about 200 bytes spread over
+// partitions.
+func workloadOn(n int, partitions int32) ([]*kgo.Record, float64) {
+	w := ingesttest.Make(topic, n, partitions, 42, 0, 0, benchNow)
 	short, long := `"pad":"`+strings.Repeat("x", 60), `"pad":"`+strings.Repeat("x", 95)
 	var bytes int
 	for _, r := range w.Records {
@@ -166,8 +177,8 @@ func workload(n int) ([]*kgo.Record, float64) {
 // from Kafka; (c) a consumer that INSERTs record by record, the common
 // hand-written approach (on a subset: it is slow).
 func BenchmarkIngest(b *testing.B) {
-	n := envInt("TIDEMARK_BENCH_EVENTS", 1_000_000)
-	perRecordN := envInt("TIDEMARK_BENCH_PER_RECORD_EVENTS", 20_000)
+	n := size("TIDEMARK_BENCH_EVENTS", 1_000_000, 100_000)
+	perRecordN := size("TIDEMARK_BENCH_PER_RECORD_EVENTS", 20_000, 2_000)
 	recs, avg := workload(n)
 	e := newEnv(b)
 	end := e.produce(b, recs)
@@ -234,20 +245,30 @@ func (e *env) measureCopy(b *testing.B, recs []*kgo.Record) float64 {
 // every offset is stored. The rate excludes the group join and the first
 // batch, reported separately.
 func (e *env) measureTidemark(b *testing.B, end map[int32]int64, n int) (float64, time.Duration) {
+	return e.measureGroup(b, end, n, 1, "bench-tidemark")
+}
+
+// measureGroup is measureTidemark with instances ingesters in one
+// consumer group, started together.
+func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, group string) (float64, time.Duration) {
 	b.Helper()
 	dsn, conn := e.database(b)
-	cfg, err := config.Parse("bench.yaml", []byte(configFor(dsn, e.kc.ListenAddrs()[0], "bench-tidemark")), func(string) (string, bool) { return "", false })
+	cfg, err := config.Parse("bench.yaml", []byte(configFor(dsn, e.kc.ListenAddrs()[0], group)), func(string) (string, bool) { return "", false })
 	if err != nil {
 		b.Fatal(err)
 	}
-	in, err := ingest.New(cfg, ingest.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return benchNow }})
-	if err != nil {
-		b.Fatal(err)
+	ins := make([]*ingest.Ingester, instances)
+	for i := range ins {
+		if ins[i], err = ingest.New(cfg, ingest.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return benchNow }}); err != nil {
+			b.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done := make(chan error, instances)
 	start := time.Now()
-	go func() { done <- in.Run(ctx) }()
+	for _, in := range ins {
+		go func() { done <- in.Run(ctx) }()
+	}
 	var firstAt time.Time
 	var firstRows int64
 	for {
@@ -270,8 +291,10 @@ func (e *env) measureTidemark(b *testing.B, end map[int32]int64, n int) (float64
 	}
 	elapsed := time.Since(firstAt)
 	cancel()
-	if err := <-done; err != nil {
-		b.Fatal(err)
+	for range instances {
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
 	}
 	return float64(int64(n)-firstRows) / elapsed.Seconds(), firstAt.Sub(start)
 }
@@ -333,7 +356,7 @@ func (e *env) measurePerRecord(b *testing.B, n int) float64 {
 // BenchmarkDrainRSS runs `tidemark run` as its own process against a
 // backlog of 2M records and reports its peak resident memory.
 func BenchmarkDrainRSS(b *testing.B) {
-	n := envInt("TIDEMARK_BENCH_BACKLOG", 2_000_000)
+	n := size("TIDEMARK_BENCH_BACKLOG", 2_000_000, 200_000)
 	recs, _ := workload(n)
 	e := newEnv(b)
 	end := e.produce(b, recs)

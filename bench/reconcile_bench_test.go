@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/benchplot"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
@@ -169,34 +170,59 @@ func median(ds []time.Duration) time.Duration {
 }
 
 // BenchmarkReconcileHistory measures the cost of a reconcile run that
-// absorbs the same 10k new events when the raw history holds 1M rows and
+// absorbs the same 10k new events when the raw history holds 1M, 5M and
 // 20M rows, at the same density per day (so the touched partitions are
-// alike and only the history differs). Target: ratio <= 1.3.
+// alike and only the history differs). Target: ratio 20M/1M <= 1.3. It
+// writes the curve to reconcile_history.json and .svg.
 func BenchmarkReconcileHistory(b *testing.B) {
-	perDay := envInt("TIDEMARK_BENCH_EVENTS_PER_DAY", 10_000)
-	smallRows := envInt("TIDEMARK_BENCH_SMALL_HISTORY", 1_000_000)
-	largeRows := envInt("TIDEMARK_BENCH_LARGE_HISTORY", 20_000_000)
+	perDay := size("TIDEMARK_BENCH_EVENTS_PER_DAY", 10_000, 2_000)
+	smallRows := size("TIDEMARK_BENCH_SMALL_HISTORY", 1_000_000, 100_000)
+	mediumRows := size("TIDEMARK_BENCH_MEDIUM_HISTORY", 5_000_000, 500_000)
+	largeRows := size("TIDEMARK_BENCH_LARGE_HISTORY", 20_000_000, 2_000_000)
 	srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
 		"shared_buffers": "512MB", "max_wal_size": "8GB", "checkpoint_timeout": "30min"}})
-	small := loadHistory(b, srv, smallRows/perDay, perDay)
-	large := loadHistory(b, srv, largeRows/perDay, perDay)
+	sizes := []int{smallRows, mediumRows, largeRows}
+	histories := make([]*historyDB, len(sizes))
+	for i, rows := range sizes {
+		histories[i] = loadHistory(b, srv, rows/perDay, perDay)
+	}
 	for i := 0; i < b.N; i++ {
-		var ts, tl []time.Duration
+		tab := &benchplot.Table{Name: "reconcile_history", Title: "Reconcile run vs history size",
+			Meta:    runMeta(b, srv),
+			Columns: []string{"history_rows", "days", "run_ms", "per_smallest", "other_cores"}}
+		tab.Meta["workload"] = fmt.Sprintf("%d events a day; each round loads 10,000 events over the last 3 days and one run absorbs them; median of 7 rounds, histories alternating", perDay)
+		m := meterCPU()
+		runs := make([][]time.Duration, len(sizes))
 		for round := 0; round < 7; round++ {
-			ts = append(ts, small.absorb(b, round))
-			tl = append(tl, large.absorb(b, round))
+			for j, h := range histories {
+				runs[j] = append(runs[j], h.absorb(b, round))
+			}
 		}
-		ms, ml := median(ts), median(tl)
-		ratio := ml.Seconds() / ms.Seconds()
-		b.ReportMetric(float64(ms.Microseconds())/1000, "ms/run_1M")
-		b.ReportMetric(float64(ml.Microseconds())/1000, "ms/run_20M")
+		other := m.otherCores()
+		fmt.Fprintf(os.Stderr, "\nreconcile run absorbing 10k new events (3 day partitions rebuilt, %d events a day), median of 7\n", perDay)
+		for j, rows := range sizes {
+			md := median(runs[j])
+			addRow(b, tab, float64(rows), float64(rows/perDay), ms(md), md.Seconds()/median(runs[0]).Seconds(), other)
+			fmt.Fprintf(os.Stderr, "  history of %9d rows (%4d days)  %8s\n", rows, rows/perDay, md.Round(time.Millisecond))
+		}
+		mSmall, mLarge := median(runs[0]), median(runs[len(runs)-1])
+		ratio := mLarge.Seconds() / mSmall.Seconds()
+		b.ReportMetric(ms(mSmall), "ms/run_1M")
+		b.ReportMetric(ms(mLarge), "ms/run_20M")
 		b.ReportMetric(ratio, "20M/1M")
-		fmt.Fprintf(os.Stderr, `
-reconcile run absorbing 10k new events (3 day partitions rebuilt, %d events a day), median of 7
-  history of %9d rows (%4d days)  %8s
-  history of %9d rows (%4d days)  %8s
-  ratio 20M/1M = %.2f (target <= 1.3)
-`, perDay, smallRows, smallRows/perDay, ms.Round(time.Millisecond), largeRows, largeRows/perDay, ml.Round(time.Millisecond), ratio)
+		fmt.Fprintf(os.Stderr, "  ratio largest/smallest = %.2f (target <= 1.3)\n", ratio)
+		target := 1.3
+		saveCurve(b, tab, benchplot.Figure{
+			Title: "Reconcile run absorbing 10k events (3 day partitions), fsync on",
+			Panels: []benchplot.Panel{{
+				Title: "run time", XLabel: "raw history (rows)", YLabel: "run time (ms, median of 7)", LogX: true,
+				Series: []benchplot.Series{series(b, tab, "reconcile run", "history_rows", "run_ms", nil)},
+			}, {
+				Title: "ratio to the smallest history", XLabel: "raw history (rows)", YLabel: "run time / smallest (ratio)", LogX: true,
+				Series:    []benchplot.Series{series(b, tab, "run time / smallest history", "history_rows", "per_smallest", nil)},
+				Reference: &target, ReferenceLabel: "target 1.3",
+			}},
+		})
 	}
 }
 
@@ -205,7 +231,7 @@ reconcile run absorbing 10k new events (3 day partitions rebuilt, %d events a da
 // each in its own transaction, alternating, in the same run. Target:
 // <= 1.2x. A whole reconcile run rebuilding that day is timed as well.
 func BenchmarkRebuildPartition(b *testing.B) {
-	perDay := envInt("TIDEMARK_BENCH_PARTITION_EVENTS", 200_000)
+	perDay := size("TIDEMARK_BENCH_PARTITION_EVENTS", 200_000, 20_000)
 	srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{"shared_buffers": "512MB"}})
 	h := loadHistory(b, srv, 3, perDay)
 	ctx := context.Background()
