@@ -37,6 +37,10 @@ fuzz-short:
 	$(MAKE) fuzz FUZZTIME=10s
 
 ## bench: throughput benchmarks with their in-run baselines (see docs/benchmarks.md)
+# The scaling curves are written to docs/benchmarks/ as JSON and SVG.
+# TIDEMARK_BENCH_QUICK=1 make bench runs every benchmark but BenchmarkPoll on
+# fewer rows and writes the curves to $TMPDIR/tidemark-bench-quick instead;
+# TIDEMARK_BENCH_RESULTS names another directory.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 90m ./bench/
 

@@ -1,0 +1,187 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/benchplot"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+)
+
+// cdcWriteProc inserts total rows into orders, per_txn rows a
+// transaction, each committed by the procedure.
+const cdcWriteProc = `
+CREATE PROCEDURE bench_write(first bigint, total bigint, per_txn bigint) LANGUAGE plpgsql AS $$
+DECLARE i bigint := first;
+BEGIN
+    WHILE i < first + total LOOP
+        INSERT INTO orders SELECT g, g % 5000, (g % 997) * 1.25, 'placed', repeat('x', 80),
+            timestamptz '2026-11-01 00:00+00' + g * interval '1 second'
+        FROM generate_series(i, least(i + per_txn, first + total) - 1) AS g;
+        COMMIT;
+        i := i + per_txn;
+    END LOOP;
+END $$`
+
+// cdcPoint is one source transaction size and the changes written at it.
+type cdcPoint struct{ perTxn, total int }
+
+// BenchmarkCDCTransactionSize measures CDC apply against the size of the
+// source's transactions (1, 100, 10,000 and 1,000,000 inserted rows each),
+// next to pg_recvlogical decoding the same changes from a second slot, as
+// BenchmarkCDC's (a). Each point has its own source and warehouse
+// databases and slots on one server. It writes cdc_txn_size.json and
+// .svg.
+func BenchmarkCDCTransactionSize(b *testing.B) {
+	bin, err := pgserver.FindBinDir()
+	if err != nil {
+		b.Skip(err)
+	}
+	points := []cdcPoint{{1, 100_000}, {100, 1_000_000}, {10_000, 1_000_000}, {1_000_000, 1_000_000}}
+	if quick {
+		points = []cdcPoint{{1, 10_000}, {100, 50_000}, {10_000, 100_000}, {100_000, 100_000}}
+	}
+	srv := durableServer(b)
+	e := &env{srv: srv}
+	for range b.N {
+		started := time.Now()
+		tab := &benchplot.Table{Name: "cdc_txn_size", Title: "CDC apply vs source transaction size",
+			Meta:    runMeta(b, srv),
+			Columns: []string{"rows_per_txn", "changes", "decode_changes_per_s", "apply_changes_per_s", "apply_per_decode", "other_cores"}}
+		tab.Meta["workload"] = "inserts only into orders (bigint key, five columns, about 150 bytes a row); each point on fresh databases and slots"
+		for _, p := range points {
+			m := meterCPU()
+			decode, apply := cdcPointRates(b, e, filepath.Join(bin, "pg_recvlogical"), p)
+			addRow(b, tab, float64(p.perTxn), float64(p.total), decode, apply, apply/decode, m.otherCores())
+			fmt.Fprintf(os.Stderr, "CDC, %d changes in transactions of %d: decode %8.0f changes/s, apply %8.0f changes/s, ratio %.2f\n",
+				p.total, p.perTxn, decode, apply, apply/decode)
+		}
+		tab.Meta["took"] = time.Since(started).Round(time.Second).String()
+		target := 0.4
+		saveCurve(b, tab, benchplot.Figure{
+			Title: "CDC apply vs rows per source transaction (inserts), fsync on",
+			Panels: []benchplot.Panel{{
+				Title: "throughput", XLabel: "rows per source transaction", YLabel: "changes/s", LogX: true,
+				Series: []benchplot.Series{
+					series(b, tab, "tidemark apply", "rows_per_txn", "apply_changes_per_s", nil),
+					series(b, tab, "pg_recvlogical, decode only", "rows_per_txn", "decode_changes_per_s", nil),
+				},
+			}, {
+				Title: "ratio to decode only", XLabel: "rows per source transaction", YLabel: "apply / decode (ratio)", LogX: true,
+				Series:    []benchplot.Series{series(b, tab, "apply / decode", "rows_per_txn", "apply_per_decode", nil)},
+				Reference: &target, ReferenceLabel: "target 0.40",
+			}},
+		})
+	}
+}
+
+// cdcPointRates writes the point's changes into a new source database and
+// returns the decode-only and tidemark apply rates, in changes/s.
+func cdcPointRates(b *testing.B, e *env, recvlogical string, p cdcPoint) (decode, apply float64) {
+	b.Helper()
+	ctx := context.Background()
+	srcDSN := pgtest.NewDatabaseOn(b, e.srv)
+	src := pgtest.Pool(b, srcDSN)
+	for _, ddl := range []string{cdcSourceDDL, cdcWriteProc} {
+		if _, err := src.Exec(ctx, ddl); err != nil {
+			b.Fatal(err)
+		}
+	}
+	whDSN := pgtest.NewDatabaseOn(b, e.srv)
+	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
+		b.Fatal(err)
+	}
+	wh := pgtest.Pool(b, whDSN)
+	cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders], heartbeat_every: 0s}
+    mirror: {table: dw_orders, deletes: hard}
+`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		b.Fatal(err)
+	}
+	rd := startReader(b, cfg, wh)
+	rd.waitSnapshotDone(b, wh)
+	rd.stop(b)
+	if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode', 'pgoutput')`); err != nil {
+		b.Fatal(err)
+	}
+	// Writing is not measured: commits need not wait for their flush.
+	w := connect(b, srcDSN)
+	if _, err := w.Exec(ctx, `SET synchronous_commit = off`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := w.Exec(ctx, `CALL bench_write(1, $1, $2)`, p.total, p.perTxn); err != nil {
+		b.Fatal(err)
+	}
+	var end string
+	if err := w.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		b.Fatal(err)
+	}
+
+	e.settle(b)
+	started := time.Now()
+	cmd := exec.CommandContext(ctx, recvlogical, "-d", srcDSN, "--slot", "bench_decode", "--start", "--no-loop",
+		"--endpos", end, "-F", "0", "-f", "-",
+		"-o", "proto_version=2", "-o", "publication_names=tidemark_shop", "-o", "streaming=on")
+	var decoded countingWriter
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &decoded, &stderr
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("pg_recvlogical: %v\n%s", err, stderr.String())
+	}
+	decodeTook := time.Since(started)
+
+	e.settle(b)
+	started = time.Now()
+	rd = startReader(b, cfg, wh)
+	rd.waitApplied(b, wh, end, 20*time.Minute)
+	applyTook := time.Since(started)
+	rd.stop(b)
+	var raw, mirrored int64
+	if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_orders)`).Scan(&raw, &mirrored); err != nil {
+		b.Fatal(err)
+	}
+	if raw != int64(p.total) || mirrored != int64(p.total) {
+		b.Fatalf("tidemark wrote %d raw change rows and %d mirror rows, want %d", raw, mirrored, p.total)
+	}
+	// The next point's slots take the same names; the databases go too.
+	if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('bench_decode', 'tidemark_shop')`); err != nil {
+		b.Fatal(err)
+	}
+	src.Close()
+	wh.Close()
+	w.Close(ctx)
+	dropDatabases(b, e.srv, srcDSN, whDSN)
+	return float64(p.total) / decodeTook.Seconds(), float64(p.total) / applyTook.Seconds()
+}
+
+// dropDatabases drops the databases of the DSNs.
+func dropDatabases(b *testing.B, srv *pgserver.Server, dsns ...string) {
+	b.Helper()
+	ctx := context.Background()
+	admin := connect(b, srv.URL("postgres"))
+	defer admin.Close(ctx)
+	for _, dsn := range dsns {
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{cfg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
