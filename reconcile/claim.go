@@ -38,10 +38,19 @@ FROM %[1]s
 WHERE %[3]s > $1 AND %[3]s <= $2
 GROUP BY date_bin('1 hour', %[2]s, timestamptz '2000-01-01 00:00:00+00')`
 
+	// queuePartitionsSQL queues partitions; one already queued keeps its
+	// row as it is. The update changes nothing but takes the row's lock:
+	// when another instance is rebuilding the partition (it holds the row
+	// FOR UPDATE from picking it to its commit), the claim waits for that
+	// rebuild to end, then finds the row deleted and inserts it again, so
+	// the partition is rebuilt once more with the claimed data, which the
+	// rebuild in progress may not have read. DO NOTHING would not wait, and
+	// that rebuild would delete the row the claim counted on.
 	queuePartitionsSQL = `
-INSERT INTO tidemark.pending_partitions (aggregate, partition_start, partition_end, reason, queued_at)
+INSERT INTO tidemark.pending_partitions AS q (aggregate, partition_start, partition_end, reason, queued_at)
 SELECT $1, u.s, u.e, u.r, $5 FROM unnest($2::timestamptz[], $3::timestamptz[], $4::text[]) AS u (s, e, r)
-ON CONFLICT (aggregate, partition_start) DO NOTHING`
+ORDER BY u.s
+ON CONFLICT (aggregate, partition_start) DO UPDATE SET queued_at = q.queued_at`
 
 	addArrivalsSQL = `
 INSERT INTO tidemark.partition_arrivals AS a (aggregate, partition_start, age_seconds, rows)

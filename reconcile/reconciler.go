@@ -213,22 +213,33 @@ func checkTableSource(ctx context.Context, conn *pgx.Conn, d *aggregate.Definiti
 // Report says what one run of one aggregate did.
 type Report struct {
 	Aggregate string
-	Busy      bool     // another instance held the aggregate (only when not waiting)
+	Busy      bool     // another instance held the aggregate: nothing was claimed (only when not waiting)
 	Read      int64    // ledger rows (or table rows) read
 	Queued    int      // partitions queued by this run
-	Rebuilt   []string // partitions rebuilt, by label
+	Rebuilt   []string // partitions rebuilt by this run, by label, in the order rebuilt
 	Failed    []string // partitions whose rebuild failed
-	Remaining int64    // partitions still queued after the run
+	Remaining int64    // partitions still queued after the run, those other instances are rebuilding included
 	Failing   int64    // of Remaining, partitions whose last rebuild failed
 	Watermark string   // load watermark after the run: an xid, or an ingestion time
 }
 
 // lockKey is the session advisory lock that makes one instance at a time
-// reconcile an aggregate.
+// claim an aggregate's new data and update its partition states.
 func lockKey(name string) string { return "tidemark.reconcile." + name }
 
-// RunOnce reconciles one aggregate. With wait set it waits for another
-// instance's run to finish; otherwise it returns a Busy report at once.
+// The aggregate's session advisory lock: tried, waited for, released.
+const (
+	tryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`
+	lockSQL    = `SELECT pg_advisory_lock(hashtextextended($1, 0))`
+	unlockSQL  = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
+)
+
+// RunOnce reconciles one aggregate: it claims the new data, rebuilds
+// queued partitions and updates partition states, holding the aggregate's
+// lock. When another instance holds it, RunOnce first rebuilds queued
+// partitions beside that instance (see help); then, with wait set, it
+// waits for the lock and runs, and otherwise returns a Busy report with
+// what it rebuilt.
 func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Report, error) {
 	rep := Report{Aggregate: name}
 	d := r.defs[name]
@@ -243,26 +254,32 @@ func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Repor
 		return rep, fmt.Errorf("reconcile %s: %w", name, err)
 	}
 	defer conn.Release()
-	if wait {
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", lockKey(name)); err != nil {
+	var got bool
+	if err := conn.QueryRow(ctx, tryLockSQL, lockKey(name)).Scan(&got); err != nil {
+		return rep, fmt.Errorf("reconcile %s: lock: %w", name, err)
+	}
+	if !got {
+		// Another instance is claiming or rebuilding: rebuild queued
+		// partitions beside it, without claiming (see help).
+		err := r.help(ctx, conn.Conn(), d, &rep)
+		if !wait || err != nil {
+			rep.Busy = !wait
+			result := "busy"
+			if err != nil {
+				result = "error"
+			}
+			r.m.runs.WithLabelValues(name, result).Inc()
+			return rep, err
+		}
+		if _, err := conn.Exec(ctx, lockSQL, lockKey(name)); err != nil {
 			pgconnect.Close(ctx, conn.Conn()) // the lock may be held by a cancelled wait
 			return rep, fmt.Errorf("reconcile %s: wait for lock: %w", name, err)
-		}
-	} else {
-		var got bool
-		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", lockKey(name)).Scan(&got); err != nil {
-			return rep, fmt.Errorf("reconcile %s: lock: %w", name, err)
-		}
-		if !got {
-			rep.Busy = true
-			r.m.runs.WithLabelValues(name, "busy").Inc()
-			return rep, nil
 		}
 	}
 	defer func() {
 		cctx, cancel := pgconnect.Cleanup(ctx)
 		defer cancel()
-		if _, err := conn.Exec(cctx, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(name)); err != nil {
+		if _, err := conn.Exec(cctx, unlockSQL, lockKey(name)); err != nil {
 			pgconnect.Close(ctx, conn.Conn())
 		}
 	}()
@@ -371,7 +388,8 @@ type rebuildOutcome struct {
 }
 
 // rebuildQueued rebuilds queued partitions that are due, newest first, each
-// in its own transaction, up to reconcile.max_partitions_per_run. A
+// in its own transaction, up to reconcile.max_partitions_per_run, leaving
+// out those that other instances are rebuilding at the time. A
 // partition whose rebuild fails through its own fault stays queued, with
 // the error, and is left alone until its next attempt (see retryBackoff);
 // partitions that are not due are not counted against the limit. A
@@ -401,7 +419,9 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 		}
 		if !o.found {
 			if only != nil {
-				continue // the partition left the queue between the attempts
+				// The partition left the queue between the attempts, or
+				// another instance picked it meanwhile.
+				continue
 			}
 			break
 		}
@@ -428,6 +448,18 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 			"failing", rep.Failing, "max_partitions_per_run", r.cfg.Reconcile.MaxPartitionsPerRun)
 	}
 	return nil
+}
+
+// help rebuilds the due queued partitions of an aggregate whose lock
+// another instance holds, as rebuildQueued does and at most
+// reconcile.max_partitions_per_run, so that several instances share a
+// large queue. It neither claims nor updates partition states, which stay
+// with the lock holder. rebuildNext picks partitions FOR UPDATE SKIP
+// LOCKED, so each is rebuilt by one instance at a time, and a claim that
+// queues a partition while it is being rebuilt waits for that rebuild to
+// end and queues it again (queuePartitionsSQL).
+func (r *Reconciler) help(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, rep *Report) error {
+	return r.rebuildQueued(ctx, conn, d, r.now(), rep)
 }
 
 // rebuildNext rebuilds the next due partition (or only, when set) in one
@@ -481,8 +513,8 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 }
 
 // Run reconciles every aggregate every reconcile.every until ctx is
-// cancelled. An aggregate that another instance is reconciling is skipped
-// until the next tick (the instances stand by for each other).
+// cancelled. For an aggregate that another instance is reconciling, a tick
+// only rebuilds queued partitions beside it (see help).
 func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
@@ -518,8 +550,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 				return nil
 			case err != nil:
 				r.log.Error("reconcile run failed", "aggregate", name, "err", err)
+			case rep.Busy && len(rep.Rebuilt) > 0:
+				r.log.Info("another instance is reconciling; rebuilt queued partitions beside it", "aggregate", name,
+					"rebuilt", len(rep.Rebuilt), "queued", rep.Remaining)
 			case rep.Busy:
-				r.log.Debug("another instance is reconciling; standing by", "aggregate", name)
+				r.log.Debug("another instance is reconciling; nothing queued is due", "aggregate", name)
 			}
 		}
 		select {
