@@ -40,11 +40,38 @@
 // the event is recorded and counted), arrival (the event is counted in the
 // partition of its ingestion time) or rebuild (the horizon is ignored).
 //
-// # One instance at a time
+// # One claimer, several rebuilders
 //
-// A run holds a session advisory lock on its aggregate. `tidemark run`
-// tries it on every tick and stands by when another instance holds it;
-// `tidemark reconcile --once` waits for it.
+// A run holds a session advisory lock on its aggregate while it claims,
+// rebuilds and updates partition states, so claims, beyond-horizon
+// records, arrival histories and states have one writer. An instance that
+// finds the lock held rebuilds due queued partitions beside the holder,
+// at most reconcile.max_partitions_per_run, without claiming: `tidemark
+// run` then waits for its next tick, `tidemark reconcile --once` waits
+// for the lock and runs. A catch-up of many partitions is thus shared by
+// every instance.
+//
+// Each rebuild picks its queue row FOR UPDATE SKIP LOCKED, in a fixed
+// order (partitions that have not failed first, newest first), and holds
+// it until its transaction commits, deleting the row or recording a
+// failure: other instances skip the row, so a partition is rebuilt by one
+// of them at a time, and aggregate.Rebuild's partition lock keeps
+// backfills out too. A claim queues with INSERT ... ON CONFLICT DO UPDATE,
+// which takes the row's lock: when it queues a partition that an instance
+// is rebuilding, it waits for that rebuild to commit, finds the row
+// deleted and inserts it again, so a rebuild that starts after the claim
+// commits reads the claimed data; when the row is not being rebuilt, the
+// claim locks it until it commits, so no rebuild picks it before the
+// claimed data is visible. For a ledger source the window is narrow: a
+// rebuild holds a transaction id from the moment it picks its row, which
+// keeps the claim's bound below it, so only loads already running when
+// the rebuild began can be claimed meanwhile. A retry after a deadlock or
+// serialization failure picks the same row SKIP LOCKED and moves on when
+// another instance took it. Counts of queued and failing partitions are
+// read from the queue, rows being rebuilt included. A partition first
+// built by a helper after the holder updated states gets its state at the
+// holder's next run. Tests: TestInstancesShareQueuedPartitions,
+// TestClaimWhilePartitionIsRebuilt, TestTwoReconcilers.
 //
 // # Watermarks and completeness
 //

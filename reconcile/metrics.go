@@ -41,7 +41,7 @@ func newMetrics(reg prometheus.Registerer, aggregates []string, policies map[str
 	m := &metrics{
 		runs: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_reconcile_runs_total",
-			Help: "Reconcile runs per aggregate by result (ok, error, busy: another instance held the aggregate).",
+			Help: "Reconcile runs per aggregate by result (ok, error, busy: another instance held the aggregate and this one only rebuilt queued partitions beside it).",
 		}, []string{"aggregate", "result"}),
 		rebuilt: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_reconcile_partitions_rebuilt_total",
