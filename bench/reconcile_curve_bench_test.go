@@ -184,7 +184,7 @@ func BenchmarkBackfill(b *testing.B) {
 			Columns: []string{"days", "rows", "backfill_s", "backfill_2_s", "hand_written_s", "backfill_per_hand_written", "backfill_2_per_hand_written", "other_cores"}}
 		tab.Meta["workload"] = fmt.Sprintf("365 days of %d events a day; daily_sales (sum and count) over the last N days; median of 3 rounds", perDay)
 		for _, days := range []int{30, 90, 365} {
-			from, to := h.last.AddDate(0, 0, -(days - 1)), h.last
+			from, to := h.last.AddDate(0, 0, -(days-1)), h.last
 			m := meterCPU()
 			var one, two, hand []time.Duration
 			for range 3 {
