@@ -213,7 +213,7 @@ func checkTableSource(ctx context.Context, conn *pgx.Conn, d *aggregate.Definiti
 // Report says what one run of one aggregate did.
 type Report struct {
 	Aggregate string
-	Busy      bool     // another instance held the aggregate: nothing was claimed (only when not waiting)
+	Busy      bool     // another instance held the aggregate (only when not waiting)
 	Read      int64    // ledger rows (or table rows) read
 	Queued    int      // partitions queued by this run
 	Rebuilt   []string // partitions rebuilt by this run, by label, in the order rebuilt
@@ -236,10 +236,10 @@ const (
 
 // RunOnce reconciles one aggregate: it claims the new data, rebuilds
 // queued partitions and updates partition states, holding the aggregate's
-// lock. When another instance holds it, RunOnce first rebuilds queued
-// partitions beside that instance (see help); then, with wait set, it
-// waits for the lock and runs, and otherwise returns a Busy report with
-// what it rebuilt.
+// lock. When another instance holds it, RunOnce without wait returns a
+// Busy report at once (Run then calls Help); with wait it first rebuilds
+// queued partitions beside that instance, as Help does, then waits for
+// the lock and runs.
 func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Report, error) {
 	rep := Report{Aggregate: name}
 	d := r.defs[name]
@@ -258,17 +258,16 @@ func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Repor
 	if err := conn.QueryRow(ctx, tryLockSQL, lockKey(name)).Scan(&got); err != nil {
 		return rep, fmt.Errorf("reconcile %s: lock: %w", name, err)
 	}
+	if !got && !wait {
+		rep.Busy = true
+		r.m.runs.WithLabelValues(name, "busy").Inc()
+		return rep, nil
+	}
 	if !got {
 		// Another instance is claiming or rebuilding: rebuild queued
-		// partitions beside it, without claiming (see help).
-		err := r.help(ctx, conn.Conn(), d, &rep)
-		if !wait || err != nil {
-			rep.Busy = !wait
-			result := "busy"
-			if err != nil {
-				result = "error"
-			}
-			r.m.runs.WithLabelValues(name, result).Inc()
+		// partitions beside it (see Help), then wait for it.
+		if err := r.rebuildQueued(ctx, conn.Conn(), d, r.now(), &rep); err != nil {
+			r.m.runs.WithLabelValues(name, "error").Inc()
 			return rep, err
 		}
 		if _, err := conn.Exec(ctx, lockSQL, lockKey(name)); err != nil {
@@ -450,16 +449,30 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 	return nil
 }
 
-// help rebuilds the due queued partitions of an aggregate whose lock
-// another instance holds, as rebuildQueued does and at most
-// reconcile.max_partitions_per_run, so that several instances share a
-// large queue. It neither claims nor updates partition states, which stay
-// with the lock holder. rebuildNext picks partitions FOR UPDATE SKIP
-// LOCKED, so each is rebuilt by one instance at a time, and a claim that
-// queues a partition while it is being rebuilt waits for that rebuild to
-// end and queues it again (queuePartitionsSQL).
-func (r *Reconciler) help(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, rep *Report) error {
-	return r.rebuildQueued(ctx, conn, d, r.now(), rep)
+// Help rebuilds due queued partitions of one aggregate, as a run does
+// and at most reconcile.max_partitions_per_run, without taking the
+// aggregate's lock: an instance that finds the aggregate held calls it, so
+// that several instances share a large queue. It neither claims nor
+// updates partition states, which stay with the lock holder. Each
+// partition is picked FOR UPDATE SKIP LOCKED and so rebuilt by one
+// instance at a time, and a claim that queues a partition while it is
+// being rebuilt waits for that rebuild and queues it again
+// (queuePartitionsSQL).
+func (r *Reconciler) Help(ctx context.Context, name string) (Report, error) {
+	rep := Report{Aggregate: name}
+	d := r.defs[name]
+	if d == nil {
+		return rep, fmt.Errorf("reconcile: no aggregate named %q", name)
+	}
+	if err := r.prepare(ctx, name); err != nil {
+		return rep, err
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("reconcile %s: %w", name, err)
+	}
+	defer conn.Release()
+	return rep, r.rebuildQueued(ctx, conn.Conn(), d, r.now(), &rep)
 }
 
 // rebuildNext rebuilds the next due partition (or only, when set) in one
@@ -514,7 +527,7 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 
 // Run reconciles every aggregate every reconcile.every until ctx is
 // cancelled. For an aggregate that another instance is reconciling, a tick
-// only rebuilds queued partitions beside it (see help).
+// only rebuilds queued partitions beside it (see Help).
 func (r *Reconciler) Run(ctx context.Context) error {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
@@ -544,17 +557,23 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		for _, name := range r.names {
 			rctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
 			rep, err := r.RunOnce(rctx, name, false)
+			busy := err == nil && rep.Busy
+			if busy {
+				rep, err = r.Help(rctx, name)
+			}
 			cancel()
 			switch {
 			case ctx.Err() != nil:
 				return nil
+			case err != nil && busy:
+				r.log.Error("rebuilding beside another instance failed", "aggregate", name, "err", err)
 			case err != nil:
 				r.log.Error("reconcile run failed", "aggregate", name, "err", err)
-			case rep.Busy && len(rep.Rebuilt) > 0:
+			case busy && len(rep.Rebuilt) > 0:
 				r.log.Info("another instance is reconciling; rebuilt queued partitions beside it", "aggregate", name,
 					"rebuilt", len(rep.Rebuilt), "queued", rep.Remaining)
-			case rep.Busy:
-				r.log.Debug("another instance is reconciling; nothing queued is due", "aggregate", name)
+			case busy:
+				r.log.Debug("another instance is reconciling; standing by", "aggregate", name)
 			}
 		}
 		select {
