@@ -242,16 +242,9 @@ const (
 // the lock and runs.
 func (r *Reconciler) RunOnce(ctx context.Context, name string, wait bool) (Report, error) {
 	rep := Report{Aggregate: name}
-	d := r.defs[name]
-	if d == nil {
-		return rep, fmt.Errorf("reconcile: no aggregate named %q", name)
-	}
-	if err := r.prepare(ctx, name); err != nil {
-		return rep, err
-	}
-	conn, err := r.pool.Acquire(ctx)
+	d, conn, err := r.acquire(ctx, name)
 	if err != nil {
-		return rep, fmt.Errorf("reconcile %s: %w", name, err)
+		return rep, err
 	}
 	defer conn.Release()
 	var got bool
@@ -460,19 +453,29 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 // (queuePartitionsSQL).
 func (r *Reconciler) Help(ctx context.Context, name string) (Report, error) {
 	rep := Report{Aggregate: name}
-	d := r.defs[name]
-	if d == nil {
-		return rep, fmt.Errorf("reconcile: no aggregate named %q", name)
-	}
-	if err := r.prepare(ctx, name); err != nil {
-		return rep, err
-	}
-	conn, err := r.pool.Acquire(ctx)
+	d, conn, err := r.acquire(ctx, name)
 	if err != nil {
-		return rep, fmt.Errorf("reconcile %s: %w", name, err)
+		return rep, err
 	}
 	defer conn.Release()
 	return rep, r.rebuildQueued(ctx, conn.Conn(), d, r.now(), &rep)
+}
+
+// acquire returns aggregate name, prepared, and a connection of the pool
+// to work on it with; the caller releases the connection.
+func (r *Reconciler) acquire(ctx context.Context, name string) (*aggregate.Definition, *pgxpool.Conn, error) {
+	d := r.defs[name]
+	if d == nil {
+		return nil, nil, fmt.Errorf("reconcile: no aggregate named %q", name)
+	}
+	if err := r.prepare(ctx, name); err != nil {
+		return nil, nil, err
+	}
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reconcile %s: %w", name, err)
+	}
+	return d, conn, nil
 }
 
 // rebuildNext rebuilds the next due partition (or only, when set) in one
