@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,14 +54,6 @@ WHERE aggregate = 'daily_sales'`
 SELECT (SELECT count(*) FROM daily_sales), (SELECT count(*) FROM tidemark.pending_partitions),
        (SELECT count(*) FROM tidemark.partitions WHERE rebuilt_at >= $1)`
 )
-
-// catchUpEnv reads a positive integer from the environment, or def.
-func catchUpEnv(name string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
-		return n
-	}
-	return def
-}
 
 // catchUpWarehouse is a warehouse holding a year of raw events with their
 // ledger rows, and the configuration of a daily aggregate over them.
@@ -239,7 +230,7 @@ func (w *catchUpWarehouse) catchUp(b *testing.B, claimed *atomic.Bool, instances
 // finding the aggregate held, rebuilds queued partitions beside the
 // holder. It reports both times and their ratio (the speed-up).
 func BenchmarkCatchUp(b *testing.B) {
-	perDay := catchUpEnv("TIDEMARK_BENCH_CATCHUP_EVENTS_PER_DAY", 10_000)
+	perDay := envInt("TIDEMARK_BENCH_CATCHUP_EVENTS_PER_DAY", 10_000)
 	srv := pgtest.NewServer(b, pgserver.Options{Durable: true, Settings: map[string]string{
 		"shared_buffers": "512MB", "max_wal_size": "4GB", "checkpoint_timeout": "30min"}})
 	w := loadCatchUp(b, srv, perDay)

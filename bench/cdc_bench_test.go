@@ -69,36 +69,10 @@ func BenchmarkCDC(b *testing.B) {
 		ctx := context.Background()
 		srv := durableServer(b)
 		e := &env{srv: srv}
-		srcDSN := pgtest.NewDatabaseOn(b, srv)
-		src := pgtest.Pool(b, srcDSN)
-		if _, err := src.Exec(ctx, cdcSourceDDL); err != nil {
-			b.Fatal(err)
-		}
-		whDSN := pgtest.NewDatabaseOn(b, srv)
-		if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
-			b.Fatal(err)
-		}
-		wh := pgtest.Pool(b, whDSN)
-		cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
-warehouse: {dsn: %q}
-sources:
-  shop:
-    cdc: {dsn: %q, tables: [orders], heartbeat_every: 0s}
-    mirror: {table: dw_orders, deletes: hard}
-`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
-		if err != nil {
-			b.Fatal(err)
-		}
-
 		// tidemark creates its publication and slot, takes its (empty)
 		// snapshot and stops; the decode-only slot is created next to it,
 		// so both slots hold exactly the changes written below.
-		rd := startReader(b, cfg, wh)
-		rd.waitSnapshotDone(b, wh)
-		rd.stop(b)
-		if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode', 'pgoutput')`); err != nil {
-			b.Fatal(err)
-		}
+		srcDSN, src, wh, cfg := cdcSlots(b, srv)
 		end := writeCDCWorkload(b, src)
 
 		// (a) pg_recvlogical to the end LSN.
@@ -121,7 +95,7 @@ sources:
 		// (b) tidemark from the same position to the same end LSN.
 		e.settle(b)
 		started = time.Now()
-		rd = startReader(b, cfg, wh)
+		rd := startReader(b, cfg, wh)
 		rd.waitApplied(b, wh, end, 10*time.Minute)
 		applyTook := time.Since(started)
 		var raw, mirrored int64
@@ -134,7 +108,7 @@ sources:
 
 		// (a') the raw change rows alone, copied into an empty raw table.
 		e.settle(b)
-		rawTook := copyRawRows(b, whDSN)
+		rawTook := copyRawRows(b, cfg.Warehouse.DSN)
 		rawRate := float64(cdcChanges) / rawTook.Seconds()
 
 		// The bulk changes leave the source's table to be vacuumed; the
@@ -209,6 +183,46 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 type runningReader struct {
 	cancel context.CancelFunc
 	done   chan error
+}
+
+// cdcSlots creates a source database (cdcSourceDDL and ddl) and a migrated
+// warehouse on srv, lets a tidemark reader create its publication and slot
+// and take its empty snapshot, stops it, and creates the decode-only slot
+// bench_decode next to it: both slots then hold exactly the changes written
+// after. It returns the source's DSN and pool, the warehouse pool and the
+// configuration of source shop.
+func cdcSlots(b *testing.B, srv *pgserver.Server, ddl ...string) (string, *pgxpool.Pool, *pgxpool.Pool, *config.Config) {
+	b.Helper()
+	ctx := context.Background()
+	srcDSN := pgtest.NewDatabaseOn(b, srv)
+	src := pgtest.Pool(b, srcDSN)
+	for _, d := range append([]string{cdcSourceDDL}, ddl...) {
+		if _, err := src.Exec(ctx, d); err != nil {
+			b.Fatal(err)
+		}
+	}
+	whDSN := pgtest.NewDatabaseOn(b, srv)
+	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
+		b.Fatal(err)
+	}
+	wh := pgtest.Pool(b, whDSN)
+	cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders], heartbeat_every: 0s}
+    mirror: {table: dw_orders, deletes: hard}
+`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		b.Fatal(err)
+	}
+	rd := startReader(b, cfg, wh)
+	rd.waitSnapshotDone(b, wh)
+	rd.stop(b)
+	if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode', 'pgoutput')`); err != nil {
+		b.Fatal(err)
+	}
+	return srcDSN, src, wh, cfg
 }
 
 func startReader(b *testing.B, cfg *config.Config, wh *pgxpool.Pool) *runningReader {

@@ -12,11 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/benchplot"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/migrate"
 )
 
 // cdcWriteProc inserts total rows into orders, per_txn rows a
@@ -91,34 +88,7 @@ func BenchmarkCDCTransactionSize(b *testing.B) {
 func cdcPointRates(b *testing.B, e *env, recvlogical string, p cdcPoint) (decode, apply float64) {
 	b.Helper()
 	ctx := context.Background()
-	srcDSN := pgtest.NewDatabaseOn(b, e.srv)
-	src := pgtest.Pool(b, srcDSN)
-	for _, ddl := range []string{cdcSourceDDL, cdcWriteProc} {
-		if _, err := src.Exec(ctx, ddl); err != nil {
-			b.Fatal(err)
-		}
-	}
-	whDSN := pgtest.NewDatabaseOn(b, e.srv)
-	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
-		b.Fatal(err)
-	}
-	wh := pgtest.Pool(b, whDSN)
-	cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
-warehouse: {dsn: %q}
-sources:
-  shop:
-    cdc: {dsn: %q, tables: [orders], heartbeat_every: 0s}
-    mirror: {table: dw_orders, deletes: hard}
-`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
-	if err != nil {
-		b.Fatal(err)
-	}
-	rd := startReader(b, cfg, wh)
-	rd.waitSnapshotDone(b, wh)
-	rd.stop(b)
-	if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode', 'pgoutput')`); err != nil {
-		b.Fatal(err)
-	}
+	srcDSN, src, wh, cfg := cdcSlots(b, e.srv, cdcWriteProc)
 	// Writing is not measured: commits need not wait for their flush.
 	w := connect(b, srcDSN)
 	if _, err := w.Exec(ctx, `SET synchronous_commit = off`); err != nil {
@@ -147,7 +117,7 @@ sources:
 
 	e.settle(b)
 	started = time.Now()
-	rd = startReader(b, cfg, wh)
+	rd := startReader(b, cfg, wh)
 	rd.waitApplied(b, wh, end, 20*time.Minute)
 	applyTook := time.Since(started)
 	rd.stop(b)
@@ -165,7 +135,7 @@ sources:
 	src.Close()
 	wh.Close()
 	w.Close(ctx)
-	dropDatabases(b, e.srv, srcDSN, whDSN)
+	dropDatabases(b, e.srv, srcDSN, cfg.Warehouse.DSN)
 	return float64(p.total) / decodeTook.Seconds(), float64(p.total) / applyTook.Seconds()
 }
 
