@@ -313,13 +313,18 @@ func TestClaimWhilePartitionIsRebuilt(t *testing.T) {
 	if _, err := gate.Exec(ctx, "SELECT pg_advisory_unlock(4343)"); err != nil {
 		t.Fatal(err)
 	}
-	if o := <-helperDone; o.err != nil || !slices.Equal(o.rep.Rebuilt, []string{"2026-10-05"}) {
-		t.Fatalf("helper: %+v %v, want 2026-10-05 rebuilt beside the holder", o.rep, o.err)
+	// The partition the claim queued again is rebuilt once more, by
+	// whichever instance picks it first: the helper, still going through
+	// the queue, or the holder's run after its claim.
+	h := <-helperDone
+	if h.err != nil || (!slices.Equal(h.rep.Rebuilt, []string{"2026-10-05"}) && !slices.Equal(h.rep.Rebuilt, []string{"2026-10-05", "2026-10-05"})) {
+		t.Fatalf("helper: %+v %v, want 2026-10-05 rebuilt beside the holder (and perhaps again after the claim)", h.rep, h.err)
 	}
 	if early != nil {
 		t.Errorf("the claim did not wait for the rebuild in progress: %+v %v", early.rep, early.err)
-	} else if o := <-holderDone; o.err != nil || o.rep.Read != 1 || !slices.Equal(o.rep.Rebuilt, []string{"2026-10-05"}) {
-		t.Errorf("holder's second run: %+v %v, want e2's load read and 2026-10-05 rebuilt again", o.rep, o.err)
+	} else if o := <-holderDone; o.err != nil || o.rep.Read != 1 || len(h.rep.Rebuilt)-1+len(o.rep.Rebuilt) != 1 {
+		t.Errorf("holder's second run: %+v %v (helper rebuilt %v), want e2's load read and 2026-10-05 rebuilt exactly once more",
+			o.rep, o.err, h.rep.Rebuilt)
 	}
 	pgtest.Equal(t, "daily_sales", b.rows("SELECT sale_date::text, total::text, event_count FROM daily_sales"), []string{"2026-10-05 | 12.00 | 2"})
 	pgtest.Equal(t, "queue", b.rows("SELECT count(*) FROM tidemark.pending_partitions"), []string{"0"})
