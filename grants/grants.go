@@ -341,7 +341,9 @@ func Check(ctx context.Context, q Querier, reqs []Requirement) error {
 	for _, r := range reqs {
 		ok, err := holds(ctx, q, r)
 		if err != nil {
-			return fmt.Errorf("check privileges: %s: %w", r.lacks(role), err)
+			// The check itself failed: whether the role lacks it is
+			// unknown.
+			return fmt.Errorf("check privileges: %s of role %s: %w", r.Privilege, role, err)
 		}
 		if !ok {
 			if r.Kind == Database {

@@ -277,7 +277,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := logger(cfg, stderr)
-	if err := preflightRun(ctx, cfg, comps, log); err != nil {
+	err := preflightRun(ctx, cfg, comps, log)
+	if ctx.Err() != nil {
+		// SIGTERM or SIGINT before the service started: nothing was
+		// running, and a check it cut short is no failure.
+		return exitOK
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "tidemark run: %v\n", err)
 		return exitFailure
 	}
