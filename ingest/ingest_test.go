@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 )
 
@@ -48,5 +50,34 @@ func TestExactlyTheGoodEvents(t *testing.T) {
 	// ingested_at is the service clock's time.
 	if n := ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM raw.app_events WHERE ingested_at <> $1", testNow); n != 0 {
 		t.Errorf("%d raw rows not stamped with the service clock", n)
+	}
+}
+
+// TestResentEventsAreDuplicates: events sent again after they were stored
+// (a producer's retry, a replayed topic) are counted as duplicates and
+// stored once, without a write error: the batch that meets them first
+// fails its COPY, is retried at once and probes from then on.
+func TestResentEventsAreDuplicates(t *testing.T) {
+	b := setup(t, 1)
+	w := ingesttest.Make(b.topic, 2_000, 1, 7, 0, 0, testNow)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, w.Records)
+	r := b.start(t)
+	b.waitStored(t, p.end, time.Minute)
+	again := make([]*kgo.Record, len(w.Records))
+	for i, rec := range w.Records {
+		again[i] = &kgo.Record{Topic: rec.Topic, Partition: rec.Partition, Key: rec.Key, Value: rec.Value}
+	}
+	b.produce(t, p, again)
+	b.waitStored(t, p.end, time.Minute)
+	r.stop(t)
+
+	ingesttest.AssertRaw(t, b.pool, "app_events", w.Good)
+	ingesttest.AssertLedger(t, b.pool, "app_events")
+	if got := int(counterSum(t, r, "tidemark_ingest_duplicates_total")); got != len(w.Records) {
+		t.Errorf("duplicates metric %d, want %d", got, len(w.Records))
+	}
+	if got := counterSum(t, r, "tidemark_ingest_write_errors_total"); got != 0 {
+		t.Errorf("write errors %v, want none", got)
 	}
 }

@@ -435,6 +435,9 @@ func (in *Ingester) flushLocked(ctx context.Context) error {
 			in.log.Warn("the warehouse rejected a row; checking the batch row by row", "err", err)
 			in.checkRows = true
 			continue
+		case errors.Is(err, errStoredBefore) && immediate < 5:
+			immediate++ // the retry probes: not a write error
+			continue
 		case errors.Is(err, errMissingPartition) && immediate < 5:
 			immediate++
 			in.m.writeErrors.WithLabelValues("partition").Inc()

@@ -101,7 +101,18 @@ type writeResult struct {
 type writer struct {
 	group string
 	conn  *pgx.Conn
+	// probeLeft is how many more batches look for stored events before
+	// their COPY. It is zero until a COPY fails on an event stored before
+	// (a duplicate from the producer or a replay), then
+	// probeAfterDuplicate; a batch with no stored events thus costs no
+	// probe, and a source that resends events pays one failed COPY per
+	// probeAfterDuplicate batches.
+	probeLeft int
 }
+
+// probeAfterDuplicate is how many batches probe for stored events after a
+// COPY failed on one.
+const probeAfterDuplicate = 100
 
 // errBadRow means the warehouse rejected the content of some row; the batch
 // is retried with each row checked on its own.
@@ -114,6 +125,11 @@ var errMissingPartition = errors.New("raw partition missing")
 // transaction stored one of the batch's events after the batch looked for
 // it (a retry finds it stored), or a serialization failure or deadlock.
 var errRetryNow = errors.New("conflict with a concurrent transaction")
+
+// errStoredBefore wraps errRetryNow when a COPY that did not probe failed
+// on an event stored before: the retry probes, finds it and counts it as a
+// duplicate. It is not a write error.
+var errStoredBefore = errors.New("the batch holds an event stored before")
 
 // write runs one attempt of the batch transaction. expected holds the
 // positions this ingester believes are stored. When checkRows is set,
@@ -156,7 +172,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		return res, nil
 	}
 
-	fresh, err := w.newRows(ctx, tx, b)
+	probe := checkRows || w.probeLeft > 0
+	if probe && !checkRows {
+		w.probeLeft--
+	}
+	fresh, err := w.newRows(ctx, tx, b, probe)
 	if err != nil {
 		return res, err
 	}
@@ -166,6 +186,10 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 			return res, err
 		}
 	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
+		if !probe && errors.Is(err, errRetryNow) && isUniqueViolation(err) {
+			w.probeLeft = probeAfterDuplicate
+			err = fmt.Errorf("%w: %w", errStoredBefore, err)
+		}
 		return res, err
 	}
 	if err := w.insertLedger(ctx, tx, fresh, ingestedAt); err != nil {
@@ -257,11 +281,11 @@ type eventKey struct {
 }
 
 // newRows returns the batch's rows that are not yet stored: the first of
-// each (event_id, event_time) within the batch, minus those a raw
-// partition already holds. Another ingester may store one of them before
-// this transaction commits; the primary key then fails the COPY and the
-// batch is retried.
-func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch) ([]*row, error) {
+// each (event_id, event_time) within the batch, minus, when probe is set,
+// those a raw partition already holds. An event stored before and not
+// probed for, or stored by another ingester before this transaction
+// commits, fails the COPY on the primary key and the batch is retried.
+func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, probe bool) ([]*row, error) {
 	seen := make(map[eventKey]bool, len(b.rows))
 	fresh := make([]*row, 0, len(b.rows))
 	type part struct {
@@ -277,8 +301,13 @@ func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch) ([]*row, erro
 		}
 		seen[k] = true
 		fresh = append(fresh, r)
-		p := part{r.src, r.src.raw.partitionStart(r.ev.Time)}
-		ids[p] = append(ids[p], r.ev.ID)
+		if probe {
+			p := part{r.src, r.src.raw.partitionStart(r.ev.Time)}
+			ids[p] = append(ids[p], r.ev.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return fresh, nil
 	}
 	qb := &pgx.Batch{}
 	order := make([]part, 0, len(ids))
@@ -393,6 +422,13 @@ func classifyRowError(err error, src *source) error {
 		return fmt.Errorf("%w: %w", errBadRow, err)
 	}
 	return err
+}
+
+// isUniqueViolation reports whether err is PostgreSQL's duplicate key
+// error.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // isMissingPartition recognises an undefined table and PostgreSQL's "no

@@ -168,6 +168,69 @@ func TestWriterConcurrentInsert(t *testing.T) {
 	}
 }
 
+// TestWriterProbesAfterStoredEvent: a batch does not look for stored
+// events until a COPY fails on one; that write is retried at once (not a
+// write error), the retry finds the event and counts it as a duplicate,
+// and the next probeAfterDuplicate batches probe before their COPY.
+func TestWriterProbesAfterStoredEvent(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	stored := map[topicPartition]position{}
+	write := func(b *batch) (writeResult, error) {
+		t.Helper()
+		res, err := h.w.write(ctx, b, stored, now, false)
+		if err == nil && res.committed {
+			for tp, pb := range b.parts {
+				stored[tp] = pb.next
+			}
+		}
+		return res, err
+	}
+
+	if res, err := write(h.batchOf(0, "a", "b", "c")); err != nil || res.inserted[tp0] != 3 || h.w.probeLeft != 0 {
+		t.Fatalf("first batch: %v %+v probeLeft=%d", err, res, h.w.probeLeft)
+	}
+	// "b" again, with a new event: the COPY fails on the primary key.
+	b := h.batchOf(3, "b", "d")
+	_, err := write(b)
+	if !errors.Is(err, errStoredBefore) || !errors.Is(err, errRetryNow) {
+		t.Fatalf("batch with a stored event = %v, want errStoredBefore", err)
+	}
+	if h.w.probeLeft != probeAfterDuplicate {
+		t.Fatalf("probeLeft = %d after a failed COPY, want %d", h.w.probeLeft, probeAfterDuplicate)
+	}
+	if n := h.count(t, "SELECT count(*) FROM raw.app_events"); n != 3 {
+		t.Fatalf("raw rows %d after the failed attempt, want 3", n)
+	}
+	// The retry probes, drops "b" and stores "d".
+	if res, err := write(b); err != nil || !res.committed || res.inserted[tp0] != 1 {
+		t.Fatalf("retry: %v %+v", err, res)
+	}
+	if h.w.probeLeft != probeAfterDuplicate-1 {
+		t.Fatalf("probeLeft = %d after the retry, want %d", h.w.probeLeft, probeAfterDuplicate-1)
+	}
+	// While probing, a stored event is dropped without a failed COPY.
+	if res, err := write(h.batchOf(5, "a", "e")); err != nil || res.inserted[tp0] != 1 {
+		t.Fatalf("probing batch: %v %+v", err, res)
+	}
+	// Once the probing batches are spent, the next stored event fails the
+	// COPY again.
+	h.w.probeLeft = 1
+	if res, err := write(h.batchOf(7, "f")); err != nil || res.inserted[tp0] != 1 || h.w.probeLeft != 0 {
+		t.Fatalf("last probing batch: %v %+v probeLeft=%d", err, res, h.w.probeLeft)
+	}
+	if _, err := write(h.batchOf(8, "c")); !errors.Is(err, errStoredBefore) {
+		t.Fatalf("stored event after probing stopped = %v, want errStoredBefore", err)
+	}
+	if got := h.strings(t, "SELECT event_id FROM raw.app_events ORDER BY 1"); strings.Join(got, ",") != "a,b,c,d,e,f" {
+		t.Errorf("raw events %v, want a..f", got)
+	}
+	if n := h.count(t, "SELECT duplicates FROM tidemark.kafka_offsets"); n != 2 {
+		t.Errorf("duplicates %d, want 2", n)
+	}
+}
+
 // TestRawPartitioningMustMatch: a raw table created with daily partitions
 // cannot be reused with monthly ones; Ensure says which key to fix.
 func TestRawPartitioningMustMatch(t *testing.T) {
