@@ -77,6 +77,7 @@ func BenchmarkCDC(b *testing.B) {
 
 		// (a) pg_recvlogical to the end LSN.
 		e.settle(b)
+		prof := startProfile(b, srv, dbName(b, srcDSN))
 		started := time.Now()
 		cmd := exec.CommandContext(ctx, recvlogical, "-d", srcDSN, "--slot", "bench_decode", "--start", "--no-loop",
 			"--endpos", end, "-F", "0", "-f", "-",
@@ -88,16 +89,19 @@ func BenchmarkCDC(b *testing.B) {
 			b.Fatalf("pg_recvlogical: %v\n%s", err, stderr.String())
 		}
 		decodeTook := time.Since(started)
+		prof.report(b, "(a) pg_recvlogical")
 		if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot('bench_decode')`); err != nil {
 			b.Fatal(err)
 		}
 
 		// (b) tidemark from the same position to the same end LSN.
 		e.settle(b)
+		prof = startProfile(b, srv, dbName(b, srcDSN), dbName(b, cfg.Warehouse.DSN))
 		started = time.Now()
 		rd := startReader(b, cfg, wh)
 		rd.waitApplied(b, wh, end, 10*time.Minute)
 		applyTook := time.Since(started)
+		prof.report(b, "(b) tidemark CDC apply")
 		var raw, mirrored int64
 		if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_orders)`).Scan(&raw, &mirrored); err != nil {
 			b.Fatal(err)

@@ -76,7 +76,9 @@ func BenchmarkPoll(b *testing.B) {
 		e.settle(b)
 		baseDSN := pgtest.NewDatabaseOn(b, srv)
 		e.last = baseDSN
+		prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, baseDSN))
 		copyTook, rawTook := pipeCopy(b, srcDSN, baseDSN)
+		prof.report(b, "(a) and (a') COPY piped into COPY")
 		copyRate := pollRows / copyTook.Seconds()
 		bothRate := pollRows / (copyTook + rawTook).Seconds()
 
@@ -91,12 +93,14 @@ func BenchmarkPoll(b *testing.B) {
 		if err := p.Prepare(ctx); err != nil {
 			b.Fatal(err)
 		}
+		prof = startProfile(b, srv, dbName(b, srcDSN), dbName(b, whDSN))
 		started := time.Now()
 		rep, err := p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)})
 		if err != nil {
 			b.Fatal(err)
 		}
 		loadTook := time.Since(started)
+		prof.report(b, "(b) tidemark's first poll load")
 		if rep.Merged != pollRows {
 			b.Fatalf("first load merged %d rows, want %d", rep.Merged, pollRows)
 		}
