@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -100,4 +101,75 @@ func TestFaults(t *testing.T) {
 	}
 	t.Logf("fetch faults %d, commit faults %d, failed writes %v", fetchFaults.Hits(), commitFaults.Hits(),
 		counterSum(t, r, "tidemark_ingest_write_errors_total"))
+}
+
+// TestFencedWhileDecodingAhead: while a batch waits for its partition's
+// offsets row, the next batch's records are decoded ahead; another member
+// then stores a later position, so the batch is fenced and the consumer
+// moved there. The records decoded ahead were fetched from the old
+// position and must not join the next batch: the partition is read again
+// from the stored position, once, with no record counted twice.
+func TestFencedWhileDecodingAhead(t *testing.T) {
+	const n = 5000 // the harness's batch_max_rows
+	b := setup(t, 1)
+	w := ingesttest.Make(b.topic, 3*n, 1, 9, 0, 0, testNow)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, w.Records)
+	ctx := context.Background()
+
+	// The partition's row exists with no position, and the test holds its
+	// lock, so the first batch's write waits on it.
+	if _, err := b.pool.Exec(ctx, `INSERT INTO tidemark.kafka_offsets (consumer_group, topic, partition, source, next_offset)
+		VALUES ($1, $2, 0, 'app_events', -1)`, group, b.topic); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op once committed
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM tidemark.kafka_offsets WHERE consumer_group = $1 FOR UPDATE`, group); err != nil {
+		t.Fatal(err)
+	}
+	r := b.start(t)
+	deadline := time.Now().Add(time.Minute)
+	for ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = 'tidemark-ingest' AND wait_event_type = 'Lock'`) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the ingester's write never waited for the offsets row")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Another member stores 1.5n: the waiting batch (0..n-1) is stale.
+	const fenced = 3 * n / 2
+	if _, err := tx.Exec(ctx, `UPDATE tidemark.kafka_offsets SET next_offset = $2 WHERE consumer_group = $1`, group, fenced); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitStored(t, p.end, time.Minute)
+	r.stop(t)
+
+	want := map[string]bool{}
+	for _, rec := range w.Records[fenced:] {
+		var ev struct {
+			ID string `json:"event_id"`
+		}
+		if err := json.Unmarshal(rec.Value, &ev); err != nil {
+			t.Fatal(err)
+		}
+		want[ev.ID] = true
+	}
+	ingesttest.AssertRaw(t, b.pool, "app_events", want)
+	ingesttest.AssertLedger(t, b.pool, "app_events")
+	if got := counterSum(t, r, "tidemark_ingest_offset_conflicts_total"); got < 1 {
+		t.Errorf("fencing conflicts %v: the batch was not fenced", got)
+	}
+	if got := ingesttest.Scalar(t, b.pool, `SELECT records FROM tidemark.kafka_offsets`); got != 3*n-fenced {
+		t.Errorf("records counted %d, want %d (every record after the fenced position once)", got, 3*n-fenced)
+	}
+	if got := counterSum(t, r, "tidemark_ingest_duplicates_total"); got != 0 {
+		t.Errorf("duplicates %v, want none", got)
+	}
 }

@@ -62,10 +62,13 @@ type Ingester struct {
 
 	// mu guards everything below; it is held while a batch is written so
 	// that the main loop and the rebalance callbacks never write at once.
-	mu        sync.Mutex
-	b         *batch
-	stored    map[topicPartition]position // what the warehouse holds for owned partitions
-	hwm       map[topicPartition]int64
+	mu     sync.Mutex
+	b      *batch
+	stored map[topicPartition]position // what the warehouse holds for owned partitions
+	hwm    map[topicPartition]int64
+	// reseeked collects the partitions writes moved to another member's
+	// stored position (fencing); flushDecodingAhead clears it.
+	reseeked  map[topicPartition]bool
 	w         *writer
 	checkRows bool // the last attempt hit a bad row: check each row
 	failures  int  // consecutive failed attempts, for backoff and readiness
@@ -78,14 +81,15 @@ type Ingester struct {
 // to anything until Run.
 func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	in := &Ingester{
-		cfg:     cfg,
-		log:     opts.Logger,
-		now:     opts.Now,
-		grace:   opts.ShutdownGrace,
-		byTopic: map[string]*source{},
-		b:       newBatch(),
-		stored:  map[topicPartition]position{},
-		hwm:     map[topicPartition]int64{},
+		cfg:      cfg,
+		log:      opts.Logger,
+		now:      opts.Now,
+		grace:    opts.ShutdownGrace,
+		byTopic:  map[string]*source{},
+		b:        newBatch(),
+		stored:   map[topicPartition]position{},
+		hwm:      map[topicPartition]int64{},
+		reseeked: map[topicPartition]bool{},
 	}
 	if in.log == nil {
 		in.log = slog.New(slog.DiscardHandler)
@@ -229,11 +233,10 @@ func (in *Ingester) Run(ctx context.Context) error {
 	maxRows := int(in.cfg.Ingest.BatchMaxRows)
 	for ctx.Err() == nil {
 		if in.flushDue() {
-			if err := in.flush(ctx); err != nil {
-				in.cl.AllowRebalance()
+			if err := in.flushDecodingAhead(ctx, maxRows); err != nil {
 				in.backoff(ctx)
-				continue
 			}
+			continue // the records decoded ahead may fill the next batch
 		}
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
 		if deadline, ok := in.batchDeadline(); ok {
@@ -371,8 +374,53 @@ func (in *Ingester) batchDeadline() (time.Time, bool) {
 	return in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()), true
 }
 
+// flushDecodingAhead writes the batch in flight while another goroutine
+// decodes what the client has already fetched, up to one more batch, so
+// that decoding overlaps the warehouse's work; the decoded records then
+// start the next batch (or join this one if its write failed). The
+// rebalance the poll blocks is allowed again once they are in the batch,
+// as after any poll. A batch that already holds more than one batch's
+// worth of records (after a failed write) is written alone.
+func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
+	if in.batchLen() > maxRows {
+		err := in.flush(ctx)
+		in.cl.AllowRebalance()
+		return err
+	}
+	// A nil context takes only what is buffered, without waiting.
+	fetches := in.cl.PollRecords(nil, maxRows) //lint:ignore SA1012 nil means do not wait
+	decoded := make(chan []decodedPart, 1)
+	go func() { decoded <- in.decode(fetches) }()
+	in.mu.Lock()
+	clear(in.reseeked)
+	err := in.flushLocked(ctx)
+	in.addLocked(<-decoded, in.reseeked)
+	in.mu.Unlock()
+	in.cl.AllowRebalance()
+	return err
+}
+
+// decodedPart is one partition's polled records, decoded.
+type decodedPart struct {
+	tp   topicPartition
+	hwm  int64
+	src  *source // nil for a topic of no source
+	recs []*kgo.Record
+	evs  []Event
+	rejs []*Rejection
+}
+
 // absorb decodes polled records into the batch.
 func (in *Ingester) absorb(fetches kgo.Fetches) {
+	parts := in.decode(fetches)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.addLocked(parts, nil)
+}
+
+// decode logs the fetch errors and decodes the records; it reads nothing
+// that mu guards.
+func (in *Ingester) decode(fetches kgo.Fetches) []decodedPart {
 	fetches.EachError(func(topic string, partition int32, err error) {
 		var session *kgo.ErrGroupSession
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) ||
@@ -382,29 +430,46 @@ func (in *Ingester) absorb(fetches kgo.Fetches) {
 		in.klog.emit(slog.LevelWarn, fmt.Sprintf("fetch\x00%s\x00%d", topic, partition), "fetch error",
 			"topic", topic, "partition", partition, "err", err)
 	})
-	in.mu.Lock()
-	defer in.mu.Unlock()
 	now := in.now()
+	var parts []decodedPart
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-		tp := topicPartition{p.Topic, p.Partition}
-		in.hwm[tp] = p.HighWatermark
-		src := in.byTopic[p.Topic]
-		if src == nil {
-			return
+		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
+		if d.src != nil {
+			d.recs = p.Records
+			d.evs, d.rejs = make([]Event, len(p.Records)), make([]*Rejection, len(p.Records))
+			for i, r := range p.Records {
+				d.evs[i], d.rejs[i] = d.src.dec.Decode(r, now)
+			}
 		}
-		floor, owned := in.stored[tp]
+		parts = append(parts, d)
+	})
+	return parts
+}
+
+// addLocked adds decoded records to the batch, skipping those already
+// stored and those of the partitions in stale: partitions a write moved to
+// another member's stored position after the records were fetched (they
+// are read again from there).
+func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool) {
+	for _, d := range parts {
+		in.hwm[d.tp] = d.hwm
+		if d.src == nil || stale[d.tp] {
+			continue
+		}
+		floor, owned := in.stored[d.tp]
 		if owned && floor.Offset >= 0 {
-			in.m.lag.WithLabelValues(tp.Topic, partLabel(tp.Partition)).Set(float64(max(0, p.HighWatermark-floor.Offset)))
+			in.m.lag.WithLabelValues(d.tp.Topic, partLabel(d.tp.Partition)).Set(float64(max(0, d.hwm-floor.Offset)))
 		}
-		for _, r := range p.Records {
+		added := 0
+		for i, r := range d.recs {
 			if owned && r.Offset < floor.Offset {
 				continue // already stored; never write a record twice
 			}
-			ev, rej := src.dec.Decode(r, now)
-			in.b.add(src, r, ev, rej, time.Now())
-			in.m.consumed.WithLabelValues(src.name).Inc()
+			in.b.add(d.src, r, d.evs[i], d.rejs[i], time.Now())
+			added++
 		}
-	})
+		in.m.consumed.WithLabelValues(d.src.name).Add(float64(added))
+	}
 }
 
 // flush writes the batch in flight (one attempt, retrying at once only for
@@ -527,6 +592,7 @@ func (in *Ingester) applyConflictsLocked(conflicts map[topicPartition]position) 
 		in.log.Warn("partition was already written by another group member; dropping stale records",
 			"topic", tp.Topic, "partition", tp.Partition, "stored_offset", pos.Offset)
 		in.stored[tp] = pos
+		in.reseeked[tp] = true
 		if pos.Offset >= 0 {
 			if reseek[tp.Topic] == nil {
 				reseek[tp.Topic] = map[int32]kgo.EpochOffset{}
