@@ -91,7 +91,7 @@ type Log struct {
 
 // Ingest tunes how records are batched into warehouse transactions.
 type Ingest struct {
-	BatchMaxRows  Int      `yaml:"batch_max_rows"`  // default 10000
+	BatchMaxRows  Int      `yaml:"batch_max_rows"`  // default 50000
 	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"` // default 16MiB
 	BatchMaxAge   Duration `yaml:"batch_max_age"`   // default 1s
 }
@@ -326,7 +326,7 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
 		c.Kafka.FetchMaxBytes = 16 << 20
 	}
 	if c.Ingest.BatchMaxRows == 0 {
-		c.Ingest.BatchMaxRows = 10000
+		c.Ingest.BatchMaxRows = 50000
 	}
 	if c.Ingest.BatchMaxBytes == 0 {
 		c.Ingest.BatchMaxBytes = 16 << 20

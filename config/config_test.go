@@ -277,7 +277,7 @@ func TestParseDefaults(t *testing.T) {
 			RebalanceTimeout: Duration(60 * time.Second),
 			FetchMaxBytes:    16 << 20,
 		},
-		Ingest:    Ingest{BatchMaxRows: 10000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
+		Ingest:    Ingest{BatchMaxRows: 50000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
 		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
 		Retention: defaultRetention,
 		Sources: map[string]*Source{
