@@ -146,7 +146,7 @@ warehouse: {dsn: %q}
 http: {listen: "off"}
 log: {level: warn}
 kafka: {brokers: [%q], group: %s}
-ingest: {batch_max_rows: %d}
+%s
 sources:
   %s:
     kafka: {topics: [%s]}
@@ -154,13 +154,29 @@ sources:
     event_time: /event_time
     max_age: 30d
 %s
-`, dsn, broker, group, batchRows, source, topic, os.Getenv("TIDEMARK_BENCH_EXTRA"))
+`, dsn, broker, group, batchRowsYAML(), source, topic, os.Getenv("TIDEMARK_BENCH_EXTRA"))
+}
+
+// batchRowsYAML sets ingest.batch_max_rows when TIDEMARK_BENCH_BATCH_ROWS
+// does; otherwise the benchmarks run with the default.
+func batchRowsYAML() string {
+	if n := envInt("TIDEMARK_BENCH_BATCH_ROWS", 0); n > 0 {
+		return fmt.Sprintf("ingest: {batch_max_rows: %d}", n)
+	}
+	return ""
 }
 
 // batchRows is ingest.batch_max_rows in these benchmarks: the rows of one
-// of tidemark's transactions. TIDEMARK_BENCH_BATCH_ROWS replaces the
-// default, 10,000.
-var batchRows = envInt("TIDEMARK_BENCH_BATCH_ROWS", 10_000)
+// of tidemark's transactions.
+func batchRows(b *testing.B) int {
+	b.Helper()
+	cfg, err := config.Parse("bench.yaml", []byte(configFor("postgres://localhost/x", "localhost:9092", "g")),
+		func(string) (string, bool) { return "", false })
+	if err != nil {
+		b.Fatal(err)
+	}
+	return int(cfg.Ingest.BatchMaxRows)
+}
 
 // workload returns n good events of about 200 bytes.
 func workload(n int) ([]*kgo.Record, float64) { return workloadOn(n, parts) }
@@ -190,11 +206,12 @@ func BenchmarkIngest(b *testing.B) {
 	end := e.produce(b, recs)
 	b.Logf("%d events, %.0f bytes of JSON each on average, %d partitions, PostgreSQL with fsync on", n, avg, parts)
 
+	batch := batchRows(b)
 	for i := 0; i < b.N; i++ {
 		// (a) is measured before and after the others and its mean time
 		// taken: the single COPY varies the most from minute to minute.
 		copyBefore := e.measureCopy(b, recs)
-		batchedRate := e.measureCopyIn(b, recs, batchRows)
+		batchedRate := e.measureCopyIn(b, recs, batch)
 		tmRate, firstCommit := e.measureTidemark(b, end, n)
 		copyRate := 2 / (1/copyBefore + 1/e.measureCopy(b, recs))
 		perRate := e.measurePerRecord(b, perRecordN)
@@ -213,7 +230,7 @@ ingest throughput, %d events of ~%.0f bytes (GOMAXPROCS=%d)
   (b)  tidemark end to end from Kafka         %9.0f rows/s   (group join and first commit took %s)
   (c)  per-record INSERT consumer (%d events) %9.0f rows/s
   ratios: (b)/(a) = %.2f (target >= 0.85), (b)/(a2) = %.2f, (b)/(c) = %.1fx (target >= 10x)
-`, n, avg, runtime.GOMAXPROCS(0), source, copyRate, batchRows, batchedRate, batchedRate/copyRate,
+`, n, avg, runtime.GOMAXPROCS(0), source, copyRate, batch, batchedRate, batchedRate/copyRate,
 			tmRate, firstCommit.Round(time.Millisecond), perRecordN, perRate,
 			tmRate/copyRate, tmRate/batchedRate, tmRate/perRate)
 	}

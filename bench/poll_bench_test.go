@@ -77,7 +77,7 @@ func BenchmarkPoll(b *testing.B) {
 		baseDSN := pgtest.NewDatabaseOn(b, srv)
 		e.last = baseDSN
 		prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, baseDSN))
-		copyTook, rawTook := pipeCopy(b, srcDSN, baseDSN)
+		copyTook, rawTook := pipeCopy(b, srcDSN, baseDSN, pollRows)
 		prof.report(b, "(a) and (a') COPY piped into COPY")
 		copyRate := pollRows / copyTook.Seconds()
 		bothRate := pollRows / (copyTook + rawTook).Seconds()
@@ -192,8 +192,9 @@ sources:
 
 // pipeCopy copies the source table into a new mirror in baseDSN with COPY
 // TO STDOUT piped into COPY FROM STDIN, then the same rows as change rows
-// into raw.customers, and returns how long each took.
-func pipeCopy(b *testing.B, srcDSN, baseDSN string) (mirrorTook, rawTook time.Duration) {
+// into raw.customers, and returns how long each took; the table holds
+// rows rows.
+func pipeCopy(b *testing.B, srcDSN, baseDSN string, rows int64) (mirrorTook, rawTook time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, baseDSN, nil); err != nil {
@@ -213,7 +214,7 @@ func pipeCopy(b *testing.B, srcDSN, baseDSN string) (mirrorTook, rawTook time.Du
 	}
 	pipe := func(out, in string) time.Duration {
 		started := time.Now()
-		pipeCOPY(b, src, dst, out, in, pollRows)
+		pipeCOPY(b, src, dst, out, in, rows)
 		return time.Since(started)
 	}
 	mirrorTook = pipe("COPY src_customers (customer_id, email, tier, note, updated_at) TO STDOUT",

@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
+)
+
+// BenchmarkCDCSnapshot measures a CDC source's initial snapshot of the
+// poll benchmark's 1M-row table, fsync on, against its baseline:
+//
+//	(a') the table COPYed into an empty mirror, then its rows as jsonb
+//	     change rows COPYed into a raw change table: everything a
+//	     snapshot writes, at the physical limit (BenchmarkPoll's (a'));
+//	(b)  tidemark's reader starting on the source: publication, slot,
+//	     snapshot into the mirror and raw change rows, until the
+//	     snapshot is recorded done.
+func BenchmarkCDCSnapshot(b *testing.B) {
+	rows := size("TIDEMARK_BENCH_SNAPSHOT_ROWS", pollRows, pollRows/10)
+	for range b.N {
+		ctx := context.Background()
+		srv := durableServer(b)
+		e := &env{srv: srv}
+		srcDSN := pgtest.NewDatabaseOn(b, srv)
+		src := pgtest.Pool(b, srcDSN)
+		if _, err := src.Exec(ctx, fmt.Sprintf(pollSourceDDL, rows)); err != nil {
+			b.Fatal(err)
+		}
+
+		// (a') COPY out of the source, piped into the mirror and the raw
+		// change table.
+		e.settle(b)
+		baseDSN := pgtest.NewDatabaseOn(b, srv)
+		e.last = baseDSN
+		mirrorTook, rawTook := pipeCopy(b, srcDSN, baseDSN, int64(rows))
+		copyRate := float64(rows) / (mirrorTook + rawTook).Seconds()
+
+		// (b) tidemark's snapshot.
+		e.settle(b)
+		whDSN := pgtest.NewDatabaseOn(b, srv)
+		e.last = whDSN
+		if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
+			b.Fatal(err)
+		}
+		wh := pgtest.Pool(b, whDSN)
+		cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [src_customers], heartbeat_every: 0s}
+    mirror: {table: dw_customers}
+`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
+		if err != nil {
+			b.Fatal(err)
+		}
+		prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, whDSN))
+		started := time.Now()
+		rd := startReader(b, cfg, wh)
+		rd.waitFor(b, wh, "the initial snapshot to finish", 20*time.Minute,
+			`SELECT snapshot = 'done' FROM tidemark.cdc_positions WHERE source = 'shop'`)
+		took := time.Since(started)
+		prof.report(b, "(b) tidemark's CDC snapshot")
+		rd.stop(b)
+		var raw, mirrored int64
+		if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_customers)`).Scan(&raw, &mirrored); err != nil {
+			b.Fatal(err)
+		}
+		if raw != int64(rows) || mirrored != int64(rows) {
+			b.Fatalf("the snapshot wrote %d raw change rows and %d mirror rows, want %d", raw, mirrored, rows)
+		}
+		rate := float64(rows) / took.Seconds()
+		b.ReportMetric(copyRate, "copy_both_rows/s")
+		b.ReportMetric(rate, "snapshot_rows/s")
+		b.ReportMetric(rate/copyRate, "snapshot/copy_both")
+		fmt.Fprintf(os.Stderr, `
+CDC initial snapshot, %d rows of about 150 bytes, fsync on:
+  (a') COPY into the mirror, then the same rows as jsonb change rows   %8.0f rows/s  (%s + %s)
+  (b)  tidemark's snapshot (slot, mirror, raw change rows, ledger)     %8.0f rows/s  (%s)   (b)/(a') = %.2f
+`, rows, copyRate, mirrorTook.Round(time.Millisecond), rawTook.Round(time.Millisecond),
+			rate, took.Round(time.Millisecond), rate/copyRate)
+	}
+}
