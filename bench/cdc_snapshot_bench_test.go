@@ -15,12 +15,13 @@ import (
 // BenchmarkCDCSnapshot measures a CDC source's initial snapshot of the
 // poll benchmark's 1M-row table, fsync on, against its baseline:
 //
-//	(a') the table COPYed into an empty mirror, then its rows as jsonb
-//	     change rows COPYed into a raw change table: everything a
-//	     snapshot writes, at the physical limit (BenchmarkPoll's (a'));
-//	(b)  tidemark's reader starting on the source: publication, slot,
-//	     snapshot into the mirror and raw change rows, until the
-//	     snapshot is recorded done.
+//	(a) the table COPYed out of the source and into an empty mirror,
+//	    one COPY piped into another: what a snapshot writes (the mirror
+//	    only; the rows it copies are not changes and get no raw change
+//	    rows), at the physical limit (BenchmarkPoll's (a));
+//	(b) tidemark's reader starting on the source: publication, slot,
+//	    chunk plan, the mirror filled by cdc.snapshot_workers workers,
+//	    until the snapshot is recorded done.
 func BenchmarkCDCSnapshot(b *testing.B) {
 	rows := size("TIDEMARK_BENCH_SNAPSHOT_ROWS", pollRows, pollRows/10)
 	for range b.N {
@@ -33,13 +34,13 @@ func BenchmarkCDCSnapshot(b *testing.B) {
 			b.Fatal(err)
 		}
 
-		// (a') COPY out of the source, piped into the mirror and the raw
-		// change table.
+		// (a) COPY out of the source, piped into the mirror (pipeCopy
+		// then also copies change rows, which are not timed here).
 		e.settle(b)
 		baseDSN := pgtest.NewDatabaseOn(b, srv)
 		e.last = baseDSN
-		mirrorTook, rawTook := pipeCopy(b, srcDSN, baseDSN, int64(rows))
-		copyRate := float64(rows) / (mirrorTook + rawTook).Seconds()
+		mirrorTook, _ := pipeCopy(b, srcDSN, baseDSN, int64(rows))
+		copyRate := float64(rows) / mirrorTook.Seconds()
 
 		// (b) tidemark's snapshot.
 		e.settle(b)
@@ -71,18 +72,18 @@ sources:
 		if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_customers)`).Scan(&raw, &mirrored); err != nil {
 			b.Fatal(err)
 		}
-		if raw != int64(rows) || mirrored != int64(rows) {
-			b.Fatalf("the snapshot wrote %d raw change rows and %d mirror rows, want %d", raw, mirrored, rows)
+		if raw != 0 || mirrored != int64(rows) {
+			b.Fatalf("the snapshot wrote %d raw change rows and %d mirror rows, want none and %d", raw, mirrored, rows)
 		}
 		rate := float64(rows) / took.Seconds()
-		b.ReportMetric(copyRate, "copy_both_rows/s")
+		b.ReportMetric(copyRate, "copy_rows/s")
 		b.ReportMetric(rate, "snapshot_rows/s")
-		b.ReportMetric(rate/copyRate, "snapshot/copy_both")
+		b.ReportMetric(rate/copyRate, "snapshot/copy")
 		fmt.Fprintf(os.Stderr, `
 CDC initial snapshot, %d rows of about 150 bytes, fsync on:
-  (a') COPY into the mirror, then the same rows as jsonb change rows   %8.0f rows/s  (%s + %s)
-  (b)  tidemark's snapshot (slot, mirror, raw change rows, ledger)     %8.0f rows/s  (%s)   (b)/(a') = %.2f
-`, rows, copyRate, mirrorTook.Round(time.Millisecond), rawTook.Round(time.Millisecond),
-			rate, took.Round(time.Millisecond), rate/copyRate)
+  (a) COPY out of the source piped into COPY into the mirror         %8.0f rows/s  (%s)
+  (b) tidemark's snapshot (publication, slot, plan, %d workers)      %8.0f rows/s  (%s)   (b)/(a) = %.2f (target >= 0.8)
+`, rows, copyRate, mirrorTook.Round(time.Millisecond),
+			cfg.Sources["shop"].CDC.SnapshotWorkers, rate, took.Round(time.Millisecond), rate/copyRate)
 	}
 }
