@@ -22,7 +22,7 @@ func BenchmarkIngestScaling(b *testing.B) {
 		tab := &benchplot.Table{Name: "ingest_scaling", Title: "Kafka ingest vs partitions and instances",
 			Meta:    runMeta(b, e.srv),
 			Columns: []string{"partitions", "instances", "events", "copy_rows_per_s", "tidemark_rows_per_s", "tidemark_per_copy", "join_ms", "other_cores"}}
-		tab.Meta["workload"] = fmt.Sprintf("%d JSON events of about 200 bytes per point, batches of 10,000", n)
+		tab.Meta["workload"] = fmt.Sprintf("%d JSON events of about 200 bytes per point, batches of %d", n, batchRows(b))
 		for _, p := range []int32{1, 4, 16} {
 			recs, _ := workloadOn(n, p)
 			e.kc = newCluster(b, p)
