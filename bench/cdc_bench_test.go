@@ -206,20 +206,7 @@ func cdcSlots(b *testing.B, srv *pgserver.Server, ddl ...string) (string, *pgxpo
 		}
 	}
 	whDSN := pgtest.NewDatabaseOn(b, srv)
-	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
-		b.Fatal(err)
-	}
-	wh := pgtest.Pool(b, whDSN)
-	cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
-warehouse: {dsn: %q}
-sources:
-  shop:
-    cdc: {dsn: %q, tables: [orders], heartbeat_every: 0s}
-    mirror: {table: dw_orders, deletes: hard}
-`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
-	if err != nil {
-		b.Fatal(err)
-	}
+	wh, cfg := cdcWarehouse(b, whDSN, srcDSN, "orders", "{table: dw_orders, deletes: hard}")
 	rd := startReader(b, cfg, wh)
 	rd.waitSnapshotDone(b, wh)
 	rd.stop(b)
@@ -227,6 +214,27 @@ sources:
 		b.Fatal(err)
 	}
 	return srcDSN, src, wh, cfg
+}
+
+// cdcWarehouse migrates the warehouse at whDSN and returns a pool on it
+// and the configuration of CDC source shop reading table of srcDSN into
+// the mirror described by mirrorYAML.
+func cdcWarehouse(b *testing.B, whDSN, srcDSN, table, mirrorYAML string) (*pgxpool.Pool, *config.Config) {
+	b.Helper()
+	if _, err := migrate.Up(context.Background(), whDSN, nil); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
+warehouse: {dsn: %q}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [%s], heartbeat_every: 0s}
+    mirror: %s
+`, whDSN, srcDSN, table, mirrorYAML)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pgtest.Pool(b, whDSN), cfg
 }
 
 func startReader(b *testing.B, cfg *config.Config, wh *pgxpool.Pool) *runningReader {

@@ -6,10 +6,6 @@ import (
 	"os"
 	"testing"
 	"time"
-
-	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/migrate"
 )
 
 // BenchmarkCDCSnapshot measures a CDC source's initial snapshot of the
@@ -26,41 +22,17 @@ func BenchmarkCDCSnapshot(b *testing.B) {
 	rows := size("TIDEMARK_BENCH_SNAPSHOT_ROWS", pollRows, pollRows/10)
 	for range b.N {
 		ctx := context.Background()
-		srv := durableServer(b)
-		e := &env{srv: srv}
-		srcDSN := pgtest.NewDatabaseOn(b, srv)
-		src := pgtest.Pool(b, srcDSN)
-		if _, err := src.Exec(ctx, fmt.Sprintf(pollSourceDDL, rows)); err != nil {
-			b.Fatal(err)
-		}
+		e, srcDSN, _ := pollSource(b, rows)
 
 		// (a) COPY out of the source, piped into the mirror (pipeCopy
 		// then also copies change rows, which are not timed here).
-		e.settle(b)
-		baseDSN := pgtest.NewDatabaseOn(b, srv)
-		e.last = baseDSN
-		mirrorTook, _ := pipeCopy(b, srcDSN, baseDSN, int64(rows))
+		mirrorTook, _ := pipeCopy(b, srcDSN, e.freshDatabase(b), int64(rows))
 		copyRate := float64(rows) / mirrorTook.Seconds()
 
 		// (b) tidemark's snapshot.
-		e.settle(b)
-		whDSN := pgtest.NewDatabaseOn(b, srv)
-		e.last = whDSN
-		if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
-			b.Fatal(err)
-		}
-		wh := pgtest.Pool(b, whDSN)
-		cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
-warehouse: {dsn: %q}
-sources:
-  shop:
-    cdc: {dsn: %q, tables: [src_customers], heartbeat_every: 0s}
-    mirror: {table: dw_customers}
-`, whDSN, srcDSN)), func(string) (string, bool) { return "", false })
-		if err != nil {
-			b.Fatal(err)
-		}
-		prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, whDSN))
+		whDSN := e.freshDatabase(b)
+		wh, cfg := cdcWarehouse(b, whDSN, srcDSN, "src_customers", "{table: dw_customers}")
+		prof := startProfile(b, e.srv, dbName(b, srcDSN), dbName(b, whDSN))
 		started := time.Now()
 		rd := startReader(b, cfg, wh)
 		rd.waitFor(b, wh, "the initial snapshot to finish", 20*time.Minute,

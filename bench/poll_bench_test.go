@@ -64,18 +64,11 @@ CREATE TABLE dw_customers (
 func BenchmarkPoll(b *testing.B) {
 	for range b.N {
 		ctx := context.Background()
-		srv := durableServer(b)
-		e := &env{srv: srv}
-		srcDSN := pgtest.NewDatabaseOn(b, srv)
-		src := pgtest.Pool(b, srcDSN)
-		if _, err := src.Exec(ctx, fmt.Sprintf(pollSourceDDL, pollRows)); err != nil {
-			b.Fatal(err)
-		}
+		e, srcDSN, src := pollSource(b, pollRows)
+		srv := e.srv
 
 		// (a) COPY out of the source, piped into COPY into the mirror.
-		e.settle(b)
-		baseDSN := pgtest.NewDatabaseOn(b, srv)
-		e.last = baseDSN
+		baseDSN := e.freshDatabase(b)
 		prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, baseDSN))
 		copyTook, rawTook := pipeCopy(b, srcDSN, baseDSN, pollRows)
 		prof.report(b, "(a) and (a') COPY piped into COPY")
@@ -168,6 +161,29 @@ poll source, %d rows of about 150 bytes, fsync on:
 			naiveKeys, naiveTook.Round(time.Millisecond), naiveTook.Seconds()/keysTook.Seconds(),
 			float64(naiveKeys)/float64(max(krep.KeysTransferred, 1)))
 	}
+}
+
+// pollSource starts a durable server with a source database holding
+// src_customers of rows rows (pollSourceDDL), and returns the server's
+// env, the source's DSN and a pool on it.
+func pollSource(b *testing.B, rows int) (*env, string, *pgxpool.Pool) {
+	b.Helper()
+	e := &env{srv: durableServer(b)}
+	srcDSN := pgtest.NewDatabaseOn(b, e.srv)
+	src := pgtest.Pool(b, srcDSN)
+	if _, err := src.Exec(context.Background(), fmt.Sprintf(pollSourceDDL, rows)); err != nil {
+		b.Fatal(err)
+	}
+	return e, srcDSN, src
+}
+
+// freshDatabase settles the server (dropping the previous measurement's
+// database) and creates the next measurement's, empty.
+func (e *env) freshDatabase(b *testing.B) string {
+	b.Helper()
+	e.settle(b)
+	e.last = pgtest.NewDatabaseOn(b, e.srv)
+	return e.last
 }
 
 func newBenchPoller(b *testing.B, whDSN, srcDSN string, wh *pgxpool.Pool) *ingest.Poller {
