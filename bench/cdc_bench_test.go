@@ -78,17 +78,7 @@ func BenchmarkCDC(b *testing.B) {
 		// (a) pg_recvlogical to the end LSN.
 		e.settle(b)
 		prof := startProfile(b, srv, dbName(b, srcDSN))
-		started := time.Now()
-		cmd := exec.CommandContext(ctx, recvlogical, "-d", srcDSN, "--slot", "bench_decode", "--start", "--no-loop",
-			"--endpos", end, "-F", "0", "-f", "-",
-			"-o", "proto_version=2", "-o", "publication_names=tidemark_shop", "-o", "streaming=on")
-		var decoded countingWriter
-		var stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &decoded, &stderr
-		if err := cmd.Run(); err != nil {
-			b.Fatalf("pg_recvlogical: %v\n%s", err, stderr.String())
-		}
-		decodeTook := time.Since(started)
+		decodeTook, decodedBytes := decodeOnly(b, recvlogical, srcDSN, end)
 		prof.report(b, "(a) pg_recvlogical")
 		if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot('bench_decode')`); err != nil {
 			b.Fatal(err)
@@ -97,7 +87,7 @@ func BenchmarkCDC(b *testing.B) {
 		// (b) tidemark from the same position to the same end LSN.
 		e.settle(b)
 		prof = startProfile(b, srv, dbName(b, srcDSN), dbName(b, cfg.Warehouse.DSN))
-		started = time.Now()
+		started := time.Now()
 		rd := startReader(b, cfg, wh)
 		rd.waitApplied(b, wh, end, 10*time.Minute)
 		applyTook := time.Since(started)
@@ -144,7 +134,7 @@ CDC, %d changes (600k inserts, 300k updates, 100k deletes; transactions of 1,000
   (a') COPY of the same raw change rows, nothing else %8.0f rows/s     (%s)
   (b) tidemark apply (raw, ledger, mirror, confirm)   %8.0f changes/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f
   (c) steady %.0f changes/s for 30s, %d transactions: lag p50 %s, p99 %s, max %s
-`, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decoded.n>>20,
+`, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decodedBytes>>20,
 			rawRate, rawTook.Round(time.Millisecond),
 			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/rawRate,
 			rate, len(lags), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
@@ -173,6 +163,24 @@ func copyRawRows(b *testing.B, whDSN string) time.Duration {
 	started := time.Now()
 	pipeCOPY(b, src, dst, "COPY (SELECT "+cols+" FROM raw.shop) TO STDOUT", "COPY raw.shop_copy ("+cols+") FROM STDIN", int64(cdcChanges))
 	return time.Since(started)
+}
+
+// decodeOnly runs pg_recvlogical on slot bench_decode of srcDSN up to end
+// with the options tidemark's reader uses, throwing the output away, and
+// returns how long it took and how many bytes it received.
+func decodeOnly(b *testing.B, recvlogical, srcDSN, end string) (time.Duration, int64) {
+	b.Helper()
+	started := time.Now()
+	cmd := exec.CommandContext(context.Background(), recvlogical, "-d", srcDSN, "--slot", "bench_decode", "--start", "--no-loop",
+		"--endpos", end, "-F", "0", "-f", "-",
+		"-o", "proto_version=2", "-o", "publication_names=tidemark_shop", "-o", "streaming=on")
+	var decoded countingWriter
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &decoded, &stderr
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("pg_recvlogical: %v\n%s", err, stderr.String())
+	}
+	return time.Since(started), decoded.n
 }
 
 // countingWriter counts and discards what is written to it.

@@ -1,11 +1,9 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/metrics"
@@ -137,22 +135,12 @@ func cdcPointRates(b *testing.B, e *env, recvlogical string, p cdcPoint) (decode
 	}
 
 	e.settle(b)
-	started := time.Now()
-	cmd := exec.CommandContext(ctx, recvlogical, "-d", srcDSN, "--slot", "bench_decode", "--start", "--no-loop",
-		"--endpos", end, "-F", "0", "-f", "-",
-		"-o", "proto_version=2", "-o", "publication_names=tidemark_shop", "-o", "streaming=on")
-	var decoded countingWriter
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &decoded, &stderr
-	if err := cmd.Run(); err != nil {
-		b.Fatalf("pg_recvlogical: %v\n%s", err, stderr.String())
-	}
-	decodeTook := time.Since(started)
+	decodeTook, _ := decodeOnly(b, recvlogical, srcDSN, end)
 
 	e.settle(b)
 	runtime.GC()
 	stopMeter := meterMemory()
-	started = time.Now()
+	started := time.Now()
 	rd := startReader(b, cfg, wh)
 	rd.waitApplied(b, wh, end, 20*time.Minute)
 	applyTook := time.Since(started)
