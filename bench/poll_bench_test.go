@@ -75,29 +75,10 @@ func BenchmarkPoll(b *testing.B) {
 		copyRate := pollRows / copyTook.Seconds()
 		bothRate := pollRows / (copyTook + rawTook).Seconds()
 
-		// (b) tidemark's first load.
-		e.settle(b)
-		whDSN := pgtest.NewDatabaseOn(b, srv)
-		if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
-			b.Fatal(err)
-		}
-		wh := pgtest.Pool(b, whDSN)
-		p := newBenchPoller(b, whDSN, srcDSN, wh)
-		if err := p.Prepare(ctx); err != nil {
-			b.Fatal(err)
-		}
-		prof = startProfile(b, srv, dbName(b, srcDSN), dbName(b, whDSN))
-		started := time.Now()
-		rep, err := p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		loadTook := time.Since(started)
-		prof.report(b, "(b) tidemark's first poll load")
-		if rep.Merged != pollRows {
-			b.Fatalf("first load merged %d rows, want %d", rep.Merged, pollRows)
-		}
-		loadRate := pollRows / loadTook.Seconds()
+		// (b2) the same load merged, then (b) COPYed into empty tables.
+		_, _, mergeTook := e.firstLoad(b, srcDSN, true)
+		p, wh, loadTook := e.firstLoad(b, srcDSN, false)
+		loadRate, mergeRate := pollRows/loadTook.Seconds(), pollRows/mergeTook.Seconds()
 
 		// (c) 10,000 updates, read with a 30-minute lookback.
 		if _, err := src.Exec(ctx, `UPDATE src_customers SET tier = 'gold', updated_at = timestamptz '2026-10-01 00:00+00' + customer_id * interval '1 millisecond'
@@ -105,8 +86,8 @@ func BenchmarkPoll(b *testing.B) {
 			b.Fatal(err)
 		}
 		lookback := 30 * time.Minute
-		started = time.Now()
-		rep, err = p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC), Lookback: &lookback})
+		started := time.Now()
+		rep, err := p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC), Lookback: &lookback})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -145,17 +126,21 @@ func BenchmarkPoll(b *testing.B) {
 		b.ReportMetric(loadRate, "poll_rows/s")
 		b.ReportMetric(loadRate/copyRate, "poll/copy")
 		b.ReportMetric(loadRate/bothRate, "poll/copy_both")
+		b.ReportMetric(mergeRate/bothRate, "poll_merge/copy_both")
 		b.ReportMetric(naiveTook.Seconds()/keysTook.Seconds(), "naive_keys/keys_time")
 		fmt.Fprintf(os.Stderr, `
 poll source, %d rows of about 150 bytes, fsync on:
   (a)  COPY out of the source piped into COPY into the mirror   %8.0f rows/s  (%s)
   (a') (a) plus the same rows as jsonb change rows into raw    %8.0f rows/s  (%s)
-  (b)  tidemark's first load (merge, raw change rows, ledger)  %8.0f rows/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f
+  (b)  tidemark's first load (COPY into the empty mirror and raw table, ledger)
+                                                                %8.0f rows/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f
+  (b2) the same load into a mirror holding one other row (merge) %8.0f rows/s  (%s)   (b2)/(a') = %.2f
   (c) a run absorbing %d updates with a 30m lookback            %s
   (d) key reconciliation, 10 deletes: %d ranges compared, %d keys transferred, %s
   (e) naive full key lists: %d keys transferred, %s   (e)/(d) time = %.1fx, keys = %.0fx
 `, pollRows, copyRate, copyTook.Round(time.Millisecond), bothRate, (copyTook + rawTook).Round(time.Millisecond),
 			loadRate, loadTook.Round(time.Millisecond), loadRate/copyRate, loadRate/bothRate,
+			mergeRate, mergeTook.Round(time.Millisecond), mergeRate/bothRate,
 			pollRows/100, incTook.Round(time.Millisecond),
 			krep.RangesCompared, krep.KeysTransferred, keysTook.Round(time.Millisecond),
 			naiveKeys, naiveTook.Round(time.Millisecond), naiveTook.Seconds()/keysTook.Seconds(),
@@ -184,6 +169,43 @@ func (e *env) freshDatabase(b *testing.B) string {
 	e.settle(b)
 	e.last = pgtest.NewDatabaseOn(b, e.srv)
 	return e.last
+}
+
+// firstLoad creates a migrated warehouse and loads the whole source into
+// it in one poll run. With oneRow the mirror first holds a row the source
+// does not have, so the run merges instead of COPYing into empty tables.
+func (e *env) firstLoad(b *testing.B, srcDSN string, oneRow bool) (*ingest.Poller, *pgxpool.Pool, time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	whDSN := e.freshDatabase(b)
+	if _, err := migrate.Up(ctx, whDSN, nil); err != nil {
+		b.Fatal(err)
+	}
+	wh := pgtest.Pool(b, whDSN)
+	p := newBenchPoller(b, whDSN, srcDSN, wh)
+	if err := p.Prepare(ctx); err != nil {
+		b.Fatal(err)
+	}
+	label := "(b) tidemark's first poll load, COPYed"
+	if oneRow {
+		label = "(b2) tidemark's first poll load, merged"
+		if _, err := wh.Exec(ctx, `INSERT INTO dw_customers (customer_id, email, tier, note, updated_at, loaded_at)
+			VALUES (-1, 'other@example.com', 'free', 'n', '2000-01-01', now())`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	prof := startProfile(b, e.srv, dbName(b, srcDSN), dbName(b, whDSN))
+	started := time.Now()
+	rep, err := p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	took := time.Since(started)
+	prof.report(b, label)
+	if rep.Merged != pollRows || rep.Copied == oneRow {
+		b.Fatalf("%s: %d rows merged (want %d), COPYed %v", label, rep.Merged, pollRows, rep.Copied)
+	}
+	return p, wh, took
 }
 
 func newBenchPoller(b *testing.B, whDSN, srcDSN string, wh *pgxpool.Pool) *ingest.Poller {

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,6 +89,11 @@ WHERE %[5]s AND %[6]s
 ORDER BY %[7]s`
 	fetchPollSQL = `FETCH FORWARD %d FROM tidemark_poll`
 
+	// emptyTargetsSQL says whether the mirror and the raw table are both
+	// empty: then a run inserts every row it reads and can COPY them
+	// (see copyChunk). %[1]s mirror, %[2]s raw table.
+	emptyTargetsSQL = `SELECT NOT EXISTS (SELECT FROM %[1]s) AND NOT EXISTS (SELECT FROM %[2]s)`
+
 	// estimateSourceRowsSQL is the planner's row count of the source
 	// table, or without one (never analyzed) the statistics' count of
 	// live rows: the total a first load's progress expects.
@@ -146,6 +152,11 @@ var ErrPollSource = errors.New("poll source")
 // poller described it; the run is repeated after the mirror follows.
 var errSourceChanged = errors.New("the source table's columns changed")
 
+// errCopyConflict means a run that COPYed into tables it found empty met a
+// row already there (a writer other than this poller, or a source key that
+// is not unique); the run is repeated with the merge.
+var errCopyConflict = errors.New("a row COPYed into the empty mirror or raw table was already there")
+
 // PollOptions customise a Poller.
 type PollOptions struct {
 	Logger     *slog.Logger
@@ -189,6 +200,8 @@ type Poller struct {
 	// table's rows was logged.
 	estimateWarned bool
 	soft           string // SQL testing the soft-delete column, or "false"
+	// mergeOnly is set after errCopyConflict: runs always merge.
+	mergeOnly bool
 }
 
 // NewPoller returns the poller of the poll source called name.
@@ -391,6 +404,9 @@ type PollReport struct {
 	Updated   int64
 	Deleted   int64 // soft-deleted rows (op delete)
 	Chunks    int
+	// Copied is true when the mirror and the raw table were empty and
+	// the rows were COPYed into them rather than merged.
+	Copied bool
 	// More is true when the run stopped at poll.max_rows_per_run and
 	// more rows wait.
 	More bool
@@ -431,9 +447,9 @@ func (p *Poller) RunOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	defer wd.Stop()
 	p.wd = wd
 	rep, err := p.runOnce(wctx, run)
-	if errors.Is(err, errSourceChanged) || errors.Is(err, errMissingPartition) {
+	if errors.Is(err, errSourceChanged) || errors.Is(err, errMissingPartition) || errors.Is(err, errCopyConflict) {
 		// Once the mirror has the new columns, or the partition cache is
-		// dropped, the same window loads.
+		// dropped, or the run merges, the same window loads.
 		p.log.Info("repeating the run", "reason", err)
 		wd.Touch()
 		rep, err = p.runOnce(wctx, run)
@@ -460,7 +476,8 @@ type pollRow struct {
 	deleted bool
 	row     []byte    // the row as json
 	payload []byte    // the row as jsonb takes it
-	json    []*string // the values of the json columns, as text
+	json    []*string // the values of the json columns, as text (a merge)
+	cols    []*string // the values of every column, as text (a COPY)
 }
 
 func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
@@ -518,7 +535,16 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 		}
 	}
 	rep.Upper = upper
-	if _, err := stx.Exec(ctx, p.cursorSQL(low, upper)); err != nil {
+	copying := false
+	if !p.mergeOnly {
+		// Under the watermark row's lock no other run writes the mirror
+		// or the raw table.
+		if err := tx.QueryRow(ctx, fmt.Sprintf(emptyTargetsSQL, p.table.Target.Sanitize(), p.raw.Ident())).Scan(&copying); err != nil {
+			return rep, fmt.Errorf("warehouse: %w", err)
+		}
+	}
+	rep.Copied = copying
+	if _, err := stx.Exec(ctx, p.cursorSQL(low, upper, copying)); err != nil {
 		return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
 	}
 	// The cursor holds a lock on the table until the end of the
@@ -563,7 +589,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	)
 	// The next chunk is fetched from the source while the current one is
 	// merged in the warehouse; at most three chunks are in memory.
-	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows))
+	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows), copying)
 	defer stopReading()
 	for res := range chunks {
 		if res.err != nil {
@@ -595,7 +621,11 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 			rep.Chunks++
 			rep.Read += int64(len(chunk))
 			maxRead = chunk[len(chunk)-1].time
-			if err := p.mergeChunk(ctx, tx, mergeStmt, chunk, ingestedAt, &rep, buckets); err != nil {
+			load := p.mergeChunk
+			if copying {
+				load = p.copyChunk
+			}
+			if err := load(ctx, tx, mergeStmt, chunk, ingestedAt, &rep, buckets); err != nil {
 				return rep, err
 			}
 			p.wd.Touch()
@@ -656,7 +686,9 @@ func (p *Poller) sameShape(payload []byte) bool {
 
 // cursorSQL declares the cursor over (low, upper]. The bounds become
 // literals in the column's own type, so the source can use an index on it.
-func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time) string {
+// For a COPY (copying), the last column has the text of every column;
+// otherwise of the json columns.
+func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time, copying bool) string {
 	col := "tidemark_src." + quote(p.src.Poll.UpdatedAt)
 	lowLit := "'-infinity'::timestamptz"
 	if low.InfinityModifier == pgtype.Finite {
@@ -675,7 +707,11 @@ func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time) string {
 		order = append(order, "tidemark_src."+quote(k))
 	}
 	jsonText := "NULL::text[]"
-	if cols := jsonColumns(p.table.Columns); len(cols) > 0 {
+	cols := jsonColumns(p.table.Columns)
+	if copying {
+		cols = p.table.Columns
+	}
+	if len(cols) > 0 {
 		var texts []string
 		for _, c := range cols {
 			texts = append(texts, "tidemark_src."+quote(c.Name)+"::text")
@@ -773,14 +809,14 @@ type chunkResult struct {
 // a short chunk, an error or stop. stop waits for the goroutine, so the
 // source transaction is free again when it returns; it may be called more
 // than once.
-func readChunks(ctx context.Context, stx pgx.Tx, n int) (<-chan chunkResult, func()) {
+func readChunks(ctx context.Context, stx pgx.Tx, n int, copying bool) (<-chan chunkResult, func()) {
 	out := make(chan chunkResult, 1)
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		defer close(out)
 		for {
-			rows, err := fetchChunk(ctx, stx, n)
+			rows, err := fetchChunk(ctx, stx, n, copying)
 			select {
 			case out <- chunkResult{rows, err}:
 			case <-quit:
@@ -798,14 +834,18 @@ func readChunks(ctx context.Context, stx pgx.Tx, n int) (<-chan chunkResult, fun
 	}
 }
 
-func fetchChunk(ctx context.Context, stx pgx.Tx, n int) ([]pollRow, error) {
+func fetchChunk(ctx context.Context, stx pgx.Tx, n int, copying bool) ([]pollRow, error) {
 	rows, err := stx.Query(ctx, fmt.Sprintf(fetchPollSQL, n))
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pollRow, error) {
 		var pr pollRow
-		if err := r.Scan(&pr.key, &pr.time, &pr.deleted, &pr.row, &pr.json); err != nil {
+		texts := &pr.json
+		if copying {
+			texts = &pr.cols
+		}
+		if err := r.Scan(&pr.key, &pr.time, &pr.deleted, &pr.row, texts); err != nil {
 			return pr, err
 		}
 		var err error
@@ -845,18 +885,8 @@ var pollStageColumns = []string{"tidemark_key", "tidemark_time", "tidemark_delet
 // its event times need first (on another connection: DDL must not run in
 // the load transaction).
 func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *PollReport, buckets ledgerBuckets) error {
-	times := make([]time.Time, len(chunk))
-	for i, r := range chunk {
-		times[i] = r.time
-	}
-	if missing := p.raw.Missing(times); len(missing) > 0 {
-		ddl, err := p.ddlConn(ctx)
-		if err != nil {
-			return err
-		}
-		if err := p.raw.EnsurePartitions(ctx, ddl, missing); err != nil {
-			return err
-		}
+	if err := p.ensurePartitions(ctx, chunk); err != nil {
+		return err
 	}
 	if _, err := tx.Exec(ctx, truncatePollStageSQL); err != nil {
 		return fmt.Errorf("staging table: %w", err)
@@ -900,6 +930,122 @@ func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk [
 		return p.mergeError(err)
 	}
 	return nil
+}
+
+// ensurePartitions creates the raw partitions the chunk's event times need
+// (on another connection: DDL must not run in the load transaction).
+func (p *Poller) ensurePartitions(ctx context.Context, chunk []pollRow) error {
+	times := make([]time.Time, len(chunk))
+	for i, r := range chunk {
+		times[i] = r.time
+	}
+	missing := p.raw.Missing(times)
+	if len(missing) == 0 {
+		return nil
+	}
+	ddl, err := p.ddlConn(ctx)
+	if err != nil {
+		return err
+	}
+	return p.raw.EnsurePartitions(ctx, ddl, missing)
+}
+
+// copyChunk loads one chunk into a mirror and raw table that were empty
+// when the run began, so every row is new: the rows are COPYed into both
+// instead of merged, which makes a first load about as fast as COPYing the
+// same rows. The mirror's values are the source columns' text, read under
+// the same session settings (mirror.SessionParams) on both sides; the
+// change rows are those the merge would write. A row already there (not
+// possible while this poller is the tables' only writer and the source key
+// is unique) fails the run with errCopyConflict, and it is repeated with
+// the merge.
+func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, _ string, chunk []pollRow, ingestedAt time.Time, rep *PollReport, buckets ledgerBuckets) error {
+	if err := p.ensurePartitions(ctx, chunk); err != nil {
+		return err
+	}
+	cols := make([]string, 0, len(p.table.Columns)+2)
+	for _, c := range p.table.Columns {
+		cols = append(cols, c.Name)
+	}
+	cols = append(cols, p.table.LoadedColumn, p.table.DeletedColumn)
+	var buf bytes.Buffer
+	loaded := ingestedAt.UTC().Format("2006-01-02 15:04:05.999999+00")
+	for i := range chunk {
+		for _, v := range chunk[i].cols {
+			copyText(&buf, v)
+			buf.WriteByte('\t')
+		}
+		buf.WriteString(loaded)
+		buf.WriteString("\t\\N\n")
+	}
+	copyMirror := "COPY " + p.table.Target.Sanitize() + " (" + mirror.QuoteAll(cols) + ") FROM STDIN"
+	if _, err := tx.Conn().PgConn().CopyFrom(ctx, &buf, copyMirror); err != nil {
+		return p.copyError(err, p.table.Target.Sanitize())
+	}
+	source := p.table.Source.Sanitize()
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", p.raw.Source}, copyChangeColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
+		r := &chunk[i]
+		op := "insert"
+		if r.deleted {
+			op = "delete"
+		}
+		return []any{r.key, r.time, ingestedAt, op, source, r.payload, r.key}, nil
+	}))
+	if err != nil {
+		return p.copyError(err, p.raw.Ident())
+	}
+	for i := range chunk {
+		r := &chunk[i]
+		if r.deleted {
+			rep.Deleted++
+		} else {
+			rep.Inserted++
+		}
+		buckets.add(r.time.UTC().Truncate(time.Hour), 1, r.time, r.time)
+	}
+	rep.Merged += int64(len(chunk))
+	return nil
+}
+
+var copyChangeColumns = []string{"event_id", "event_time", "ingested_at", "op", "source_table", "payload", "row_key"}
+
+// copyText writes v in COPY's text format: \N for NULL, and backslash,
+// tab, newline and carriage return escaped.
+func copyText(buf *bytes.Buffer, v *string) {
+	if v == nil {
+		buf.WriteString("\\N")
+		return
+	}
+	s := *v
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\':
+			buf.WriteString("\\\\")
+		case '\t':
+			buf.WriteString("\\t")
+		case '\n':
+			buf.WriteString("\\n")
+		case '\r':
+			buf.WriteString("\\r")
+		default:
+			buf.WriteByte(c)
+		}
+	}
+}
+
+// copyError explains a failed COPY of a chunk: a unique violation becomes
+// errCopyConflict (and later runs merge), a missing raw partition is
+// handled as in a merge.
+func (p *Poller) copyError(err error, what string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		p.mergeOnly = true
+		return fmt.Errorf("%w (%s: %s)", errCopyConflict, what, pgErr.Message)
+	}
+	if errors.As(err, &pgErr) && isMissingPartition(pgErr) {
+		return p.mergeError(err)
+	}
+	return fmt.Errorf("copy into %s: %w", what, err)
 }
 
 // mergeError explains a failed merge. A raw partition dropped by an
