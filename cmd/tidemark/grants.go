@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,5 +67,20 @@ func preflightRun(ctx context.Context, cfg *config.Config, only []string, log *s
 			sources = append(sources, name)
 		}
 	}
-	return checkGrants(ctx, pool, cfg, sources, log)
+	return preflightVerdict(checkGrants(ctx, pool, cfg, sources, log), log)
+}
+
+// preflightVerdict says what the preflight check's result means for
+// `tidemark run`: missing privileges stop it; a check that could not
+// finish (a connection lost in the middle, say to a server restarting)
+// does not, as when the warehouse cannot be reached at all: the service
+// starts, retries its connections, and a missing privilege shows when it
+// is used.
+func preflightVerdict(err error, log *slog.Logger) error {
+	var missing *grants.MissingError
+	if err == nil || errors.As(err, &missing) {
+		return err
+	}
+	log.Warn("cannot check privileges now; starting anyway, and a missing privilege will show when it is used", "err", err)
+	return nil
 }
