@@ -325,6 +325,9 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
 	if c.Kafka.FetchMaxBytes == 0 {
 		c.Kafka.FetchMaxBytes = 16 << 20
 	}
+	if c.Kafka.FetchMaxPartitionBytes == 0 {
+		c.Kafka.FetchMaxPartitionBytes = c.Kafka.FetchMaxBytes
+	}
 	if c.Ingest.BatchMaxRows == 0 {
 		c.Ingest.BatchMaxRows = 50000
 	}

@@ -21,8 +21,11 @@ type Kafka struct {
 	SessionTimeout   Duration `yaml:"session_timeout"`
 	RebalanceTimeout Duration `yaml:"rebalance_timeout"`
 	FetchMaxBytes    ByteSize `yaml:"fetch_max_bytes"`
-	TLS              *TLS     `yaml:"tls"`
-	SASL             *SASL    `yaml:"sasl"`
+	// FetchMaxPartitionBytes is the most one partition contributes to a
+	// fetch (Kafka's max.partition.fetch.bytes); default FetchMaxBytes.
+	FetchMaxPartitionBytes ByteSize `yaml:"fetch_max_partition_bytes"`
+	TLS                    *TLS     `yaml:"tls"`
+	SASL                   *SASL    `yaml:"sasl"`
 }
 
 // TLS configures encrypted connections to the brokers.
@@ -135,6 +138,8 @@ func (c *Config) validateKafka(ix *index) {
 	}
 	if k.FetchMaxBytes < 1<<10 || k.FetchMaxBytes > 1<<30 {
 		ix.add("kafka.fetch_max_bytes", "must be between 1KiB and 1GiB")
+	} else if k.FetchMaxPartitionBytes < 1<<10 || k.FetchMaxPartitionBytes > k.FetchMaxBytes {
+		ix.add("kafka.fetch_max_partition_bytes", "must be between 1KiB and kafka.fetch_max_bytes (%d bytes)", k.FetchMaxBytes)
 	}
 	if t := k.TLS; t.On() {
 		for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {

@@ -152,7 +152,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		kgo.HeartbeatInterval(min(3*time.Second, cfg.Kafka.SessionTimeout.D()/3)),
 		kgo.RebalanceTimeout(cfg.Kafka.RebalanceTimeout.D()),
 		kgo.FetchMaxBytes(int32(cfg.Kafka.FetchMaxBytes)),
-		kgo.FetchMaxPartitionBytes(int32(min(int64(cfg.Kafka.FetchMaxBytes), 1<<20))),
+		kgo.FetchMaxPartitionBytes(int32(cfg.Kafka.FetchMaxPartitionBytes)),
 		kgo.AdjustFetchOffsetsFn(in.adjustOffsets),
 		kgo.OnPartitionsAssigned(in.onAssigned),
 		kgo.OnPartitionsRevoked(in.onRevoked),
