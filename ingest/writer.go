@@ -213,8 +213,21 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 }
 
 func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
+	// Partitions begin on a UTC hour, so one event time of each hour
+	// stands for all of that hour's.
+	type sourceHour struct {
+		src  *source
+		hour int64
+	}
+	seen := map[sourceHour]bool{}
 	bySource := map[*source][]time.Time{}
-	for _, r := range b.rows {
+	for i := range b.rows {
+		r := &b.rows[i]
+		k := sourceHour{r.src, unixHour(r.ev.Time)}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
 		bySource[r.src] = append(bySource[r.src], r.ev.Time)
 	}
 	for src, times := range bySource {
@@ -223,6 +236,17 @@ func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
 		}
 	}
 	return nil
+}
+
+// unixHour is the number of the UTC hour t falls in, counted from the Unix
+// epoch: integer arithmetic, for the per-row loops of a write.
+func unixHour(t time.Time) int64 {
+	u := t.Unix()
+	h := u / 3600
+	if u%3600 < 0 {
+		h--
+	}
+	return h
 }
 
 func sortedParts(b *batch) []topicPartition {
@@ -458,7 +482,7 @@ func isBadRow(e *pgconn.PgError) bool {
 func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) error {
 	type bucketKey struct {
 		source string
-		hour   time.Time
+		hour   int64 // unixHour
 	}
 	type bucket struct {
 		rows     int64
@@ -466,7 +490,7 @@ func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, inge
 	}
 	buckets := map[bucketKey]*bucket{}
 	for _, r := range fresh {
-		k := bucketKey{r.src.name, r.ev.Time.UTC().Truncate(time.Hour)}
+		k := bucketKey{r.src.name, unixHour(r.ev.Time)}
 		bk := buckets[k]
 		if bk == nil {
 			bk = &bucket{min: r.ev.Time, max: r.ev.Time}
@@ -491,7 +515,7 @@ func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, inge
 		maxs    []time.Time
 	)
 	for k, bk := range buckets {
-		sources, hours, counts = append(sources, k.source), append(hours, k.hour), append(counts, bk.rows)
+		sources, hours, counts = append(sources, k.source), append(hours, time.Unix(k.hour*3600, 0).UTC()), append(counts, bk.rows)
 		mins, maxs = append(mins, bk.min), append(maxs, bk.max)
 	}
 	if _, err := tx.Exec(ctx, InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxs); err != nil {

@@ -384,3 +384,26 @@ func TestRefusedRowThenConflict(t *testing.T) {
 		t.Errorf("kafka_offsets: dead letters %d, duplicates %d, rows written %d; want 1, 1, 1", dead, dups, written)
 	}
 }
+
+// TestUnixHour: unixHour names the same hour as truncating to the UTC
+// hour, before and after the epoch and whatever the time's zone.
+func TestUnixHour(t *testing.T) {
+	oslo, err := time.LoadLocation("Europe/Oslo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []time.Time{
+		time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 10, 5, 23, 59, 59, 999999999, time.UTC),
+		time.Date(2026, 10, 25, 2, 30, 0, 0, oslo), // the hour that repeats
+		time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1969, 12, 31, 23, 0, 0, 1, time.UTC),
+		time.Date(1969, 12, 31, 22, 59, 59, 0, time.UTC),
+		time.Date(1900, 3, 1, 12, 0, 0, 0, time.UTC),
+	} {
+		want := tt.UTC().Truncate(time.Hour)
+		if got := time.Unix(unixHour(tt)*3600, 0).UTC(); !got.Equal(want) {
+			t.Errorf("unixHour(%s) is the hour of %s, want %s", tt, got, want)
+		}
+	}
+}
