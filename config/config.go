@@ -326,7 +326,7 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
 		c.Kafka.FetchMaxBytes = 16 << 20
 	}
 	if c.Kafka.FetchMaxPartitionBytes == 0 {
-		c.Kafka.FetchMaxPartitionBytes = c.Kafka.FetchMaxBytes
+		c.Kafka.FetchMaxPartitionBytes = min(DefaultFetchMaxPartitionBytes, c.Kafka.FetchMaxBytes)
 	}
 	if c.Ingest.BatchMaxRows == 0 {
 		c.Ingest.BatchMaxRows = 50000

@@ -22,7 +22,8 @@ type Kafka struct {
 	RebalanceTimeout Duration `yaml:"rebalance_timeout"`
 	FetchMaxBytes    ByteSize `yaml:"fetch_max_bytes"`
 	// FetchMaxPartitionBytes is the most one partition contributes to a
-	// fetch (Kafka's max.partition.fetch.bytes); default FetchMaxBytes.
+	// fetch (Kafka's max.partition.fetch.bytes); default the smaller of
+	// DefaultFetchMaxPartitionBytes and FetchMaxBytes.
 	FetchMaxPartitionBytes ByteSize `yaml:"fetch_max_partition_bytes"`
 	TLS                    *TLS     `yaml:"tls"`
 	SASL                   *SASL    `yaml:"sasl"`
@@ -56,6 +57,10 @@ const (
 	EnvAWSSecretAccessKey = "AWS_SECRET_ACCESS_KEY"
 	EnvAWSSessionToken    = "AWS_SESSION_TOKEN"
 )
+
+// DefaultFetchMaxPartitionBytes is kafka.fetch_max_partition_bytes when
+// it is not set (and kafka.fetch_max_bytes is larger), as in Kafka.
+const DefaultFetchMaxPartitionBytes = 1 << 20
 
 // DefaultTokenCommandTimeout bounds one run of sasl.token_command.
 const DefaultTokenCommandTimeout = 10 * time.Second
