@@ -9,6 +9,11 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest"
 )
 
+// typesTypesDDL creates the user-defined types of typesDDL; they must
+// exist in the warehouse too, for the mirror.
+const typesTypesDDL = `CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy, really');
+CREATE TYPE place AS (name text, lat float8, tags text[])`
+
 // typesDDL is a source table with a column of most kinds of type, and a
 // soft-delete flag.
 const typesDDL = `CREATE TABLE src_customers (
@@ -27,6 +32,11 @@ const typesDDL = `CREATE TABLE src_customers (
     ok          boolean,
     uid         uuid,
     addr        inet,
+    period      tstzrange,
+    size        int4range,
+    price       money,
+    mood        mood,
+    place       place,
     removed     boolean NOT NULL DEFAULT false,
     updated_at  timestamptz NOT NULL
 )`
@@ -52,19 +62,31 @@ SELECT g,
        CASE g % 3 WHEN 0 THEN true WHEN 1 THEN false ELSE NULL END,
        md5(g::text)::uuid,
        ('10.0.' || (g % 256) || '.' || (g % 250) || '/32')::inet,
+       CASE g % 3 WHEN 0 THEN tstzrange('2026-10-05 00:00+00', NULL) WHEN 1 THEN 'empty'::tstzrange
+                  ELSE tstzrange(timestamptz '2026-10-05 00:00+00' + g * interval '1 second', '2026-12-01 00:00+00', '(]') END,
+       CASE g % 2 WHEN 0 THEN int4range(g, g * 2) ELSE NULL END,
+       (g * 1.25)::numeric::money,
+       (ARRAY['sad', 'ok', 'happy, really', NULL])[g % 4 + 1]::mood,
+       CASE g % 3 WHEN 0 THEN ROW('café "x"', g / 7.0, ARRAY['a,b', NULL])::place WHEN 1 THEN ROW(NULL, NULL, NULL)::place ELSE NULL END,
        g % 11 = 0,
        timestamptz '2026-10-05 06:00+00' + (g % 900) * interval '17 second' + g * interval '1 microsecond'
 FROM generate_series(1, $1) AS g`
 
 // TestPollCopyLoadMatchesMerge: a first load into an empty mirror and raw
 // table is COPYed, and leaves exactly what the merge leaves: the same
-// mirror rows (every column's value), raw change rows, ledger and report.
+// mirror rows (every column's value, of built-in, enum and composite
+// types), raw change rows, ledger and report.
 // Later runs merge over the COPYed rows as over merged ones: an unchanged
 // row re-read through the lookback writes nothing.
 func TestPollCopyLoadMatchesMerge(t *testing.T) {
 	const rows = 2500
 	hour := 24 * time.Hour
-	copied, merged := newPollEnv(t, typesDDL), newPollEnv(t, typesDDL)
+	copied, merged := newPollEnv(t, typesTypesDDL+";\n"+typesDDL), newPollEnv(t, typesTypesDDL+";\n"+typesDDL)
+	for _, e := range []*pollEnv{copied, merged} {
+		if _, err := e.wh.Exec(e.ctx, typesTypesDDL); err != nil {
+			t.Fatal(err)
+		}
+	}
 	pc := copied.poller("chunk_rows: 1000\nsoft_delete: removed")
 	pm := merged.poller("chunk_rows: 1000\nsoft_delete: removed")
 	ingest.SetMergeOnly(pm)
