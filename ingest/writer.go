@@ -213,21 +213,8 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 }
 
 func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
-	// Partitions begin on a UTC hour, so one event time of each hour
-	// stands for all of that hour's.
-	type sourceHour struct {
-		src  *source
-		hour int64
-	}
-	seen := map[sourceHour]bool{}
 	bySource := map[*source][]time.Time{}
-	for i := range b.rows {
-		r := &b.rows[i]
-		k := sourceHour{r.src, unixHour(r.ev.Time)}
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
+	for _, r := range b.rows {
 		bySource[r.src] = append(bySource[r.src], r.ev.Time)
 	}
 	for src, times := range bySource {
@@ -236,17 +223,6 @@ func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
 		}
 	}
 	return nil
-}
-
-// unixHour is the number of the UTC hour t falls in, counted from the Unix
-// epoch: integer arithmetic, for the per-row loops of a write.
-func unixHour(t time.Time) int64 {
-	u := t.Unix()
-	h := u / 3600
-	if u%3600 < 0 {
-		h--
-	}
-	return h
 }
 
 func sortedParts(b *batch) []topicPartition {
