@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -520,7 +521,7 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 
 // writeRaw writes one raw change row per change with COPY.
 func (a *applier) writeRaw(ctx context.Context, g *group, changes []change) error {
-	w := newCopyRows()
+	w := copytext.New()
 	var (
 		lsn     pglogrepl.LSN
 		lsnText string
@@ -537,27 +538,27 @@ func (a *applier) writeRaw(ctx context.Context, g *group, changes []change) erro
 		if payload == nil {
 			payload = []byte("{}")
 		}
-		w.text(lsnText + "/" + strconv.Itoa(c.seq))
-		w.time(c.commitTime)
-		w.time(g.ingestedAt)
-		w.text(c.op)
-		w.text(c.table.name)
-		w.bytes(payload)
+		w.Text(lsnText + "/" + strconv.Itoa(c.seq))
+		w.Time(c.commitTime)
+		w.Time(g.ingestedAt)
+		w.Text(c.op)
+		w.Text(c.table.name)
+		w.Bytes(payload)
 		r := c.newRow
 		if r == nil {
 			r = c.oldRow
 		}
 		if k, ok := c.table.keyOf(r); ok {
-			w.text(k)
+			w.Text(k)
 		} else {
-			w.null()
+			w.Null()
 		}
-		w.bytes(old)
-		w.text(lsnText)
-		w.end()
+		w.Bytes(old)
+		w.Text(lsnText)
+		w.End()
 	}
-	defer w.release()
-	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, &w.buf, fmt.Sprintf(copyRawSQL, a.raw.Ident())); err != nil {
+	defer w.Release()
+	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, w.Data(), fmt.Sprintf(copyRawSQL, a.raw.Ident())); err != nil {
 		return fmt.Errorf("write %s: %w", a.raw.Ident(), err)
 	}
 	return nil
@@ -680,7 +681,7 @@ type stageRows struct {
 	t       *table
 	name    string // the temp table
 	ddl     string
-	w       *copyRows
+	w       *copytext.Rows
 	absent  bool // some upsert lacks a column
 	renamed bool // some upsert takes columns from an old key
 }
@@ -702,56 +703,56 @@ func newStageRows(t *table) *stageRows {
 		fmt.Fprintf(h, "%s\x00%s\x00", c.name, typ)
 	}
 	name := pgx.Identifier{"pg_temp", fmt.Sprintf("tidemark_cdc_%016x", h.Sum64())}.Sanitize()
-	return &stageRows{t: t, name: name, w: newCopyRows(),
+	return &stageRows{t: t, name: name, w: copytext.New(),
 		ddl: fmt.Sprintf(createStageSQL, name, strings.Join(from, ", "), strings.Join(cols, ", "))}
 }
 
 // upsert stages an upsert.
 func (st *stageRows) upsert(s *state) {
-	st.w.text("upsert")
-	st.w.time(s.at)
+	st.w.Text("upsert")
+	st.w.Time(s.at)
 	var absent []string
 	for _, c := range st.t.columns {
 		if _, ok := s.cols[c.name]; !ok {
 			absent = append(absent, c.name)
 		}
 	}
-	st.w.textArray(absent)
+	st.w.TextArray(absent)
 	st.absent = st.absent || len(absent) > 0
 	for _, k := range st.t.mirror.Key {
 		if s.from == nil || len(absent) == 0 {
-			st.w.null()
+			st.w.Null()
 			continue
 		}
 		st.renamed = true
-		st.w.value(s.from[k])
+		st.w.Value(s.from[k])
 	}
 	for _, c := range st.t.columns {
 		if v, ok := s.cols[c.name]; ok {
-			st.w.value(v)
+			st.w.Value(v)
 		} else {
-			st.w.null()
+			st.w.Null()
 		}
 	}
-	st.w.end()
+	st.w.End()
 }
 
 // delete stages a delete.
 func (st *stageRows) delete(s *state) {
-	st.w.text("delete")
-	st.w.time(s.at)
-	st.w.null()
+	st.w.Text("delete")
+	st.w.Time(s.at)
+	st.w.Null()
 	for range st.t.mirror.Key {
-		st.w.null()
+		st.w.Null()
 	}
 	for _, c := range st.t.columns {
 		if v, ok := s.key[c.name]; ok && slices.Contains(st.t.mirror.Key, c.name) {
-			st.w.value(v)
+			st.w.Value(v)
 		} else {
-			st.w.null()
+			st.w.Null()
 		}
 	}
-	st.w.end()
+	st.w.End()
 }
 
 // applyTable writes a table's staged upserts and deletes to its mirror.
@@ -766,8 +767,8 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 		}
 		g.staged[st.name] = true
 	}
-	defer st.w.release()
-	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, &st.w.buf, fmt.Sprintf(copyStageSQL, st.name)); err != nil {
+	defer st.w.Release()
+	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, st.w.Data(), fmt.Sprintf(copyStageSQL, st.name)); err != nil {
 		return fmt.Errorf("stage of %s: %w", st.t.name, err)
 	}
 	m := st.t.mirror

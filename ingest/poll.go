@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
 	"github.com/tidemark-dev/tidemark/internal/progress"
@@ -581,12 +581,15 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 	}
 
 	var (
-		maxRead   time.Time
-		fresh     int64      // rows newer than the stored watermark
-		cut       *time.Time // set once max_rows_per_run is reached
-		buckets   = ledgerBuckets{}
-		mergeStmt = p.mergeSQL()
+		maxRead    time.Time
+		fresh      int64      // rows newer than the stored watermark
+		cut        *time.Time // set once max_rows_per_run is reached
+		buckets    = ledgerBuckets{}
+		load, stmt = p.mergeChunk, p.mergeSQL()
 	)
+	if copying {
+		load, stmt = p.copyChunk, p.copySQL()
+	}
 	// The next chunk is fetched from the source while the current one is
 	// merged in the warehouse; at most three chunks are in memory.
 	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows), copying)
@@ -621,11 +624,7 @@ func (p *Poller) runOnce(ctx context.Context, run PollRun) (PollReport, error) {
 			rep.Chunks++
 			rep.Read += int64(len(chunk))
 			maxRead = chunk[len(chunk)-1].time
-			load := p.mergeChunk
-			if copying {
-				load = p.copyChunk
-			}
-			if err := load(ctx, tx, mergeStmt, chunk, ingestedAt, &rep, buckets); err != nil {
+			if err := load(ctx, tx, stmt, chunk, ingestedAt, &rep, buckets); err != nil {
 				return rep, err
 			}
 			p.wd.Touch()
@@ -950,36 +949,41 @@ func (p *Poller) ensurePartitions(ctx context.Context, chunk []pollRow) error {
 	return p.raw.EnsurePartitions(ctx, ddl, missing)
 }
 
-// copyChunk loads one chunk into a mirror and raw table that were empty
-// when the run began, so every row is new: the rows are COPYed into both
-// instead of merged, which makes a first load about as fast as COPYing the
-// same rows. The mirror's values are the source columns' text, read under
-// the same session settings (mirror.SessionParams) on both sides; the
-// change rows are those the merge would write. A row already there (not
-// possible while this poller is the tables' only writer and the source key
-// is unique) fails the run with errCopyConflict, and it is repeated with
-// the merge.
-func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, _ string, chunk []pollRow, ingestedAt time.Time, rep *PollReport, buckets ledgerBuckets) error {
-	if err := p.ensurePartitions(ctx, chunk); err != nil {
-		return err
-	}
+// copySQL is the COPY into the mirror of copyChunk: the source's columns,
+// then the mirror's loaded-at and deleted-at columns.
+func (p *Poller) copySQL() string {
 	cols := make([]string, 0, len(p.table.Columns)+2)
 	for _, c := range p.table.Columns {
 		cols = append(cols, c.Name)
 	}
 	cols = append(cols, p.table.LoadedColumn, p.table.DeletedColumn)
-	var buf bytes.Buffer
-	loaded := ingestedAt.UTC().Format("2006-01-02 15:04:05.999999+00")
+	return "COPY " + p.table.Target.Sanitize() + " (" + mirror.QuoteAll(cols) + ") FROM STDIN"
+}
+
+// copyChunk loads one chunk into a mirror and raw table that were empty
+// when the run began, so every row is new: the rows are COPYed into both
+// (the mirror with stmt, copySQL) instead of merged, which makes a first
+// load about as fast as COPYing the same rows. The mirror's values are the
+// source columns' text, read under the same session settings
+// (mirror.SessionParams) on both sides; the change rows are those the
+// merge would write. A row already there (not possible while this poller
+// is the tables' only writer and the source key is unique) fails the run
+// with errCopyConflict, and it is repeated with the merge.
+func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *PollReport, buckets ledgerBuckets) error {
+	if err := p.ensurePartitions(ctx, chunk); err != nil {
+		return err
+	}
+	w := copytext.New()
+	defer w.Release()
 	for i := range chunk {
 		for _, v := range chunk[i].cols {
-			copyText(&buf, v)
-			buf.WriteByte('\t')
+			w.Value(v)
 		}
-		buf.WriteString(loaded)
-		buf.WriteString("\t\\N\n")
+		w.Time(ingestedAt)
+		w.Null()
+		w.End()
 	}
-	copyMirror := "COPY " + p.table.Target.Sanitize() + " (" + mirror.QuoteAll(cols) + ") FROM STDIN"
-	if _, err := tx.Conn().PgConn().CopyFrom(ctx, &buf, copyMirror); err != nil {
+	if _, err := tx.Conn().PgConn().CopyFrom(ctx, w.Data(), stmt); err != nil {
 		return p.copyError(err, p.table.Target.Sanitize())
 	}
 	source := p.table.Source.Sanitize()
@@ -1008,30 +1012,6 @@ func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, _ string, chunk []pol
 }
 
 var copyChangeColumns = []string{"event_id", "event_time", "ingested_at", "op", "source_table", "payload", "row_key"}
-
-// copyText writes v in COPY's text format: \N for NULL, and backslash,
-// tab, newline and carriage return escaped.
-func copyText(buf *bytes.Buffer, v *string) {
-	if v == nil {
-		buf.WriteString("\\N")
-		return
-	}
-	s := *v
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '\\':
-			buf.WriteString("\\\\")
-		case '\t':
-			buf.WriteString("\\t")
-		case '\n':
-			buf.WriteString("\\n")
-		case '\r':
-			buf.WriteString("\\r")
-		default:
-			buf.WriteByte(c)
-		}
-	}
-}
 
 // copyError explains a failed COPY of a chunk: a unique violation becomes
 // errCopyConflict (and later runs merge), a missing raw partition is

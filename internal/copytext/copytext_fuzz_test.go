@@ -1,4 +1,4 @@
-package cdc
+package copytext
 
 import (
 	"context"
@@ -31,13 +31,13 @@ var (
 	copyFuzzTo   = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).Unix()
 )
 
-// FuzzCopyRows writes one row with copyRows and COPY into a table of a
+// FuzzCopyRows writes one row with Rows and COPY into a table of a
 // real PostgreSQL, on one connection, and reads it back. The row holds a
 // text field, a value (NULL or text), a field from bytes (NULL for nil), a
 // timestamptz and a text[] of names (split at "|"). Property: when every
 // text is valid UTF-8 without NUL bytes, PostgreSQL stores exactly the
 // values written (NULL as NULL, the time to the microsecond, truncated);
-// otherwise, as pgoutput never sends such text, the COPY fails with
+// otherwise, as PostgreSQL never prints such text, the COPY fails with
 // SQLSTATE 22021 and the connection stays usable. Tabs, newlines, carriage
 // returns, backslashes, \N and \. lines arrive as they were written.
 //
@@ -73,19 +73,19 @@ func FuzzCopyRows(f *testing.F) {
 		if names != "" {
 			list = strings.Split(names, "|")
 		}
-		w := newCopyRows()
-		defer w.release()
-		w.text(a)
+		w := New()
+		defer w.Release()
+		w.Text(a)
 		bs := string(b)
 		if null {
-			w.value(nil)
+			w.Value(nil)
 		} else {
-			w.value(&bs)
+			w.Value(&bs)
 		}
-		w.bytes(b)
-		w.time(at)
-		w.textArray(list)
-		w.end()
+		w.Bytes(b)
+		w.Time(at)
+		w.TextArray(list)
+		w.End()
 
 		valid := validText(a) && validText(bs)
 		for _, n := range list {
@@ -96,11 +96,11 @@ func FuzzCopyRows(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		_, err = tx.Conn().PgConn().CopyFrom(ctx, &w.buf, "COPY pg_temp.fuzz_copy FROM STDIN")
+		_, err = tx.Conn().PgConn().CopyFrom(ctx, w.Data(), "COPY pg_temp.fuzz_copy FROM STDIN")
 		if !valid {
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) || pgErr.Code != invalidText {
-				t.Fatalf("COPY of invalid text %q: got %v, want SQLSTATE %s", w.buf.String(), err, invalidText)
+				t.Fatalf("COPY of invalid text %q: got %v, want SQLSTATE %s", w.Data().String(), err, invalidText)
 			}
 			_ = tx.Rollback(ctx)
 			var one int
@@ -110,7 +110,7 @@ func FuzzCopyRows(f *testing.F) {
 			return
 		}
 		if err != nil {
-			t.Fatalf("COPY %q: %v", w.buf.String(), err)
+			t.Fatalf("COPY %q: %v", w.Data().String(), err)
 		}
 		var (
 			ga     string
@@ -119,29 +119,29 @@ func FuzzCopyRows(f *testing.F) {
 			ge     []string
 		)
 		if err := tx.QueryRow(ctx, "SELECT a, b, c, d, e FROM pg_temp.fuzz_copy").Scan(&ga, &gb, &gc, &gd, &ge); err != nil {
-			t.Fatalf("read back %q: %v", w.buf.String(), err)
+			t.Fatalf("read back %q: %v", w.Data().String(), err)
 		}
 		check := func(what string, got *string, want string, isNull bool) {
 			t.Helper()
 			switch {
 			case isNull && got != nil:
-				t.Fatalf("%s: got %q, want NULL (COPY data %q)", what, *got, w.buf.String())
+				t.Fatalf("%s: got %q, want NULL (COPY data %q)", what, *got, w.Data().String())
 			case !isNull && (got == nil || *got != want):
-				t.Fatalf("%s: got %v, want %q (COPY data %q)", what, show(row{what: got}), want, w.buf.String())
+				t.Fatalf("%s: got %v, want %q (COPY data %q)", what, got, want, w.Data().String())
 			}
 		}
 		check("text", &ga, a, false)
 		check("value", gb, bs, null)
 		check("bytes", gc, bs, b == nil)
 		if want := at.Truncate(time.Microsecond); !gd.Equal(want) {
-			t.Fatalf("time: got %s, want %s (COPY data %q)", gd.Format(time.RFC3339Nano), want.Format(time.RFC3339Nano), w.buf.String())
+			t.Fatalf("time: got %s, want %s (COPY data %q)", gd.Format(time.RFC3339Nano), want.Format(time.RFC3339Nano), w.Data().String())
 		}
 		if len(ge) != len(list) || (list != nil) != (ge != nil) {
-			t.Fatalf("text[]: got %q, want %q (COPY data %q)", ge, list, w.buf.String())
+			t.Fatalf("text[]: got %q, want %q (COPY data %q)", ge, list, w.Data().String())
 		}
 		for i := range list {
 			if ge[i] != list[i] {
-				t.Fatalf("text[]: got %q, want %q (COPY data %q)", ge, list, w.buf.String())
+				t.Fatalf("text[]: got %q, want %q (COPY data %q)", ge, list, w.Data().String())
 			}
 		}
 	})

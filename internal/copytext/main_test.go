@@ -1,0 +1,9 @@
+package copytext
+
+import (
+	"testing"
+
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
