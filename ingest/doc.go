@@ -14,9 +14,9 @@
 // Records are gathered into batches flushed by size, bytes or age. A batch
 // is written in ONE warehouse transaction that holds its raw rows (events
 // already stored and repeats within the batch are dropped and counted as
-// duplicates by (event_id, event_time); the rest is written with COPY; the
-// stored ones are found by a primary-key probe of the raw partitions the
-// batch touches, made only once a COPY has failed on one), one
+// duplicates by (event_id, event_time); the rest is written with COPY;
+// repeats are looked for, and stored events probed for in the raw
+// partitions the batch touches, only once a COPY has failed on one), one
 // ingest-ledger row per source and UTC hour of event time that the new rows
 // touch, the dead letters, and for each Kafka partition the next offset,
 // its leader epoch, the largest event time seen and running totals. Every row carries the transaction id (xid8) that wrote it, so the

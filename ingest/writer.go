@@ -108,10 +108,14 @@ type writer struct {
 	// probe, and a source that resends events pays one failed COPY per
 	// probeAfterDuplicate batches.
 	probeLeft int
+	// dedupeLeft is the same for events a batch holds twice: how many more
+	// batches drop their repeats before the COPY, after a COPY failed on
+	// one.
+	dedupeLeft int
 }
 
-// probeAfterDuplicate is how many batches probe for stored events after a
-// COPY failed on one.
+// probeAfterDuplicate is how many batches probe for stored events, or drop
+// repeats within the batch, after a COPY failed on one.
 const probeAfterDuplicate = 100
 
 // errBadRow means the warehouse rejected the content of some row; the batch
@@ -173,10 +177,15 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	}
 
 	probe := checkRows || w.probeLeft > 0
-	if probe && !checkRows {
+	dedupe := probe || w.dedupeLeft > 0
+	switch {
+	case checkRows:
+	case w.probeLeft > 0:
 		w.probeLeft--
+	case w.dedupeLeft > 0:
+		w.dedupeLeft--
 	}
-	fresh, err := w.newRows(ctx, tx, b, probe)
+	fresh, err := w.newRows(ctx, tx, b, dedupe, probe)
 	if err != nil {
 		return res, err
 	}
@@ -187,7 +196,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		}
 	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
 		if !probe && errors.Is(err, errRetryNow) && isUniqueViolation(err) {
-			w.probeLeft = probeAfterDuplicate
+			if !dedupe && hasRepeats(b) {
+				w.dedupeLeft = probeAfterDuplicate
+			} else {
+				w.probeLeft = probeAfterDuplicate
+			}
 			err = fmt.Errorf("%w: %w", errStoredBefore, err)
 		}
 		return res, err
@@ -280,14 +293,20 @@ type eventKey struct {
 	us int64 // event time in unix microseconds
 }
 
-// newRows returns the batch's rows that are not yet stored: the first of
-// each (event_id, event_time) within the batch, minus, when probe is set,
-// those a raw partition already holds. An event stored before and not
-// probed for, or stored by another ingester before this transaction
-// commits, fails the COPY on the primary key and the batch is retried.
-func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, probe bool) ([]*row, error) {
-	seen := make(map[eventKey]bool, len(b.rows))
+// newRows returns the batch's rows to COPY: every row, or with dedupe the
+// first of each (event_id, event_time) within the batch, and with probe
+// (which implies dedupe) minus those a raw partition already holds. Rows
+// neither step removed fail the COPY on the primary key, and the batch is
+// retried with the step it lacked.
+func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, dedupe, probe bool) ([]*row, error) {
 	fresh := make([]*row, 0, len(b.rows))
+	if !dedupe && !probe {
+		for i := range b.rows {
+			fresh = append(fresh, &b.rows[i])
+		}
+		return fresh, nil
+	}
+	seen := make(map[eventKey]bool, len(b.rows))
 	type part struct {
 		src   *source
 		start time.Time
@@ -351,6 +370,20 @@ func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, probe bool) (
 		}
 	}
 	return kept, nil
+}
+
+// hasRepeats reports whether the batch holds an (event_id, event_time)
+// more than once.
+func hasRepeats(b *batch) bool {
+	seen := make(map[eventKey]bool, len(b.rows))
+	for i := range b.rows {
+		k := eventKey{b.rows[i].ev.ID, b.rows[i].ev.Time.UnixMicro()}
+		if seen[k] {
+			return true
+		}
+		seen[k] = true
+	}
+	return false
 }
 
 // copyRows writes the new rows into their raw tables with COPY.

@@ -407,3 +407,72 @@ func TestUnixHour(t *testing.T) {
 		}
 	}
 }
+
+// TestWriterDropsRepeatsAfterOne: a batch is copied without looking for
+// events it holds twice until a COPY fails on one; that write is retried at
+// once, dropping the repeat (counted as a duplicate), and the next
+// probeAfterDuplicate batches drop repeats without probing. A batch with
+// both a repeat and a stored event takes one more retry, which probes.
+func TestWriterDropsRepeatsAfterOne(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	stored := map[topicPartition]position{}
+	write := func(b *batch) (writeResult, error) {
+		t.Helper()
+		res, err := h.w.write(ctx, b, stored, now, false)
+		if err == nil && res.committed {
+			for tp, pb := range b.parts {
+				stored[tp] = pb.next
+			}
+		}
+		return res, err
+	}
+	left := func(step string, dedupe, probe int) {
+		t.Helper()
+		if h.w.dedupeLeft != dedupe || h.w.probeLeft != probe {
+			t.Fatalf("%s: dedupeLeft=%d probeLeft=%d, want %d and %d", step, h.w.dedupeLeft, h.w.probeLeft, dedupe, probe)
+		}
+	}
+
+	b := h.batchOf(0, "a", "b", "a")
+	if _, err := write(b); !errors.Is(err, errStoredBefore) {
+		t.Fatalf("batch holding an event twice = %v, want errStoredBefore", err)
+	}
+	left("after the failed COPY", probeAfterDuplicate, 0)
+	if n := h.count(t, "SELECT count(*) FROM raw.app_events"); n != 0 {
+		t.Fatalf("raw rows %d after the failed attempt, want 0", n)
+	}
+	if res, err := write(b); err != nil || !res.committed || res.inserted[tp0] != 2 {
+		t.Fatalf("retry: %v %+v", err, res)
+	}
+	left("after the retry", probeAfterDuplicate-1, 0)
+	// While dropping repeats, a repeat costs no failed COPY.
+	if res, err := write(h.batchOf(3, "c", "c")); err != nil || res.inserted[tp0] != 1 {
+		t.Fatalf("batch while dropping repeats: %v %+v", err, res)
+	}
+	left("after a batch dropping repeats", probeAfterDuplicate-2, 0)
+
+	// Without dropping repeats: a repeat and a stored event ("b").
+	h.w.dedupeLeft = 0
+	b = h.batchOf(5, "d", "d", "b")
+	if _, err := write(b); !errors.Is(err, errStoredBefore) {
+		t.Fatalf("first attempt = %v, want errStoredBefore", err)
+	}
+	left("after the first failed COPY", probeAfterDuplicate, 0)
+	if _, err := write(b); !errors.Is(err, errStoredBefore) {
+		t.Fatalf("second attempt = %v, want errStoredBefore", err)
+	}
+	left("after the second failed COPY", probeAfterDuplicate-1, probeAfterDuplicate)
+	if res, err := write(b); err != nil || res.inserted[tp0] != 1 {
+		t.Fatalf("third attempt: %v %+v", err, res)
+	}
+	left("after the probing attempt", probeAfterDuplicate-1, probeAfterDuplicate-1)
+
+	if got := h.strings(t, "SELECT event_id FROM raw.app_events ORDER BY 1"); strings.Join(got, ",") != "a,b,c,d" {
+		t.Errorf("raw events %v, want a..d", got)
+	}
+	if n := h.count(t, "SELECT duplicates FROM tidemark.kafka_offsets"); n != 4 {
+		t.Errorf("duplicates %d, want 4", n)
+	}
+}
