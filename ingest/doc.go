@@ -36,12 +36,12 @@
 //
 // On revocation the batch in flight is written before the partitions are
 // released; on shutdown the ingester writes its batch, commits, and leaves
-// the group. While a batch is written, what the client has already fetched
-// (up to one more batch) is decoded ahead. While the warehouse is slow or
-// down the ingester stops polling, so the client's fetch buffers (one of at
-// most kafka.fetch_max_bytes per broker), the records decoded ahead (at most
-// what those buffers held) and one batch (ingest.batch_max_bytes) bound its
-// memory, and it retries with backoff.
+// the group. While a batch is written, the next one is polled and decoded
+// ahead, up to ingest.batch_max_rows records or ingest.batch_max_bytes.
+// While the warehouse is slow or down the ingester stops polling once that
+// batch is decoded, so the client's fetch buffers (one of at most
+// kafka.fetch_max_bytes per broker) and two batches bound its memory, and
+// it retries with backoff.
 //
 // # Poll sources
 //

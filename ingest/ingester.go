@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,7 @@ type Options struct {
 	ShutdownGrace time.Duration
 
 	kafkaLogEvery time.Duration // rate limit of Kafka client errors; default kafkaLogEvery
+	afterSeek     func()        // called after fencing moved the consumer (tests)
 }
 
 // source is one configured source as the ingester uses it.
@@ -68,7 +70,11 @@ type Ingester struct {
 	hwm    map[topicPartition]int64
 	// reseeked collects the partitions writes moved to another member's
 	// stored position (fencing); flushDecodingAhead clears it.
-	reseeked  map[topicPartition]bool
+	reseeked map[topicPartition]bool
+	// stopAhead, set while flushDecodingAhead writes, ends the polling
+	// ahead and waits for it: a seek must not come between its polls.
+	stopAhead func()
+	afterSeek func()
 	w         *writer
 	checkRows bool // the last attempt hit a bad row: check each row
 	failures  int  // consecutive failed attempts, for backoff and readiness
@@ -81,15 +87,16 @@ type Ingester struct {
 // to anything until Run.
 func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	in := &Ingester{
-		cfg:      cfg,
-		log:      opts.Logger,
-		now:      opts.Now,
-		grace:    opts.ShutdownGrace,
-		byTopic:  map[string]*source{},
-		b:        newBatch(),
-		stored:   map[topicPartition]position{},
-		hwm:      map[topicPartition]int64{},
-		reseeked: map[topicPartition]bool{},
+		cfg:       cfg,
+		log:       opts.Logger,
+		now:       opts.Now,
+		grace:     opts.ShutdownGrace,
+		byTopic:   map[string]*source{},
+		b:         newBatch(),
+		stored:    map[topicPartition]position{},
+		hwm:       map[topicPartition]int64{},
+		reseeked:  map[topicPartition]bool{},
+		afterSeek: opts.afterSeek,
 	}
 	if in.log == nil {
 		in.log = slog.New(slog.DiscardHandler)
@@ -375,12 +382,18 @@ func (in *Ingester) batchDeadline() (time.Time, bool) {
 }
 
 // flushDecodingAhead writes the batch in flight while another goroutine
-// decodes what the client has already fetched, up to one more batch, so
-// that decoding overlaps the warehouse's work; the decoded records then
-// start the next batch (or join this one if its write failed). The
-// rebalance the poll blocks is allowed again once they are in the batch,
-// as after any poll. A batch that already holds more than one batch's
-// worth of records (after a failed write) is written alone.
+// polls and decodes up to one more batch, so that fetching and decoding
+// overlap the warehouse's work; the decoded records then start the next
+// batch (or join this one if its write failed). The rebalance the polls
+// block is allowed again once they are in the batch, as after any poll. A
+// batch that already holds more than one batch's worth of records (after a
+// failed write) is written alone.
+//
+// The first poll takes only what the client has buffered and is made
+// before mu is taken: a poll may wait for a pending rebalance, whose
+// callbacks need mu. Only when it returned fetches does the goroutine poll
+// on while the write holds mu, since a poll made while an earlier one's
+// fetches are held back from the rebalance never waits for it.
 func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
 	if in.batchLen() > maxRows {
 		err := in.flush(ctx)
@@ -389,15 +402,49 @@ func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
 	}
 	// A nil context takes only what is buffered, without waiting.
 	fetches := in.cl.PollRecords(nil, maxRows) //lint:ignore SA1012 nil means do not wait
+	writing, written := context.WithCancel(ctx)
+	defer written()
 	decoded := make(chan []decodedPart, 1)
-	go func() { decoded <- in.decode(fetches) }()
+	go func() { decoded <- in.decodeAhead(writing, fetches, maxRows) }()
+	var parts []decodedPart
 	in.mu.Lock()
+	in.stopAhead = func() {
+		if decoded != nil {
+			written()
+			parts, decoded = <-decoded, nil
+		}
+	}
 	clear(in.reseeked)
 	err := in.flushLocked(ctx)
-	in.addLocked(<-decoded, in.reseeked)
+	in.stopAhead()
+	in.stopAhead = nil
+	in.addLocked(parts, in.reseeked)
 	in.mu.Unlock()
 	in.cl.AllowRebalance()
 	return err
+}
+
+// decodeAhead decodes fetches and, if there were any, goes on polling and
+// decoding until it holds a batch's worth of records (ingest.batch_max_rows
+// or ingest.batch_max_bytes) or ctx ends with the write. It reads nothing
+// that mu guards.
+func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRows int) []decodedPart {
+	parts := in.decode(fetches)
+	if len(fetches) == 0 {
+		return parts
+	}
+	rows, bytes := 0, 0
+	for {
+		fetches.EachRecord(func(r *kgo.Record) {
+			rows++
+			bytes += recordBytes(r)
+		})
+		if rows >= maxRows || int64(bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) || ctx.Err() != nil {
+			return parts
+		}
+		fetches = in.cl.PollRecords(ctx, maxRows-rows)
+		parts = append(parts, in.decode(fetches)...)
+	}
 }
 
 // decodedPart is one partition's polled records, decoded.
@@ -451,6 +498,11 @@ func (in *Ingester) decode(fetches kgo.Fetches) []decodedPart {
 // another member's stored position after the records were fetched (they
 // are read again from there).
 func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool) {
+	now, n := time.Now(), 0
+	for _, d := range parts {
+		n += len(d.recs)
+	}
+	in.b.rows = slices.Grow(in.b.rows, n)
 	for _, d := range parts {
 		in.hwm[d.tp] = d.hwm
 		if d.src == nil || stale[d.tp] {
@@ -465,7 +517,7 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 			if owned && r.Offset < floor.Offset {
 				continue // already stored; never write a record twice
 			}
-			in.b.add(d.src, r, d.evs[i], d.rejs[i], time.Now())
+			in.b.add(d.src, r, d.evs[i], d.rejs[i], now)
 			added++
 		}
 		in.m.consumed.WithLabelValues(d.src.name).Add(float64(added))
@@ -586,6 +638,11 @@ func (in *Ingester) applyConflictsLocked(conflicts map[topicPartition]position) 
 	if len(conflicts) == 0 {
 		return
 	}
+	// The records polled ahead must all come from before the seek: they
+	// are dropped with the stale ones and read again from the new position.
+	if in.stopAhead != nil {
+		in.stopAhead()
+	}
 	reseek := map[string]map[int32]kgo.EpochOffset{}
 	for tp, pos := range conflicts {
 		in.m.conflicts.Inc()
@@ -602,6 +659,9 @@ func (in *Ingester) applyConflictsLocked(conflicts map[topicPartition]position) 
 	}
 	if len(reseek) > 0 {
 		in.cl.SetOffsets(reseek)
+		if in.afterSeek != nil {
+			in.afterSeek()
+		}
 	}
 }
 
