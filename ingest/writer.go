@@ -205,9 +205,6 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		}
 		return res, err
 	}
-	if err := w.insertLedger(ctx, tx, fresh, ingestedAt); err != nil {
-		return res, err
-	}
 	inserted := map[topicPartition]int{}
 	for _, r := range fresh {
 		inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
@@ -215,7 +212,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err := w.copyDeadLetters(ctx, tx, append(append([]deadLetter(nil), b.dead...), rejected...), ingestedAt); err != nil {
 		return res, err
 	}
-	if err := w.updateOffsets(ctx, tx, b, ingestedAt, inserted, rejected); err != nil {
+	if err := w.storeLedgerAndOffsets(ctx, tx, b, fresh, ingestedAt, inserted, rejected); err != nil {
 		return res, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -225,9 +222,24 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	return res, nil
 }
 
+// ensurePartitions creates the raw partitions the batch's rows need.
+// Partitions begin on a UTC hour, so one row of each source and hour
+// stands for the others.
 func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
+	type sourceHour struct {
+		src  *source
+		hour int64
+	}
+	seen := map[sourceHour]bool{}
 	bySource := map[*source][]time.Time{}
-	for _, r := range b.rows {
+	var last sourceHour
+	for i := range b.rows {
+		r := &b.rows[i]
+		k := sourceHour{r.src, unixHour(r.ev.Time)}
+		if k == last || seen[k] {
+			continue
+		}
+		seen[k], last = true, k
 		bySource[r.src] = append(bySource[r.src], r.ev.Time)
 	}
 	for src, times := range bySource {
@@ -392,10 +404,14 @@ func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingested
 	for _, r := range fresh {
 		bySource[r.src] = append(bySource[r.src], r)
 	}
+	// pgx encodes each row's values before it asks for the next row, so
+	// one slice serves every row.
+	vals, at := make([]any, len(rawColumns)), any(ingestedAt)
 	for src, rows := range bySource {
 		_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", src.name}, rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
 			r := rows[i]
-			return []any{r.ev.ID, r.ev.Time, ingestedAt, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset}, nil
+			vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6] = r.ev.ID, r.ev.Time, at, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset
+			return vals, nil
 		}))
 		if err != nil {
 			return classifyRowError(fmt.Errorf("copy into %s: %w", src.raw.Ident(), err), src)
@@ -486,9 +502,33 @@ func isBadRow(e *pgconn.PgError) bool {
 	return false
 }
 
-// insertLedger writes one ledger row per source and UTC hour of event time
-// among the new rows.
-func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) error {
+// storeLedgerAndOffsets writes the ledger rows and the partitions' new
+// positions, in one round trip.
+func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch, fresh []*row, ingestedAt time.Time,
+	inserted map[topicPartition]int, rejected []deadLetter) error {
+	qb := &pgx.Batch{}
+	ledger := queueLedger(qb, fresh, ingestedAt)
+	parts := w.queueOffsets(qb, b, ingestedAt, inserted, rejected)
+	br := tx.SendBatch(ctx, qb)
+	defer br.Close()
+	if ledger {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("write ledger: %w", err)
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return fmt.Errorf("store offsets: %w", err)
+	}
+	if tag.RowsAffected() != int64(parts) {
+		return fmt.Errorf("store offsets: %d of %d partitions' rows found; were rows of tidemark.kafka_offsets deleted while ingesting?", tag.RowsAffected(), parts)
+	}
+	return br.Close()
+}
+
+// queueLedger queues the ledger rows of the new rows, one per source and
+// UTC hour of event time, and reports whether there were any.
+func queueLedger(qb *pgx.Batch, fresh []*row, ingestedAt time.Time) bool {
 	type bucketKey struct {
 		source string
 		hour   int64 // unixHour
@@ -514,7 +554,7 @@ func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, inge
 		}
 	}
 	if len(buckets) == 0 {
-		return nil
+		return false
 	}
 	var (
 		sources []string
@@ -527,10 +567,8 @@ func (w *writer) insertLedger(ctx context.Context, tx pgx.Tx, fresh []*row, inge
 		sources, hours, counts = append(sources, k.source), append(hours, time.Unix(k.hour*3600, 0).UTC()), append(counts, bk.rows)
 		mins, maxs = append(mins, bk.min), append(maxs, bk.max)
 	}
-	if _, err := tx.Exec(ctx, InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxs); err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	return nil
+	qb.Queue(InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxs)
+	return true
 }
 
 func (w *writer) copyDeadLetters(ctx context.Context, tx pgx.Tx, dead []deadLetter, ingestedAt time.Time) error {
@@ -557,7 +595,9 @@ func (w *writer) copyDeadLetters(ctx context.Context, tx pgx.Tx, dead []deadLett
 	return nil
 }
 
-func (w *writer) updateOffsets(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time, inserted map[topicPartition]int, rejected []deadLetter) error {
+// queueOffsets queues the update of the batch's partitions' rows: next
+// positions and running totals. It returns how many rows that must find.
+func (w *writer) queueOffsets(qb *pgx.Batch, b *batch, ingestedAt time.Time, inserted map[topicPartition]int, rejected []deadLetter) int {
 	refused := map[topicPartition]int{}
 	for _, d := range rejected {
 		refused[topicPartition{d.rec.Topic, d.rec.Partition}]++
@@ -587,15 +627,9 @@ func (w *writer) updateOffsets(ctx context.Context, tx pgx.Tx, b *batch, ingeste
 		records[i], written[i] = int64(pb.records), int64(inserted[tp])
 		dups[i], dead[i] = int64(good-inserted[tp]), int64(pb.dead+refused[tp])
 	}
-	tag, err := tx.Exec(ctx, updateOffsetsSQL, w.group, ingestedAt, topics, parts, sources, next, epochs, maxTimes,
+	qb.Queue(updateOffsetsSQL, w.group, ingestedAt, topics, parts, sources, next, epochs, maxTimes,
 		records, written, dups, dead)
-	if err != nil {
-		return fmt.Errorf("store offsets: %w", err)
-	}
-	if tag.RowsAffected() != int64(n) {
-		return fmt.Errorf("store offsets: %d of %d partitions' rows found; were rows of tidemark.kafka_offsets deleted while ingesting?", tag.RowsAffected(), n)
-	}
-	return nil
+	return n
 }
 
 // cleanText makes s storable as PostgreSQL text.
