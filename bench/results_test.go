@@ -206,10 +206,15 @@ func machineCPU() (busy, total uint64) {
 
 // treeCPU returns the clock ticks used by pid and its descendants,
 // including the children they have reaped.
-func treeCPU(root int) uint64 {
+func treeCPU(root int) uint64 { return treesCPU(root)[0] }
+
+// treesCPU is treeCPU for several roots, from one reading of /proc so that
+// the sums are of the same moment. A root that is not running sums to 0.
+func treesCPU(roots ...int) []uint64 {
+	sums := make([]uint64, len(roots))
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0
+		return sums
 	}
 	children := map[int][]int{}
 	ticks := map[int]uint64{}
@@ -239,13 +244,14 @@ func treeCPU(root int) uint64 {
 			ticks[pid] += v
 		}
 	}
-	var sum uint64
-	stack := []int{root}
-	for len(stack) > 0 {
-		p := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		sum += ticks[p]
-		stack = append(stack, children[p]...)
+	for i, root := range roots {
+		stack := []int{root}
+		for len(stack) > 0 {
+			p := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			sums[i] += ticks[p]
+			stack = append(stack, children[p]...)
+		}
 	}
-	return sum
+	return sums
 }

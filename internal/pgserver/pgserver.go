@@ -370,6 +370,14 @@ func (s *Server) SocketURL(db string) string {
 	return fmt.Sprintf("postgres://postgres@/%s?host=%s&port=%d&sslmode=disable", db, s.root, s.Port)
 }
 
+// Pid returns the process id of the running postmaster, or 0.
+func (s *Server) Pid() int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Stop shuts the server down (fast mode) and removes its directory.
 func (s *Server) Stop() error {
 	err := s.shutdown(syscall.SIGINT, 30*time.Second)
