@@ -74,7 +74,7 @@ type Ingester struct {
 	// stopAhead, set while flushDecodingAhead writes, ends the polling
 	// ahead and waits for it: a seek must not come between its polls.
 	stopAhead func()
-	afterSeek func()
+	afterSeek func() // Options.afterSeek
 	w         *writer
 	checkRows bool // the last attempt hit a bad row: check each row
 	failures  int  // consecutive failed attempts, for backoff and readiness
