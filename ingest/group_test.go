@@ -112,8 +112,33 @@ func TestFaults(t *testing.T) {
 // from the stored position, once, with no record counted twice.
 func TestFencedWhileDecodingAhead(t *testing.T) {
 	const n = 5000 // the harness's batch_max_rows
+	runFenced(t, 3*n, 3*n/2, ingest.Options{}, 0)
+}
+
+// TestFencedWhilePollingAhead: as TestFencedWhileDecodingAhead, but the
+// records beyond the waiting batch are fewer than a batch, so the ingester
+// is still polling ahead when the batch is fenced. Polling ahead must stop
+// before the consumer is moved: a poll after the move would return records
+// from the new position, and they would be dropped with the stale ones and
+// never read again. The consumer waits after the move (a test hook), which
+// gives such a poll the time to happen.
+func TestFencedWhilePollingAhead(t *testing.T) {
+	const n = 5000 // the harness's batch_max_rows
+	var opts ingest.Options
+	ingest.SetAfterSeek(&opts, func() { time.Sleep(500 * time.Millisecond) })
+	// 200 ms: the extra records are polled and the next poll waits.
+	runFenced(t, n+1000, n+500, opts, 200*time.Millisecond)
+}
+
+// runFenced produces records events on one partition and starts an
+// ingester whose first batch waits for the partition's offsets row, which
+// the test holds locked. settle after the write starts waiting, another
+// member stores position fenced and the lock is released. Exactly the
+// events from fenced on must then be stored, each record counted once.
+func runFenced(t *testing.T, records, fenced int, opts ingest.Options, settle time.Duration) {
+	t.Helper()
 	b := setup(t, 1)
-	w := ingesttest.Make(b.topic, 3*n, 1, 9, 0, 0, testNow)
+	w := ingesttest.Make(b.topic, records, 1, 9, 0, 0, testNow)
 	p := &produced{end: map[int32]int64{}}
 	b.produce(t, p, w.Records)
 	ctx := context.Background()
@@ -132,79 +157,6 @@ func TestFencedWhileDecodingAhead(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM tidemark.kafka_offsets WHERE consumer_group = $1 FOR UPDATE`, group); err != nil {
 		t.Fatal(err)
 	}
-	r := b.start(t)
-	deadline := time.Now().Add(time.Minute)
-	for ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_stat_activity
-		WHERE application_name = 'tidemark-ingest' AND wait_event_type = 'Lock'`) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the ingester's write never waited for the offsets row")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	// Another member stores 1.5n: the waiting batch (0..n-1) is stale.
-	const fenced = 3 * n / 2
-	if _, err := tx.Exec(ctx, `UPDATE tidemark.kafka_offsets SET next_offset = $2 WHERE consumer_group = $1`, group, fenced); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b.waitStored(t, p.end, time.Minute)
-	r.stop(t)
-
-	want := map[string]bool{}
-	for _, rec := range w.Records[fenced:] {
-		var ev struct {
-			ID string `json:"event_id"`
-		}
-		if err := json.Unmarshal(rec.Value, &ev); err != nil {
-			t.Fatal(err)
-		}
-		want[ev.ID] = true
-	}
-	ingesttest.AssertRaw(t, b.pool, "app_events", want)
-	ingesttest.AssertLedger(t, b.pool, "app_events")
-	if got := counterSum(t, r, "tidemark_ingest_offset_conflicts_total"); got < 1 {
-		t.Errorf("fencing conflicts %v: the batch was not fenced", got)
-	}
-	if got := ingesttest.Scalar(t, b.pool, `SELECT records FROM tidemark.kafka_offsets`); got != 3*n-fenced {
-		t.Errorf("records counted %d, want %d (every record after the fenced position once)", got, 3*n-fenced)
-	}
-	if got := counterSum(t, r, "tidemark_ingest_duplicates_total"); got != 0 {
-		t.Errorf("duplicates %v, want none", got)
-	}
-}
-
-// TestFencedWhilePollingAhead: as TestFencedWhileDecodingAhead, but the
-// records beyond the waiting batch are fewer than a batch, so the ingester
-// is still polling ahead when the batch is fenced. Polling ahead must stop
-// before the consumer is moved: a poll after the move would return records
-// from the new position, and they would be dropped with the stale ones and
-// never read again. The consumer waits after the move (a test hook), which
-// gives such a poll the time to happen.
-func TestFencedWhilePollingAhead(t *testing.T) {
-	const n = 5000 // the harness's batch_max_rows
-	const extra, fenced = 1000, n + 500
-	b := setup(t, 1)
-	w := ingesttest.Make(b.topic, n+extra, 1, 9, 0, 0, testNow)
-	p := &produced{end: map[int32]int64{}}
-	b.produce(t, p, w.Records)
-	ctx := context.Background()
-
-	if _, err := b.pool.Exec(ctx, `INSERT INTO tidemark.kafka_offsets (consumer_group, topic, partition, source, next_offset)
-		VALUES ($1, $2, 0, 'app_events', -1)`, group, b.topic); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }() // a no-op once committed
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM tidemark.kafka_offsets WHERE consumer_group = $1 FOR UPDATE`, group); err != nil {
-		t.Fatal(err)
-	}
-	var opts ingest.Options
-	ingest.SetAfterSeek(&opts, func() { time.Sleep(500 * time.Millisecond) })
 	r := b.startWith(t, opts)
 	deadline := time.Now().Add(time.Minute)
 	for ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_stat_activity
@@ -214,7 +166,8 @@ func TestFencedWhilePollingAhead(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(200 * time.Millisecond) // the extra records are polled; the next poll waits
+	time.Sleep(settle)
+	// Another member stores fenced: the waiting batch is stale.
 	if _, err := tx.Exec(ctx, `UPDATE tidemark.kafka_offsets SET next_offset = $2 WHERE consumer_group = $1`, group, fenced); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +192,10 @@ func TestFencedWhilePollingAhead(t *testing.T) {
 	if got := counterSum(t, r, "tidemark_ingest_offset_conflicts_total"); got < 1 {
 		t.Errorf("fencing conflicts %v: the batch was not fenced", got)
 	}
-	if got := ingesttest.Scalar(t, b.pool, `SELECT records FROM tidemark.kafka_offsets`); got != n+extra-fenced {
-		t.Errorf("records counted %d, want %d (every record after the fenced position once)", got, n+extra-fenced)
+	if got := ingesttest.Scalar(t, b.pool, `SELECT records FROM tidemark.kafka_offsets`); got != int64(records-fenced) {
+		t.Errorf("records counted %d, want %d (every record after the fenced position once)", got, records-fenced)
+	}
+	if got := counterSum(t, r, "tidemark_ingest_duplicates_total"); got != 0 {
+		t.Errorf("duplicates %v, want none", got)
 	}
 }

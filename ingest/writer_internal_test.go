@@ -78,6 +78,24 @@ func (h *writerHarness) strings(t *testing.T, sql string) []string {
 
 var tp0 = topicPartition{"events", 0}
 
+// writeBatches returns a function that writes one batch as the ingester
+// would, keeping the stored positions between calls.
+func (h *writerHarness) writeBatches(t *testing.T) func(*batch) (writeResult, error) {
+	t.Helper()
+	stored := map[topicPartition]position{}
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	return func(b *batch) (writeResult, error) {
+		t.Helper()
+		res, err := h.w.write(context.Background(), b, stored, now, false)
+		if err == nil && res.committed {
+			for tp, pb := range b.parts {
+				stored[tp] = pb.next
+			}
+		}
+		return res, err
+	}
+}
+
 // TestWriterFencesStalePartitions: a batch whose partition another member
 // has advanced since this one last stored it is dropped, and the stored
 // position is reported so the consumer can seek there.
@@ -174,19 +192,7 @@ func TestWriterConcurrentInsert(t *testing.T) {
 // and the next probeAfterDuplicate batches probe before their COPY.
 func TestWriterProbesAfterStoredEvent(t *testing.T) {
 	h := newWriterHarness(t)
-	ctx := context.Background()
-	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
-	stored := map[topicPartition]position{}
-	write := func(b *batch) (writeResult, error) {
-		t.Helper()
-		res, err := h.w.write(ctx, b, stored, now, false)
-		if err == nil && res.committed {
-			for tp, pb := range b.parts {
-				stored[tp] = pb.next
-			}
-		}
-		return res, err
-	}
+	write := h.writeBatches(t)
 
 	if res, err := write(h.batchOf(0, "a", "b", "c")); err != nil || res.inserted[tp0] != 3 || h.w.probeLeft != 0 {
 		t.Fatalf("first batch: %v %+v probeLeft=%d", err, res, h.w.probeLeft)
@@ -415,19 +421,7 @@ func TestUnixHour(t *testing.T) {
 // both a repeat and a stored event takes one more retry, which probes.
 func TestWriterDropsRepeatsAfterOne(t *testing.T) {
 	h := newWriterHarness(t)
-	ctx := context.Background()
-	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
-	stored := map[topicPartition]position{}
-	write := func(b *batch) (writeResult, error) {
-		t.Helper()
-		res, err := h.w.write(ctx, b, stored, now, false)
-		if err == nil && res.committed {
-			for tp, pb := range b.parts {
-				stored[tp] = pb.next
-			}
-		}
-		return res, err
-	}
+	write := h.writeBatches(t)
 	left := func(step string, dedupe, probe int) {
 		t.Helper()
 		if h.w.dedupeLeft != dedupe || h.w.probeLeft != probe {
