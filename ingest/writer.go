@@ -196,7 +196,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		}
 	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
 		if !probe && errors.Is(err, errRetryNow) && isUniqueViolation(err) {
-			if !dedupe && hasRepeats(b) {
+			if !dedupe && len(firstOfEach(b)) < len(b.rows) {
 				w.dedupeLeft = probeAfterDuplicate
 			} else {
 				w.probeLeft = probeAfterDuplicate
@@ -311,31 +311,25 @@ type eventKey struct {
 // neither step removed fail the COPY on the primary key, and the batch is
 // retried with the step it lacked.
 func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, dedupe, probe bool) ([]*row, error) {
-	fresh := make([]*row, 0, len(b.rows))
 	if !dedupe && !probe {
+		fresh := make([]*row, len(b.rows))
 		for i := range b.rows {
-			fresh = append(fresh, &b.rows[i])
+			fresh[i] = &b.rows[i]
 		}
 		return fresh, nil
 	}
-	seen := make(map[eventKey]bool, len(b.rows))
+	fresh := firstOfEach(b)
+	if !probe {
+		return fresh, nil
+	}
 	type part struct {
 		src   *source
 		start time.Time
 	}
 	ids := map[part][]string{}
-	for i := range b.rows {
-		r := &b.rows[i]
-		k := eventKey{r.ev.ID, r.ev.Time.UnixMicro()}
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
-		fresh = append(fresh, r)
-		if probe {
-			p := part{r.src, r.src.raw.partitionStart(r.ev.Time)}
-			ids[p] = append(ids[p], r.ev.ID)
-		}
+	for _, r := range fresh {
+		p := part{r.src, r.src.raw.partitionStart(r.ev.Time)}
+		ids[p] = append(ids[p], r.ev.ID)
 	}
 	if len(ids) == 0 {
 		return fresh, nil
@@ -384,18 +378,20 @@ func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, dedupe, probe
 	return kept, nil
 }
 
-// hasRepeats reports whether the batch holds an (event_id, event_time)
-// more than once.
-func hasRepeats(b *batch) bool {
+// firstOfEach returns the first of the batch's rows of each (event_id,
+// event_time).
+func firstOfEach(b *batch) []*row {
 	seen := make(map[eventKey]bool, len(b.rows))
+	fresh := make([]*row, 0, len(b.rows))
 	for i := range b.rows {
-		k := eventKey{b.rows[i].ev.ID, b.rows[i].ev.Time.UnixMicro()}
-		if seen[k] {
-			return true
+		r := &b.rows[i]
+		k := eventKey{r.ev.ID, r.ev.Time.UnixMicro()}
+		if !seen[k] {
+			seen[k] = true
+			fresh = append(fresh, r)
 		}
-		seen[k] = true
 	}
-	return false
+	return fresh
 }
 
 // copyRows writes the new rows into their raw tables with COPY.
