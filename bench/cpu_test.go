@@ -24,9 +24,11 @@ type cpuMark struct {
 	pg, rest time.Duration
 }
 
-// cpuUse is what a measurement used between two marks.
+// cpuUse is what a measurement used between two marks, and how many rows
+// it wrote in that time (0: not counted).
 type cpuUse struct {
 	wall, pg, rest time.Duration
+	rows           int64
 }
 
 // markCPU reads the CPU times now.
@@ -55,6 +57,11 @@ func (m cpuMark) since(b *testing.B, srv *pgserver.Server) cpuUse {
 // machine.
 func (u cpuUse) String() string {
 	busy := (u.pg + u.rest).Seconds() / u.wall.Seconds()
+	if u.rows > 0 {
+		per := 1e6 / float64(u.rows)
+		return fmt.Sprintf("CPU per million rows: PostgreSQL %.2f s, the benchmark's process %.2f s; %.2f of %d cores busy",
+			u.pg.Seconds()*per, u.rest.Seconds()*per, busy, runtime.NumCPU())
+	}
 	return fmt.Sprintf("CPU: PostgreSQL %.1f s, the benchmark's process %.1f s, in %.1f s: %.2f of %d cores",
 		u.pg.Seconds(), u.rest.Seconds(), u.wall.Seconds(), busy, runtime.NumCPU())
 }
