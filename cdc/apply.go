@@ -206,7 +206,11 @@ func (a *applier) begin(ctx context.Context) error {
 		conn.Release()
 		return fmt.Errorf("warehouse: %w", err)
 	}
-	if err := mirror.SetLocal(ctx, tx); err != nil {
+	err = mirror.SetLocal(ctx, tx)
+	if err == nil {
+		err = durable(ctx, tx)
+	}
+	if err != nil {
 		_ = tx.Rollback(ctx)
 		conn.Release()
 		return fmt.Errorf("warehouse: %w", err)

@@ -54,8 +54,7 @@ const slotWaitLogEvery = time.Minute
 func (r *Reader) execStep(ctx context.Context, sql string, args ...any) error {
 	ctx, cancel := context.WithTimeout(ctx, r.step)
 	defer cancel()
-	_, err := r.pool.Exec(ctx, sql, args...)
-	return err
+	return execDurable(ctx, r.pool, sql, args...)
 }
 
 // dropUnfinishedSlot drops the slot of a snapshot that did not finish, or

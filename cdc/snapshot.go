@@ -203,7 +203,7 @@ feed:
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, r.step)
-	_, err = r.pool.Exec(dctx, snapshotDoneSQL, r.src.Name, r.now())
+	err = execDurable(dctx, r.pool, snapshotDoneSQL, r.src.Name, r.now())
 	cancel()
 	if err != nil {
 		return fmt.Errorf("mark the snapshot done: %w", err)

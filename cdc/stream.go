@@ -340,7 +340,7 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 		// first, so that a restart can tell this reader's own advance
 		// from another client's. The slot is never confirmed past what
 		// the warehouse records.
-		if _, err := s.r.pool.Exec(ctx, storeConfirmedSQL, s.r.src.Name, pos.String()); err != nil {
+		if err := execDurable(ctx, s.r.pool, storeConfirmedSQL, s.r.src.Name, pos.String()); err != nil {
 			s.r.log.Debug("could not record the idle position; confirming what is applied", "err", err)
 			pos = max(s.confirmed, durable)
 		} else {
