@@ -112,6 +112,9 @@ type writer struct {
 	// batches drop their repeats before the COPY, after a COPY failed on
 	// one.
 	dedupeLeft int
+	// rawBinary records, per source, whether its raw table has the column
+	// types that rawCopy encodes.
+	rawBinary map[*source]bool
 }
 
 // probeAfterDuplicate is how many batches probe for stored events, or drop
@@ -400,20 +403,42 @@ func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingested
 	for _, r := range fresh {
 		bySource[r.src] = append(bySource[r.src], r)
 	}
-	// pgx encodes each row's values before it asks for the next row, so
-	// one slice serves every row.
-	vals, at := make([]any, len(rawColumns)), any(ingestedAt)
 	for src, rows := range bySource {
-		_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", src.name}, rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
-			r := rows[i]
-			vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6] = r.ev.ID, r.ev.Time, at, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset
-			return vals, nil
-		}))
-		if err != nil {
+		if err := w.copySource(ctx, tx, src, rows, ingestedAt); err != nil {
 			return classifyRowError(fmt.Errorf("copy into %s: %w", src.raw.Ident(), err), src)
 		}
 	}
 	return nil
+}
+
+// copySource copies rows into the raw table of src: encoded here when the
+// table has the column types tidemark creates it with (looked up once per
+// connection), through pgx's CopyFrom otherwise.
+func (w *writer) copySource(ctx context.Context, tx pgx.Tx, src *source, rows []*row, ingestedAt time.Time) error {
+	fast, known := w.rawBinary[src]
+	if !known {
+		var err error
+		if fast, err = rawTypesMatch(ctx, tx, src); err != nil {
+			return err
+		}
+		if w.rawBinary == nil {
+			w.rawBinary = map[*source]bool{}
+		}
+		w.rawBinary[src] = fast
+	}
+	if fast {
+		_, err := tx.Conn().PgConn().CopyFrom(ctx, newRawCopy(rows, ingestedAt), fmt.Sprintf(copyRawSQL, src.raw.Ident()))
+		return err
+	}
+	// pgx encodes each row's values before it asks for the next row, so
+	// one slice serves every row.
+	vals, at := make([]any, len(rawColumns)), any(ingestedAt)
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", src.name}, rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+		r := rows[i]
+		vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6] = r.ev.ID, r.ev.Time, at, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset
+		return vals, nil
+	}))
+	return err
 }
 
 // insertCheckingRows stores rows one at a time, each under a savepoint.
