@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -283,6 +284,13 @@ func (s *scanner) literal(word string) error {
 func (s *scanner) str() (escaped bool, err error) {
 	s.i++ // opening quote
 	for s.i < len(s.b) {
+		// Eight plain bytes at a time: most of a document is in strings.
+		for s.i+8 <= len(s.b) && !special8(binary.LittleEndian.Uint64(s.b[s.i:])) {
+			s.i += 8
+		}
+		if s.i >= len(s.b) {
+			break
+		}
 		c := s.b[s.i]
 		switch {
 		case c == '"':
@@ -306,6 +314,17 @@ func (s *scanner) str() (escaped bool, err error) {
 		}
 	}
 	return escaped, s.fail("unterminated string")
+}
+
+// special8 reports whether any of the eight bytes in v needs a look of
+// its own inside a string: a control character, a quote, a backslash or
+// a byte of a multi-byte UTF-8 sequence. (x - 0x01…*n) &^ x has a byte's
+// high bit set for some byte exactly when x has a byte below n (n <= 128),
+// and a byte equal to c is a zero byte of x ^ 0x01…*c.
+func special8(v uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	quote, backslash := v^(ones*'"'), v^(ones*'\\')
+	return (v|(v-ones*0x20)&^v|(quote-ones)&^quote|(backslash-ones)&^backslash)&highs != 0
 }
 
 func (s *scanner) escape() error {
