@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -318,16 +319,25 @@ var SessionParams = map[string]string{
 	"bytea_output":       "hex",
 }
 
-// setLocalSQL sets one session parameter for the current transaction.
-const setLocalSQL = `SELECT set_config($1, $2, true)`
+// setLocalSQL sets every one of SessionParams for the current
+// transaction, in one statement; setLocalArgs are its arguments, each
+// name followed by its value.
+var setLocalSQL, setLocalArgs = func() (string, []any) {
+	names := slices.Sorted(maps.Keys(SessionParams))
+	calls := make([]string, len(names))
+	args := make([]any, 0, 2*len(names))
+	for i, name := range names {
+		calls[i] = fmt.Sprintf("set_config($%d, $%d, true)", 2*i+1, 2*i+2)
+		args = append(args, name, SessionParams[name])
+	}
+	return "SELECT " + strings.Join(calls, ", "), args
+}()
 
 // SetLocal applies SessionParams to the transaction tx only, on a pooled
-// connection whose session settings belong to others.
+// connection whose session settings belong to others, in one round trip.
 func SetLocal(ctx context.Context, tx pgx.Tx) error {
-	for name, value := range SessionParams {
-		if _, err := tx.Exec(ctx, setLocalSQL, name, value); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
+	if _, err := tx.Exec(ctx, setLocalSQL, setLocalArgs...); err != nil {
+		return fmt.Errorf("set %s: %w", strings.Join(slices.Sorted(maps.Keys(SessionParams)), ", "), err)
 	}
 	return nil
 }
