@@ -14,7 +14,8 @@
 // Records are gathered into batches flushed by size, bytes or age. A batch
 // is written in ONE warehouse transaction that holds its raw rows (events
 // already stored and repeats within the batch are dropped and counted as
-// duplicates by (event_id, event_time); the rest is written with COPY;
+// duplicates by (event_id, event_time); the rest is written with a binary
+// COPY that the writer encodes itself (rawCopy);
 // repeats are looked for, and stored events probed for in the raw
 // partitions the batch touches, only once a COPY has failed on one), one
 // ingest-ledger row per source and UTC hour of event time that the new rows
