@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -60,6 +61,8 @@ const cdcTarget = 0.6
 //	    can decode and send;
 //	(b) tidemark applying the same changes from its own slot: raw change
 //	    rows, ledger, mirror, positions, confirmed to the slot;
+//	(a') the raw change rows (b) wrote, COPYed alone; (a'') the floor of
+//	    what the server must do for (b), in CPU (serverFloor);
 //	(c) apply lag at a steady 5,000 changes/s for 30 s: for each source
 //	    transaction, the time from its COMMIT returning at the source to
 //	    the first moment its rows are visible in the warehouse mirror.
@@ -111,6 +114,10 @@ func BenchmarkCDC(b *testing.B) {
 		rawTook := copyRawRows(b, cfg.Warehouse.DSN)
 		rawRate := float64(cdcChanges) / rawTook.Seconds()
 
+		// (a'') the server's floor for (b), in CPU.
+		e.settle(b)
+		floorCPU := decodeCPU.pg + decodeCPU.rest + serverFloor(b, cfg.Warehouse.DSN)
+
 		// The bulk changes leave the source's table to be vacuumed; the
 		// WAL of that vacuum (full-page images of every page) has to be
 		// read by logical decoding before any later commit, which stalls
@@ -133,6 +140,10 @@ func BenchmarkCDC(b *testing.B) {
 		b.ReportMetric(applyRate, "apply_changes/s")
 		b.ReportMetric(applyRate/decodeRate, "apply/decode")
 		b.ReportMetric(applyRate/rawRate, "apply/raw_copy")
+		// The floor's CPU on both cores with nothing idle: the most any
+		// reader could reach on this machine.
+		floorRate := float64(cdcChanges) / (floorCPU.Seconds() / float64(runtime.NumCPU()))
+		b.ReportMetric(floorRate/decodeRate, "floor/decode")
 		b.ReportMetric(p99.Seconds(), "lag_p99_s")
 		// At the target, (b) would take decodeTook/0.6: the cores the CPU
 		// that (b) used would need in that time. More than the machine
@@ -144,13 +155,15 @@ CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000
   (a) pg_recvlogical decode only, output discarded   %8.0f changes/s  (%s, %d MiB of pgoutput)
       %s
   (a') COPY of the same raw change rows, nothing else %8.0f rows/s     (%s)
-  (b) tidemark apply (raw, ledger, mirror, confirm)   %8.0f changes/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f
+  (a'') the floor: (a)'s CPU and that of COPYing the raw change rows and the mirror's
+        final rows from memory, %.1f s, on %d cores with none idle %8.0f changes/s   (a'')/(a) = %.2f
+  (b) tidemark apply (raw, ledger, mirror, confirm)   %8.0f changes/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f, (b)/(a'') = %.2f
       %s
       at (b)/(a) = %.1f, (b) would take %.1f s: the CPU it used needs %.2f cores then, PostgreSQL's share alone %.2f
   (c) steady %.0f changes/s for 30s, %d transactions: lag p50 %s, p99 %s, max %s
 `, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decodedBytes>>20, decodeCPU,
-			rawRate, rawTook.Round(time.Millisecond),
-			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/rawRate, applyCPU,
+			rawRate, rawTook.Round(time.Millisecond), floorCPU.Seconds(), runtime.NumCPU(), floorRate, floorRate/decodeRate,
+			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/rawRate, applyRate/floorRate, applyCPU,
 			cdcTarget, atTarget, (applyCPU.pg+applyCPU.rest).Seconds()/atTarget, applyCPU.pg.Seconds()/atTarget,
 			rate, len(lags), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
 	}
@@ -178,6 +191,52 @@ func copyRawRows(b *testing.B, whDSN string) time.Duration {
 	started := time.Now()
 	pipeCOPY(b, src, dst, "COPY (SELECT "+cols+" FROM raw.shop) TO STDOUT", "COPY raw.shop_copy ("+cols+") FROM STDIN", int64(cdcChanges))
 	return time.Since(started)
+}
+
+// serverFloor measures the CPU of the least the server must do for (b)
+// besides decoding: COPY the raw change rows tidemark wrote, and the
+// mirror's final rows, into empty tables of the same shape, from memory
+// (read out beforehand, so that reading them costs nothing). Any reader
+// must at least receive every change ((a)'s CPU) and write each raw row
+// and each final mirror row once; updates and deletes only add to that.
+func serverFloor(b *testing.B, whDSN string) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	conn := connect(b, whDSN)
+	const cols = "event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn"
+	raw := ingest.NewChangeTable("shop_floor", config.PartitionMonth)
+	if err := raw.Ensure(ctx, conn); err != nil {
+		b.Fatal(err)
+	}
+	var times []time.Time
+	if err := conn.QueryRow(ctx, `SELECT array_agg(DISTINCT date_trunc('month', event_time)) FROM raw.shop`).Scan(&times); err != nil {
+		b.Fatal(err)
+	}
+	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(times)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE dw_orders_floor (LIKE dw_orders INCLUDING ALL)`); err != nil {
+		b.Fatal(err)
+	}
+	var used time.Duration
+	for _, l := range []struct{ out, in string }{
+		{"COPY (SELECT " + cols + " FROM raw.shop) TO STDOUT", "COPY raw.shop_floor (" + cols + ") FROM STDIN"},
+		{"COPY dw_orders TO STDOUT", "COPY dw_orders_floor FROM STDIN"},
+	} {
+		var buf bytes.Buffer
+		if _, err := conn.PgConn().CopyTo(ctx, &buf, l.out); err != nil {
+			b.Fatal(err)
+		}
+		// The backend's own CPU: autovacuum, busy with the tables (b)
+		// left behind, would count in the server's.
+		pid := int(conn.PgConn().PID())
+		before := treesCPU(pid)[0]
+		if _, err := conn.PgConn().CopyFrom(ctx, &buf, l.in); err != nil {
+			b.Fatal(err)
+		}
+		used += time.Duration(treesCPU(pid)[0]-before) * clockTick
+	}
+	return used
 }
 
 // decodeOnly runs pg_recvlogical on slot bench_decode of srcDSN up to end
