@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/cdc"
@@ -169,27 +170,37 @@ CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000
 	}
 }
 
+// rawChangeColumns are the columns of a raw change row that tidemark
+// writes.
+const rawChangeColumns = "event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn"
+
+// emptyChangeTable creates raw.<name>, a change table of the shape of
+// raw.shop, with the partitions raw.shop's rows need.
+func emptyChangeTable(b *testing.B, conn *pgx.Conn, name string) {
+	b.Helper()
+	ctx := context.Background()
+	raw := ingest.NewChangeTable(name, config.PartitionMonth)
+	if err := raw.Ensure(ctx, conn); err != nil {
+		b.Fatal(err)
+	}
+	var times []time.Time
+	if err := conn.QueryRow(ctx, `SELECT array_agg(DISTINCT date_trunc('month', event_time)) FROM raw.shop`).Scan(&times); err != nil {
+		b.Fatal(err)
+	}
+	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(times)); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // copyRawRows copies the raw change rows tidemark wrote into an empty
 // change table of the same shape, COPY piped into COPY, and returns how
 // long it took: the cost of the raw rows alone.
 func copyRawRows(b *testing.B, whDSN string) time.Duration {
 	b.Helper()
-	ctx := context.Background()
 	src, dst := connect(b, whDSN), connect(b, whDSN)
-	raw := ingest.NewChangeTable("shop_copy", config.PartitionMonth)
-	if err := raw.Ensure(ctx, dst); err != nil {
-		b.Fatal(err)
-	}
-	var times []time.Time
-	if err := src.QueryRow(ctx, `SELECT array_agg(DISTINCT date_trunc('month', event_time)) FROM raw.shop`).Scan(&times); err != nil {
-		b.Fatal(err)
-	}
-	if err := raw.EnsurePartitions(ctx, dst, raw.Missing(times)); err != nil {
-		b.Fatal(err)
-	}
-	const cols = "event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn"
+	emptyChangeTable(b, dst, "shop_copy")
 	started := time.Now()
-	pipeCOPY(b, src, dst, "COPY (SELECT "+cols+" FROM raw.shop) TO STDOUT", "COPY raw.shop_copy ("+cols+") FROM STDIN", int64(cdcChanges))
+	pipeCOPY(b, src, dst, "COPY (SELECT "+rawChangeColumns+" FROM raw.shop) TO STDOUT", "COPY raw.shop_copy ("+rawChangeColumns+") FROM STDIN", int64(cdcChanges))
 	return time.Since(started)
 }
 
@@ -203,24 +214,13 @@ func serverFloor(b *testing.B, whDSN string) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	conn := connect(b, whDSN)
-	const cols = "event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn"
-	raw := ingest.NewChangeTable("shop_floor", config.PartitionMonth)
-	if err := raw.Ensure(ctx, conn); err != nil {
-		b.Fatal(err)
-	}
-	var times []time.Time
-	if err := conn.QueryRow(ctx, `SELECT array_agg(DISTINCT date_trunc('month', event_time)) FROM raw.shop`).Scan(&times); err != nil {
-		b.Fatal(err)
-	}
-	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(times)); err != nil {
-		b.Fatal(err)
-	}
+	emptyChangeTable(b, conn, "shop_floor")
 	if _, err := conn.Exec(ctx, `CREATE TABLE dw_orders_floor (LIKE dw_orders INCLUDING ALL)`); err != nil {
 		b.Fatal(err)
 	}
 	var used time.Duration
 	for _, l := range []struct{ out, in string }{
-		{"COPY (SELECT " + cols + " FROM raw.shop) TO STDOUT", "COPY raw.shop_floor (" + cols + ") FROM STDIN"},
+		{"COPY (SELECT " + rawChangeColumns + " FROM raw.shop) TO STDOUT", "COPY raw.shop_floor (" + rawChangeColumns + ") FROM STDIN"},
 		{"COPY dw_orders TO STDOUT", "COPY dw_orders_floor FROM STDIN"},
 	} {
 		var buf bytes.Buffer
