@@ -25,6 +25,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
@@ -419,18 +420,11 @@ func writtenRows(b *testing.B, regs []*prometheus.Registry) int64 {
 	b.Helper()
 	var sum float64
 	for _, reg := range regs {
-		mfs, err := reg.Gather()
+		n, err := promreg.Sum(reg, "tidemark_ingest_rows_written_total")
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, mf := range mfs {
-			if mf.GetName() != "tidemark_ingest_rows_written_total" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
+		sum += n
 	}
 	return int64(sum)
 }
