@@ -209,8 +209,15 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		return res, err
 	}
 	inserted := map[topicPartition]int{}
-	for _, r := range fresh {
-		inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
+	if len(fresh) == len(b.rows) {
+		// Every row was written: each partition's good records.
+		for tp, pb := range b.parts {
+			inserted[tp] = pb.good
+		}
+	} else {
+		for _, r := range fresh {
+			inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
+		}
 	}
 	if err := w.copyDeadLetters(ctx, tx, append(append([]deadLetter(nil), b.dead...), rejected...), ingestedAt); err != nil {
 		return res, err
@@ -226,24 +233,12 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 }
 
 // ensurePartitions creates the raw partitions the batch's rows need.
-// Partitions begin on a UTC hour, so one row of each source and hour
-// stands for the others.
+// Partitions begin on a UTC hour, so the start of each source's hours
+// stands for the rows in it.
 func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
-	type sourceHour struct {
-		src  *source
-		hour int64
-	}
-	seen := map[sourceHour]bool{}
 	bySource := map[*source][]time.Time{}
-	var last sourceHour
-	for i := range b.rows {
-		r := &b.rows[i]
-		k := sourceHour{r.src, unixHour(r.ev.Time)}
-		if k == last || seen[k] {
-			continue
-		}
-		seen[k], last = true, k
-		bySource[r.src] = append(bySource[r.src], r.ev.Time)
+	for k := range b.hours {
+		bySource[k.src] = append(bySource[k.src], time.Unix(k.hour*3600, 0).UTC())
 	}
 	for src, times := range bySource {
 		if err := src.raw.EnsurePartitions(ctx, w.conn, src.raw.Missing(times)); err != nil {
@@ -400,8 +395,12 @@ func firstOfEach(b *batch) []*row {
 // copyRows writes the new rows into their raw tables with COPY.
 func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) error {
 	bySource := map[*source][]*row{}
-	for _, r := range fresh {
-		bySource[r.src] = append(bySource[r.src], r)
+	if oneSource(fresh) {
+		bySource[fresh[0].src] = fresh
+	} else {
+		for _, r := range fresh {
+			bySource[r.src] = append(bySource[r.src], r)
+		}
 	}
 	for src, rows := range bySource {
 		if err := w.copySource(ctx, tx, src, rows, ingestedAt); err != nil {
@@ -409,6 +408,17 @@ func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingested
 		}
 	}
 	return nil
+}
+
+// oneSource reports whether rows are all of one source, the common case
+// that needs no grouping.
+func oneSource(rows []*row) bool {
+	for _, r := range rows {
+		if r.src != rows[0].src {
+			return false
+		}
+	}
+	return len(rows) > 0
 }
 
 // copySource copies rows into the raw table of src: encoded here when the
@@ -528,7 +538,16 @@ func isBadRow(e *pgconn.PgError) bool {
 func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch, fresh []*row, ingestedAt time.Time,
 	inserted map[topicPartition]int, rejected []deadLetter) error {
 	qb := &pgx.Batch{}
-	ledger := queueLedger(qb, fresh, ingestedAt)
+	hours := b.hours
+	if len(fresh) != len(b.rows) {
+		// Some rows were not written: tally those that were.
+		tally := newBatch()
+		for _, r := range fresh {
+			tally.tally(r.src, r.ev.Time)
+		}
+		hours = tally.hours
+	}
+	ledger := queueLedger(qb, hours, ingestedAt)
 	parts := w.queueOffsets(qb, b, ingestedAt, inserted, rejected)
 	br := tx.SendBatch(ctx, qb)
 	defer br.Close()
@@ -548,47 +567,24 @@ func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch,
 }
 
 // queueLedger queues the ledger rows of the new rows, one per source and
-// UTC hour of event time, and reports whether there were any.
-func queueLedger(qb *pgx.Batch, fresh []*row, ingestedAt time.Time) bool {
-	type bucketKey struct {
-		source string
-		hour   int64 // unixHour
-	}
-	type bucket struct {
-		rows     int64
-		min, max time.Time
-	}
-	buckets := map[bucketKey]*bucket{}
-	for _, r := range fresh {
-		k := bucketKey{r.src.name, unixHour(r.ev.Time)}
-		bk := buckets[k]
-		if bk == nil {
-			bk = &bucket{min: r.ev.Time, max: r.ev.Time}
-			buckets[k] = bk
-		}
-		bk.rows++
-		if r.ev.Time.Before(bk.min) {
-			bk.min = r.ev.Time
-		}
-		if r.ev.Time.After(bk.max) {
-			bk.max = r.ev.Time
-		}
-	}
-	if len(buckets) == 0 {
+// UTC hour of event time (hours, as batch.tally counts them), and reports
+// whether there were any.
+func queueLedger(qb *pgx.Batch, hours map[sourceHour]*hourRows, ingestedAt time.Time) bool {
+	if len(hours) == 0 {
 		return false
 	}
 	var (
 		sources []string
-		hours   []time.Time
+		starts  []time.Time
 		counts  []int64
 		mins    []time.Time
 		maxs    []time.Time
 	)
-	for k, bk := range buckets {
-		sources, hours, counts = append(sources, k.source), append(hours, time.Unix(k.hour*3600, 0).UTC()), append(counts, bk.rows)
-		mins, maxs = append(mins, bk.min), append(maxs, bk.max)
+	for k, h := range hours {
+		sources, starts, counts = append(sources, k.src.name), append(starts, time.Unix(k.hour*3600, 0).UTC()), append(counts, h.rows)
+		mins, maxs = append(mins, h.min), append(maxs, h.max)
 	}
-	qb.Queue(InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxs)
+	qb.Queue(InsertLedgerSQL, ingestedAt, sources, starts, counts, mins, maxs)
 	return true
 }
 

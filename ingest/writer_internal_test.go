@@ -470,3 +470,95 @@ func TestWriterDropsRepeatsAfterOne(t *testing.T) {
 		t.Errorf("duplicates %d, want 4", n)
 	}
 }
+
+// TestWriterLedger: a batch's ledger rows count, per source and UTC hour
+// of event time, exactly the rows it wrote, with their least and greatest
+// event time: from the tally kept as rows are added when every row is
+// written, from the rows written when some were dropped (repeats here)
+// or a partition was fenced off.
+func TestWriterLedger(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	other := &source{name: "app_events_b", raw: NewRawTable("app_events_b", config.PartitionDay)}
+	if err := other.raw.Ensure(ctx, h.w.conn); err != nil {
+		t.Fatal(err)
+	}
+	ledger := func() []string {
+		t.Helper()
+		return h.strings(t, `SELECT concat_ws(' ', source, bucket, sum(rows), min(min_event_time), max(max_event_time))
+			FROM tidemark.ingest_ledger GROUP BY source, bucket ORDER BY source, bucket`)
+	}
+	at := func(s string) time.Time {
+		t.Helper()
+		v, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	type ev struct {
+		src   *source
+		topic string
+		id    string
+		time  string
+	}
+	add := func(b *batch, offsets map[string]int64, evs ...ev) {
+		for _, e := range evs {
+			r := &kgo.Record{Topic: e.topic, Offset: offsets[e.topic], Value: []byte(`{}`)}
+			offsets[e.topic]++
+			b.add(e.src, r, Event{ID: e.id, Time: at(e.time), Payload: r.Value}, nil, time.Now())
+		}
+	}
+	write := h.writeBatches(t)
+	offsets := map[string]int64{}
+
+	// Every row written: hours out of order, one before 1970.
+	b := newBatch()
+	add(b, offsets,
+		ev{h.src, "events", "a1", "2026-10-05T10:59:59.999999Z"},
+		ev{h.src, "events", "a2", "2026-10-05T10:00:00Z"},
+		ev{other, "other", "b1", "2026-10-05T10:30:00Z"},
+		ev{h.src, "events", "a3", "2026-10-05T11:00:00Z"},
+		ev{h.src, "events", "a4", "2026-10-05T10:15:00Z"},
+		ev{other, "other", "b2", "1969-12-31T23:30:00Z"},
+	)
+	if res, err := write(b); err != nil || !res.committed {
+		t.Fatalf("write: %v %+v", err, res)
+	}
+	want := []string{
+		"app_events 2026-10-05 10:00:00+00 3 2026-10-05 10:00:00+00 2026-10-05 10:59:59.999999+00",
+		"app_events 2026-10-05 11:00:00+00 1 2026-10-05 11:00:00+00 2026-10-05 11:00:00+00",
+		"app_events_b 1969-12-31 23:00:00+00 1 1969-12-31 23:30:00+00 1969-12-31 23:30:00+00",
+		"app_events_b 2026-10-05 10:00:00+00 1 2026-10-05 10:30:00+00 2026-10-05 10:30:00+00",
+	}
+	pgtest.Equal(t, "ledger after every row written", ledger(), want)
+
+	// A repeat: the retry writes the rest, and only they are counted.
+	b = newBatch()
+	add(b, offsets,
+		ev{h.src, "events", "a5", "2026-10-05T12:00:00Z"},
+		ev{h.src, "events", "a5", "2026-10-05T12:00:00Z"},
+		ev{h.src, "events", "a6", "2026-10-05T12:10:00Z"},
+	)
+	if _, err := write(b); !errors.Is(err, errStoredBefore) {
+		t.Fatalf("batch with a repeat = %v, want errStoredBefore", err)
+	}
+	if res, err := write(b); err != nil || res.inserted[tp0] != 2 {
+		t.Fatalf("retry: %v %+v", err, res)
+	}
+	want = append(want[:2:2], append([]string{"app_events 2026-10-05 12:00:00+00 2 2026-10-05 12:00:00+00 2026-10-05 12:10:00+00"}, want[2:]...)...)
+	pgtest.Equal(t, "ledger after a repeat", ledger(), want)
+
+	// A fenced partition: its rows leave the batch, and the tally.
+	b = newBatch()
+	add(b, offsets,
+		ev{h.src, "events", "a7", "2026-10-05T13:00:00Z"},
+		ev{other, "other", "b3", "2026-10-05T13:30:00Z"},
+	)
+	b.drop(map[topicPartition]bool{{"other", 0}: true})
+	if res, err := write(b); err != nil || !res.committed {
+		t.Fatalf("write: %v %+v", err, res)
+	}
+	want = append(want[:3:3], append([]string{"app_events 2026-10-05 13:00:00+00 1 2026-10-05 13:00:00+00 2026-10-05 13:00:00+00"}, want[3:]...)...)
+	pgtest.Equal(t, "ledger after a fenced partition", ledger(), want)
+}
