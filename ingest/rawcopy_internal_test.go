@@ -10,7 +10,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 )
 
@@ -24,10 +23,7 @@ FROM %s ORDER BY kafka_offset`
 func TestRawCopyMatchesPgx(t *testing.T) {
 	h := newWriterHarness(t)
 	ctx := context.Background()
-	viaPgx := &source{name: "app_events_pgx", raw: NewRawTable("app_events_pgx", config.PartitionDay)}
-	if err := viaPgx.raw.Ensure(ctx, h.w.conn); err != nil {
-		t.Fatal(err)
-	}
+	viaPgx := h.source(t, "app_events_pgx")
 	h.w.rawBinary = map[*source]bool{viaPgx: false}
 
 	times := []time.Time{

@@ -42,6 +42,16 @@ func newWriterHarness(t *testing.T) *writerHarness {
 	return &writerHarness{w: &writer{group: "g", conn: conn}, src: src, dsn: dsn}
 }
 
+// source adds another source, with its raw table, to the warehouse.
+func (h *writerHarness) source(t *testing.T, name string) *source {
+	t.Helper()
+	src := &source{name: name, raw: NewRawTable(name, config.PartitionDay)}
+	if err := src.raw.Ensure(context.Background(), h.w.conn); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
 // batchOf builds a batch of good events ids on events/0 from offset first.
 func (h *writerHarness) batchOf(first int64, ids ...string) *batch {
 	b := newBatch()
@@ -478,11 +488,7 @@ func TestWriterDropsRepeatsAfterOne(t *testing.T) {
 // or a partition was fenced off.
 func TestWriterLedger(t *testing.T) {
 	h := newWriterHarness(t)
-	ctx := context.Background()
-	other := &source{name: "app_events_b", raw: NewRawTable("app_events_b", config.PartitionDay)}
-	if err := other.raw.Ensure(ctx, h.w.conn); err != nil {
-		t.Fatal(err)
-	}
+	other := h.source(t, "app_events_b")
 	ledger := func() []string {
 		t.Helper()
 		return h.strings(t, `SELECT concat_ws(' ', source, bucket, sum(rows), min(min_event_time), max(max_event_time))
