@@ -52,6 +52,18 @@ func (h *writerHarness) source(t *testing.T, name string) *source {
 	return src
 }
 
+// wantStored checks the event ids raw.app_events holds (ids, comma
+// separated, in order) and the duplicates counted.
+func (h *writerHarness) wantStored(t *testing.T, ids string, duplicates int) {
+	t.Helper()
+	if got := h.strings(t, "SELECT event_id FROM raw.app_events ORDER BY 1"); strings.Join(got, ",") != ids {
+		t.Errorf("raw events %v, want %s", got, ids)
+	}
+	if n := h.count(t, "SELECT duplicates FROM tidemark.kafka_offsets"); n != duplicates {
+		t.Errorf("duplicates %d, want %d", n, duplicates)
+	}
+}
+
 // batchOf builds a batch of good events ids on events/0 from offset first.
 func (h *writerHarness) batchOf(first int64, ids ...string) *batch {
 	b := newBatch()
@@ -239,12 +251,7 @@ func TestWriterProbesAfterStoredEvent(t *testing.T) {
 	if _, err := write(h.batchOf(8, "c")); !errors.Is(err, errStoredBefore) {
 		t.Fatalf("stored event after probing stopped = %v, want errStoredBefore", err)
 	}
-	if got := h.strings(t, "SELECT event_id FROM raw.app_events ORDER BY 1"); strings.Join(got, ",") != "a,b,c,d,e,f" {
-		t.Errorf("raw events %v, want a..f", got)
-	}
-	if n := h.count(t, "SELECT duplicates FROM tidemark.kafka_offsets"); n != 2 {
-		t.Errorf("duplicates %d, want 2", n)
-	}
+	h.wantStored(t, "a,b,c,d,e,f", 2)
 }
 
 // TestRawPartitioningMustMatch: a raw table created with daily partitions
@@ -473,12 +480,7 @@ func TestWriterDropsRepeatsAfterOne(t *testing.T) {
 	}
 	left("after the probing attempt", probeAfterDuplicate-1, probeAfterDuplicate-1)
 
-	if got := h.strings(t, "SELECT event_id FROM raw.app_events ORDER BY 1"); strings.Join(got, ",") != "a,b,c,d" {
-		t.Errorf("raw events %v, want a..d", got)
-	}
-	if n := h.count(t, "SELECT duplicates FROM tidemark.kafka_offsets"); n != 4 {
-		t.Errorf("duplicates %d, want 4", n)
-	}
+	h.wantStored(t, "a,b,c,d", 4)
 }
 
 // TestWriterLedger: a batch's ledger rows count, per source and UTC hour
