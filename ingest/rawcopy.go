@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/tidemark-dev/tidemark/mirror"
 )
 
 // rawColumnTypes are the types rawColumns have in a raw table tidemark
@@ -28,13 +29,7 @@ ORDER BY c.n`
 
 // copyRawSQL is the COPY of rawColumns in binary format; %s is the quoted
 // raw table.
-var copyRawSQL = "COPY %s (" + strings.Join(func() []string {
-	q := make([]string, len(rawColumns))
-	for i, c := range rawColumns {
-		q[i] = pgx.Identifier{c}.Sanitize()
-	}
-	return q
-}(), ", ") + ") FROM STDIN (FORMAT binary)"
+var copyRawSQL = "COPY %s (" + mirror.QuoteAll(rawColumns) + ") FROM STDIN (FORMAT binary)"
 
 // rawTypesMatch reports whether the raw table of src has the column types
 // rawCopy encodes. A raw table made some other way (created beforehand

@@ -208,21 +208,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		}
 		return res, err
 	}
-	inserted := map[topicPartition]int{}
-	if len(fresh) == len(b.rows) {
-		// Every row was written: each partition's good records.
-		for tp, pb := range b.parts {
-			inserted[tp] = pb.good
-		}
-	} else {
-		for _, r := range fresh {
-			inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
-		}
-	}
+	inserted, hours := written(b, fresh)
 	if err := w.copyDeadLetters(ctx, tx, append(append([]deadLetter(nil), b.dead...), rejected...), ingestedAt); err != nil {
 		return res, err
 	}
-	if err := w.storeLedgerAndOffsets(ctx, tx, b, fresh, ingestedAt, inserted, rejected); err != nil {
+	if err := w.storeLedgerAndOffsets(ctx, tx, b, hours, ingestedAt, inserted, rejected); err != nil {
 		return res, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -533,20 +523,30 @@ func isBadRow(e *pgconn.PgError) bool {
 	return false
 }
 
-// storeLedgerAndOffsets writes the ledger rows and the partitions' new
-// positions, in one round trip.
-func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch, fresh []*row, ingestedAt time.Time,
+// written counts the rows a write stored, fresh of batch b: per Kafka
+// partition, and per source and hour for the ledger. When every row was
+// stored these are the counts the batch kept as rows were added.
+func written(b *batch, fresh []*row) (map[topicPartition]int, map[sourceHour]*hourRows) {
+	inserted := map[topicPartition]int{}
+	if len(fresh) == len(b.rows) {
+		for tp, pb := range b.parts {
+			inserted[tp] = pb.good
+		}
+		return inserted, b.hours
+	}
+	tally := newBatch()
+	for _, r := range fresh {
+		inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
+		tally.tally(r.src, r.ev.Time)
+	}
+	return inserted, tally.hours
+}
+
+// storeLedgerAndOffsets writes the ledger rows (hours, as written counts
+// them) and the partitions' new positions, in one round trip.
+func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch, hours map[sourceHour]*hourRows, ingestedAt time.Time,
 	inserted map[topicPartition]int, rejected []deadLetter) error {
 	qb := &pgx.Batch{}
-	hours := b.hours
-	if len(fresh) != len(b.rows) {
-		// Some rows were not written: tally those that were.
-		tally := newBatch()
-		for _, r := range fresh {
-			tally.tally(r.src, r.ev.Time)
-		}
-		hours = tally.hours
-	}
 	ledger := queueLedger(qb, hours, ingestedAt)
 	parts := w.queueOffsets(qb, b, ingestedAt, inserted, rejected)
 	br := tx.SendBatch(ctx, qb)
