@@ -144,6 +144,7 @@ func newChaos(t *testing.T, sc chaosScale, seed uint64) *chaos {
 	}
 	t.Cleanup(func() { _ = c.srcProxy.Close() })
 	c.kc = kafkatest.NewClusterWith(t, 4, []string{"events"}, kfake.ListenFn(faultproxy.Listen(&c.kafkaProxy)))
+	kafkatest.ExpireSilentMembers(t, c.kc)
 
 	if _, err := c.src.Exec(ctx, `
 CREATE TABLE customers (customer_id int PRIMARY KEY, email text NOT NULL, tier text NOT NULL, updated_at timestamptz NOT NULL);

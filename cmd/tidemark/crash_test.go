@@ -77,6 +77,7 @@ func TestCrashSafety(t *testing.T) {
 	const group, topic = "tidemark-crash", "events"
 	pool, dsn := pgtest.NewPool(t)
 	kc := kafkatest.NewCluster(t, 4, topic)
+	kafkatest.ExpireSilentMembers(t, kc)
 	cfgPath := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
 warehouse: {dsn: %q}
 http: {listen: "off"}

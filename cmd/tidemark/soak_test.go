@@ -112,6 +112,7 @@ INSERT INTO orders SELECT i, i % 200 + 1, i, 'new' FROM generate_series(1, 200) 
 		t.Fatal(err)
 	}
 	kc := kafkatest.NewCluster(t, 2, "events")
+	kafkatest.ExpireSilentMembers(t, kc)
 	s := &soak{t: t, sc: sc, ctx: ctx, wh: wh, src: src, end: map[int32]int64{}, events: map[string]soakEvent{},
 		rng:       rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
 		producer:  kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.RoundRobinPartitioner())),
