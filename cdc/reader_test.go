@@ -514,6 +514,39 @@ func TestToastSchemaAndIdle(t *testing.T) {
 	}
 }
 
+// TestIdleRecordsAtStatusPace: an idle reader whose source shares the
+// warehouse's server records its position once per status_every. Each
+// record is a durable warehouse commit, whose WAL the next keepalive
+// reports as the new WAL end; recording every advance committed in a loop
+// (3,000 commits and 740 kB of WAL a second on an idle server).
+func TestIdleRecordsAtStatusPace(t *testing.T) {
+	e := newCDCEnv(t)
+	e.start(e.config("snapshot: never\nheartbeat_every: 0s", "deletes: soft"))
+	e.exec(`INSERT INTO customers VALUES (1, 'ana', 'free', NULL, NULL)`)
+	e.waitMirrored("WHERE deleted_at IS NULL")
+	time.Sleep(time.Second)
+	walAndRecorded := func() (wal, recorded int64) {
+		t.Helper()
+		if err := e.wh.QueryRow(e.ctx, `SELECT pg_current_wal_lsn() - '0/0', confirmed_lsn - '0/0'
+			FROM tidemark.cdc_positions WHERE source = 'shop'`).Scan(&wal, &recorded); err != nil {
+			t.Fatal(err)
+		}
+		return wal, recorded
+	}
+	wal0, rec0 := walAndRecorded()
+	time.Sleep(3 * time.Second)
+	wal1, rec1 := walAndRecorded()
+	t.Logf("idle for 3 s: %d bytes of WAL, the recorded position %d bytes further", wal1-wal0, rec1-rec0)
+	// 15 records of about 230 bytes at status_every 200ms, with room for
+	// the server's own upkeep.
+	if wal1-wal0 > 100_000 {
+		t.Errorf("the idle reader wrote %d bytes of WAL in 3 s", wal1-wal0)
+	}
+	if rec1 <= rec0 {
+		t.Errorf("the idle position stayed at %d: the reader stopped recording it", rec0)
+	}
+}
+
 func (e *cdcEnv) confirmed() string {
 	e.t.Helper()
 	var lsn string

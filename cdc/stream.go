@@ -32,6 +32,7 @@ type stream struct {
 	sentAt                     time.Time // last status update
 	metricsAt                  time.Time // last read of the slot's metrics
 	storedConfirmed            pglogrepl.LSN
+	idleStoredAt               time.Time // last record of an idle position
 
 	// The source transaction being received (not streamed).
 	inTxn      bool
@@ -328,7 +329,16 @@ func (s *stream) status(ctx context.Context, force bool) error {
 func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 	pos := max(s.confirmed, s.applied)
 	if s.idle() && s.walEnd > pos {
-		pos = s.walEnd
+		// Confirming the WAL end takes a durable warehouse commit first,
+		// which writes WAL itself: on a server the source shares with
+		// the warehouse, each one moves the WAL end the next keepalive
+		// reports. Once per status_every, so that an idle reader does
+		// not commit in a loop.
+		if s.walEnd <= s.storedConfirmed || time.Since(s.idleStoredAt) >= s.r.src.CDC.StatusEvery.D() {
+			pos = s.walEnd
+		} else {
+			pos = max(pos, s.storedConfirmed)
+		}
 	}
 	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.src.CDC.StatusEvery.D() {
 		return nil
@@ -344,7 +354,7 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 			s.r.log.Debug("could not record the idle position; confirming what is applied", "err", err)
 			pos = max(s.confirmed, durable)
 		} else {
-			s.storedConfirmed = pos
+			s.storedConfirmed, s.idleStoredAt = pos, time.Now()
 		}
 	}
 	// The keepalive that answers ask shows that the connection works.
