@@ -210,12 +210,33 @@ func treeCPU(root int) uint64 { return treesCPU(root)[0] }
 
 // treesCPU is treeCPU for several roots, from one reading of /proc so that
 // the sums are of the same moment. A root that is not running sums to 0.
+//
+// A process that has exited but is not yet reaped (a zombie, such as a
+// walsender whose client just left) shows no CPU time, and its parent has
+// not yet added it to its reaped children's: its time would be missing
+// from the sum. So the reading is repeated, for up to a second, until the
+// trees hold no zombie.
 func treesCPU(roots ...int) []uint64 {
+	var sums []uint64
+	for range 100 {
+		var zombies int
+		if sums, zombies = readTreesCPU(roots); zombies == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return sums
+}
+
+// readTreesCPU reads the sums of treesCPU once, and counts the zombies in
+// the trees.
+func readTreesCPU(roots []int) ([]uint64, int) {
 	sums := make([]uint64, len(roots))
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return sums
+		return sums, 0
 	}
+	zombie := map[int]bool{}
 	children := map[int][]int{}
 	ticks := map[int]uint64{}
 	for _, e := range entries {
@@ -239,19 +260,24 @@ func treesCPU(roots ...int) []uint64 {
 		}
 		ppid, _ := strconv.Atoi(f[1])
 		children[ppid] = append(children[ppid], pid)
+		zombie[pid] = f[0] == "Z"
 		for _, s := range f[11:15] {
 			v, _ := strconv.ParseUint(s, 10, 64)
 			ticks[pid] += v
 		}
 	}
+	zombies := 0
 	for i, root := range roots {
 		stack := []int{root}
 		for len(stack) > 0 {
 			p := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
 			sums[i] += ticks[p]
+			if zombie[p] {
+				zombies++
+			}
 			stack = append(stack, children[p]...)
 		}
 	}
-	return sums
+	return sums, zombies
 }
