@@ -83,6 +83,8 @@ type groupSeen struct {
 	outsidePreparing time.Time
 }
 
+// memberWatch is what ExpireSilentMembers knows of the groups: the
+// requests it saw and the states the sweeps saw.
 type memberWatch struct {
 	mu     sync.Mutex
 	seen   map[string]map[string]memberSeen // group -> member ID -> last request
@@ -149,7 +151,9 @@ func (w *memberWatch) silent(group, state string, members []string, now time.Tim
 		case !ok || s.session == 0:
 			// Joined before the watch began: kfake's own timer holds.
 		case state == "PreparingRebalance" && s.kind == kmsg.JoinGroup && s.at.After(g.outsidePreparing):
+			// Its JoinGroup is held until the rebalance completes.
 		case state == "CompletingRebalance" && s.kind == kmsg.SyncGroup:
+			// Its SyncGroup is held until the leader's arrives.
 		case now.Sub(s.at) > 2*s.session && now.Sub(g.since) > s.session:
 			out = append(out, m)
 		}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
+)
+
+// TestIdleServiceWritesLittle runs `tidemark run` with a Kafka, a poll and
+// a CDC source and an aggregate, the sources on the warehouse's server, and
+// requires that once everything is loaded the idle service writes almost
+// no WAL: it runs for months, mostly idle, and a loop that commits when
+// nothing happens (as the CDC reader's idle confirmation once did, 740 kB
+// of WAL a second) would fill disks and archives.
+func TestIdleServiceWritesLittle(t *testing.T) {
+	srv := pgtest.NewServer(t, pgserver.Options{})
+	whDSN, srcDSN := pgtest.NewDatabaseOn(t, srv), pgtest.NewDatabaseOn(t, srv)
+	wh, src := pgtest.Pool(t, whDSN), pgtest.Pool(t, srcDSN)
+	if _, err := src.Exec(t.Context(), `
+CREATE TABLE customers (customer_id int PRIMARY KEY, email text NOT NULL, updated_at timestamptz NOT NULL);
+INSERT INTO customers SELECT i, 'c' || i, clock_timestamp() FROM generate_series(1, 200) AS i;
+CREATE TABLE orders (order_id int PRIMARY KEY, amount numeric(12,2) NOT NULL);
+INSERT INTO orders SELECT i, i FROM generate_series(1, 200) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	kc := kafkatest.NewCluster(t, 2, "events")
+	cfg := writeFile(t, "idle.yaml", fmt.Sprintf(`
+warehouse: {dsn: %[1]q}
+http: {listen: "off"}
+kafka: {brokers: [%[2]q], group: idle}
+sources:
+  events:
+    kafka: {topics: [events]}
+    event_id: /event_id
+    event_time: /event_time
+  customers:
+    poll: {dsn: %[3]q, table: customers, key: [customer_id], updated_at: updated_at}
+    mirror: {table: dw_customers}
+  shop:
+    cdc: {dsn: %[3]q, tables: [orders]}
+    mirror: {table: dw_orders}
+aggregates:
+  daily_sales:
+    source: events
+    table: daily_sales
+    partition: {by: day, column: sale_date}
+    sql: |
+      SELECT {{partition}} AS sale_date, count(*)::int AS events FROM {{events}} GROUP BY 1
+`, whDSN, kc.ListenAddrs()[0], srcDSN))
+	p := startWith(t, nil, "run", "-c", cfg)
+	kafkatest.Produce(t, kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner())),
+		&kgo.Record{Topic: "events", Partition: 0, Value: []byte(`{"event_id":"a","event_time":"2026-12-01T10:00:00Z"}`)})
+	ingesttest.WaitStored(t, wh, "idle", "events", map[int32]int64{0: 1}, time.Minute)
+	for deadline := time.Now().Add(time.Minute); ingesttest.Scalar(t, wh, `SELECT count(*) FROM dw_orders`) != 200 ||
+		ingesttest.Scalar(t, wh, `SELECT count(*) FROM dw_customers`) != 200; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the mirrors were not loaded within a minute:\n%s", p.output.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // the reconciler's first pass, the CDC reader's first idle record
+	wal := func() int64 {
+		return ingesttest.Scalar(t, wh, `SELECT pg_current_wal_lsn() - '0/0'`)
+	}
+	before := wal()
+	time.Sleep(10 * time.Second)
+	written := wal() - before
+	t.Logf("idle for 10 s: %d bytes of WAL", written)
+	// A few small commits, and room for a checkpoint and its first page
+	// images; the CDC reader's loop wrote 7 MB in this time.
+	if written > 100_000 {
+		t.Errorf("the idle service wrote %d bytes of WAL in 10 s:\n%s", written, p.output.String())
+	}
+}
