@@ -32,7 +32,7 @@ type stream struct {
 	sentAt                     time.Time // last status update
 	metricsAt                  time.Time // last read of the slot's metrics
 	storedConfirmed            pglogrepl.LSN
-	idleStoredAt               time.Time // last record of an idle position
+	idleRecordAt               time.Time // last attempt to record an idle position
 
 	// The source transaction being received (not streamed).
 	inTxn      bool
@@ -333,8 +333,9 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 		// which writes WAL itself: on a server the source shares with
 		// the warehouse, each one moves the WAL end the next keepalive
 		// reports. Once per status_every, so that an idle reader does
-		// not commit in a loop.
-		if s.walEnd <= s.storedConfirmed || time.Since(s.idleStoredAt) >= s.r.src.CDC.StatusEvery.D() {
+		// not commit in a loop (nor retry in one while the warehouse
+		// fails).
+		if s.walEnd <= s.storedConfirmed || time.Since(s.idleRecordAt) >= s.r.src.CDC.StatusEvery.D() {
 			pos = s.walEnd
 		} else {
 			pos = max(pos, s.storedConfirmed)
@@ -350,11 +351,12 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 		// first, so that a restart can tell this reader's own advance
 		// from another client's. The slot is never confirmed past what
 		// the warehouse records.
+		s.idleRecordAt = time.Now()
 		if err := execDurable(ctx, s.r.pool, storeConfirmedSQL, s.r.src.Name, pos.String()); err != nil {
 			s.r.log.Debug("could not record the idle position; confirming what is applied", "err", err)
 			pos = max(s.confirmed, durable)
 		} else {
-			s.storedConfirmed, s.idleStoredAt = pos, time.Now()
+			s.storedConfirmed = pos
 		}
 	}
 	// The keepalive that answers ask shows that the connection works.
