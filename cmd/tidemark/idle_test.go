@@ -16,9 +16,10 @@ import (
 // TestIdleServiceWritesLittle runs `tidemark run` with a Kafka, a poll and
 // a CDC source and an aggregate, the sources on the warehouse's server, and
 // requires that once everything is loaded the idle service writes almost
-// no WAL: it runs for months, mostly idle, and a loop that commits when
-// nothing happens (as the CDC reader's idle confirmation once did, 740 kB
-// of WAL a second) would fill disks and archives.
+// no WAL and runs few transactions: it runs for months, mostly idle, and a
+// loop that commits when nothing happens (as the CDC reader's idle
+// confirmation once did, 740 kB of WAL a second) would fill disks and
+// archives, and a loop of queries would keep the warehouse busy.
 func TestIdleServiceWritesLittle(t *testing.T) {
 	srv := pgtest.NewServer(t, pgserver.Options{})
 	whDSN, srcDSN := pgtest.NewDatabaseOn(t, srv), pgtest.NewDatabaseOn(t, srv)
@@ -66,16 +67,29 @@ aggregates:
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(3 * time.Second) // the reconciler's first pass, the CDC reader's first idle record
-	wal := func() int64 {
-		return ingesttest.Scalar(t, wh, `SELECT pg_current_wal_lsn() - '0/0'`)
+	// WAL, and the transactions of every database (statistics that
+	// backends report at most once a second).
+	usage := func() (wal, xacts int64) {
+		t.Helper()
+		if err := wh.QueryRow(t.Context(), `SELECT pg_current_wal_lsn() - '0/0',
+			(SELECT sum(xact_commit + xact_rollback)::int8 FROM pg_stat_database)`).Scan(&wal, &xacts); err != nil {
+			t.Fatal(err)
+		}
+		return wal, xacts
 	}
-	before := wal()
+	wal0, xacts0 := usage()
 	time.Sleep(10 * time.Second)
-	written := wal() - before
-	t.Logf("idle for 10 s: %d bytes of WAL", written)
+	wal1, xacts1 := usage()
+	written, xacts := wal1-wal0, xacts1-xacts0
+	t.Logf("idle for 10 s: %d bytes of WAL, %d transactions", written, xacts)
 	// A few small commits, and room for a checkpoint and its first page
 	// images; the CDC reader's loop wrote 7 MB in this time.
 	if written > 100_000 {
 		t.Errorf("the idle service wrote %d bytes of WAL in 10 s:\n%s", written, p.output.String())
+	}
+	// The reconciler's passes and the sources' checks, about 130; a loop
+	// of queries would make thousands.
+	if xacts > 1000 {
+		t.Errorf("the idle service ran %d transactions in 10 s:\n%s", xacts, p.output.String())
 	}
 }
