@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -74,7 +75,7 @@ type member struct {
 	changed  chan struct{}
 }
 
-func startMember(t *testing.T, c interface{ ListenAddrs() []string }, group, clientID string, session time.Duration) *member {
+func startMember(t *testing.T, c *kfake.Cluster, group, clientID string, session time.Duration) *member {
 	t.Helper()
 	m := &member{assigned: map[int32]bool{}, changed: make(chan struct{}, 1)}
 	var d net.Dialer
