@@ -310,6 +310,33 @@ func (a *applier) waitPrev(ctx context.Context, g *group) error {
 	return nil
 }
 
+// keepOpen runs a statement in the open group's transaction, unless a
+// chunk of the group is being written (which keeps it busy, or waits in
+// waitPrev, which runs its own): a group that waits for a commit slot
+// holds its transaction open, and must not idle past
+// idle_in_transaction_session_timeout meanwhile. Only the stream starts
+// chunks, and it is the caller, so the transaction stays free while the
+// statement runs.
+func (a *applier) keepOpen(ctx context.Context) error {
+	g := a.g
+	if g == nil {
+		return nil
+	}
+	if g.inflight != nil {
+		select {
+		case <-g.inflight.done:
+		default:
+			return nil
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, a.step)
+	defer cancel()
+	if _, err := g.tx.Exec(pctx, pingSQL); err != nil {
+		return fmt.Errorf("warehouse: waiting to commit: %w", err)
+	}
+	return nil
+}
+
 // settle waits until the open group's transaction is free and every
 // earlier group has committed, so that the stream may use the transaction
 // itself (for DDL that locks the mirror, say).

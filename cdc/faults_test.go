@@ -598,16 +598,24 @@ func TestCDCSetupFaults(t *testing.T) {
 // reader's log, and the channel on which Run returns.
 func (e *cdcEnv) startReader(t *testing.T, cfg *config.Config, side string) (*faultproxy.Proxy, *syncbuf.Buffer, chan error) {
 	t.Helper()
+	return e.startReaderWith(t, cfg, side, time.Second, cdc.Options{GroupAge: 20 * time.Millisecond})
+}
+
+// startReaderWith is startReader with the warehouse's write_timeout and
+// the reader's options; side "" puts no proxy in front of either database.
+func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, write time.Duration, opts cdc.Options) (*faultproxy.Proxy, *syncbuf.Buffer, chan error) {
+	t.Helper()
 	srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
 	var px *faultproxy.Proxy
-	if side == "source" {
+	switch side {
+	case "source":
 		srcDSN, px = faulttest.Front(t, srcDSN)
-	} else {
+	case "warehouse":
 		whDSN, px = faulttest.Front(t, whDSN)
 	}
 	cfg.Sources["shop"].CDC.DSN = srcDSN
 	cfg.Warehouse.DSN = whDSN
-	cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
+	cfg.Warehouse.WriteTimeout = config.Duration(write)
 	idle := config.Duration(time.Second)
 	cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
 	pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
@@ -617,7 +625,8 @@ func (e *cdcEnv) startReader(t *testing.T, cfg *config.Config, side string) (*fa
 	t.Cleanup(pool.Close)
 	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), nil))
-	r, err := cdc.New(cfg, "shop", pool, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: log, Registerer: e.reg})
+	opts.Logger, opts.Registerer = log, e.reg
+	r, err := cdc.New(cfg, "shop", pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,4 +647,33 @@ func (e *cdcEnv) startReader(t *testing.T, cfg *config.Config, side string) (*fa
 		}
 	})
 	return px, logs, done
+}
+
+// TestWaitingGroupStaysAlive: a group that waits for a commit slot (two
+// groups commit at once) holds its warehouse transaction open. With each
+// group's mirror statements made to take 1.5 s by a trigger, the group
+// third in line waits longer than the warehouse's
+// idle_in_transaction_session_timeout (1 s); the reader keeps that
+// transaction busy meanwhile, so the server does not end it and the
+// reader does not restart.
+func TestWaitingGroupStaysAlive(t *testing.T) {
+	e := newCDCEnv(t)
+	_, logs, done := e.startReaderWith(t, e.config("snapshot: never", "deletes: hard"), "", 10*time.Second,
+		cdc.Options{GroupChanges: 1, GroupAge: time.Second})
+	e.waitStreaming(done)
+	if _, err := e.wh.Exec(e.ctx, `CREATE FUNCTION slow_apply() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		PERFORM pg_sleep(1.5);
+		RETURN NULL;
+	END $$;
+	CREATE TRIGGER slow_apply BEFORE INSERT ON mirror.orders FOR EACH STATEMENT EXECUTE FUNCTION slow_apply()`); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 4; i++ {
+		e.exec(`INSERT INTO orders VALUES ($1, 1, 1, '2026-10-05 09:00+00')`, i)
+	}
+	e.waitMirrored("")
+	if n := strings.Count(logs.String(), "restarting"); n > 0 {
+		t.Errorf("the reader restarted %d times:\n%s", n, logs.String())
+	}
 }

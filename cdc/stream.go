@@ -695,7 +695,7 @@ func (s *stream) applyComplete(ctx context.Context) error {
 // once it has committed. At most maxCommitting groups commit at once.
 func (s *stream) commitGroup(ctx context.Context) error {
 	for len(s.a.committing) >= maxCommitting {
-		if err := s.keepalive(ctx, s.a.committing[0].done); err != nil {
+		if err := s.keepalive(ctx, s.a.committing[0].done, true); err != nil {
 			return err
 		}
 		if err := s.committedOne(ctx, true); err != nil {
@@ -709,12 +709,14 @@ func (s *stream) commitGroup(ctx context.Context) error {
 // keepalive waits until done is closed (a group committed, a chunk
 // written), sending status updates meanwhile: a warehouse that is slow or
 // waits for a lock must not let the source's wal_sender_timeout end the
-// session, which would make the source decode the slot's WAL again.
+// session, which would make the source decode the slot's WAL again. With
+// open, it also keeps the open group's transaction from idling (see
+// keepOpen): the group waits for a commit slot.
 //
 // A stop (ctx) ends the wait: the open group cannot commit anyway while the
 // stream is inside a transaction, and a committing group keeps its commit
 // grace without the stream waiting for it.
-func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
+func (s *stream) keepalive(ctx context.Context, done <-chan struct{}, open bool) error {
 	select {
 	case <-done:
 		return nil
@@ -722,6 +724,12 @@ func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
 	}
 	t := time.NewTicker(s.r.src.CDC.StatusEvery.D())
 	defer t.Stop()
+	var keep <-chan time.Time
+	if open {
+		k := time.NewTicker(s.a.keep)
+		defer k.Stop()
+		keep = k.C
+	}
 	for {
 		select {
 		case <-done:
@@ -730,6 +738,10 @@ func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
 			return ctx.Err()
 		case <-t.C:
 			if err := s.status(ctx, true); err != nil {
+				return err
+			}
+		case <-keep:
+			if err := s.a.keepOpen(ctx); err != nil {
 				return err
 			}
 		}
