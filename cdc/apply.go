@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/ingest"
@@ -73,6 +74,17 @@ FROM %[2]s AS s
 WHERE s."tidemark kind" = 'upsert'
 ON CONFLICT (%[5]s) DO UPDATE SET %[6]s`
 
+	// Fresh rows: upserts of keys that a chunk inserted first, which the
+	// mirror most likely lacks, are COPYed straight into it under a
+	// savepoint; when a key is there after all (re-inserted after a soft
+	// delete), the savepoint is rolled back and they are staged with the
+	// rest. The savepoint is not released: savepoints nest, and ROLLBACK
+	// TO goes back to the latest of the name. %[1]s mirror, %[2]s
+	// columns, %[3]s loaded and deleted columns.
+	copyFreshSQL       = `COPY %[1]s (%[2]s, %[3]s) FROM STDIN`
+	savepointFreshSQL  = `SAVEPOINT tidemark_fresh`
+	rollbackToFreshSQL = `ROLLBACK TO SAVEPOINT tidemark_fresh`
+
 	// flagMirrorSQL marks staged deletes (soft); removeMirrorSQL removes
 	// them (hard). %[1]s mirror, %[2]s stage, %[3]s deleted column, %[4]s
 	// key match.
@@ -130,6 +142,12 @@ type applier struct {
 	ddlMu sync.Mutex
 	ddl   *pgx.Conn // raw partition DDL, outside the load transactions
 
+	// freshMu guards freshOff: per mirror, the number of chunks that
+	// stage their fresh rows rather than COPY them, after a COPY of fresh
+	// rows met a stored key.
+	freshMu  sync.Mutex
+	freshOff map[string]int
+
 	g *group // the open group, nil when none is
 	// committing are the groups whose commit has started, oldest first,
 	// until the stream has taken their result.
@@ -158,6 +176,9 @@ type group struct {
 	staged   map[string]bool  // stages this group has used
 	ops      map[string]int64 // the group's changes by operation
 	buckets  map[time.Time]*bucket
+	// savepoints counts the savepoints of fresh rows this group has set:
+	// each may hold a subtransaction ID until the group ends.
+	savepoints int
 	// The group so far: transactions, changes, the end of the last
 	// transaction and its commit time.
 	txns, changes int64
@@ -610,6 +631,10 @@ type state struct {
 	// mirror keeps it whether or not the upsert and the delete fall into
 	// the same chunk.
 	before *state
+	// fresh marks an upsert of a key whose first change in the chunk was
+	// an insert, with every column and the same key since: the mirror
+	// most likely lacks the key, and the row can be COPYed into it.
+	fresh bool
 }
 
 // applyMirrors folds the changes per table and key, in order, and writes
@@ -663,7 +688,14 @@ func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) 
 			for name, v := range c.newRow {
 				cols[name] = v
 			}
-			set(tk{t, newKey}, &state{table: t, cols: cols, from: from, at: c.commitTime})
+			fresh := from == nil && len(cols) == len(t.columns)
+			if c.op == opInsert {
+				fresh = fresh && prev == nil
+			} else {
+				p := upserted(prev)
+				fresh = fresh && p != nil && p.fresh
+			}
+			set(tk{t, newKey}, &state{table: t, cols: cols, from: from, at: c.commitTime, fresh: fresh})
 		case opDelete:
 			key, ok := t.keyOf(c.oldRow)
 			if !ok {
@@ -679,8 +711,13 @@ func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) 
 		st := byTable[s.table]
 		if st == nil {
 			st = newStageRows(s.table)
+			st.copyFresh = g.savepoints < maxFreshSavepoints && a.copyFresh(s.table.mirror.Target.Sanitize())
 			byTable[s.table] = st
 			tables = append(tables, s.table)
+		}
+		if s.fresh && st.copyFresh {
+			st.fresh = append(st.fresh, s)
+			continue
 		}
 		if s.delete {
 			if s.before != nil && !s.table.mirror.Hard {
@@ -707,14 +744,20 @@ func upserted(s *state) *state {
 	return s
 }
 
-// stageRows are the staged net changes of one table.
+// stageRows are the net changes of one table in a chunk: staged, or
+// fresh.
 type stageRows struct {
 	t       *table
 	name    string // the temp table
 	ddl     string
 	w       *copytext.Rows
+	upserts int  // upserts staged
+	deletes int  // deletes staged
 	absent  bool // some upsert lacks a column
 	renamed bool // some upsert takes columns from an old key
+
+	copyFresh bool     // fresh rows are COPYed into the mirror
+	fresh     []*state // the fresh rows, when they are
 }
 
 func newStageRows(t *table) *stageRows {
@@ -740,6 +783,7 @@ func newStageRows(t *table) *stageRows {
 
 // upsert stages an upsert.
 func (st *stageRows) upsert(s *state) {
+	st.upserts++
 	st.w.Text("upsert")
 	st.w.Time(s.at)
 	var absent []string
@@ -770,6 +814,7 @@ func (st *stageRows) upsert(s *state) {
 
 // delete stages a delete.
 func (st *stageRows) delete(s *state) {
+	st.deletes++
 	st.w.Text("delete")
 	st.w.Time(s.at)
 	st.w.Null()
@@ -786,19 +831,56 @@ func (st *stageRows) delete(s *state) {
 	st.w.End()
 }
 
-// applyTable writes a table's staged upserts and deletes to its mirror.
+// applyTable writes a table's fresh rows, and its staged upserts and
+// deletes, to its mirror.
 func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error {
-	if g.staged[st.name] {
-		if _, err := g.tx.Exec(ctx, fmt.Sprintf(truncateStageSQL, st.name)); err != nil {
-			return fmt.Errorf("stage of %s: %w", st.t.name, err)
-		}
-	} else {
-		if _, err := g.tx.Exec(ctx, st.ddl); err != nil {
-			return fmt.Errorf("stage of %s: %w", st.t.name, err)
-		}
-		g.staged[st.name] = true
-	}
 	defer st.w.Release()
+	// The stage is created by the group's first chunk that uses it and
+	// emptied by the later ones (it empties itself at COMMIT). A chunk
+	// with fresh rows sends the savepoint they are copied under in the
+	// same round trip, after it.
+	staged := false
+	stage := func(then string) error {
+		q := fmt.Sprintf(truncateStageSQL, st.name)
+		if !g.staged[st.name] {
+			q = st.ddl
+		}
+		if then != "" {
+			q += "; " + then
+		}
+		if _, err := g.tx.Exec(ctx, q); err != nil {
+			return fmt.Errorf("stage of %s: %w", st.t.name, err)
+		}
+		g.staged[st.name], staged = true, true
+		return nil
+	}
+	if len(st.fresh) > 0 {
+		if st.upserts+st.deletes > 0 {
+			if err := stage(savepointFreshSQL); err != nil {
+				return err
+			}
+		} else if _, err := g.tx.Exec(ctx, savepointFreshSQL); err != nil {
+			return fmt.Errorf("insert into %s: %w", st.t.mirror.Target.Sanitize(), err)
+		}
+		g.savepoints++
+		copied, err := a.insertFresh(ctx, g, st)
+		if err != nil {
+			return err
+		}
+		if !copied {
+			for _, s := range st.fresh {
+				st.upsert(s)
+			}
+		}
+	}
+	if st.upserts+st.deletes == 0 {
+		return nil
+	}
+	if !staged {
+		if err := stage(""); err != nil {
+			return err
+		}
+	}
 	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, st.w.Data(), fmt.Sprintf(copyStageSQL, st.name)); err != nil {
 		return fmt.Errorf("stage of %s: %w", st.t.name, err)
 	}
@@ -837,7 +919,9 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 	}
 	keyMatch := strings.Join(match, " AND ")
 	loadedDeleted := quote(m.LoadedColumn) + ", " + quote(m.DeletedColumn)
-	if !st.absent {
+	switch {
+	case st.upserts == 0:
+	case !st.absent:
 		var excluded []string
 		for _, c := range cols {
 			excluded = append(excluded, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", c))
@@ -847,16 +931,91 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 			mirror.QuoteAll(m.Key), strings.Join(excluded, ", "), loadedDeleted), g.ingestedAt); err != nil {
 			return fmt.Errorf("upsert into %s: %w", target, err)
 		}
-		return a.applyDeletes(ctx, g, st, keyMatch)
+	default:
+		if _, err := g.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), g.ingestedAt); err != nil {
+			return fmt.Errorf("update %s: %w", target, err)
+		}
+		if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
+			loadedDeleted, join), g.ingestedAt); err != nil {
+			return fmt.Errorf("insert into %s: %w", target, err)
+		}
 	}
-	if _, err := g.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), g.ingestedAt); err != nil {
-		return fmt.Errorf("update %s: %w", target, err)
-	}
-	if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
-		loadedDeleted, join), g.ingestedAt); err != nil {
-		return fmt.Errorf("insert into %s: %w", target, err)
+	if st.deletes == 0 {
+		return nil
 	}
 	return a.applyDeletes(ctx, g, st, keyMatch)
+}
+
+// freshBackoff is the number of chunks of a mirror that stage their
+// fresh rows after a COPY of fresh rows met a stored key: a workload that
+// re-inserts soft-deleted keys pays for the failed COPY once in so many
+// chunks.
+const freshBackoff = 100
+
+// maxFreshSavepoints bounds the savepoints of fresh rows in one group (a
+// group holds at least one whole source transaction, however large): a
+// transaction with more than 64 subtransaction IDs overflows the cache
+// PostgreSQL keeps of them, and every snapshot taken on the warehouse
+// meanwhile looks into pg_subtrans. Later chunks of such a group stage
+// their fresh rows.
+const maxFreshSavepoints = 32
+
+// uniqueViolation is PostgreSQL's SQLSTATE unique_violation.
+const uniqueViolation = "23505"
+
+// copyFresh reports whether the next chunk of mirror target COPYs its
+// fresh rows, counting the chunk.
+func (a *applier) copyFresh(target string) bool {
+	a.freshMu.Lock()
+	defer a.freshMu.Unlock()
+	if a.freshOff[target] > 0 {
+		a.freshOff[target]--
+		return false
+	}
+	return true
+}
+
+// insertFresh COPYs a chunk's fresh rows into the mirror, under the
+// savepoint applyTable set; the savepoint is left in place (a RELEASE
+// would cost a round trip). It reports false, having rolled the savepoint
+// back, when a row's key is in the mirror already: the rows are then to
+// be staged, and the table's next chunks stage theirs (freshBackoff).
+func (a *applier) insertFresh(ctx context.Context, g *group, st *stageRows) (bool, error) {
+	m := st.t.mirror
+	target := m.Target.Sanitize()
+	w := copytext.New()
+	defer w.Release()
+	cols := make([]string, len(st.t.columns))
+	for i, c := range st.t.columns {
+		cols[i] = quote(c.name)
+	}
+	for _, s := range st.fresh {
+		for _, c := range st.t.columns {
+			w.Value(s.cols[c.name])
+		}
+		w.Time(g.ingestedAt)
+		w.Null()
+		w.End()
+	}
+	_, err := g.tx.Conn().PgConn().CopyFrom(ctx, w.Data(),
+		fmt.Sprintf(copyFreshSQL, target, strings.Join(cols, ", "), quote(m.LoadedColumn)+", "+quote(m.DeletedColumn)))
+	if err == nil {
+		return true, nil
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != uniqueViolation {
+		return false, fmt.Errorf("insert into %s: %w", target, err)
+	}
+	if _, err := g.tx.Exec(ctx, rollbackToFreshSQL); err != nil {
+		return false, fmt.Errorf("insert into %s: %w", target, err)
+	}
+	a.freshMu.Lock()
+	if a.freshOff == nil {
+		a.freshOff = map[string]int{}
+	}
+	a.freshOff[target] = freshBackoff
+	a.freshMu.Unlock()
+	return false, nil
 }
 
 // applyDeletes flags or removes the staged deletes of a table.

@@ -68,6 +68,9 @@ type Options struct {
 	// applied in one warehouse transaction; defaults 10000 and 100ms.
 	GroupChanges int
 	GroupAge     time.Duration
+	// ChunkChanges is how many changes of a group are folded and written
+	// at a time; default 10000.
+	ChunkChanges int
 }
 
 // Reader mirrors the tables of one CDC source.
@@ -119,6 +122,9 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 	}
 	if r.opts.GroupAge <= 0 {
 		r.opts.GroupAge = 100 * time.Millisecond
+	}
+	if r.opts.ChunkChanges <= 0 {
+		r.opts.ChunkChanges = 10000
 	}
 	for _, t := range src.CDC.Tables {
 		s, n := config.SplitTable(t)
@@ -274,7 +280,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
-		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: 10000, step: r.step, keep: r.keep}}
+		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: r.opts.ChunkChanges, step: r.step, keep: r.keep}}
 	// s is the stream reading now: the loop below may replace it.
 	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done, false) }
 	defer s.a.close(ctx)

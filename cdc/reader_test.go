@@ -426,6 +426,53 @@ func TestGroupsCommitInOrder(t *testing.T) {
 	}
 }
 
+// TestFreshRowsAreCopied: the rows of keys a chunk inserts are COPYed
+// into the mirror, at most 32 times (savepoints) in one group; a key the
+// mirror holds already (re-inserted after a soft delete) makes the chunk
+// merge its rows instead, and the chunks after it merge theirs for a while.
+// A statement trigger on the mirror logs how each batch of rows arrived.
+func TestFreshRowsAreCopied(t *testing.T) {
+	e := newCDCEnv(t)
+	e.startWith(e.config("snapshot: never", "deletes: soft"), cdc.Options{GroupChanges: 1, GroupAge: time.Second, ChunkChanges: 10})
+	if _, err := e.wh.Exec(e.ctx, `CREATE TABLE arrivals (n bigserial, stmt text, rows bigint);
+	CREATE FUNCTION log_arrival() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		INSERT INTO arrivals (stmt, rows) SELECT substring(current_query() FROM '[A-Z]+'), count(*) FROM arrived;
+		RETURN NULL;
+	END $$;
+	CREATE TRIGGER log_arrival AFTER INSERT ON mirror.orders REFERENCING NEW TABLE AS arrived
+		FOR EACH STATEMENT EXECUTE FUNCTION log_arrival()`); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	batches := func(n int, stmt string, rows int) {
+		for range n {
+			want = append(want, fmt.Sprintf("%s %d", stmt, rows))
+		}
+	}
+	// One source transaction of 400 rows: 40 chunks, one group.
+	e.exec(`INSERT INTO orders SELECT i, 1, i, '2026-10-05 09:00+00' FROM generate_series(1, 400) AS i`)
+	batches(32, "COPY", 10)
+	batches(8, "INSERT", 10)
+	// The next group COPYs again.
+	e.exec(`INSERT INTO orders SELECT i, 1, i, '2026-10-05 09:00+00' FROM generate_series(401, 403) AS i`)
+	batches(1, "COPY", 3)
+	// A soft delete inserts nothing; the key inserted again is in the
+	// mirror, flagged: its COPY is rolled back and the row merged (an
+	// INSERT … ON CONFLICT that updates the row and inserts none).
+	e.exec(`DELETE FROM orders WHERE id = 402`)
+	e.exec(`INSERT INTO orders VALUES (402, 2, 2, '2026-10-06 09:00+00')`)
+	batches(1, "INSERT", 0)
+	// The next chunk merges without trying.
+	e.exec(`INSERT INTO orders VALUES (404, 1, 1, '2026-10-06 09:00+00')`)
+	batches(1, "INSERT", 1)
+	e.waitMirrored("WHERE deleted_at IS NULL")
+	got := pgtest.Rows(t, e.wh, `SELECT stmt || ' ' || rows FROM arrivals ORDER BY n`)
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("rows arrived in the mirror as\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // testLogger sends the reader's log to the test log.
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
