@@ -333,7 +333,9 @@ func (a *applier) waitPrev(ctx context.Context, g *group) error {
 
 // keepOpen runs a statement in the open group's transaction, unless a
 // chunk of the group is being written (which keeps it busy, or waits in
-// waitPrev, which runs its own): a group that waits for a commit slot
+// waitPrev, which runs its own) or failed (the transaction is aborted,
+// and the stream reports that chunk's error when it next writes): a group
+// that waits for a commit slot, or for the groups committing to finish,
 // holds its transaction open, and must not idle past
 // idle_in_transaction_session_timeout meanwhile. Only the stream starts
 // chunks, and it is the caller, so the transaction stays free while the
@@ -346,6 +348,9 @@ func (a *applier) keepOpen(ctx context.Context) error {
 	if g.inflight != nil {
 		select {
 		case <-g.inflight.done:
+			if g.inflight.err != nil {
+				return nil
+			}
 		default:
 			return nil
 		}
@@ -853,6 +858,13 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 		}
 		g.staged[st.name], staged = true, true
 		return nil
+	}
+	if len(st.fresh) > 0 && g.savepoints >= maxFreshSavepoints {
+		// Earlier tables of the chunk used the group's last savepoints.
+		for _, s := range st.fresh {
+			st.upsert(s)
+		}
+		st.fresh = nil
 	}
 	if len(st.fresh) > 0 {
 		if st.upserts+st.deletes > 0 {

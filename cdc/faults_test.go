@@ -651,7 +651,7 @@ func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, 
 
 // TestWaitingGroupStaysAlive: a group that waits for a commit slot (two
 // groups commit at once) holds its warehouse transaction open. With each
-// group's mirror statements made to take 1.5 s by a trigger, the group
+// group's mirror statements made to take 2.5 s by a trigger, the group
 // third in line waits longer than the warehouse's
 // idle_in_transaction_session_timeout (1 s); the reader keeps that
 // transaction busy meanwhile, so the server does not end it and the
@@ -663,13 +663,13 @@ func TestWaitingGroupStaysAlive(t *testing.T) {
 	e.waitStreaming(done)
 	if _, err := e.wh.Exec(e.ctx, `CREATE FUNCTION slow_apply() RETURNS trigger LANGUAGE plpgsql AS $$
 	BEGIN
-		PERFORM pg_sleep(1.5);
+		PERFORM pg_sleep(2.5);
 		RETURN NULL;
 	END $$;
 	CREATE TRIGGER slow_apply BEFORE INSERT ON mirror.orders FOR EACH STATEMENT EXECUTE FUNCTION slow_apply()`); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i <= 4; i++ {
+	for i := 1; i <= 3; i++ {
 		e.exec(`INSERT INTO orders VALUES ($1, 1, 1, '2026-10-05 09:00+00')`, i)
 	}
 	e.waitMirrored("")

@@ -282,7 +282,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
 		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: r.opts.ChunkChanges, step: r.step, keep: r.keep}}
 	// s is the stream reading now: the loop below may replace it.
-	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done, false) }
+	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)
 	if hb := cfg.HeartbeatEvery.D(); hb > 0 {
 		hctx, stop := context.WithCancel(ctx)

@@ -429,7 +429,8 @@ func TestGroupsCommitInOrder(t *testing.T) {
 // TestFreshRowsAreCopied: the rows of keys a chunk inserts are COPYed
 // into the mirror, at most 32 times (savepoints) in one group; a key the
 // mirror holds already (re-inserted after a soft delete) makes the chunk
-// merge its rows instead, and the chunks after it merge theirs for a while.
+// merge that table's rows instead, and the table's chunks after it merge
+// theirs for a while.
 // A statement trigger on the mirror logs how each batch of rows arrived.
 func TestFreshRowsAreCopied(t *testing.T) {
 	e := newCDCEnv(t)
@@ -457,12 +458,18 @@ func TestFreshRowsAreCopied(t *testing.T) {
 	// The next group COPYs again.
 	e.exec(`INSERT INTO orders SELECT i, 1, i, '2026-10-05 09:00+00' FROM generate_series(401, 403) AS i`)
 	batches(1, "COPY", 3)
-	// A soft delete inserts nothing; the key inserted again is in the
-	// mirror, flagged: its COPY is rolled back and the row merged (an
-	// INSERT … ON CONFLICT that updates the row and inserts none).
+	// A soft delete inserts nothing. Then one chunk of both tables: a new
+	// customer is copied; of the orders, the key inserted again is in the
+	// mirror, flagged, so their COPY is rolled back (not the customer's)
+	// and they are merged with the staged update: one INSERT … ON
+	// CONFLICT that inserts 405 and updates 401 and 402.
 	e.exec(`DELETE FROM orders WHERE id = 402`)
-	e.exec(`INSERT INTO orders VALUES (402, 2, 2, '2026-10-06 09:00+00')`)
-	batches(1, "INSERT", 0)
+	e.exec(`BEGIN;
+		INSERT INTO customers VALUES (1, 'ana', NULL, NULL, NULL);
+		UPDATE orders SET amount = 9 WHERE id = 401;
+		INSERT INTO orders VALUES (402, 2, 2, '2026-10-06 09:00+00'), (405, 1, 1, '2026-10-06 09:00+00');
+		COMMIT`)
+	batches(1, "INSERT", 1)
 	// The next chunk merges without trying.
 	e.exec(`INSERT INTO orders VALUES (404, 1, 1, '2026-10-06 09:00+00')`)
 	batches(1, "INSERT", 1)

@@ -695,7 +695,7 @@ func (s *stream) applyComplete(ctx context.Context) error {
 // once it has committed. At most maxCommitting groups commit at once.
 func (s *stream) commitGroup(ctx context.Context) error {
 	for len(s.a.committing) >= maxCommitting {
-		if err := s.keepalive(ctx, s.a.committing[0].done, true); err != nil {
+		if err := s.keepalive(ctx, s.a.committing[0].done); err != nil {
 			return err
 		}
 		if err := s.committedOne(ctx, true); err != nil {
@@ -709,14 +709,15 @@ func (s *stream) commitGroup(ctx context.Context) error {
 // keepalive waits until done is closed (a group committed, a chunk
 // written), sending status updates meanwhile: a warehouse that is slow or
 // waits for a lock must not let the source's wal_sender_timeout end the
-// session, which would make the source decode the slot's WAL again. With
-// open, it also keeps the open group's transaction from idling (see
-// keepOpen): the group waits for a commit slot.
+// session, which would make the source decode the slot's WAL again. It
+// also keeps the open group's transaction from idling (see keepOpen),
+// which waits too when the stream waits for a commit slot or for the
+// groups committing to finish.
 //
 // A stop (ctx) ends the wait: the open group cannot commit anyway while the
 // stream is inside a transaction, and a committing group keeps its commit
 // grace without the stream waiting for it.
-func (s *stream) keepalive(ctx context.Context, done <-chan struct{}, open bool) error {
+func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
 	select {
 	case <-done:
 		return nil
@@ -724,12 +725,8 @@ func (s *stream) keepalive(ctx context.Context, done <-chan struct{}, open bool)
 	}
 	t := time.NewTicker(s.r.src.CDC.StatusEvery.D())
 	defer t.Stop()
-	var keep <-chan time.Time
-	if open {
-		k := time.NewTicker(s.a.keep)
-		defer k.Stop()
-		keep = k.C
-	}
+	keep := time.NewTicker(s.a.keep)
+	defer keep.Stop()
 	for {
 		select {
 		case <-done:
@@ -740,7 +737,7 @@ func (s *stream) keepalive(ctx context.Context, done <-chan struct{}, open bool)
 			if err := s.status(ctx, true); err != nil {
 				return err
 			}
-		case <-keep:
+		case <-keep.C:
 			if err := s.a.keepOpen(ctx); err != nil {
 				return err
 			}
