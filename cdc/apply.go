@@ -817,6 +817,14 @@ func (st *stageRows) upsert(s *state) {
 	st.w.End()
 }
 
+// stageFresh stages the fresh rows with the rest.
+func (st *stageRows) stageFresh() {
+	for _, s := range st.fresh {
+		st.upsert(s)
+	}
+	st.fresh = nil
+}
+
 // delete stages a delete.
 func (st *stageRows) delete(s *state) {
 	st.deletes++
@@ -861,10 +869,7 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 	}
 	if len(st.fresh) > 0 && g.savepoints >= maxFreshSavepoints {
 		// Earlier tables of the chunk used the group's last savepoints.
-		for _, s := range st.fresh {
-			st.upsert(s)
-		}
-		st.fresh = nil
+		st.stageFresh()
 	}
 	if len(st.fresh) > 0 {
 		if st.upserts+st.deletes > 0 {
@@ -880,9 +885,7 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 			return err
 		}
 		if !copied {
-			for _, s := range st.fresh {
-				st.upsert(s)
-			}
+			st.stageFresh()
 		}
 	}
 	if st.upserts+st.deletes == 0 {
