@@ -316,10 +316,7 @@ func (a *applier) waitPrev(ctx context.Context, g *group) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
-			pctx, cancel := context.WithTimeout(ctx, a.step)
-			_, err := g.tx.Exec(pctx, pingSQL)
-			cancel()
-			if err != nil {
+			if err := a.ping(ctx, g); err != nil {
 				return fmt.Errorf("warehouse: waiting for the group before: %w", err)
 			}
 		}
@@ -355,12 +352,19 @@ func (a *applier) keepOpen(ctx context.Context) error {
 			return nil
 		}
 	}
-	pctx, cancel := context.WithTimeout(ctx, a.step)
-	defer cancel()
-	if _, err := g.tx.Exec(pctx, pingSQL); err != nil {
+	if err := a.ping(ctx, g); err != nil {
 		return fmt.Errorf("warehouse: waiting to commit: %w", err)
 	}
 	return nil
+}
+
+// ping runs a statement in g's transaction, within write_timeout, so that
+// a transaction that waits does not count as idle.
+func (a *applier) ping(ctx context.Context, g *group) error {
+	ctx, cancel := context.WithTimeout(ctx, a.step)
+	defer cancel()
+	_, err := g.tx.Exec(ctx, pingSQL)
+	return err
 }
 
 // settle waits until the open group's transaction is free and every
