@@ -3,11 +3,13 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -48,7 +50,14 @@ aggregates:
 		t.Errorf("reconcile before the CDC reader ran rebuilt %v, want nothing", rep.Rebuilt)
 	}
 
-	rd, err := cdc.New(cfg, "shop", wh, cdc.Options{GroupAge: 20 * time.Millisecond})
+	// The reader's log, shown when the test fails.
+	var logs syncbuf.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the CDC reader's log:\n%s", logs.String())
+		}
+	})
+	rd, err := cdc.New(cfg, "shop", wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
