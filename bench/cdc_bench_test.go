@@ -97,10 +97,13 @@ func BenchmarkCDC(b *testing.B) {
 		// (b) tidemark from the same position to the same end LSN.
 		e.settle(b)
 		prof = startProfile(b, srv, dbName(b, srcDSN), dbName(b, cfg.Warehouse.DSN))
-		started, cpu := time.Now(), markCPU(b, srv)
+		started, cpu, procs := time.Now(), markCPU(b, srv), readServerProcs(srv.Pid())
+		stopGo := startGoProfile(b, "cdc_apply")
 		rd := startReader(b, cfg, wh)
 		rd.waitApplied(b, wh, end, 10*time.Minute)
 		applyTook, applyCPU := time.Since(started), cpu.since(b, srv)
+		stopGo()
+		applyProcs := procs.since(srv.Pid())
 		prof.report(b, "(b) tidemark CDC apply")
 		var raw, mirrored int64
 		if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_orders WHERE deleted_at IS NULL)`).Scan(&raw, &mirrored); err != nil {
@@ -160,11 +163,12 @@ CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000
         final rows from memory, %.1f s, on %d cores with none idle %8.0f changes/s   (a'')/(a) = %.2f
   (b) tidemark apply (raw, ledger, mirror, confirm)   %8.0f changes/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f, (b)/(a'') = %.2f
       %s
+      PostgreSQL's by process: %s
       at (b)/(a) = %.1f, (b) would take %.1f s: the CPU it used needs %.2f cores then, PostgreSQL's share alone %.2f
   (c) steady %.0f changes/s for 30s, %d transactions: lag p50 %s, p99 %s, max %s
 `, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decodedBytes>>20, decodeCPU,
 			rawRate, rawTook.Round(time.Millisecond), floorCPU.Seconds(), runtime.NumCPU(), floorRate, floorRate/decodeRate,
-			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/rawRate, applyRate/floorRate, applyCPU,
+			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/rawRate, applyRate/floorRate, applyCPU, applyProcs,
 			cdcTarget, atTarget, (applyCPU.pg+applyCPU.rest).Seconds()/atTarget, applyCPU.pg.Seconds()/atTarget,
 			rate, len(lags), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
 	}

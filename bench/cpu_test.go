@@ -1,9 +1,15 @@
 package bench
 
 import (
+	"bytes"
+	"cmp"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,4 +70,90 @@ func (u cpuUse) String() string {
 	}
 	return fmt.Sprintf("CPU: PostgreSQL %.1f s, the benchmark's process %.1f s, in %.1f s: %.2f of %d cores",
 		u.pg.Seconds(), u.rest.Seconds(), u.wall.Seconds(), busy, runtime.NumCPU())
+}
+
+// serverProcs is the CPU time, in clock ticks, of each process of a
+// PostgreSQL server at one moment, with what the process is: its title
+// ("walsender", "autovacuum worker", a client backend's database). The
+// postmaster's entry holds the time of its children that have exited.
+type serverProcs map[int]serverProc
+
+type serverProc struct {
+	kind  string
+	ticks uint64
+}
+
+// readServerProcs reads the processes of the server whose postmaster is
+// pm.
+func readServerProcs(pm int) serverProcs {
+	procs := serverProcs{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return procs
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		_, rest, ok := strings.Cut(string(data), ") ")
+		f := strings.Fields(rest)
+		if !ok || len(f) < 15 {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(f[1]); ppid != pm && pid != pm {
+			continue
+		}
+		var ticks uint64
+		for _, s := range f[11:15] {
+			v, _ := strconv.ParseUint(s, 10, 64)
+			ticks += v
+		}
+		kind := "exited processes"
+		if pid != pm {
+			title, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			kind = procKind(string(bytes.TrimRight(title, "\x00")))
+		}
+		procs[pid] = serverProc{kind: kind, ticks: ticks}
+	}
+	return procs
+}
+
+// procKind names a server process by its title: "postgres: walsender
+// ...", "postgres: autovacuum worker ...", "postgres: <user> <db> <client>
+// <state>" for a client backend.
+func procKind(title string) string {
+	title = strings.TrimPrefix(title, "postgres: ")
+	for _, k := range []string{"walsender", "autovacuum", "checkpointer", "walwriter", "background writer", "logical replication"} {
+		if strings.HasPrefix(title, k) {
+			return k
+		}
+	}
+	if f := strings.Fields(title); len(f) >= 2 {
+		return "backends of " + f[1]
+	}
+	return "other"
+}
+
+// since is the CPU each kind of process used from p to now, largest
+// first, as "kind 1.2 s, ...".
+func (p serverProcs) since(pm int) string {
+	now := readServerProcs(pm)
+	used := map[string]uint64{}
+	for pid, q := range now {
+		used[q.kind] += q.ticks - min(q.ticks, p[pid].ticks)
+	}
+	kinds := slices.Collect(maps.Keys(used))
+	slices.SortFunc(kinds, func(a, b string) int { return cmp.Compare(used[b], used[a]) })
+	var parts []string
+	for _, k := range kinds {
+		if used[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.1f s", k, (time.Duration(used[k])*clockTick).Seconds()))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

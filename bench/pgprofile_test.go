@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"testing"
@@ -18,6 +20,37 @@ import (
 // pg_stat_statements and each profiled measurement prints where
 // PostgreSQL spent its time.
 var profiling = os.Getenv("TIDEMARK_BENCH_PGPROFILE") != ""
+
+// goProfileDir is TIDEMARK_BENCH_GOPROFILE: a directory the benchmarks
+// write a Go CPU profile of their own process into, for each measurement
+// of tidemark (startGoProfile).
+var goProfileDir = os.Getenv("TIDEMARK_BENCH_GOPROFILE")
+
+// startGoProfile starts a CPU profile of the benchmark's process, which
+// runs tidemark's code, into goProfileDir/name.pprof, and returns what
+// stops it; a no-op unless goProfileDir is set.
+func startGoProfile(b *testing.B, name string) func() {
+	b.Helper()
+	if goProfileDir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(goProfileDir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(goProfileDir, name+".pprof"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
 
 // profileSettings are the server settings profiling needs.
 func profileSettings(s map[string]string) map[string]string {
