@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 )
 
@@ -41,7 +42,7 @@ func TestRawCopyMatchesPgx(t *testing.T) {
 		payload := fmt.Sprintf(`{"i": %d, "s": "é\u0001\\n", "n": [1.50, 1e400]}`, i)
 		if i%500 == 7 {
 			// Larger than a chunk: split across reads.
-			payload = fmt.Sprintf(`{"i": %d, "big": %q}`, i, strings.Repeat("ab", copyChunk))
+			payload = fmt.Sprintf(`{"i": %d, "big": %q}`, i, strings.Repeat("ab", copybinary.Chunk))
 		}
 		ev := Event{ID: fmt.Sprintf("%s-%d", ids[i%len(ids)], i), Time: times[i%len(times)], Payload: []byte(payload)}
 		for _, src := range []*source{h.src, viaPgx} {
