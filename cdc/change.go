@@ -157,7 +157,11 @@ func (t *table) json(r row) []byte {
 	if r == nil {
 		return nil
 	}
-	b := make([]byte, 0, 256)
+	return t.appendJSON(make([]byte, 0, 256), r)
+}
+
+// appendJSON appends r rendered as json renders it.
+func (t *table) appendJSON(b []byte, r row) []byte {
 	b = append(b, '{')
 	first := true
 	for _, c := range t.columns {

@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
+	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -259,6 +260,10 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		return fmt.Errorf("warehouse: %w", err)
 	}
 	err = r.raw.Ensure(ctx, wh.Conn())
+	var rawBinary bool
+	if err == nil {
+		rawBinary, err = copybinary.TypesMatch(ctx, wh.Conn(), r.raw.Ident(), rawColumns, rawTypes)
+	}
 	wh.Release()
 	if err != nil {
 		return err
@@ -280,7 +285,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
-		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, chunk: r.opts.ChunkChanges, step: r.step, keep: r.keep}}
+		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, rawBinary: rawBinary, chunk: r.opts.ChunkChanges, step: r.step, keep: r.keep}}
 	// s is the stream reading now: the loop below may replace it.
 	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)
