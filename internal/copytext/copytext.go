@@ -22,21 +22,48 @@ type Rows struct {
 	}
 }
 
-// pool keeps the buffers of written data: a chunk's COPY data runs to
-// megabytes, and growing a new buffer for each is most of the cost of
-// building it.
-var pool = sync.Pool{New: func() any { return new(Rows) }}
+// free keeps the Rows of finished COPYs for the next ones: a chunk's COPY
+// data runs to megabytes, and growing a new buffer for each is most of the
+// cost of building it. (A sync.Pool loses its buffers at every garbage
+// collection, which a busy writer runs several times a second.) It keeps
+// at most maxFree buffers of at most maxKept bytes each.
+var free struct {
+	sync.Mutex
+	rows []*Rows
+}
 
-// New returns empty Rows, from the pool.
+const (
+	maxFree = 4
+	maxKept = 16 << 20
+)
+
+// New returns empty Rows, reusing a released buffer when there is one.
 func New() *Rows {
-	w := pool.Get().(*Rows)
+	free.Lock()
+	var w *Rows
+	if n := len(free.rows); n > 0 {
+		w, free.rows = free.rows[n-1], free.rows[:n-1]
+	}
+	free.Unlock()
+	if w == nil {
+		w = new(Rows)
+	}
 	w.buf.Reset()
 	w.first = true
 	return w
 }
 
-// Release returns w to the pool; w is not used afterwards.
-func (w *Rows) Release() { pool.Put(w) }
+// Release returns w for reuse; w is not used afterwards.
+func (w *Rows) Release() {
+	if w.buf.Cap() > maxKept {
+		return
+	}
+	free.Lock()
+	if len(free.rows) < maxFree {
+		free.rows = append(free.rows, w)
+	}
+	free.Unlock()
+}
 
 // Data is the COPY data written so far, for CopyFrom to read.
 func (w *Rows) Data() *bytes.Buffer { return &w.buf }
