@@ -736,17 +736,38 @@ func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) 
 	if len(changes) == 0 {
 		return nil
 	}
-	type tk struct {
-		table *table
-		key   string
-	}
-	states := map[tk]*state{}
-	var order []tk
-	set := func(k tk, s *state) {
-		if _, ok := states[k]; !ok {
-			order = append(order, k)
+	// Each table's keys index the states, which are in the order their
+	// keys first appeared; most chunks are of one table.
+	var (
+		states []*state
+		index  = map[*table]map[string]int{}
+		lastT  *table
+		lastK  map[string]int
+	)
+	keys := func(t *table) map[string]int {
+		if t != lastT {
+			lastT, lastK = t, index[t]
+			if lastK == nil {
+				lastK = make(map[string]int, len(changes))
+				index[t] = lastK
+			}
 		}
-		states[k] = s
+		return lastK
+	}
+	get := func(t *table, key string) *state {
+		if i, ok := keys(t)[key]; ok {
+			return states[i]
+		}
+		return nil
+	}
+	set := func(t *table, key string, s *state) {
+		k := keys(t)
+		if i, ok := k[key]; ok {
+			states[i] = s
+			return
+		}
+		k[key] = len(states)
+		states = append(states, s)
 	}
 	for _, c := range changes {
 		t := c.table
@@ -758,28 +779,32 @@ func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) 
 			}
 			// prev is what the row was before this change, as far as
 			// this chunk knows.
-			prev := states[tk{t, newKey}]
+			prev := get(t, newKey)
 			var from row
 			if c.oldRow != nil {
 				if oldKey, ok := t.keyOf(c.oldRow); ok && oldKey != newKey {
 					// The key changed: the old key is gone, and the
 					// row's unsent columns are those of the old key.
-					prev = states[tk{t, oldKey}]
+					prev = get(t, oldKey)
 					from = c.oldRow
-					set(tk{t, oldKey}, &state{table: t, delete: true, at: c.commitTime, key: c.oldRow, before: upserted(prev)})
+					set(t, oldKey, &state{table: t, delete: true, at: c.commitTime, key: c.oldRow, before: upserted(prev)})
 				}
 			}
-			cols := make(row, len(c.newRow))
+			// cols is the change's row itself unless an update adds to
+			// what the chunk knows of it: no state's columns are
+			// changed once set.
+			cols := c.newRow
 			if p := upserted(prev); p != nil && c.op == opUpdate {
+				cols = make(row, len(p.cols))
 				for name, v := range p.cols {
 					cols[name] = v
 				}
 				if p.from != nil {
 					from = p.from
 				}
-			}
-			for name, v := range c.newRow {
-				cols[name] = v
+				for name, v := range c.newRow {
+					cols[name] = v
+				}
 			}
 			fresh := from == nil && len(cols) == len(t.columns)
 			if c.op == opInsert {
@@ -788,19 +813,18 @@ func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) 
 				p := upserted(prev)
 				fresh = fresh && p != nil && p.fresh
 			}
-			set(tk{t, newKey}, &state{table: t, cols: cols, from: from, at: c.commitTime, fresh: fresh})
+			set(t, newKey, &state{table: t, cols: cols, from: from, at: c.commitTime, fresh: fresh})
 		case opDelete:
 			key, ok := t.keyOf(c.oldRow)
 			if !ok {
 				return fmt.Errorf("cdc: %s: a delete without the key columns %v (check the table's replica identity)", t.name, t.mirror.Key)
 			}
-			set(tk{t, key}, &state{table: t, delete: true, at: c.commitTime, key: c.oldRow, before: upserted(states[tk{t, key}])})
+			set(t, key, &state{table: t, delete: true, at: c.commitTime, key: c.oldRow, before: upserted(get(t, key))})
 		}
 	}
 	byTable := map[*table]*stageRows{}
 	var tables []*table
-	for _, k := range order {
-		s := states[k]
+	for _, s := range states {
 		st := byTable[s.table]
 		if st == nil {
 			st = newStageRows(s.table)
