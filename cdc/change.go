@@ -1,8 +1,10 @@
 package cdc
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -77,49 +79,63 @@ const (
 	jsonbOID = 3802
 )
 
-// decodeTuple turns a tuple of the stream into a row, by the relation's
+// decodeTuple turns a tuple of the stream (the bytes of a TupleData, as
+// parseChange checked them; nil for none) into a row, by the relation's
 // columns cols. Unchanged TOAST values ('u') are left out, so that
 // applying the row keeps the stored value.
-func (t *table) decodeTuple(cols []column, td *pglogrepl.TupleData) (row, error) {
+func (t *table) decodeTuple(cols []column, td []byte) (row, error) {
 	if td == nil {
 		return nil, nil
 	}
-	if len(td.Columns) != len(cols) {
-		return nil, fmt.Errorf("cdc: %s: tuple has %d columns, the relation %d", t.name, len(td.Columns), len(cols))
+	n := int(binary.BigEndian.Uint16(td))
+	if n != len(cols) {
+		return nil, fmt.Errorf("cdc: %s: tuple has %d columns, the relation %d", t.name, n, len(cols))
 	}
-	r := make(row, len(td.Columns))
+	// each calls f with every column's index, kind and text value.
+	each := func(f func(i int, kind byte, v []byte)) {
+		off := 2
+		for i := range n {
+			kind := td[off]
+			off++
+			var v []byte
+			if kind == 't' || kind == 'b' {
+				l := int(binary.BigEndian.Uint32(td[off:]))
+				v, off = td[off+4:off+4+l], off+4+l
+			}
+			f(i, kind, v)
+		}
+	}
 	// The text values share one string and one slice of strings: three
 	// allocations a tuple, not two a column.
-	n := 0
-	for _, c := range td.Columns {
-		if c.DataType == pglogrepl.TupleDataTypeText {
-			n += len(c.Data)
+	size, bad := 0, -1
+	each(func(i int, kind byte, v []byte) {
+		size += len(v)
+		if kind == 'b' && bad < 0 {
+			bad = i
 		}
+	})
+	if bad >= 0 {
+		return nil, fmt.Errorf("cdc: %s: column %s arrived in format %q; only text is supported", t.name, cols[bad].name, 'b')
 	}
-	buf := make([]byte, 0, n)
-	for _, c := range td.Columns {
-		if c.DataType == pglogrepl.TupleDataTypeText {
-			buf = append(buf, c.Data...)
-		}
-	}
-	all := string(buf)
-	vals := make([]string, len(td.Columns))
+	var all strings.Builder
+	all.Grow(size)
+	each(func(_ int, _ byte, v []byte) { all.Write(v) })
+	text := all.String()
+	r := make(row, n)
+	vals := make([]string, n)
 	off := 0
-	for i, c := range td.Columns {
-		name := cols[i].name
-		switch c.DataType {
-		case pglogrepl.TupleDataTypeNull:
-			r[name] = nil
-		case pglogrepl.TupleDataTypeToast:
-			// Unchanged TOASTed value: not sent, keep what is stored.
-		case pglogrepl.TupleDataTypeText:
-			vals[i] = all[off : off+len(c.Data)]
-			off += len(c.Data)
-			r[name] = &vals[i]
-		default:
-			return nil, fmt.Errorf("cdc: %s: column %s arrived in format %q; only text is supported", t.name, name, c.DataType)
+	each(func(i int, kind byte, v []byte) {
+		switch kind {
+		case 'n':
+			r[cols[i].name] = nil
+		case 't':
+			vals[i] = text[off : off+len(v)]
+			off += len(v)
+			r[cols[i].name] = &vals[i]
 		}
-	}
+		// 'u', an unchanged TOASTed value, is not sent: what is stored
+		// stays.
+	})
 	return r, nil
 }
 

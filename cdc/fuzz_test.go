@@ -1,6 +1,8 @@
 package cdc
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"maps"
 	"reflect"
@@ -18,12 +20,15 @@ import (
 var fuzzColumns = []column{{name: "id", oid: 23, mod: -1}, {name: "name", oid: 25, mod: -1},
 	{name: "doc", oid: jsonbOID, mod: -1}, {name: "note", oid: 1043, mod: 24}}
 
-// FuzzDecode checks what tidemark decodes of pgoutput on top of
-// pglogrepl. Two messages are parsed by parseMessage from arbitrary bytes
-// (in or out of a streamed transaction): a relation message, whose columns
-// then decode the tuples of the second, an insert, update or delete.
-// Property: nothing panics (a message pglogrepl cannot decode is an
-// error); decodeTuple fails exactly on a column count that does not match
+// FuzzDecode checks what tidemark decodes of pgoutput. Two messages are
+// parsed from arbitrary bytes (in or out of a streamed transaction): a
+// relation message, by parseMessage, whose columns then decode the tuples
+// of the second, an insert, update or delete, which parseChange reads as
+// the stream does. Property: nothing panics (a message that cannot be
+// decoded is an error); parseChange reads exactly the bytes of its
+// message's parts, and what pglogrepl reads of the same message, refusing
+// only what pgoutput never sends (a column of another kind than n, u, t
+// or b, an update's new tuple tagged other than N); decodeTuple fails exactly on a column count that does not match
 // the relation and on a format other than text, null and unchanged TOAST,
 // and otherwise keeps every sent value as it arrived, NULL as nil, and
 // leaves unchanged TOAST values out; the row's JSON is valid JSON holding
@@ -58,26 +63,38 @@ func FuzzDecode(f *testing.F) {
 			}
 			cols = info.Columns
 		}
-		m, err := parseMessage(msg, inStream)
-		if err != nil {
+		if len(msg) == 0 || (msg[0] != 'I' && msg[0] != 'U' && msg[0] != 'D') {
 			return
 		}
-		var op string
-		var newT, oldT *pglogrepl.TupleData
-		switch m := m.(type) {
-		case *pglogrepl.InsertMessageV2:
-			op, newT = opInsert, m.Tuple
-		case *pglogrepl.UpdateMessageV2:
-			op, newT, oldT = opUpdate, m.NewTuple, m.OldTuple
-		case *pglogrepl.DeleteMessageV2:
-			op, oldT = opDelete, m.OldTuple
-		default:
+		m, err := parseChange(msg, inStream)
+		ref, refErr := parseMessage(msg, inStream)
+		op, newT, oldT, xid, relID := refChange(ref)
+		if err != nil {
+			if refErr == nil && !irregular(msg, inStream, ref) {
+				t.Fatalf("parseChange: %v; pglogrepl reads %+v", err, ref)
+			}
 			return
+		}
+		if enc := encodeChange(m, inStream, msg); !bytes.HasPrefix(msg, enc) {
+			t.Fatalf("parseChange reads %+v, which is % x, from % x", m, enc, msg)
+		}
+		if refErr != nil {
+			// pglogrepl refuses a message shorter than one with a
+			// column would be, such as an insert into a table without
+			// columns, which PostgreSQL allows.
+			if len(msg) > 13 {
+				t.Fatalf("parseChange reads %+v; pglogrepl: %v", m, refErr)
+			}
+			return
+		}
+		if m.op != op || m.rel != relID || (inStream && m.xid != xid) ||
+			!bytes.Equal(m.newT, encodeTuple(newT)) || !bytes.Equal(m.oldT, encodeTuple(oldT)) {
+			t.Fatalf("parseChange reads %+v; pglogrepl %+v", m, ref)
 		}
 		tab := fuzzTable(cols)
 		c := change{op: op, table: tab}
-		c.newRow = checkDecode(t, tab, cols, newT)
-		c.oldRow = checkDecode(t, tab, cols, oldT)
+		c.newRow = checkDecode(t, tab, cols, m.newT, newT)
+		c.oldRow = checkDecode(t, tab, cols, m.oldT, oldT)
 		tab.columns = cols
 		for _, r := range []row{c.newRow, c.oldRow} {
 			checkJSON(t, tab, r)
@@ -103,10 +120,87 @@ func fuzzTable(cols []column) *table {
 	return &table{relID: 1, name: "public.fuzz", columns: cols, mirror: m}
 }
 
-// checkDecode decodes td and checks the row against the tuple.
-func checkDecode(t *testing.T, tab *table, cols []column, td *pglogrepl.TupleData) row {
+// refChange returns what pglogrepl read of an insert, update or delete.
+func refChange(m pglogrepl.Message) (op string, newT, oldT *pglogrepl.TupleData, xid, rel uint32) {
+	switch m := m.(type) {
+	case *pglogrepl.InsertMessageV2:
+		return opInsert, m.Tuple, nil, m.Xid, m.RelationID
+	case *pglogrepl.UpdateMessageV2:
+		return opUpdate, m.NewTuple, m.OldTuple, m.Xid, m.RelationID
+	case *pglogrepl.DeleteMessageV2:
+		return opDelete, nil, m.OldTuple, m.Xid, m.RelationID
+	}
+	return "", nil, nil, 0, 0
+}
+
+// encodeChange is the message m was read from (up to the end of its last
+// tuple), the tag of its old tuple, K or O, taken from msg.
+func encodeChange(m changeMessage, inStream bool, msg []byte) []byte {
+	b := []byte{map[string]byte{opInsert: 'I', opUpdate: 'U', opDelete: 'D'}[m.op]}
+	if inStream {
+		b = binary.BigEndian.AppendUint32(b, m.xid)
+	}
+	b = binary.BigEndian.AppendUint32(b, m.rel)
+	if m.oldT != nil {
+		tag := byte('?')
+		if len(msg) > len(b) && (msg[len(b)] == 'K' || msg[len(b)] == 'O') {
+			tag = msg[len(b)]
+		}
+		b = append(append(b, tag), m.oldT...)
+	}
+	if m.newT != nil {
+		b = append(append(b, 'N'), m.newT...)
+	}
+	return b
+}
+
+// encodeTuple is the TupleData td was read from, nil for none.
+func encodeTuple(td *pglogrepl.TupleData) []byte {
+	if td == nil {
+		return nil
+	}
+	b := binary.BigEndian.AppendUint16(nil, td.ColumnNum)
+	for _, c := range td.Columns {
+		b = append(b, c.DataType)
+		if c.DataType == pglogrepl.TupleDataTypeText || c.DataType == pglogrepl.TupleDataTypeBinary {
+			b = binary.BigEndian.AppendUint32(b, uint32(len(c.Data)))
+			b = append(b, c.Data...)
+		}
+	}
+	return b
+}
+
+// irregular reports whether a message that pglogrepl read is one that
+// parseChange refuses, and rightly: a column of a kind pgoutput does not
+// send (pglogrepl reads it as holding no bytes), or an update whose new
+// tuple is not tagged N (pglogrepl skips the tag unread).
+func irregular(msg []byte, inStream bool, ref pglogrepl.Message) bool {
+	_, newT, oldT, _, _ := refChange(ref)
+	for _, td := range []*pglogrepl.TupleData{newT, oldT} {
+		if td == nil {
+			continue
+		}
+		for _, c := range td.Columns {
+			if !strings.ContainsRune("nutb", rune(c.DataType)) {
+				return true
+			}
+		}
+	}
+	if u, ok := ref.(*pglogrepl.UpdateMessageV2); ok && u.OldTuple != nil {
+		at := 1 + 4 + 1 + len(encodeTuple(u.OldTuple))
+		if inStream {
+			at += 4
+		}
+		return at >= len(msg) || msg[at] != 'N'
+	}
+	return false
+}
+
+// checkDecode decodes the tuple raw and checks the row against what
+// pglogrepl read of it, td.
+func checkDecode(t *testing.T, tab *table, cols []column, raw []byte, td *pglogrepl.TupleData) row {
 	t.Helper()
-	r, err := tab.decodeTuple(cols, td)
+	r, err := tab.decodeTuple(cols, raw)
 	if td == nil {
 		if r != nil || err != nil {
 			t.Fatalf("no tuple decodes to %v, %v", r, err)

@@ -226,6 +226,13 @@ func (s *stream) copyData(ctx context.Context, data []byte) error {
 			return fmt.Errorf("xlog data: %w", err)
 		}
 		s.walEnd = max(s.walEnd, x.ServerWALEnd)
+		if d := x.WALData; len(d) > 0 && (d[0] == 'I' || d[0] == 'U' || d[0] == 'D') {
+			m, err := parseChange(d, s.inStream)
+			if err != nil {
+				return fmt.Errorf("decode pgoutput: %w", err)
+			}
+			return s.change(ctx, m.op, m.xid, m.rel, m.newT, m.oldT)
+		}
 		msg, err := parseMessage(x.WALData, s.inStream)
 		if err != nil {
 			return fmt.Errorf("decode pgoutput: %w", err)
@@ -246,10 +253,12 @@ func btoi(b bool) int {
 // errMalformed is the error of a pgoutput message that cannot be decoded.
 var errMalformed = errors.New("malformed pgoutput message")
 
-// parseMessage decodes a pgoutput message. pglogrepl indexes into a
-// message without checking its length, so an empty, truncated or
-// malformed message panics there; here it is an error, which ends the
-// stream (the slot sends the transaction again) instead of the process.
+// parseMessage decodes a pgoutput message with pglogrepl: the stream
+// reads inserts, updates and deletes with parseChange instead, which
+// copies nothing. pglogrepl indexes into a message without checking its
+// length, so an empty, truncated or malformed message panics there; here
+// it is an error, which ends the stream (the slot sends the transaction
+// again) instead of the process.
 func parseMessage(data []byte, inStream bool) (msg pglogrepl.Message, err error) {
 	if len(data) == 0 {
 		return nil, fmt.Errorf("%w: empty", errMalformed)
@@ -449,12 +458,6 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 		if s.a.changes() >= int64(s.r.opts.GroupChanges) || time.Since(s.groupStart) >= s.r.opts.GroupAge {
 			return s.commitGroup(ctx)
 		}
-	case *pglogrepl.InsertMessageV2:
-		return s.change(ctx, opInsert, m.Xid, m.RelationID, m.Tuple, nil)
-	case *pglogrepl.UpdateMessageV2:
-		return s.change(ctx, opUpdate, m.Xid, m.RelationID, m.NewTuple, m.OldTuple)
-	case *pglogrepl.DeleteMessageV2:
-		return s.change(ctx, opDelete, m.Xid, m.RelationID, nil, m.OldTuple)
 	case *pglogrepl.TruncateMessageV2:
 		for _, id := range m.RelationIDs {
 			if err := s.change(ctx, opTruncate, m.Xid, id, nil, nil); err != nil {
@@ -598,7 +601,7 @@ func (s *stream) typesKept(ctx context.Context, t *table, cols []column) error {
 
 // change decodes one row change and applies it, or buffers it when it
 // belongs to a streamed transaction.
-func (s *stream) change(ctx context.Context, op string, xid, rel uint32, newT, oldT *pglogrepl.TupleData) error {
+func (s *stream) change(ctx context.Context, op string, xid, rel uint32, newT, oldT []byte) error {
 	t := s.rels[rel]
 	if t == nil {
 		// Not a tracked table (a publication may hold more).
