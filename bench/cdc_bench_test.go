@@ -59,7 +59,9 @@ const cdcTarget = 0.6
 //	(a) pg_recvlogical decoding 1,000,000 changes (600k inserts, 300k
 //	    updates, 100k deletes in transactions of 1,000) from a pgoutput
 //	    slot and throwing the output away: the limit of what the server
-//	    can decode and send;
+//	    can decode and send; measured before (b) and again after it, from
+//	    a second slot, and averaged, so that the machine's speed drifting
+//	    between the two measurements moves the ratio less;
 //	(b) tidemark applying the same changes from its own slot: raw change
 //	    rows, ledger, mirror, positions, confirmed to the slot;
 //	(a') the raw change rows (b) wrote, COPYed alone; (a'') the floor of
@@ -81,22 +83,37 @@ func BenchmarkCDC(b *testing.B) {
 		// snapshot and stops; the decode-only slot is created next to it,
 		// so both slots hold exactly the changes written below.
 		srcDSN, src, wh, cfg := cdcSlots(b, srv)
+		if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode_after', 'pgoutput')`); err != nil {
+			b.Fatal(err)
+		}
 		end := writeCDCWorkload(b, src)
-
-		// (a) pg_recvlogical to the end LSN.
-		e.settle(b)
-		prof := startProfile(b, srv, dbName(b, srcDSN))
-		cpu := markCPU(b, srv)
-		decodeTook, decodedBytes := decodeOnly(b, recvlogical, srcDSN, end)
-		decodeCPU := cpu.since(b, srv)
-		prof.report(b, "(a) pg_recvlogical")
-		if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot('bench_decode')`); err != nil {
+		// Autovacuum of the tables just written would take CPU from
+		// whichever measurement it falls into: the tables are vacuumed
+		// first, and each measurement waits until no autovacuum runs.
+		if _, err := src.Exec(ctx, `VACUUM (ANALYZE) orders`); err != nil {
 			b.Fatal(err)
 		}
 
+		// (a) pg_recvlogical to the end LSN, before (b) and after.
+		decode := func(slot string) (time.Duration, int64, cpuUse) {
+			e.settle(b)
+			waitNoAutovacuum(b, srv)
+			prof := startProfile(b, srv, dbName(b, srcDSN))
+			cpu := markCPU(b, srv)
+			took, decoded := decodeOnly(b, recvlogical, srcDSN, slot, end)
+			used := cpu.since(b, srv)
+			prof.report(b, "(a) pg_recvlogical, slot "+slot)
+			if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
+				b.Fatal(err)
+			}
+			return took, decoded, used
+		}
+		decodeBefore, decodedBytes, decodeCPUBefore := decode("bench_decode")
+
 		// (b) tidemark from the same position to the same end LSN.
 		e.settle(b)
-		prof = startProfile(b, srv, dbName(b, srcDSN), dbName(b, cfg.Warehouse.DSN))
+		waitNoAutovacuum(b, srv)
+		prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, cfg.Warehouse.DSN))
 		started, cpu, procs := time.Now(), markCPU(b, srv), readServerProcs(srv.Pid())
 		stopGo := startGoProfile(b, "cdc_apply")
 		rd := startReader(b, cfg, wh)
@@ -105,6 +122,14 @@ func BenchmarkCDC(b *testing.B) {
 		stopGo()
 		applyProcs := procs.since(srv.Pid())
 		prof.report(b, "(b) tidemark CDC apply")
+		for _, q := range []string{`VACUUM (ANALYZE) dw_orders`, `VACUUM (ANALYZE) raw.shop`} {
+			if _, err := wh.Exec(ctx, q); err != nil {
+				b.Fatal(err)
+			}
+		}
+		decodeAfter, _, decodeCPUAfter := decode("bench_decode_after")
+		decodeTook := (decodeBefore + decodeAfter) / 2
+		decodeCPU := cpuUse{wall: decodeTook, pg: (decodeCPUBefore.pg + decodeCPUAfter.pg) / 2, rest: (decodeCPUBefore.rest + decodeCPUAfter.rest) / 2}
 		var raw, mirrored int64
 		if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_orders WHERE deleted_at IS NULL)`).Scan(&raw, &mirrored); err != nil {
 			b.Fatal(err)
@@ -156,7 +181,7 @@ func BenchmarkCDC(b *testing.B) {
 		b.ReportMetric((applyCPU.pg+applyCPU.rest).Seconds()/atTarget, "cores_needed_at_target")
 		fmt.Fprintf(os.Stderr, `
 CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000), fsync on:
-  (a) pg_recvlogical decode only, output discarded   %8.0f changes/s  (%s, %d MiB of pgoutput)
+  (a) pg_recvlogical decode only, output discarded   %8.0f changes/s  (%s, %d MiB of pgoutput; before (b) %s, %.1f s CPU; after %s, %.1f s CPU)
       %s
   (a') COPY of the same raw change rows, nothing else %8.0f rows/s     (%s)
   (a'') the floor: (a)'s CPU and that of COPYing the raw change rows and the mirror's
@@ -166,7 +191,8 @@ CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000
       PostgreSQL's by process: %s
       at (b)/(a) = %.1f, (b) would take %.1f s: the CPU it used needs %.2f cores then, PostgreSQL's share alone %.2f
   (c) steady %.0f changes/s for 30s, %d transactions: lag p50 %s, p99 %s, max %s
-`, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decodedBytes>>20, decodeCPU,
+`, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decodedBytes>>20, decodeBefore.Round(time.Millisecond), (decodeCPUBefore.pg + decodeCPUBefore.rest).Seconds(),
+			decodeAfter.Round(time.Millisecond), (decodeCPUAfter.pg + decodeCPUAfter.rest).Seconds(), decodeCPU,
 			rawRate, rawTook.Round(time.Millisecond), floorCPU.Seconds(), runtime.NumCPU(), floorRate, floorRate/decodeRate,
 			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/rawRate, applyRate/floorRate, applyCPU, applyProcs,
 			cdcTarget, atTarget, (applyCPU.pg+applyCPU.rest).Seconds()/atTarget, applyCPU.pg.Seconds()/atTarget,
@@ -243,13 +269,35 @@ func serverFloor(b *testing.B, whDSN string) time.Duration {
 	return used
 }
 
-// decodeOnly runs pg_recvlogical on slot bench_decode of srcDSN up to end
+// waitNoAutovacuum waits, up to two minutes, until no autovacuum worker
+// of srv runs.
+func waitNoAutovacuum(b *testing.B, srv *pgserver.Server) {
+	b.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+	b.Fatal("autovacuum still runs after two minutes")
+}
+
+// decodeOnly runs pg_recvlogical on slot of srcDSN up to end
 // with the options tidemark's reader uses, throwing the output away, and
 // returns how long it took and how many bytes it received.
-func decodeOnly(b *testing.B, recvlogical, srcDSN, end string) (time.Duration, int64) {
+func decodeOnly(b *testing.B, recvlogical, srcDSN, slot, end string) (time.Duration, int64) {
 	b.Helper()
 	started := time.Now()
-	cmd := exec.CommandContext(context.Background(), recvlogical, "-d", srcDSN, "--slot", "bench_decode", "--start", "--no-loop",
+	cmd := exec.CommandContext(context.Background(), recvlogical, "-d", srcDSN, "--slot", slot, "--start", "--no-loop",
 		"--endpos", end, "-F", "0", "-f", "-",
 		"-o", "proto_version=2", "-o", "publication_names=tidemark_shop", "-o", "streaming=on")
 	var decoded countingWriter

@@ -135,7 +135,7 @@ func cdcPointRates(b *testing.B, e *env, recvlogical string, p cdcPoint) (decode
 	}
 
 	e.settle(b)
-	decodeTook, _ := decodeOnly(b, recvlogical, srcDSN, end)
+	decodeTook, _ := decodeOnly(b, recvlogical, srcDSN, "bench_decode", end)
 
 	e.settle(b)
 	runtime.GC()
