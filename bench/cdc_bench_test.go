@@ -223,21 +223,24 @@ func emptyChangeTable(b *testing.B, conn *pgx.Conn, name string) {
 }
 
 // copyRawRows copies the raw change rows tidemark wrote into an empty
-// change table of the same shape, COPY piped into COPY, and returns how
-// long it took: the cost of the raw rows alone.
+// change table of the same shape, COPY piped into COPY in the binary
+// format tidemark writes them in, and returns how long it took: the cost
+// of the raw rows alone.
 func copyRawRows(b *testing.B, whDSN string) time.Duration {
 	b.Helper()
 	src, dst := connect(b, whDSN), connect(b, whDSN)
 	emptyChangeTable(b, dst, "shop_copy")
 	started := time.Now()
-	pipeCOPY(b, src, dst, "COPY (SELECT "+rawChangeColumns+" FROM raw.shop) TO STDOUT", "COPY raw.shop_copy ("+rawChangeColumns+") FROM STDIN", int64(cdcChanges))
+	pipeCOPY(b, src, dst, "COPY (SELECT "+rawChangeColumns+" FROM raw.shop) TO STDOUT (FORMAT binary)",
+		"COPY raw.shop_copy ("+rawChangeColumns+") FROM STDIN (FORMAT binary)", int64(cdcChanges))
 	return time.Since(started)
 }
 
 // serverFloor measures the CPU of the least the server must do for (b)
 // besides decoding: COPY the raw change rows tidemark wrote, and the
 // mirror's final rows, into empty tables of the same shape, from memory
-// (read out beforehand, so that reading them costs nothing). Any reader
+// (read out beforehand, so that reading them costs nothing), in binary,
+// the format the server reads at the least CPU. Any reader
 // must at least receive every change ((a)'s CPU) and write each raw row
 // and each final mirror row once; updates and deletes only add to that.
 func serverFloor(b *testing.B, whDSN string) time.Duration {
@@ -250,8 +253,8 @@ func serverFloor(b *testing.B, whDSN string) time.Duration {
 	}
 	var used time.Duration
 	for _, l := range []struct{ out, in string }{
-		{"COPY (SELECT " + rawChangeColumns + " FROM raw.shop) TO STDOUT", "COPY raw.shop_floor (" + rawChangeColumns + ") FROM STDIN"},
-		{"COPY dw_orders TO STDOUT", "COPY dw_orders_floor FROM STDIN"},
+		{"COPY (SELECT " + rawChangeColumns + " FROM raw.shop) TO STDOUT (FORMAT binary)", "COPY raw.shop_floor (" + rawChangeColumns + ") FROM STDIN (FORMAT binary)"},
+		{"COPY dw_orders TO STDOUT (FORMAT binary)", "COPY dw_orders_floor FROM STDIN (FORMAT binary)"},
 	} {
 		var buf bytes.Buffer
 		if _, err := conn.PgConn().CopyTo(ctx, &buf, l.out); err != nil {
