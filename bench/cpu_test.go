@@ -83,10 +83,16 @@ type serverProc struct {
 	ticks uint64
 }
 
-// readServerProcs reads the processes of the server whose postmaster is
-// pm.
-func readServerProcs(pm int) serverProcs {
-	procs := serverProcs{}
+// proc is a process as /proc/<pid>/stat shows it.
+type proc struct {
+	ppid   int
+	zombie bool   // exited, not yet reaped: it shows no CPU time
+	ticks  uint64 // CPU time, its own and that of the children it reaped
+}
+
+// readProcs reads every process of the machine.
+func readProcs() map[int]proc {
+	procs := map[int]proc{}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return procs
@@ -100,25 +106,38 @@ func readServerProcs(pm int) serverProcs {
 		if err != nil {
 			continue
 		}
+		// The fields after the command, which is in parentheses: state,
+		// ppid, ..., utime (12th), stime, cutime, cstime.
 		_, rest, ok := strings.Cut(string(data), ") ")
 		f := strings.Fields(rest)
 		if !ok || len(f) < 15 {
 			continue
 		}
-		if ppid, _ := strconv.Atoi(f[1]); ppid != pm && pid != pm {
-			continue
-		}
-		var ticks uint64
+		p := proc{zombie: f[0] == "Z"}
+		p.ppid, _ = strconv.Atoi(f[1])
 		for _, s := range f[11:15] {
 			v, _ := strconv.ParseUint(s, 10, 64)
-			ticks += v
+			p.ticks += v
+		}
+		procs[pid] = p
+	}
+	return procs
+}
+
+// readServerProcs reads the processes of the server whose postmaster is
+// pm.
+func readServerProcs(pm int) serverProcs {
+	procs := serverProcs{}
+	for pid, p := range readProcs() {
+		if p.ppid != pm && pid != pm {
+			continue
 		}
 		kind := "exited processes"
 		if pid != pm {
-			title, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			title, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 			kind = procKind(string(bytes.TrimRight(title, "\x00")))
 		}
-		procs[pid] = serverProc{kind: kind, ticks: ticks}
+		procs[pid] = serverProc{kind: kind, ticks: p.ticks}
 	}
 	return procs
 }

@@ -232,39 +232,10 @@ func treesCPU(roots ...int) []uint64 {
 // the trees.
 func readTreesCPU(roots []int) ([]uint64, int) {
 	sums := make([]uint64, len(roots))
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return sums, 0
-	}
-	zombie := map[int]bool{}
+	procs := readProcs()
 	children := map[int][]int{}
-	ticks := map[int]uint64{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// The fields after the command, which is in parentheses: state,
-		// ppid, ..., utime (12th), stime, cutime, cstime.
-		_, rest, ok := strings.Cut(string(data), ") ")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) < 15 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		children[ppid] = append(children[ppid], pid)
-		zombie[pid] = f[0] == "Z"
-		for _, s := range f[11:15] {
-			v, _ := strconv.ParseUint(s, 10, 64)
-			ticks[pid] += v
-		}
+	for pid, p := range procs {
+		children[p.ppid] = append(children[p.ppid], pid)
 	}
 	zombies := 0
 	for i, root := range roots {
@@ -272,8 +243,8 @@ func readTreesCPU(roots []int) ([]uint64, int) {
 		for len(stack) > 0 {
 			p := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
-			sums[i] += ticks[p]
-			if zombie[p] {
+			sums[i] += procs[p].ticks
+			if procs[p].zombie {
 				zombies++
 			}
 			stack = append(stack, children[p]...)
