@@ -102,8 +102,12 @@ func TestReconcileFaults(t *testing.T) {
 }
 
 // waitConsistent waits until daily_sales equals a rebuild from the raw
-// table and no partition is pending, failing the test if the reconciler
-// stops or timeout passes first.
+// table, no partition is pending and the load watermark has passed every
+// load in the ledger, failing the test if the reconciler stops or timeout
+// passes first. Without the last condition a rebuild may already have
+// read a load that the next claim has yet to read: that claim queues the
+// load's partitions once more, and a check for an empty queue made just
+// before it passes while one made just after fails.
 func waitConsistent(t *testing.T, b *bundle, done <-chan error, timeout time.Duration, what string) {
 	t.Helper()
 	const (
@@ -112,7 +116,10 @@ func waitConsistent(t *testing.T, b *bundle, done <-chan error, timeout time.Dur
 		// rebuilding every partition gives.
 		want = `SELECT event_time::date::text, sum((payload->>'amount')::numeric(12,2))::text, count(*)::int
 			FROM raw.app_events GROUP BY 1 ORDER BY 1`
-		pending = `SELECT count(*) FROM tidemark.pending_partitions WHERE aggregate = 'daily_sales'`
+		// pending counts queued partitions and loads the claims have not read.
+		pending = `SELECT (SELECT count(*) FROM tidemark.pending_partitions WHERE aggregate = 'daily_sales')
+			+ (SELECT count(*) FROM tidemark.ingest_ledger l
+			   WHERE l.load_xid >= coalesce((SELECT load_xid FROM tidemark.load_watermarks WHERE aggregate = 'daily_sales'), '0'::xid8))`
 	)
 	deadline := time.Now().Add(timeout)
 	for {
@@ -143,7 +150,7 @@ func waitConsistent(t *testing.T, b *bundle, done <-chan error, timeout time.Dur
 				t.Fatalf("waiting for %s: daily_sales was not created within %s", what, timeout)
 			}
 			pgtest.Equal(t, "daily_sales against a rebuild", g, w)
-			t.Fatalf("waiting for %s: not consistent within %s (%d partitions queued)", what, timeout, queued)
+			t.Fatalf("waiting for %s: not consistent within %s (%d partitions queued or loads unclaimed)", what, timeout, queued)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
