@@ -91,51 +91,53 @@ func (t *table) decodeTuple(cols []column, td []byte) (row, error) {
 	if n != len(cols) {
 		return nil, fmt.Errorf("cdc: %s: tuple has %d columns, the relation %d", t.name, n, len(cols))
 	}
-	// each calls f with every column's index, kind and text value.
-	each := func(f func(i int, kind byte, v []byte)) {
-		off := 2
-		for i := range n {
-			kind := td[off]
-			off++
-			var v []byte
-			if kind == 't' || kind == 'b' {
-				l := int(binary.BigEndian.Uint32(td[off:]))
-				v, off = td[off+4:off+4+l], off+4+l
-			}
-			f(i, kind, v)
-		}
+	// One scan finds each value's kind and place, one copy puts the text
+	// values into one string, and the row's values are slices of it:
+	// three allocations a tuple, not two a column.
+	type span struct {
+		kind     byte
+		from, to int
 	}
-	// The text values share one string and one slice of strings: three
-	// allocations a tuple, not two a column.
-	size, bad := 0, -1
-	each(func(i int, kind byte, v []byte) {
-		size += len(v)
-		if kind == 'b' && bad < 0 {
-			bad = i
+	var small [16]span
+	spans := small[:0]
+	off, size := 2, 0
+	for i := range n {
+		kind := td[off]
+		off++
+		sp := span{kind: kind, from: off, to: off}
+		switch kind {
+		case 't', 'b':
+			l := int(binary.BigEndian.Uint32(td[off:]))
+			sp.from, sp.to = off+4, off+4+l
+			off = sp.to
+			if kind == 'b' {
+				return nil, fmt.Errorf("cdc: %s: column %s arrived in format %q; only text is supported", t.name, cols[i].name, 'b')
+			}
+			size += l
 		}
-	})
-	if bad >= 0 {
-		return nil, fmt.Errorf("cdc: %s: column %s arrived in format %q; only text is supported", t.name, cols[bad].name, 'b')
+		spans = append(spans, sp)
 	}
 	var all strings.Builder
 	all.Grow(size)
-	each(func(_ int, _ byte, v []byte) { all.Write(v) })
+	for _, sp := range spans {
+		all.Write(td[sp.from:sp.to])
+	}
 	text := all.String()
 	r := make(row, n)
 	vals := make([]string, n)
-	off := 0
-	each(func(i int, kind byte, v []byte) {
-		switch kind {
+	off = 0
+	for i, sp := range spans {
+		switch sp.kind {
 		case 'n':
 			r[cols[i].name] = nil
 		case 't':
-			vals[i] = text[off : off+len(v)]
-			off += len(v)
+			vals[i] = text[off : off+sp.to-sp.from]
+			off += sp.to - sp.from
 			r[cols[i].name] = &vals[i]
 		}
 		// 'u', an unchanged TOASTed value, is not sent: what is stored
 		// stays.
-	})
+	}
 	return r, nil
 }
 

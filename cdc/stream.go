@@ -242,14 +242,6 @@ func (s *stream) copyData(ctx context.Context, data []byte) error {
 	return nil
 }
 
-// btoi is 1 for true, 0 for false.
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // errMalformed is the error of a pgoutput message that cannot be decoded.
 var errMalformed = errors.New("malformed pgoutput message")
 
@@ -303,7 +295,11 @@ func lengthsFit(data []byte, inStream bool) bool {
 	}
 	// A tuple follows its tag; after an update's old tuple pglogrepl
 	// skips one byte unread, whatever it is, and reads the new tuple.
-	for tuples := 1 + btoi(data[0] == 'U' && p[0] != 'N'); tuples > 0 && len(p) > 0; tuples-- {
+	tuples := 1
+	if data[0] == 'U' && p[0] != 'N' {
+		tuples = 2
+	}
+	for ; tuples > 0 && len(p) > 0; tuples-- {
 		if len(p) < 3 {
 			return true
 		}
