@@ -627,8 +627,7 @@ func rawRows(g *group, changes []change) *copybinary.Reader {
 		lsnText string
 	)
 	jsonb := func(b []byte, t *table, r row) []byte {
-		b, f := copybinary.Open(b)
-		b = append(b, 1) // jsonb's binary format version
+		b, f := copybinary.OpenJSONB(b)
 		return copybinary.Close(t.appendJSON(b, r), f)
 	}
 	return copybinary.NewReader(len(changes), func(b []byte, i int) []byte {

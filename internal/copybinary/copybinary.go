@@ -124,9 +124,15 @@ func JSONB(b []byte, json []byte) []byte {
 	if json == nil {
 		return Null(b)
 	}
-	b = binary.BigEndian.AppendUint32(b, uint32(1+len(json)))
-	b = append(b, 1) // jsonb's binary format version
-	return append(b, json...)
+	b, at := OpenJSONB(b)
+	return Close(append(b, json...), at)
+}
+
+// OpenJSONB starts a jsonb field whose JSON text the caller appends to
+// the returned slice, to be ended with Close.
+func OpenJSONB(b []byte) ([]byte, int) {
+	b, at := Open(b)
+	return append(b, 1), at // jsonb's binary format version
 }
 
 // LSN appends a pg_lsn field.
