@@ -593,15 +593,18 @@ func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
 	}
 }
 
-// receive reads one message, or returns nil when wait passes first. The
-// wait is a read deadline on the connection, not a context: pgconn would
-// register and remove a context watcher, and this a timer, for every
-// message, at hundreds of thousands of messages a second. pgconn keeps
+// receive reads one message, or returns nil when deadline passes first
+// (up to receiveSlack early). The wait is a read deadline on the
+// connection, not a context: pgconn would register and remove a context
+// watcher, and this a timer, for every message, at hundreds of thousands
+// of messages a second; and the deadline is only moved when it moves by
+// more than receiveSlack, since the stream mostly asks for the same one
+// (its next status update or the end of a group's window). pgconn keeps
 // the connection after a read deadline passes, and the next call finishes
 // a message read in part. ctx ends the wait at once through the deadline
 // that watchStop sets.
-func receive(ctx context.Context, conn *pgconn.PgConn, wait time.Duration) (pgproto3.BackendMessage, error) {
-	if err := conn.Conn().SetReadDeadline(time.Now().Add(wait)); err != nil {
+func receive(ctx context.Context, conn *pgconn.PgConn, deadline time.Time) (pgproto3.BackendMessage, error) {
+	if err := pgconnect.ReadDeadlineNear(conn.Conn(), deadline, receiveSlack); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -618,6 +621,9 @@ func receive(ctx context.Context, conn *pgconn.PgConn, wait time.Duration) (pgpr
 	}
 	return msg, nil
 }
+
+// receiveSlack is how much earlier than asked receive may time out.
+const receiveSlack = time.Millisecond
 
 // watchStop makes a read that receive is waiting in return at once when
 // ctx ends; the returned function stops watching.

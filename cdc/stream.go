@@ -121,10 +121,11 @@ func (s *stream) run(ctx context.Context) error {
 			s.a.rollback(ctx)
 			return err
 		}
-		wait := interval - time.Since(s.sentAt)
+		started := time.Now()
+		wait := interval - started.Sub(s.sentAt)
 		if s.a.open() && !s.inTxn {
 			// Between transactions, a group waits for more only briefly.
-			wait = min(wait, s.r.opts.GroupAge-time.Since(s.groupStart))
+			wait = min(wait, s.r.opts.GroupAge-started.Sub(s.groupStart))
 		}
 		if len(s.a.committing) > 0 {
 			// A group is committing: look again soon, to confirm it.
@@ -139,10 +140,9 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			wait = interval
 		}
-		started := time.Now()
 		if wait > 0 {
 			var err error
-			if msg, err = receive(ctx, s.repl, wait); err != nil {
+			if msg, err = receive(ctx, s.repl, started.Add(wait)); err != nil {
 				if ctx.Err() != nil {
 					return s.finish(ctx)
 				}

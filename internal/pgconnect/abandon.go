@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,11 @@ type guardedConn struct {
 	// it is never cleared, since pgconn only cancels a session it is
 	// about to close or has stopped waiting for.
 	abandoned atomic.Bool
+
+	// mu orders the deadlines set, so that readDeadline is the read
+	// deadline in force: the zero time for none.
+	mu           sync.Mutex
+	readDeadline time.Time
 }
 
 func (c *guardedConn) bound(t time.Time) time.Time {
@@ -52,10 +58,42 @@ func (c *guardedConn) bound(t time.Time) time.Time {
 }
 
 // SetDeadline implements net.Conn.
-func (c *guardedConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(c.bound(t)) }
+func (c *guardedConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t = c.bound(t)
+	c.readDeadline = t
+	return c.Conn.SetDeadline(t)
+}
 
 // SetReadDeadline implements net.Conn.
-func (c *guardedConn) SetReadDeadline(t time.Time) error { return c.Conn.SetReadDeadline(c.bound(t)) }
+func (c *guardedConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t = c.bound(t)
+	c.readDeadline = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+// ReadDeadlineNear sets the read deadline of conn, a connection of this
+// package's sessions, to t unless the one in force is already at most
+// slack before t, and not after it: a stream that reads many small
+// messages spends more on re-arming the runtime's timer for each than on
+// reading most of them, while the deadline it wants moves little. A read
+// then times out at most slack early. Other connections always get t.
+func ReadDeadlineNear(conn net.Conn, t time.Time, slack time.Duration) error {
+	g := guarded(conn)
+	if g == nil {
+		return conn.SetReadDeadline(t)
+	}
+	g.mu.Lock()
+	at := g.readDeadline
+	g.mu.Unlock()
+	if !at.IsZero() && !at.After(t) && t.Sub(at) <= slack {
+		return nil
+	}
+	return conn.SetReadDeadline(t)
+}
 
 // SetWriteDeadline implements net.Conn.
 func (c *guardedConn) SetWriteDeadline(t time.Time) error {
@@ -106,7 +144,7 @@ func guard(cc *pgconn.Config, d *net.Dialer) {
 			// this far was dialed as a cancel request: it is a
 			// session after all.
 			session.abandoned.Store(false)
-			_ = session.Conn.SetDeadline(time.Time{})
+			_ = session.SetDeadline(time.Time{})
 		}
 		config.DialFunc = cancelDial(d, session)
 		return conn, nil
