@@ -263,8 +263,15 @@ func (a *applier) begin(ctx context.Context) error {
 	// a bound parameter; at PostgreSQL's precision both are the same value,
 	// which the reconciler relies on to find a load's raw rows.
 	ingestedAt := a.now().Truncate(time.Microsecond)
+	// A group's changes are mostly as many as the last one's: room for
+	// that many (up to a chunk) spares growing the slice change by change.
+	var room int
+	if a.last != nil {
+		room = int(min(a.last.changes, int64(a.chunk)))
+	}
 	a.g = &group{conn: conn, tx: tx, ctx: gctx, release: func() { stop(); cancel() }, prev: a.last, done: make(chan struct{}),
-		staged: map[string]bool{}, ops: map[string]int64{}, buckets: map[time.Time]*bucket{}, ingestedAt: ingestedAt}
+		pending: make([]change, 0, room),
+		staged:  map[string]bool{}, ops: map[string]int64{}, buckets: map[time.Time]*bucket{}, ingestedAt: ingestedAt}
 	a.last = a.g
 	return nil
 }
