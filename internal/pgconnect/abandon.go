@@ -58,21 +58,19 @@ func (c *guardedConn) bound(t time.Time) time.Time {
 }
 
 // SetDeadline implements net.Conn.
-func (c *guardedConn) SetDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t = c.bound(t)
-	c.readDeadline = t
-	return c.Conn.SetDeadline(t)
-}
+func (c *guardedConn) SetDeadline(t time.Time) error { return c.setRead(t, c.Conn.SetDeadline) }
 
 // SetReadDeadline implements net.Conn.
-func (c *guardedConn) SetReadDeadline(t time.Time) error {
+func (c *guardedConn) SetReadDeadline(t time.Time) error { return c.setRead(t, c.Conn.SetReadDeadline) }
+
+// setRead sets a deadline that includes the read deadline with set,
+// bounded, and records it.
+func (c *guardedConn) setRead(t time.Time, set func(time.Time) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t = c.bound(t)
 	c.readDeadline = t
-	return c.Conn.SetReadDeadline(t)
+	return set(t)
 }
 
 // ReadDeadlineNear sets the read deadline of conn, a connection of this
