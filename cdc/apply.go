@@ -200,6 +200,9 @@ type group struct {
 	// savepoints counts the savepoints of fresh rows this group has set:
 	// each may hold a subtransaction ID until the group ends.
 	savepoints int
+	// copied, merged and deleted count the mirror rows the group's
+	// chunks wrote, by how (see tidemark_cdc_mirror_rows_total).
+	copied, merged, deleted int64
 	// The group so far: transactions, changes, the end of the last
 	// transaction and its commit time.
 	txns, changes int64
@@ -1002,7 +1005,9 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 		if err != nil {
 			return err
 		}
-		if !copied {
+		if copied {
+			g.copied += int64(len(st.fresh))
+		} else {
 			st.stageFresh()
 		}
 	}
@@ -1073,10 +1078,15 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 			return fmt.Errorf("insert into %s: %w", target, err)
 		}
 	}
+	g.merged += int64(st.upserts)
 	if st.deletes == 0 {
 		return nil
 	}
-	return a.applyDeletes(ctx, g, st, keyMatch)
+	if err := a.applyDeletes(ctx, g, st, keyMatch); err != nil {
+		return err
+	}
+	g.deleted += int64(st.deletes)
+	return nil
 }
 
 // freshBackoff is the number of chunks of a mirror that stage their

@@ -10,6 +10,7 @@ import (
 // metrics are the Prometheus series of one CDC source.
 type metrics struct {
 	changes   *prometheus.CounterVec
+	mirrored  *prometheus.CounterVec
 	txns      prometheus.Counter
 	applyLag  prometheus.Observer
 	applied   prometheus.Gauge
@@ -120,6 +121,10 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Name: "tidemark_cdc_changes_applied_total",
 		Help: "Row changes written to the warehouse (raw change rows), by operation; counted when their group commits.",
 	}, []string{"source", "op"})
+	mirrored := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tidemark_cdc_mirror_rows_total",
+		Help: "Mirror rows written, by how: copied (keys a chunk inserted, COPYed straight into the mirror), merged (other upserts, staged and merged), deleted (staged deletes, flagged or removed), after a chunk's changes to each key are folded into one. Counted when their group commits.",
+	}, []string{"source", "how"})
 	txns := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tidemark_cdc_transactions_total",
 		Help: "Source transactions applied.",
@@ -156,6 +161,7 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		copied = promreg.Shared(reg, copied)
 		snapRows = promreg.Shared(reg, snapRows)
 		changes = promreg.Shared(reg, changes)
+		mirrored = promreg.Shared(reg, mirrored)
 		txns = promreg.Shared(reg, txns)
 		lag = promreg.Shared(reg, lag)
 		applied = promreg.Shared(reg, applied)
@@ -164,8 +170,12 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 	for _, op := range []string{opInsert, opUpdate, opDelete, opTruncate} {
 		changes.WithLabelValues(source, op)
 	}
+	for _, how := range []string{"copied", "merged", "deleted"} {
+		mirrored.WithLabelValues(source, how)
+	}
 	return &metrics{
 		changes:   changes.MustCurryWith(prometheus.Labels{"source": source}),
+		mirrored:  mirrored.MustCurryWith(prometheus.Labels{"source": source}),
 		txns:      txns.WithLabelValues(source),
 		applyLag:  lag.WithLabelValues(source),
 		applied:   applied.WithLabelValues(source),

@@ -478,6 +478,24 @@ func TestFreshRowsAreCopied(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("rows arrived in the mirror as\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	// The metric counts the same rows by how they were written: copied,
+	// the 32 COPYs of ten orders, three orders and the customer; merged,
+	// the 8 INSERTs of ten, the three orders whose COPY was rolled back
+	// and the one after; deleted, the soft delete. It is counted when a
+	// group's commit is confirmed, just after its rows are visible.
+	wantRows := map[string]float64{"copied": 324, "merged": 84, "deleted": 1}
+	gotRows := map[string]float64{}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		for how := range wantRows {
+			gotRows[how] = e.metricWhere("tidemark_cdc_mirror_rows_total", "how", how)
+		}
+		if fmt.Sprint(gotRows) == fmt.Sprint(wantRows) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tidemark_cdc_mirror_rows_total by how is %v, want %v", gotRows, wantRows)
+		}
+	}
 }
 
 // testLogger sends the reader's log to the test log.
@@ -790,7 +808,13 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 // metric sums the samples of a counter or gauge family.
 func (e *cdcEnv) metric(name string) float64 {
 	e.t.Helper()
-	sum, err := promreg.Sum(e.reg, name)
+	return e.metricWhere(name, "", "")
+}
+
+// metricWhere is the sum of the series of name whose label has value.
+func (e *cdcEnv) metricWhere(name, label, value string) float64 {
+	e.t.Helper()
+	sum, err := promreg.SumWhere(e.reg, name, label, value)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -795,6 +795,9 @@ func (s *stream) committedOne(ctx context.Context, block bool) error {
 	for op, n := range g.ops {
 		s.r.m.changes.WithLabelValues(op).Add(float64(n))
 	}
+	s.r.m.mirrored.WithLabelValues("copied").Add(float64(g.copied))
+	s.r.m.mirrored.WithLabelValues("merged").Add(float64(g.merged))
+	s.r.m.mirrored.WithLabelValues("deleted").Add(float64(g.deleted))
 	s.applied = max(s.applied, g.end)
 	s.r.m.applyLag.Observe(g.committedAt.Sub(g.lastCommit).Seconds())
 	s.r.m.applied.Set(float64(s.applied))

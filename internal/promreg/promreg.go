@@ -5,8 +5,10 @@ package promreg
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Shared registers c with reg, or returns the equal collector registered
@@ -26,7 +28,11 @@ func Shared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 
 // Sum adds up the values of every series of the counter or gauge family
 // called name that g gathers; 0 when there is none.
-func Sum(g prometheus.Gatherer, name string) (float64, error) {
+func Sum(g prometheus.Gatherer, name string) (float64, error) { return SumWhere(g, name, "", "") }
+
+// SumWhere is Sum over the series of name whose label has value (all of
+// them when label is empty).
+func SumWhere(g prometheus.Gatherer, name, label, value string) (float64, error) {
 	families, err := g.Gather()
 	if err != nil {
 		return 0, err
@@ -37,6 +43,11 @@ func Sum(g prometheus.Gatherer, name string) (float64, error) {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			if label != "" && !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+				return l.GetName() == label && l.GetValue() == value
+			}) {
+				continue
+			}
 			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
