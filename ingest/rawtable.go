@@ -19,13 +19,21 @@ import (
 // producer's duplicates carry the same event time. %[1]s is the quoted
 // table name, %[2]s the quoted name of the ingested_at index.
 //
+// event_id is compared byte by byte (COLLATE "C"): the key only tells
+// events apart, and under a linguistic collation such as en_US.UTF-8
+// every comparison of the primary key's b-tree goes through strcoll,
+// which made a COPY of a million raw rows about 40% slower
+// (BenchmarkRawKeyCollation). Equality is the same under both: a database's
+// default collation is deterministic, so two ids are equal under it
+// exactly when their bytes are.
+//
 // Rows are appended in the order they are loaded, so the ingestion time
 // follows the rows' physical order and a BRIN index on it finds the rows of
 // given loads (the reconciler's beyond-horizon recording) at a small part
 // of the cost of a b-tree on every insert.
 const createRawTableSQL = `
 CREATE TABLE IF NOT EXISTS %[1]s (
-    event_id        text        NOT NULL,
+    event_id        text        COLLATE "C" NOT NULL,
     event_time      timestamptz NOT NULL,
     ingested_at     timestamptz NOT NULL,
     payload         jsonb       NOT NULL,
@@ -49,7 +57,7 @@ CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s USING brin (ingested_at) WITH (autosum
 // with a CDC update or delete; commit_lsn the CDC commit's LSN.
 const createChangeTableSQL = `
 CREATE TABLE IF NOT EXISTS %[1]s (
-    event_id        text        NOT NULL,
+    event_id        text        COLLATE "C" NOT NULL,
     event_time      timestamptz NOT NULL,
     ingested_at     timestamptz NOT NULL,
     op              text        NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate')),

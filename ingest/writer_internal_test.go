@@ -320,6 +320,84 @@ func TestRawTableIndexUpgrade(t *testing.T) {
 	}
 }
 
+// TestRawKeyCollation: raw tables of both kinds, and their partitions,
+// compare event_id byte by byte (COLLATE "C"), their primary key included;
+// a table created before with the database's collation is left as it is,
+// keeps taking partitions, and converts with the operations guide's
+// statement, rows kept.
+func TestRawKeyCollation(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	day := time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC)
+	collations := func(source string) []string {
+		t.Helper()
+		return h.strings(t, fmt.Sprintf(`
+SELECT c.relname || ' ' || co.collname || ' ' || ico.collname
+FROM pg_class c
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'event_id'
+JOIN pg_collation co ON co.oid = a.attcollation
+JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
+JOIN pg_collation ico ON ico.oid = i.indcollation[0]
+WHERE c.oid IN ('raw.%[1]s'::regclass, 'raw.%[1]s_p20261005'::regclass)
+ORDER BY 1`, source))
+	}
+	for _, tc := range []struct {
+		name  string
+		table *RawTable
+	}{
+		{"events", NewRawTable("coll_events", config.PartitionDay)},
+		{"changes", NewChangeTable("coll_changes", config.PartitionDay)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.table.Ensure(ctx, h.w.conn); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.table.EnsurePartitions(ctx, h.w.conn, []time.Time{day}); err != nil {
+				t.Fatal(err)
+			}
+			src := tc.table.Source
+			want := []string{src + " C C", src + "_p20261005 C C"}
+			if got := collations(src); strings.Join(got, ",") != strings.Join(want, ",") {
+				t.Errorf("event_id and primary key collations %v, want %v", got, want)
+			}
+		})
+	}
+	// A table of an earlier version: event_id in the database's collation.
+	if _, err := h.w.conn.Exec(ctx, `CREATE TABLE raw.coll_old (
+    event_id text NOT NULL, event_time timestamptz NOT NULL, ingested_at timestamptz NOT NULL,
+    payload jsonb NOT NULL, kafka_topic text, kafka_partition integer, kafka_offset bigint,
+    load_xid xid8 NOT NULL DEFAULT pg_current_xact_id(), PRIMARY KEY (event_id, event_time)
+) PARTITION BY RANGE (event_time)`); err != nil {
+		t.Fatal(err)
+	}
+	old := NewRawTable("coll_old", config.PartitionDay)
+	if err := old.Ensure(ctx, h.w.conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.EnsurePartitions(ctx, h.w.conn, []time.Time{day}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"coll_old default default", "coll_old_p20261005 default default"}
+	if got := collations("coll_old"); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("an existing table's collations %v, want %v (left as they were)", got, want)
+	}
+	// The conversion the operations guide gives, on a table with rows.
+	if _, err := h.w.conn.Exec(ctx, `INSERT INTO raw.coll_old (event_id, event_time, ingested_at, payload)
+		SELECT 'e' || g, $1::timestamptz + g * interval '1 s', now(), '{}' FROM generate_series(1, 100) g`, day); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.w.conn.Exec(ctx, `ALTER TABLE raw.coll_old ALTER COLUMN event_id TYPE text COLLATE "C"`); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{"coll_old C C", "coll_old_p20261005 C C"}
+	if got := collations("coll_old"); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("collations after the conversion %v, want %v", got, want)
+	}
+	if n := h.count(t, "SELECT count(*) FROM raw.coll_old"); n != 100 {
+		t.Errorf("rows after the conversion %d, want 100", n)
+	}
+}
+
 // TestConcurrentPartitionCreation: several ingesters creating the same raw
 // partitions at once all succeed (the per-source advisory lock).
 func TestConcurrentPartitionCreation(t *testing.T) {
