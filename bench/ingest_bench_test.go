@@ -303,23 +303,8 @@ func (e *env) measureCopyIn(b *testing.B, recs []*kgo.Record, txRows int) float6
 	b.Helper()
 	ctx := context.Background()
 	_, conn := e.database(b)
-	dec, err := ingest.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
-		MaxAge: config.Duration(30 * 24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	rows := make([][]any, len(recs))
+	rows, times := decodedRows(b, recs)
 	raw := ingest.NewRawTable(source, config.PartitionDay)
-	var times []time.Time
-	for i, r := range recs {
-		r.Offset = int64(i)
-		ev, rej := dec.Decode(r, benchNow)
-		if rej != nil {
-			b.Fatalf("record %d: %s", i, rej.Detail)
-		}
-		rows[i] = []any{ev.ID, ev.Time, benchNow, ev.Payload, r.Topic, r.Partition, r.Offset}
-		times = append(times, ev.Time)
-	}
 	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(times)); err != nil {
 		b.Fatal(err)
 	}
@@ -338,6 +323,29 @@ func (e *env) measureCopyIn(b *testing.B, recs []*kgo.Record, txRows int) float6
 	e.cpu.rows = int64(len(rows))
 	prof.report(b, fmt.Sprintf("COPY into the raw table, %d rows a transaction", txRows))
 	return float64(len(rows)) / took.Seconds()
+}
+
+// decodedRows decodes the records as tidemark would store them: the raw
+// table's columns from event_id to kafka_offset, and the event times.
+func decodedRows(b *testing.B, recs []*kgo.Record) ([][]any, []time.Time) {
+	b.Helper()
+	dec, err := ingest.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
+		MaxAge: config.Duration(30 * 24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rows := make([][]any, len(recs))
+	times := make([]time.Time, len(recs))
+	for i, r := range recs {
+		r.Offset = int64(i)
+		ev, rej := dec.Decode(r, benchNow)
+		if rej != nil {
+			b.Fatalf("record %d: %s", i, rej.Detail)
+		}
+		rows[i] = []any{ev.ID, ev.Time, benchNow, ev.Payload, r.Topic, r.Partition, r.Offset}
+		times[i] = ev.Time
+	}
+	return rows, times
 }
 
 // measureTidemark drains the topic with one ingester, from start until
