@@ -35,9 +35,9 @@ END $$`
 type cdcPoint struct{ perTxn, total int }
 
 // BenchmarkCDCTransactionSize measures CDC apply against the size of the
-// source's transactions (1, 100, 10,000 and 1,000,000 inserted rows each),
-// next to pg_recvlogical decoding the same changes from a second slot, as
-// BenchmarkCDC's (a). Each point has its own source and warehouse
+// source's transactions (1, 100, 10,000 and 1,000,000 inserted rows each;
+// the last size is TIDEMARK_BENCH_CDC_BIG_TXN), next to pg_recvlogical
+// decoding the same changes from a second slot, as BenchmarkCDC's (a). Each point has its own source and warehouse
 // databases and slots on one server. It writes cdc_txn_size.json and
 // .svg.
 func BenchmarkCDCTransactionSize(b *testing.B) {
@@ -45,9 +45,10 @@ func BenchmarkCDCTransactionSize(b *testing.B) {
 	if err != nil {
 		b.Skip(err)
 	}
-	points := []cdcPoint{{1, 100_000}, {100, 1_000_000}, {10_000, 1_000_000}, {1_000_000, 1_000_000}}
+	big := size("TIDEMARK_BENCH_CDC_BIG_TXN", 1_000_000, 100_000)
+	points := []cdcPoint{{1, 100_000}, {100, 1_000_000}, {10_000, 1_000_000}, {big, big}}
 	if quick {
-		points = []cdcPoint{{1, 10_000}, {100, 50_000}, {10_000, 100_000}, {100_000, 100_000}}
+		points = []cdcPoint{{1, 10_000}, {100, 50_000}, {10_000, 100_000}, {big, big}}
 	}
 	srv := durableServer(b)
 	e := &env{srv: srv}
