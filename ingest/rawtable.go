@@ -22,10 +22,10 @@ import (
 // event_id is compared byte by byte (COLLATE "C"): the key only tells
 // events apart, and under a linguistic collation such as en_US.UTF-8
 // every comparison of the primary key's b-tree goes through strcoll,
-// which made a COPY of a million raw rows about 40% slower
-// (BenchmarkRawKeyCollation). Equality is the same under both: a database's
-// default collation is deterministic, so two ids are equal under it
-// exactly when their bytes are.
+// which made a COPY of a million raw rows take about 40% longer
+// (BenchmarkRawKeyCollation). Equality is the same under both: a
+// database's default collation is deterministic, so two ids are equal
+// under it exactly when their bytes are.
 //
 // Rows are appended in the order they are loaded, so the ingestion time
 // follows the rows' physical order and a BRIN index on it finds the rows of
