@@ -1,5 +1,7 @@
 package reconcile
 
+import "github.com/tidemark-dev/tidemark/internal/pgcollate"
+
 // SQL of key reconciliation. Statements that name a table or key columns
 // are templates filled by keySide; the placeholders are documented on
 // each. The warehouse side reads in one REPEATABLE READ snapshot under
@@ -8,19 +10,11 @@ package reconcile
 const (
 	// keyCollationSQL tells, for each key column of a table ($1 quoted,
 	// qualified name; $2 the key columns in order), whether it is
-	// collatable and whether its native ordering is bytewise (the C or
-	// POSIX collation of the libc provider, directly or as the database
-	// default). Comparisons on such columns need no COLLATE "C" and can
-	// use the key's index. datlocprovider is read through to_jsonb because
-	// servers before 15 lack it (they only have libc).
+	// collatable and whether its native ordering is bytewise
+	// (pgcollate.BytewiseSQL). Comparisons on such columns need no
+	// COLLATE "C" and can use the key's index.
 	keyCollationSQL = `
-SELECT k.name, a.attcollation <> 0,
-       CASE
-           WHEN a.attcollation = 0 THEN true
-           WHEN c.collname = 'default' AND c.collnamespace = 'pg_catalog'::regnamespace THEN
-               coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') = 'c' AND d.datcollate IN ('C', 'POSIX')
-           ELSE coalesce(c.collprovider = 'c' AND c.collcollate IN ('C', 'POSIX'), false)
-       END
+SELECT k.name, a.attcollation <> 0, ` + pgcollate.BytewiseSQL + `
 FROM unnest($2::text[]) WITH ORDINALITY AS k (name, ord)
 JOIN pg_attribute a ON a.attrelid = to_regclass($1) AND a.attname = k.name AND NOT a.attisdropped
 LEFT JOIN pg_collation c ON c.oid = a.attcollation
