@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark-dev/tidemark/internal/pgcollate"
 )
 
 // createRawTableSQL creates raw.<source>, range-partitioned by event time.
@@ -103,6 +105,15 @@ const (
 	dropLegacyIndexSQL = `DROP INDEX IF EXISTS %s`
 )
 
+// rawKeyCollationSQL gives the collation of a raw table's event_id ($1)
+// and whether it compares bytewise.
+const rawKeyCollationSQL = `
+SELECT c.collname, ` + pgcollate.BytewiseSQL + `
+FROM pg_attribute a
+JOIN pg_collation c ON c.oid = a.attcollation
+CROSS JOIN pg_database d
+WHERE a.attrelid = $1::regclass AND a.attname = 'event_id' AND d.datname = current_database()`
+
 // lockRawDDLSQL serialises DDL on one source's raw table across processes.
 const lockRawDDLSQL = `SELECT pg_advisory_xact_lock(hashtext('tidemark.raw.' || $1))`
 
@@ -118,8 +129,9 @@ type RawTable struct {
 	// discards it.
 	Log *slog.Logger
 
-	mu    sync.Mutex
-	known map[time.Time]bool
+	mu      sync.Mutex
+	known   map[time.Time]bool
+	checked bool // the key's collation has been looked at
 }
 
 // NewRawTable returns the manager for raw.<source>.
@@ -189,6 +201,9 @@ func (t *RawTable) Ensure(ctx context.Context, conn *pgx.Conn) error {
 	if err := t.dropLegacyIndex(ctx, conn); err != nil {
 		return err
 	}
+	if err := t.checkKeyCollation(ctx, conn); err != nil {
+		return err
+	}
 	layout := "20060102"
 	if t.By == "month" {
 		layout = "200601"
@@ -249,6 +264,33 @@ func (t *RawTable) dropLegacyIndex(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("drop index %s: %w", legacy, err)
 	}
 	log.Info("dropped the raw table's load_xid index; its BRIN index on ingested_at replaces it", "table", t.Ident(), "index", legacy)
+	return nil
+}
+
+// checkKeyCollation says once, at Info, when the table's event_id, as an
+// earlier version created it, compares through a linguistic collation:
+// every write then pays strcoll in the primary key, and the operations
+// guide has the statement that converts it (tidemark does not: it rebuilds
+// every partition's key under an ACCESS EXCLUSIVE lock).
+func (t *RawTable) checkKeyCollation(ctx context.Context, conn *pgx.Conn) error {
+	t.mu.Lock()
+	checked := t.checked
+	t.mu.Unlock()
+	if checked {
+		return nil
+	}
+	var name string
+	var bytewise bool
+	if err := conn.QueryRow(ctx, rawKeyCollationSQL, t.Ident()).Scan(&name, &bytewise); err != nil {
+		return fmt.Errorf("read the collation of %s.event_id: %w", t.Ident(), err)
+	}
+	t.mu.Lock()
+	checked, t.checked = t.checked, true
+	t.mu.Unlock()
+	if !checked && !bytewise && t.Log != nil {
+		t.Log.Info(`raw table compares event_id through a linguistic collation, which makes its writes dearer; ALTER TABLE ... ALTER COLUMN event_id TYPE text COLLATE "C" converts it (see the operations guide)`,
+			"table", t.Ident(), "collation", name)
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
@@ -395,6 +397,52 @@ ORDER BY 1`, source))
 	}
 	if n := h.count(t, "SELECT count(*) FROM raw.coll_old"); n != 100 {
 		t.Errorf("rows after the conversion %d, want 100", n)
+	}
+}
+
+// TestRawKeyCollationNotice: Ensure says, once, when a raw table's
+// event_id compares through a linguistic collation, and says nothing for a
+// bytewise one (tidemark's own tables, or the default of a C database).
+func TestRawKeyCollationNotice(t *testing.T) {
+	h := newWriterHarness(t)
+	ctx := context.Background()
+	var linguistic string
+	if err := h.w.conn.QueryRow(ctx, `SELECT collname FROM pg_collation
+		WHERE collname IN ('und-x-icu', 'en_US.utf8', 'C.utf8') ORDER BY collname DESC LIMIT 1`).Scan(&linguistic); err != nil {
+		t.Fatalf("no linguistic collation on the test server: %v", err)
+	}
+	create := `CREATE TABLE raw.%s (
+    event_id text %s NOT NULL, event_time timestamptz NOT NULL, ingested_at timestamptz NOT NULL,
+    payload jsonb NOT NULL, kafka_topic text, kafka_partition integer, kafka_offset bigint,
+    load_xid xid8 NOT NULL DEFAULT pg_current_xact_id(), PRIMARY KEY (event_id, event_time)
+) PARTITION BY RANGE (event_time)`
+	for _, tc := range []struct {
+		name, collate string
+		notice        bool
+	}{
+		{"tidemark_made", "", false}, // created by Ensure below
+		{"db_default", `COLLATE "default"`, false},
+		{"linguistic", "COLLATE " + pgx.Identifier{linguistic}.Sanitize(), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.collate != "" {
+				if _, err := h.w.conn.Exec(ctx, fmt.Sprintf(create, tc.name, tc.collate)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var log syncbuf.Buffer
+			raw := NewRawTable(tc.name, config.PartitionDay)
+			raw.Log = slog.New(slog.NewTextHandler(&log, nil))
+			for range 2 {
+				if err := raw.Ensure(ctx, h.w.conn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := strings.Count(log.String(), "linguistic collation")
+			if want := map[bool]int{false: 0, true: 1}[tc.notice]; got != want {
+				t.Errorf("notices over two Ensures: %d, want %d; log:\n%s", got, want, log.String())
+			}
+		})
 	}
 }
 
