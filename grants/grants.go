@@ -33,6 +33,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -488,10 +489,17 @@ func (h hintHandler) WithGroup(name string) slog.Handler {
 	return hintHandler{h.Handler.WithGroup(name)}
 }
 
+// sourceCheckTimeout bounds the check of one source, connection included:
+// a source that accepts connections but does not answer (a half-open
+// network path, a stalled server) must not hold `tidemark run` before it
+// starts.
+var sourceCheckTimeout = 30 * time.Second
+
 // CheckSources checks the roles of the named poll and CDC sources, each on
-// a connection of its own to the source's database. A source that cannot
-// be reached now is left out, and reported to log: the component that
-// reads it retries its connection and reports the failure itself.
+// a connection of its own to the source's database, within
+// sourceCheckTimeout each. A source that cannot be reached now is left
+// out, and reported to log: the component that reads it retries its
+// connection and reports the failure itself.
 func CheckSources(ctx context.Context, cfg *config.Config, names []string, log *slog.Logger) error {
 	var problems []string
 	for _, name := range names {
@@ -507,15 +515,7 @@ func CheckSources(ctx context.Context, cfg *config.Config, names []string, log *
 		default:
 			continue
 		}
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			if log != nil {
-				log.Warn("cannot check the privileges of the source's role now", "source", name, "err", err)
-			}
-			continue
-		}
-		err = Check(ctx, conn, Source(cfg, name, ""))
-		pgconnect.Close(ctx, conn)
+		err := checkSource(ctx, cfg, name, dsn, log)
 		var missing *MissingError
 		switch {
 		case errors.As(err, &missing):
@@ -528,6 +528,26 @@ func CheckSources(ctx context.Context, cfg *config.Config, names []string, log *
 		return &MissingError{Problems: problems}
 	}
 	return nil
+}
+
+// checkSource checks the role of one source on a hardened connection (see
+// pgconnect.Parse), within sourceCheckTimeout.
+func checkSource(ctx context.Context, cfg *config.Config, name, dsn string, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, sourceCheckTimeout)
+	defer cancel()
+	var conn *pgx.Conn
+	cc, err := pgconnect.Parse(dsn, "tidemark-grants")
+	if err == nil {
+		conn, err = pgx.ConnectConfig(ctx, cc)
+	}
+	if err != nil {
+		if log != nil {
+			log.Warn("cannot check the privileges of the source's role now", "source", name, "err", err)
+		}
+		return nil
+	}
+	defer pgconnect.Close(ctx, conn)
+	return Check(ctx, conn, Source(cfg, name, ""))
 }
 
 // Join combines the results of several checks into one error that lists

@@ -3,17 +3,23 @@ package grants_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/grants"
+	"github.com/tidemark-dev/tidemark/internal/faultproxy"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
@@ -133,5 +139,45 @@ func TestGenericScriptRuns(t *testing.T) {
 	}
 	if !strings.Contains(grants.Script(grants.Generic()), `:"runtime_role"`) {
 		t.Error("the generic script does not use psql variables")
+	}
+}
+
+// TestCheckSourcesBounded: a source whose network path swallows
+// everything (connections accepted, nothing answered) costs the
+// privilege check at most its bound, and is reported as out of reach; the
+// check does not hold `tidemark run` before it starts.
+func TestCheckSourcesBounded(t *testing.T) {
+	cc, err := pgx.ParseConfig(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", cc.Host, cc.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	proxy.Stall()
+	grants.SetSourceCheckTimeout(t, time.Second)
+	cfg := &config.Config{Sources: map[string]*config.Source{"customers": {Poll: &config.PollSource{
+		DSN: fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", cc.User, proxy.Port(), cc.Database)}}}}
+	var log syncbuf.Buffer
+	done := make(chan error, 1)
+	started := time.Now()
+	go func() {
+		done <- grants.CheckSources(context.Background(), cfg, []string{"customers"}, slog.New(slog.NewTextHandler(&log, nil)))
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("CheckSources = %v, want nil (an unreachable source is left to its component)", err)
+		}
+		if took := time.Since(started); took > 5*time.Second {
+			t.Errorf("CheckSources took %v, want about the 1s bound", took)
+		}
+		if !strings.Contains(log.String(), "cannot check the privileges of the source's role now") {
+			t.Errorf("log does not report the unreachable source:\n%s", log.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("CheckSources still waits on a stalled source after 20s")
 	}
 }
