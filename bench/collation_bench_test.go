@@ -118,14 +118,18 @@ func copyIntoFresh(b *testing.B, conn *pgx.Conn, table func(string) *ingest.RawT
 	if _, err := conn.Exec(ctx, `CHECKPOINT`); err != nil {
 		b.Fatal(err)
 	}
-	pid := conn.PgConn().PID()
-	cpu0 := backendCPU(b, pid)
+	backend := int(conn.PgConn().PID())
+	cpu0 := treeCPU(backend)
 	start := time.Now()
 	if _, err := conn.CopyFrom(ctx, pgx.Identifier{"raw", "coll"}, columns, pgx.CopyFromRows(rows)); err != nil {
 		b.Fatal(err)
 	}
 	took := time.Since(start)
-	return float64(len(rows)) / took.Seconds(), backendCPU(b, pid) - cpu0
+	cpu := treeCPU(backend)
+	if cpu == 0 {
+		b.Fatalf("reading the CPU time of backend %d from /proc failed", backend)
+	}
+	return float64(len(rows)) / took.Seconds(), time.Duration(cpu-cpu0) * clockTick
 }
 
 // changeRows returns n change rows shaped as a CDC reader writes them:
@@ -141,15 +145,4 @@ func changeRows(n int) [][]any {
 			[]byte(payload), fmt.Sprint(i), nil}
 	}
 	return rows
-}
-
-// backendCPU is the CPU time backend pid has used, from /proc.
-func backendCPU(b *testing.B, pid uint32) time.Duration {
-	b.Helper()
-	procs := readProcs()
-	p, ok := procs[int(pid)]
-	if !ok {
-		b.Fatalf("backend %d is not in /proc", pid)
-	}
-	return time.Duration(p.ticks) * clockTick
 }
