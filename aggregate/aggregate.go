@@ -165,6 +165,10 @@ var ErrNotPrepared = errors.New("aggregate: definition not prepared")
 const (
 	lockPartitionSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
 
+	// snapshotXminSQL is the oldest transaction still running: every
+	// transaction below it has finished.
+	snapshotXminSQL = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`
+
 	// upsertPartitionSQL records a rebuild in the status table. The load
 	// watermark it reflects is the oldest transaction still running when
 	// the rebuild began: every raw row of an older transaction is in it.
@@ -196,7 +200,7 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 		return Result{}, err
 	}
 	var watermark string
-	if err := tx.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text").Scan(&watermark); err != nil {
+	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&watermark); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
 	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
@@ -298,21 +302,40 @@ func (d *Definition) ShadowName() pgx.Identifier {
 	return id
 }
 
+// Shadow is what BuildShadow wrote: partition p as its query returns it,
+// compared with the published rows.
+type Shadow struct {
+	Comparison
+	// Watermark is the load watermark the build reflects: every load of a
+	// transaction below it is in the build.
+	Watermark string
+	// Archived says the partition was archived, built from what
+	// retention left (AllowArchived).
+	Archived bool
+}
+
 // BuildShadow writes partition p, as the aggregate's query returns it now,
 // into the shadow table (created like the aggregate table when missing,
 // its rows of p replaced) instead of the aggregate table, and compares it
 // with the published partition. It changes neither the aggregate table
 // nor tidemark.partitions: a shadow build is for inspecting what a
-// backfill would publish.
-func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, opts ...RebuildOption) (Comparison, error) {
+// backfill would publish, and PublishShadow publishes it.
+func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, opts ...RebuildOption) (Shadow, error) {
 	if d.columns == nil {
-		return Comparison{}, ErrNotPrepared
+		return Shadow{}, ErrNotPrepared
 	}
-	if err := checkRetained(ctx, tx, d, p, rebuildOpts(opts).allowArchived); err != nil {
-		return Comparison{}, err
+	archived, err := retained(ctx, tx, d, p, rebuildOpts(opts).allowArchived)
+	if err != nil {
+		return Shadow{}, err
 	}
 	if err := CreateShadow(ctx, tx, d); err != nil {
-		return Comparison{}, err
+		return Shadow{}, err
+	}
+	// The watermark is read before the query's snapshot is taken, so
+	// every transaction below it is visible to the query.
+	s := Shadow{Archived: archived}
+	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&s.Watermark); err != nil {
+		return Shadow{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
 	}
 	shadow, list := d.ShadowName().Sanitize(), d.columnList()
 	steps := []string{
@@ -321,10 +344,11 @@ func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, opt
 	}
 	for _, sql := range steps {
 		if _, err := tx.Exec(ctx, sql); err != nil {
-			return Comparison{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
+			return Shadow{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
 		}
 	}
-	return d.compare(ctx, tx, p, shadow)
+	s.Comparison, err = d.compare(ctx, tx, p, shadow)
+	return s, err
 }
 
 // Execer runs a statement: a connection, a pool or a transaction.

@@ -56,18 +56,25 @@ func ArchivedBefore(p Partition, retainedFrom time.Time) bool {
 // allow. It holds the source's retention lock shared until tx ends, so the
 // bound it reads cannot rise, nor raw rows go, before tx has read them.
 func checkRetained(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, allow bool) error {
+	_, err := retained(ctx, tx, d, p, allow)
+	return err
+}
+
+// retained is checkRetained reporting whether p is archived (allowed).
+func retained(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, allow bool) (bool, error) {
 	if _, err := tx.Exec(ctx, shareRetention, RetentionLockKey(d.Source)); err != nil {
-		return fmt.Errorf("rebuild %s %s: retention lock: %w", d.Name, p, err)
+		return false, fmt.Errorf("rebuild %s %s: retention lock: %w", d.Name, p, err)
 	}
 	from, err := RetainedFrom(ctx, tx, d.Source)
 	if err != nil {
-		return fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
+		return false, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
-	if !allow && ArchivedBefore(p, from) {
-		return fmt.Errorf("rebuild %s %s: %w (raw rows of source %s are kept from %s)", d.Name, p, ErrArchived,
+	archived := ArchivedBefore(p, from)
+	if !allow && archived {
+		return true, fmt.Errorf("rebuild %s %s: %w (raw rows of source %s are kept from %s)", d.Name, p, ErrArchived,
 			d.Source, from.UTC().Format(time.RFC3339))
 	}
-	return nil
+	return archived, nil
 }
 
 // RebuildOption changes what Rebuild and BuildShadow allow.

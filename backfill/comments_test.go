@@ -58,8 +58,9 @@ func TestSQLWithComments(t *testing.T) {
 					drift, err = aggregate.Drift(w.ctx, tx, d, p)
 					return err
 				})
-				inTx(t, w, true, func(tx pgx.Tx) (err error) {
-					shadow, err = aggregate.BuildShadow(w.ctx, tx, d, p)
+				inTx(t, w, true, func(tx pgx.Tx) error {
+					s, err := aggregate.BuildShadow(w.ctx, tx, d, p)
+					shadow = s.Comparison
 					return err
 				})
 				for what, c := range map[string]aggregate.Comparison{"drift": drift, "shadow": shadow} {

@@ -210,6 +210,9 @@ func Plan(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ra
 // archived partitions.
 func (c *Chunk) force() {
 	if c.Archived > 0 {
-		c.Run, c.Reason = c.forced, c.forcedReason+"; archived, rebuilt with --force"
+		c.Run, c.Reason = c.forced, c.forcedReason
+		if c.forced {
+			c.Reason += "; archived, rebuilt with --force"
+		}
 	}
 }

@@ -107,7 +107,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9) RETURNING id`
 INSERT INTO tidemark.backfill_chunks (run_id, chunk_start, chunk_end, partitions, status)
 SELECT $1, s, e, n, 'pending' FROM unnest($2::timestamptz[], $3::timestamptz[], $4::int[]) AS c (s, e, n)`
 	startChunkSQL = `
-UPDATE tidemark.backfill_chunks SET status = 'running', started_at = $3, snapshot_xmin = pg_snapshot_xmin(pg_current_snapshot())
+UPDATE tidemark.backfill_chunks SET status = 'running', started_at = $3
 WHERE run_id = $1 AND chunk_start = $2`
 	finishChunkSQL = `
 WITH c AS (
@@ -157,12 +157,21 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 		return nil, fmt.Errorf("backfill %s: close abandoned runs: %w", d.Name, err)
 	}
 
-	plan, err := Plan(ctx, pool, d, r, opts.Chunk, opts.Reprocess)
+	var plan []Chunk
+	if opts.Publish {
+		plan, err = PlanPublish(ctx, pool, d, r, opts.Chunk, opts.Now(), opts.ShadowMaxAge)
+	} else {
+		plan, err = Plan(ctx, pool, d, r, opts.Chunk, opts.Reprocess)
+	}
 	if err != nil {
 		return nil, err
 	}
 	if err := archivedIn(d, plan, opts); err != nil {
 		return nil, err
+	}
+	if opts.Publish && !slices.ContainsFunc(plan, func(c Chunk) bool { return c.Run }) {
+		return nil, fmt.Errorf("publish %s: %w: every partition of the range was published from its shadow build; "+
+			"to publish a new build, run backfill --shadow over the range first", d.Name, ErrPublished)
 	}
 	if opts.Shadow {
 		if err := aggregate.CreateShadow(ctx, pool, d); err != nil {
@@ -291,7 +300,9 @@ feed:
 // refused reports whether a chunk failed through its own fault (see
 // aggregate.PartitionFault): only such a chunk is recorded as failed; a
 // warehouse that cannot work stops the run.
-func refused(err error) bool { return aggregate.PartitionFault(err) || errors.Is(err, ErrNoShadow) }
+func refused(err error) bool {
+	return aggregate.PartitionFault(err) || errors.Is(err, ErrNoShadow) || errors.Is(err, ErrShadowChanged)
+}
 
 // rebuildChunk rebuilds the partitions of c (or for a shadow run builds
 // them into the shadow table), each in its own transaction, and marks the
@@ -308,13 +319,16 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 			var check Check
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				if opts.Shadow {
-					cmp, err := aggregate.BuildShadow(ctx, tx, d, p, aggregate.AllowArchived(opts.Force))
-					check, n = Check{Partition: p, Comparison: cmp}, cmp.Fresh
-					return err
+					s, err := aggregate.BuildShadow(ctx, tx, d, p, aggregate.AllowArchived(opts.Force))
+					if err != nil {
+						return err
+					}
+					check, n = Check{Partition: p, Comparison: s.Comparison, Archived: s.Archived}, s.Fresh
+					return recordBuild(ctx, tx, d, p, run, s, opts.Now())
 				}
 				if opts.Publish {
 					var err error
-					n, err = publish(ctx, tx, d, p, opts)
+					n, err = publish(ctx, tx, d, p, run, opts)
 					return err
 				}
 				res, err := aggregate.Rebuild(ctx, tx, d, p, opts.Now(), aggregate.AllowArchived(opts.Force))
@@ -323,6 +337,12 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 			})
 			if err != nil && attempt < aggregate.RebuildAttempts && aggregate.Retryable(err) {
 				continue
+			}
+			if errors.Is(err, ErrPublished) {
+				// Published by an earlier run of this publish, which
+				// was interrupted: nothing left to do for it.
+				opts.Logger.Info("partition already published", "aggregate", d.Name, "partition", p.Label(), "err", err)
+				break
 			}
 			if err != nil {
 				return rows, checks, err

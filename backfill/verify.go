@@ -26,7 +26,8 @@ type Check struct {
 	// reconciler yet, so a difference is expected until it runs.
 	Unread bool
 	// Archived says the partition is archived: its raw rows are gone, so
-	// it is not compared (its published rows are the only copy).
+	// verify does not compare it (its published rows are the only copy),
+	// and a shadow run built it from what is left (--force).
 	Archived bool
 }
 

@@ -49,7 +49,7 @@ import (
 var StateTables = []string{
 	"backfill_chunks", "backfill_runs", "cdc_positions", "corrections", "dead_letters",
 	"ingest_ledger", "kafka_offsets", "key_reconciliations", "load_watermarks", "partition_arrivals",
-	"partitions", "pending_partitions", "poll_watermarks", "raw_retention", "source_watermarks",
+	"partitions", "pending_partitions", "poll_watermarks", "raw_retention", "shadow_builds", "source_watermarks",
 	"verify_runs",
 }
 

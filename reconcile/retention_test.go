@@ -90,6 +90,12 @@ func TestPruneDropsWhatRetentionNoLongerKeeps(t *testing.T) {
 	// raw retention (3d).
 	b.clock.Set(at("2026-10-10 00:00"))
 	b.runOnce(r, "daily_sales")
+	// Two shadow builds: one older than retention.runs (90d), one not.
+	if _, err := b.pool.Exec(context.Background(), `INSERT INTO tidemark.shadow_builds (aggregate, partition_start, partition_end, run_id, snapshot_xmin, rows, archived, built_at)
+		VALUES ('daily_sales', '2026-06-01', '2026-06-02', 1, '1', 1, false, '2026-06-02'),
+		       ('daily_sales', '2026-10-01', '2026-10-02', 2, '1', 1, false, '2026-10-09')`); err != nil {
+		t.Fatal(err)
+	}
 	before := b.stateSnapshot()
 	dry := b.prune(p, true)
 	pgtest.Equal(t, "state after a dry run", b.stateSnapshot(), before)
@@ -110,6 +116,10 @@ func TestPruneDropsWhatRetentionNoLongerKeeps(t *testing.T) {
 	if ledger := table(real, "tidemark.ingest_ledger"); ledger.Rows != 6 {
 		t.Errorf("ledger rows removed: %+v, want the 6 loads older than a day", ledger)
 	}
+	if shadow := table(real, "tidemark.shadow_builds"); shadow.Rows != 1 {
+		t.Errorf("shadow builds removed: %+v, want the one older than retention.runs", shadow)
+	}
+	pgtest.Equal(t, "shadow builds left", b.rows("SELECT run_id FROM tidemark.shadow_builds"), []string{"2"})
 	pgtest.Equal(t, "raw partitions left", b.rows(
 		"SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'raw.app_events'::regclass ORDER BY 1"),
 		nil)

@@ -279,7 +279,10 @@ const (
 	backfillRunsWhere = `t.status <> 'running' AND t.finished_at < $1
   AND t.id < (SELECT max(l.id) FROM tidemark.backfill_runs l WHERE l.aggregate = t.aggregate AND l.kind = t.kind)`
 	backfillChunksWhere = `t.run_id IN (SELECT t.id FROM tidemark.backfill_runs t WHERE ` + backfillRunsWhere + `)`
-	verifyRunsWhere     = `t.finished_at < $1
+	// Shadow builds go with the run records, by age: publishing a
+	// partition whose build is gone is refused (build it again).
+	shadowBuildsWhere = `t.built_at < $1`
+	verifyRunsWhere   = `t.finished_at < $1
   AND t.id < (SELECT max(l.id) FROM tidemark.verify_runs l WHERE l.aggregate = t.aggregate)`
 	keyRunsWhere = `t.finished_at < $1
   AND t.id < (SELECT max(l.id) FROM tidemark.key_reconciliations l WHERE l.source = t.source)
@@ -345,6 +348,7 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, now time.Time) ([]ru
 	return append(out,
 		rule{"tidemark.backfill_chunks", backfillChunksWhere, []any{runs}},
 		rule{"tidemark.backfill_runs", backfillRunsWhere, []any{runs}},
+		rule{"tidemark.shadow_builds", shadowBuildsWhere, []any{runs}},
 		rule{"tidemark.verify_runs", verifyRunsWhere, []any{runs}},
 		rule{"tidemark.key_reconciliations", keyRunsWhere, []any{runs}},
 	), nil

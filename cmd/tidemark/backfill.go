@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -199,7 +200,12 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 		if err != nil {
 			return failed(stderr, app, err)
 		}
-		plan, err := backfill.Plan(ctx, pool, d, r, span, rp)
+		var plan []backfill.Chunk
+		if opts.Publish {
+			plan, err = backfill.PlanPublish(ctx, pool, d, r, span, serviceClock(), opts.ShadowMaxAge)
+		} else {
+			plan, err = backfill.Plan(ctx, pool, d, r, span, rp)
+		}
 		if err != nil {
 			return failed(stderr, app, err)
 		}
@@ -248,10 +254,25 @@ func rebuild(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, app, n
 	case err != nil:
 		return failed(stderr, app, err)
 	case len(rep.Failed) > 0:
-		fmt.Fprintf(stderr, "%s: %d chunks failed; once the cause is fixed, run again with --reprocess failed\n", app, len(rep.Failed))
+		fmt.Fprintf(stderr, "%s: %d chunks failed; %s\n", app, len(rep.Failed), retryHint(rep.Failed, opts))
 		return exitFailure
 	}
 	return exitOK
+}
+
+// retryHint says what runs the failed chunks again: the same command with
+// --reprocess failed, but for a publish whose shadow builds cannot be
+// published, a new shadow run first.
+func retryHint(failures []backfill.Failure, opts backfill.Options) string {
+	if !opts.Publish {
+		return "once the cause is fixed, run again with --reprocess failed"
+	}
+	for _, f := range failures {
+		if errors.Is(f.Err, backfill.ErrNoShadow) || errors.Is(f.Err, backfill.ErrShadowChanged) {
+			return "build them again with --shadow over their days, compare, then --publish"
+		}
+	}
+	return "once the cause is fixed, run the same --publish again: it publishes only what it has not"
 }
 
 // printShadow lists the partitions whose shadow differs from what is
@@ -276,11 +297,24 @@ func printShadow(w io.Writer, checks []backfill.Check, name string, r backfill.R
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "%d of %d partitions differ from what is published", differ, len(checks))
+	archived := 0
+	for _, c := range checks {
+		if c.Archived {
+			archived++
+		}
+	}
 	if differ > 0 {
-		fmt.Fprintf(w, "; to publish what was compared: tidemark backfill --aggregate %s --from %s --to %s --publish",
-			name, r.From.Format("2006-01-02"), r.To.Format("2006-01-02"))
+		force := ""
+		if archived > 0 {
+			force = " --force"
+		}
+		fmt.Fprintf(w, "; to publish what was compared: tidemark backfill --aggregate %s --from %s --to %s --publish%s",
+			name, r.From.Format("2006-01-02"), r.To.Format("2006-01-02"), force)
 	}
 	fmt.Fprintln(w)
+	if archived > 0 {
+		fmt.Fprintf(w, "%d archived partitions were built from the raw rows retention left; publishing them (--force) replaces their published rows with that\n", archived)
+	}
 }
 
 func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {

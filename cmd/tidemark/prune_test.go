@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +113,30 @@ aggregates:
 	code, out, _ = invoke(t, "prune", "-c", cfg)
 	if code != exitOK || !strings.Contains(out, "nothing to remove") {
 		t.Errorf("second prune: exit %d:\n%s", code, out)
+	}
+
+	// A shadow built over the archived days with --force prints a publish
+	// command that works: it needs --force too. Two days later (past
+	// retention.ledger) the build is refused, and the hint is a new shadow.
+	shadowArgs := []string{"backfill", "-c", cfg, "--aggregate", "daily_sales", "--from", "2026-10-01", "--to", "2026-10-03", "--shadow", "--force"}
+	code, out, errOut = invoke(t, shadowArgs...)
+	printed := "tidemark backfill --aggregate daily_sales --from 2026-10-01 --to 2026-10-03 --publish --force"
+	if code != exitOK || !strings.Contains(out, printed) || !strings.Contains(out, "2 archived partitions were built from the raw rows retention left") {
+		t.Fatalf("shadow --force over archived days: exit %d:\n%s%s", code, out, errOut)
+	}
+	publish := append(strings.Fields(strings.TrimPrefix(printed, "tidemark ")), "-c", cfg)
+	unforced := slices.DeleteFunc(slices.Clone(publish), func(a string) bool { return a == "--force" })
+	if code, _, errOut = invoke(t, unforced...); code != exitFailure || !strings.Contains(errOut, "add --force") {
+		t.Errorf("publish without --force: exit %d: %s", code, errOut)
+	}
+	setClock("2026-10-10 12:00:00")
+	if code, _, errOut = invoke(t, publish...); code != exitFailure || !strings.Contains(errOut, "built longer ago than retention.ledger") ||
+		!strings.Contains(errOut, "--from 2026-10-01 --to 2026-10-03 --shadow") {
+		t.Errorf("publish of a build older than the ledger: exit %d: %s", code, errOut)
+	}
+	setClock("2026-10-08 12:00:00")
+	if code, out, errOut = invoke(t, publish...); code != exitOK || !strings.Contains(out, "3 chunks published") {
+		t.Errorf("the printed publish: exit %d:\n%s%s", code, out, errOut)
 	}
 }
 

@@ -159,6 +159,16 @@ func backfillVerifyRefresh(t *testing.T, cfg string, pool *pgxpool.Pool) {
 		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05", "--shadow")
 	expect(exitOK, []string{`2 chunks published from "public"."daily_sales__shadow" (2 rows), 0 failed`},
 		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05", "--publish")
+	// The printed command run again publishes nothing; its dry run says
+	// why, and a range with a day never built is refused whole.
+	expect(exitFailure, []string{"every partition of the range was published from its shadow build",
+		"run backfill --shadow over the range first"},
+		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05", "--publish")
+	expect(exitOK, []string{"skip 2026-10-04 already published: the build of run 3 was published by run 4"},
+		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-04", "--to", "2026-10-05", "--publish", "--dry-run")
+	expect(exitFailure, []string{"partition 2026-10-03 has no shadow build",
+		"tidemark backfill --aggregate daily_sales --from 2026-10-03 --to 2026-10-03 --shadow"},
+		"backfill", "--aggregate", "daily_sales", "--from", "2026-10-03", "--to", "2026-10-05", "--publish")
 	expect(exitOK, []string{"3 partitions verified, 0 differ"}, "verify", "--aggregate", "daily_sales")
 	if got := ingesttest.Scalar(t, pool, "SELECT count(*) FROM tidemark.backfill_runs WHERE status = 'done' AND kind IN ('backfill', 'refresh')"); got != 2 {
 		t.Errorf("%d runs recorded as done, want 2", got)
