@@ -49,6 +49,10 @@ type Definition struct {
 	// (Kafka, poll and CDC sources); a table source is read in timestamp
 	// mode.
 	Ledger bool
+	// CorrectionsKept is how long tidemark.corrections keeps a record
+	// (retention.corrections): a rebuild records events it leaves out
+	// only when they arrived more recently than that.
+	CorrectionsKept time.Duration
 
 	columns []string // output columns of SQL, known after Prepare
 }
@@ -73,6 +77,8 @@ func FromConfig(cfg *config.Config, name string) (*Definition, error) {
 		Horizon:  a.LatenessHorizon.D(),
 		Policy:   a.BeyondHorizon,
 		SQL:      strings.TrimSpace(a.SQL),
+
+		CorrectionsKept: cfg.Retention.Corrections.D(),
 	}
 	r := RawOf(a.Source, src)
 	d.Raw, d.EventTime, d.IngestedAt, d.EventKey, d.Ledger = r.Table, r.EventTime, r.IngestedAt, r.Key, r.Ledger
@@ -152,6 +158,9 @@ func (d *Definition) query(p Partition) string {
 // Result is what one rebuild did.
 type Result struct {
 	Rows int64
+	// Recorded counts the events beyond the horizon that the rebuild left
+	// out and recorded in tidemark.corrections (see RecordBeyond).
+	Recorded int64
 }
 
 // ErrOutsidePartition means the aggregate's query returned rows whose
@@ -164,6 +173,10 @@ var ErrNotPrepared = errors.New("aggregate: definition not prepared")
 
 const (
 	lockPartitionSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
+
+	archivePartitionSQL = `
+UPDATE tidemark.partitions SET state = 'archived', archived_at = coalesce(archived_at, $3), updated_at = $3
+WHERE aggregate = $1 AND partition_start = $2`
 
 	// snapshotXminSQL is the oldest transaction still running: every
 	// transaction below it has finished.
@@ -196,7 +209,8 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	if d.columns == nil {
 		return Result{}, ErrNotPrepared
 	}
-	if err := lockPartition(ctx, tx, d, p, rebuildOpts(opts)); err != nil {
+	archived, err := lockPartition(ctx, tx, d, p, rebuildOpts(opts))
+	if err != nil {
 		return Result{}, err
 	}
 	var watermark string
@@ -222,21 +236,39 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 		return Result{}, fmt.Errorf("rebuild %s %s: %w: %d of %d rows have %s other than {{partition}} (%s)",
 			d.Name, p, ErrOutsidePartition, outside, rows, d.Column, p.Label())
 	}
-	if _, err := tx.Exec(ctx, upsertPartitionSQL, d.Name, p.Start, p.End, p.Label(), rows, now, watermark, d.HorizonEnd(p)); err != nil {
-		return Result{}, fmt.Errorf("rebuild %s %s: record status: %w", d.Name, p, err)
+	recorded, err := recordExcluded(ctx, tx, d, p, now)
+	if err != nil {
+		return Result{}, err
 	}
-	return Result{Rows: rows}, nil
+	if err := recordStatus(ctx, tx, d, p, rows, now, watermark, archived); err != nil {
+		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
+	}
+	return Result{Rows: rows, Recorded: recorded}, nil
+}
+
+// recordStatus records a rebuild of p in tidemark.partitions; a partition
+// rebuilt although archived (AllowArchived) stays archived.
+func recordStatus(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, rows int64, now time.Time, watermark string, archived bool) error {
+	if _, err := tx.Exec(ctx, upsertPartitionSQL, d.Name, p.Start, p.End, p.Label(), rows, now, watermark, d.HorizonEnd(p)); err != nil {
+		return fmt.Errorf("record status: %w", err)
+	}
+	if archived {
+		if _, err := tx.Exec(ctx, archivePartitionSQL, d.Name, p.Start, now); err != nil {
+			return fmt.Errorf("record status: %w", err)
+		}
+	}
+	return nil
 }
 
 // lockPartition takes the partition's lock, which keeps two writers of
 // one partition from running at once, and refuses an archived partition
-// unless o allows it.
-func lockPartition(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, o rebuildOptions) error {
+// unless o allows it; it reports whether p is archived.
+func lockPartition(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, o rebuildOptions) (bool, error) {
 	lock := "tidemark.partition." + d.Name + "." + p.Start.UTC().Format(time.RFC3339)
 	if _, err := tx.Exec(ctx, lockPartitionSQL, lock); err != nil {
-		return fmt.Errorf("rebuild %s %s: lock: %w", d.Name, p, err)
+		return false, fmt.Errorf("rebuild %s %s: lock: %w", d.Name, p, err)
 	}
-	return checkRetained(ctx, tx, d, p, o.allowArchived)
+	return retained(ctx, tx, d, p, o.allowArchived)
 }
 
 // Comparison is partition p as published in the aggregate's table

@@ -21,7 +21,8 @@ func PublishShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, w
 	if d.columns == nil {
 		return Result{}, ErrNotPrepared
 	}
-	if err := lockPartition(ctx, tx, d, p, rebuildOpts(opts)); err != nil {
+	archived, err := lockPartition(ctx, tx, d, p, rebuildOpts(opts))
+	if err != nil {
 		return Result{}, err
 	}
 	target, shadow, col, key, list := d.Target.Sanitize(), d.ShadowName().Sanitize(), quote(d.Column), p.keyLiteral(), d.columnList()
@@ -33,8 +34,12 @@ func PublishShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, w
 		return Result{}, fmt.Errorf("publish %s %s: %w", d.Name, p, err)
 	}
 	rows := tag.RowsAffected()
-	if _, err := tx.Exec(ctx, upsertPartitionSQL, d.Name, p.Start, p.End, p.Label(), rows, now, watermark, d.HorizonEnd(p)); err != nil {
-		return Result{}, fmt.Errorf("publish %s %s: record status: %w", d.Name, p, err)
+	recorded, err := recordExcluded(ctx, tx, d, p, now)
+	if err != nil {
+		return Result{}, err
 	}
-	return Result{Rows: rows}, nil
+	if err := recordStatus(ctx, tx, d, p, rows, now, watermark, archived); err != nil {
+		return Result{}, fmt.Errorf("publish %s %s: %w", d.Name, p, err)
+	}
+	return Result{Rows: rows, Recorded: recorded}, nil
 }

@@ -66,18 +66,6 @@ UPDATE tidemark.load_watermarks SET
     last_run_at = $4,
     runs = runs + 1
 WHERE aggregate = $1`
-
-	// recordBeyondSQL copies the events of one partition ingested after its
-	// horizon into tidemark.corrections, with the whole raw row. %[1]s raw
-	// table, %[2]s event key expression, %[3]s event time, %[4]s ingestion
-	// time, %[5]s the window filter.
-	recordBeyondSQL = `
-INSERT INTO tidemark.corrections (aggregate, policy, event_key, event_partition_start, arrival_partition_start,
-                                  event_time, ingested_at, event, recorded_at)
-SELECT $1, $2, %[2]s, $3, $4, e.%[3]s, e.%[4]s, to_jsonb(e.*), $5
-FROM %[1]s e
-WHERE e.%[3]s >= $3 AND e.%[3]s < $6 AND e.%[4]s > $7 AND %[5]s
-ON CONFLICT (aggregate, event_key) DO NOTHING`
 )
 
 // window is what one claim read: per partition whether it must be rebuilt
@@ -87,6 +75,7 @@ type window struct {
 	beyond   map[beyondKey]*loads // loads (ledger mode) of events to record
 	arrivals map[arrivalKey]int64
 	late     map[string]int64 // rows by lateness label
+	recorded int64            // events recorded in tidemark.corrections
 	rows     int64            // ledger rows or table rows read
 	archived int64            // events read for archived partitions
 	maxEvent time.Time
@@ -238,7 +227,8 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 		return nil, "", fmt.Errorf("read ledger: %w", err)
 	}
 	for k, l := range w.beyond {
-		if err := r.recordBeyond(ctx, tx, d, k, l.filter(quote(d.IngestedAt)), now, w); err != nil {
+		rec := aggregate.Recording{Filter: l.filter(quote(d.IngestedAt)), Archived: aggregate.ArchivedBefore(d.Calendar.At(k.event), retained)}
+		if err := r.recordBeyond(ctx, tx, d, k, rec, now, w); err != nil {
 			return nil, "", err
 		}
 	}
@@ -326,8 +316,15 @@ func (r *Reconciler) claimTable(ctx context.Context, tx pgx.Tx, d *aggregate.Def
 		filter := fmt.Sprintf("e.%[1]s > %[2]s AND e.%[1]s <= %[3]s", quote(d.IngestedAt), literal(low), literal(pgtype.Timestamptz{Time: upper, Valid: true}))
 		// The arrival partition depends on each row's ingestion time:
 		// record per arrival partition that the window can reach.
-		if err := r.recordBeyondByArrival(ctx, tx, d, p, filter, now, w); err != nil {
+		n, arrivals, err := aggregate.RecordBeyondByArrival(ctx, tx, d, p, aggregate.Recording{Filter: filter}, now)
+		if err != nil {
 			return nil, time.Time{}, err
+		}
+		w.recorded += n
+		if d.Policy == aggregate.Arrival {
+			for _, a := range arrivals {
+				w.add(a, "arrival")
+			}
 		}
 	}
 	var watermark time.Time
@@ -352,61 +349,17 @@ func literal(t pgtype.Timestamptz) string {
 
 func quote(col string) string { return pgx.Identifier{col}.Sanitize() }
 
-// eventKeyExpr identifies an event of the raw table in corrections.
-func eventKeyExpr(d *aggregate.Definition) string {
-	parts := make([]string, len(d.EventKey))
-	for i, k := range d.EventKey {
-		parts[i] = "e." + quote(k) + "::text"
-	}
-	return "concat_ws('|', " + strings.Join(parts, ", ") + ")"
-}
-
-// recordBeyond records the beyond-horizon events of partition k.event that
-// arrived in partition k.arrival and match filter.
-func (r *Reconciler) recordBeyond(ctx context.Context, tx pgx.Tx, d *aggregate.Definition, k beyondKey, filter string, now time.Time, w *window) error {
-	p := d.Calendar.At(k.event)
-	sql := fmt.Sprintf(recordBeyondSQL, d.Raw.Sanitize(), eventKeyExpr(d), quote(d.EventTime), quote(d.IngestedAt), filter)
-	tag, err := tx.Exec(ctx, sql, d.Name, d.Policy, p.Start, k.arrival, now, p.End, d.HorizonEnd(p))
+// recordBeyond records the events of partition k.event that arrived in
+// partition k.arrival and rec selects (see aggregate.RecordBeyond),
+// counts them in w, and under the arrival policy queues k.arrival.
+func (r *Reconciler) recordBeyond(ctx context.Context, tx pgx.Tx, d *aggregate.Definition, k beyondKey, rec aggregate.Recording, now time.Time, w *window) error {
+	n, err := aggregate.RecordBeyond(ctx, tx, d, d.Calendar.At(k.event), d.Calendar.At(k.arrival), rec, now)
 	if err != nil {
-		return fmt.Errorf("record beyond-horizon events of %s: %w", p, err)
-	}
-	n := tag.RowsAffected()
-	r.m.beyond.WithLabelValues(d.Name, d.Policy).Add(float64(n))
-	if d.Policy == aggregate.Arrival && n > 0 {
-		w.add(d.Calendar.At(k.arrival), "arrival")
-	}
-	return nil
-}
-
-// recordBeyondByArrival is recordBeyond when the window's rows have
-// different ingestion times: it records each arrival partition the rows
-// fall in.
-func (r *Reconciler) recordBeyondByArrival(ctx context.Context, tx pgx.Tx, d *aggregate.Definition, p aggregate.Partition, window string, now time.Time, w *window) error {
-	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT DISTINCT e.%[1]s FROM %[2]s e WHERE e.%[3]s >= $1 AND e.%[3]s < $2 AND e.%[1]s > $3 AND %[4]s",
-		quote(d.IngestedAt), d.Raw.Sanitize(), quote(d.EventTime), window), p.Start, p.End, d.HorizonEnd(p))
-	if err != nil {
-		return fmt.Errorf("read beyond-horizon events of %s: %w", p, err)
-	}
-	arrivals := map[time.Time]aggregate.Partition{}
-	for rows.Next() {
-		var ia time.Time
-		if err := rows.Scan(&ia); err != nil {
-			rows.Close()
-			return err
-		}
-		ap := d.Of(ia)
-		arrivals[ap.Start] = ap
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
-	for _, ap := range arrivals {
-		filter := fmt.Sprintf("%s AND e.%s >= %s AND e.%s < %s", window, quote(d.IngestedAt),
-			literal(pgtype.Timestamptz{Time: ap.Start, Valid: true}), quote(d.IngestedAt), literal(pgtype.Timestamptz{Time: ap.End, Valid: true}))
-		if err := r.recordBeyond(ctx, tx, d, beyondKey{p.Start, ap.Start}, filter, now, w); err != nil {
-			return err
-		}
+	w.recorded += n
+	if d.Policy == aggregate.Arrival && n > 0 {
+		w.add(d.Calendar.At(k.arrival), "arrival")
 	}
 	return nil
 }

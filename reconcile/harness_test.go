@@ -87,6 +87,15 @@ func setup(t *testing.T, parts int32, aggs ...aggregateYAML) *bundle {
 	b := &bundle{t: t, dsn: dsn, pool: pool, kafka: c, end: map[int32]int64{},
 		producer: kafkatest.Producer(t, c, kgo.RecordPartitioner(kgo.ManualPartitioner())),
 		clock:    clock.New(at("2026-10-01 00:00"))}
+	b.cfg = b.configure(aggs...)
+	return b
+}
+
+// configure parses a configuration of the bundle's warehouse and broker
+// with the given aggregates: another instance's, or this one's after a
+// change.
+func (b *bundle) configure(aggs ...aggregateYAML) *config.Config {
+	b.t.Helper()
 	var specs strings.Builder
 	for _, a := range aggs {
 		specs.WriteString(a.String())
@@ -103,13 +112,12 @@ sources:
     event_time: /event_time
     max_age: 365d
 aggregates:%s
-`, dsn, c.ListenAddrs()[0], group, specs.String())
+`, b.dsn, b.kafka.ListenAddrs()[0], group, specs.String())
 	cfg, err := config.Parse("test.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
-		t.Fatalf("config: %v\n%s", err, yaml)
+		b.t.Fatalf("config: %v\n%s", err, yaml)
 	}
-	b.cfg = cfg
-	return b
+	return cfg
 }
 
 // startIngest runs an ingester on the bundle's clock until the test ends.

@@ -157,11 +157,33 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	}
 	if stored != d.Source {
 		return fmt.Errorf("aggregates.%s.source: the aggregate was built from source %s, not %s; its state would not match "+
-			"the new source: give the aggregate a new name (or delete its rows from tidemark.load_watermarks, tidemark.partitions "+
-			"and tidemark.pending_partitions, and empty %s)", name, stored, d.Source, d.Target.Sanitize())
+			"the new source: give the aggregate a new name (or remove its state with tidemark forget --aggregate %s "+
+			"while no configuration names it, and empty %s)", name, stored, d.Source, name, d.Target.Sanitize())
+	}
+	var prev aggregate.Registered
+	var changed bool
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		prev, changed, err = aggregate.Register(ctx, tx, d, r.now())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("reconcile %s: %w", name, err)
+	}
+	if changed && prev.Defined {
+		r.log.Info("the aggregate's definition changed; every instance reconciling it should run this configuration",
+			"aggregate", name, "partition", d.Calendar.By+" "+d.Calendar.Loc.String(), "lateness_horizon", config.Duration(d.Horizon),
+			"beyond_horizon", d.Policy, "was_partition", prev.Calendar.By+" "+zoneName(prev.Calendar.Loc),
+			"was_lateness_horizon", config.Duration(prev.Horizon), "was_beyond_horizon", prev.Policy)
 	}
 	r.prepared[name] = true
 	return nil
+}
+
+func zoneName(loc *time.Location) string {
+	if loc == nil {
+		return "?"
+	}
+	return loc.String()
 }
 
 // tableColumnsSQL lists the columns of a table with their types.
@@ -216,6 +238,7 @@ type Report struct {
 	Busy      bool     // another instance held the aggregate (only when not waiting)
 	Read      int64    // ledger rows (or table rows) read
 	Queued    int      // partitions queued by this run
+	Recorded  int64    // events recorded in tidemark.corrections by this run
 	Rebuilt   []string // partitions rebuilt by this run, by label, in the order rebuilt
 	Failed    []string // partitions whose rebuild failed
 	Remaining int64    // partitions still queued after the run, those other instances are rebuilding included
@@ -225,7 +248,7 @@ type Report struct {
 
 // lockKey is the session advisory lock that makes one instance at a time
 // claim an aggregate's new data and update its partition states.
-func lockKey(name string) string { return "tidemark.reconcile." + name }
+func lockKey(name string) string { return aggregate.ReconcileLockKey(name) }
 
 // The aggregate's session advisory lock: tried, waited for, released.
 const (
@@ -301,10 +324,11 @@ func (r *Reconciler) run(ctx context.Context, conn *pgx.Conn, d *aggregate.Defin
 	if err != nil {
 		return fmt.Errorf("reconcile %s: claim: %w", d.Name, err)
 	}
-	rep.Read, rep.Queued = w.rows, len(w.queue)
+	rep.Read, rep.Queued, rep.Recorded = w.rows, len(w.queue), w.recorded
 	for label, n := range w.late {
 		r.m.late.WithLabelValues(d.Name, label).Add(float64(n))
 	}
+	r.m.beyond.WithLabelValues(d.Name, d.Policy).Add(float64(w.recorded))
 	if rep.Queued > 0 {
 		r.log.Info("claimed partitions", "aggregate", d.Name, "read", w.rows, "queued", rep.Queued, "load_watermark", rep.Watermark)
 	}
@@ -367,9 +391,10 @@ func retryBackoff(every time.Duration, failures int) time.Duration {
 
 // rebuildOutcome is what rebuildNext did.
 type rebuildOutcome struct {
-	found bool      // a partition was picked
-	start time.Time // its start
-	rows  int64     // rows written by a successful rebuild
+	found    bool      // a partition was picked
+	start    time.Time // its start
+	rows     int64     // rows written by a successful rebuild
+	recorded int64     // events it recorded in tidemark.corrections
 	// failed is the error of a rebuild that failed through the partition's
 	// fault (aggregate.PartitionFault), recorded in the queue with
 	// attempts, failingSince and nextAttempt.
@@ -426,6 +451,12 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 			continue
 		}
 		rep.Rebuilt = append(rep.Rebuilt, label)
+		rep.Recorded += o.recorded
+		r.m.beyond.WithLabelValues(d.Name, d.Policy).Add(float64(o.recorded))
+		if o.recorded > 0 {
+			r.log.Warn("a rebuild left out events beyond the lateness horizon that no claim had recorded; recorded them in tidemark.corrections",
+				"aggregate", d.Name, "partition", label, "events", o.recorded, "lateness_horizon", config.Duration(d.Horizon))
+		}
 		r.log.Debug("rebuilt partition", "aggregate", d.Name, "partition", label, "rows", o.rows)
 		r.m.rebuilt.WithLabelValues(d.Name).Inc()
 		r.m.rebuildSecs.WithLabelValues(d.Name).Observe(time.Since(started).Seconds())
@@ -507,7 +538,7 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 			if err := sp.Commit(ctx); err != nil {
 				return err
 			}
-			o.rows = res.Rows
+			o.rows, o.recorded = res.Rows, res.Recorded
 			_, err = tx.Exec(ctx, donePendingSQL, d.Name, o.start)
 			return err
 		}

@@ -35,12 +35,78 @@ type Pruner struct {
 	log  *slog.Logger
 	now  func() time.Time
 	m    *metrics
-	aggs map[string][]*aggregate.Definition // by source
+	aggs map[string]*aggregate.Definition // the configuration's, by name
+}
+
+// view is whose needs one run keeps: per source, the aggregates of the
+// configuration and those the warehouse has registered (see
+// aggregate.Registry) that the configuration does not name, which an
+// instance with another configuration may be reconciling, or which may
+// return. A configured aggregate's horizon is the longer of the
+// configuration's and the registered one.
+type view struct {
+	bySource map[string][]*aggregate.Definition
+	// absent are the registered aggregates the configuration does not
+	// name; those registered without a definition have no Calendar.Loc.
+	absent map[string]bool
+}
+
+// names lists the aggregates of source.
+func (v view) names(source string) []string {
+	var out []string
+	for _, d := range v.bySource[source] {
+		out = append(out, d.Name)
+	}
+	return out
+}
+
+// who names aggregate d for a reason retention gives.
+func (v view) who(d *aggregate.Definition) string {
+	if v.absent[d.Name] {
+		return fmt.Sprintf("aggregate %s (not in this configuration: add it back, or remove its state with tidemark forget --aggregate %s)", d.Name, d.Name)
+	}
+	return "aggregate " + d.Name
+}
+
+// view reads the registry and merges it with the configuration.
+func (p *Pruner) view(ctx context.Context, conn *pgx.Conn) (view, error) {
+	v := view{bySource: map[string][]*aggregate.Definition{}, absent: map[string]bool{}}
+	reg, err := aggregate.Registry(ctx, conn)
+	if err != nil {
+		return v, fmt.Errorf("prune: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, r := range reg {
+		d := p.aggs[r.Name]
+		switch {
+		case d != nil && d.Source == r.Source:
+			c := *d
+			if r.Defined && r.Horizon > c.Horizon {
+				c.Horizon = r.Horizon
+			}
+			d = &c
+		case d != nil:
+			// Configured over another source, which prepare refuses:
+			// the registered one's needs are kept.
+			d = &aggregate.Definition{Name: r.Name, Source: r.Source, Calendar: r.Calendar, Horizon: r.Horizon, Policy: r.Policy}
+		default:
+			v.absent[r.Name] = true
+			d = &aggregate.Definition{Name: r.Name, Source: r.Source, Calendar: r.Calendar, Horizon: r.Horizon, Policy: r.Policy}
+		}
+		seen[r.Name] = true
+		v.bySource[d.Source] = append(v.bySource[d.Source], d)
+	}
+	for _, name := range p.cfg.AggregateNames() {
+		if d := p.aggs[name]; !seen[name] {
+			v.bySource[d.Source] = append(v.bySource[d.Source], d)
+		}
+	}
+	return v, nil
 }
 
 // New returns the pruner of cfg.
 func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Pruner, error) {
-	p := &Pruner{cfg: cfg, pool: pool, log: opts.Logger, now: opts.Now, aggs: map[string][]*aggregate.Definition{}}
+	p := &Pruner{cfg: cfg, pool: pool, log: opts.Logger, now: opts.Now, aggs: map[string]*aggregate.Definition{}}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -53,7 +119,7 @@ func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Pruner, error) 
 		if err != nil {
 			return nil, err
 		}
-		p.aggs[d.Source] = append(p.aggs[d.Source], d)
+		p.aggs[name] = d
 	}
 	reg := opts.Registerer
 	if reg == nil {
@@ -151,6 +217,10 @@ func (p *Pruner) Run(ctx context.Context, dryRun bool) (*Report, error) {
 
 func (p *Pruner) run(ctx context.Context, conn *pgx.Conn, dryRun bool) (*Report, error) {
 	now := p.now()
+	v, err := p.view(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
 	rep := &Report{At: now, DryRun: dryRun, Archived: map[string]int64{}}
 	tables := map[string]*Table{}
 	var order []string
@@ -166,7 +236,7 @@ func (p *Pruner) run(ctx context.Context, conn *pgx.Conn, dryRun bool) (*Report,
 		if src.Table != nil {
 			continue
 		}
-		s, err := p.pruneRaw(ctx, conn, src, now, dryRun, rep.Archived)
+		s, err := p.pruneRaw(ctx, conn, v, src, now, dryRun, rep.Archived)
 		if err != nil {
 			return rep, err
 		}
@@ -178,7 +248,7 @@ func (p *Pruner) run(ctx context.Context, conn *pgx.Conn, dryRun bool) (*Report,
 			t.Partitions++
 		}
 	}
-	rules, err := p.rules(ctx, conn, now)
+	rules, err := p.rules(ctx, conn, v, now)
 	if err != nil {
 		return rep, err
 	}
@@ -304,7 +374,7 @@ SELECT min(partition_start) FROM (
 )
 
 // rules lists what this run removes from the state tables.
-func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, now time.Time) ([]rule, error) {
+func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Time) ([]rule, error) {
 	ret := p.cfg.Retention
 	var ledger, dead, corrections, arrivals []rule
 	for _, name := range p.cfg.SourceNames() {
@@ -312,19 +382,20 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, now time.Time) ([]ru
 		if src.Table != nil {
 			continue
 		}
-		below, err := p.readBy(ctx, conn, name)
+		below, err := p.readBy(ctx, conn, v, name)
 		if err != nil {
 			return nil, err
 		}
 		ledger = append(ledger, rule{"tidemark.ingest_ledger", ledgerWhere, []any{name, now.Add(-ret.Ledger.D()), below}})
 		dead = append(dead, rule{"tidemark.dead_letters", deadLetterWhere, []any{name, now.Add(-src.Retention.DeadLetters.D())}})
 	}
-	for _, name := range p.cfg.AggregateNames() {
-		d, err := aggregate.FromConfig(p.cfg, name)
-		if err != nil {
-			return nil, err
-		}
-		from, err := aggregate.RetainedFrom(ctx, conn, d.Source)
+	var sources []string
+	for source := range v.bySource {
+		sources = append(sources, source)
+	}
+	sort.Strings(sources)
+	for _, source := range sources {
+		from, err := aggregate.RetainedFrom(ctx, conn, source)
 		if err != nil {
 			return nil, err
 		}
@@ -332,16 +403,21 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, now time.Time) ([]ru
 		if !from.IsZero() {
 			bound = from
 		}
-		corrections = append(corrections, rule{"tidemark.corrections", correctionsWhere, []any{name, now.Add(-ret.Corrections.D()), bound}})
-		cut := d.Calendar.Of(now.Add(-ret.Arrivals.D())).Start
-		var oldest *time.Time
-		if err := conn.QueryRow(ctx, latestFinalSQL, name, reconcile.HistoryPartitions(d.Calendar.By)).Scan(&oldest); err != nil {
-			return nil, fmt.Errorf("prune: arrival history of %s: %w", name, err)
+		for _, d := range v.bySource[source] {
+			corrections = append(corrections, rule{"tidemark.corrections", correctionsWhere, []any{d.Name, now.Add(-ret.Corrections.D()), bound}})
+			if d.Calendar.Loc == nil {
+				continue
+			}
+			cut := d.Calendar.Of(now.Add(-ret.Arrivals.D())).Start
+			var oldest *time.Time
+			if err := conn.QueryRow(ctx, latestFinalSQL, d.Name, reconcile.HistoryPartitions(d.Calendar.By)).Scan(&oldest); err != nil {
+				return nil, fmt.Errorf("prune: arrival history of %s: %w", d.Name, err)
+			}
+			if oldest != nil && oldest.Before(cut) {
+				cut = *oldest
+			}
+			arrivals = append(arrivals, rule{"tidemark.partition_arrivals", arrivalsWhere, []any{d.Name, cut}})
 		}
-		if oldest != nil && oldest.Before(cut) {
-			cut = *oldest
-		}
-		arrivals = append(arrivals, rule{"tidemark.partition_arrivals", arrivalsWhere, []any{name, cut}})
 	}
 	runs := now.Add(-ret.Runs.D())
 	out := append(append(append(ledger, dead...), corrections...), arrivals...)
@@ -354,12 +430,13 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, now time.Time) ([]ru
 	), nil
 }
 
-// readBy is the transaction id below which every aggregate of source has
-// read the ledger: the smallest of their load watermarks ("0" while one of
-// them has never run), or every id when the source has no aggregate.
-func (p *Pruner) readBy(ctx context.Context, q aggregate.Row, source string) (string, error) {
+// readBy is the transaction id below which every aggregate of source, in
+// the configuration or registered, has read the ledger: the smallest of
+// their load watermarks ("0" while one of them has never run), or every id
+// when the source has no aggregate.
+func (p *Pruner) readBy(ctx context.Context, q aggregate.Row, v view, source string) (string, error) {
 	below := maxXID
-	for _, d := range p.aggs[source] {
+	for _, d := range v.bySource[source] {
 		var xid string
 		err := q.QueryRow(ctx, loadWatermarkSQL, d.Name).Scan(&xid)
 		switch {

@@ -96,16 +96,13 @@ var errKept = errors.New("kept")
 
 // pruneRaw drops the raw partitions of src that its retention no longer
 // keeps, oldest first, and stops at the first one still needed.
-func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, src *config.Source, now time.Time, dryRun bool, archived map[string]int64) (Source, error) {
+func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, v view, src *config.Source, now time.Time, dryRun bool, archived map[string]int64) (Source, error) {
 	out := Source{Name: src.Name}
 	parts, err := RawPartitions(ctx, conn, src.Name)
 	if err != nil {
 		return out, fmt.Errorf("prune: %w", err)
 	}
-	var aggs []string
-	for _, d := range p.aggs[src.Name] {
-		aggs = append(aggs, d.Name)
-	}
+	aggs := v.names(src.Name)
 	cutoff := now.Add(-src.Retention.Raw.D())
 	kept := 0
 	for _, part := range parts {
@@ -116,7 +113,7 @@ func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, src *config.Sourc
 			kept++
 			continue
 		}
-		why, err := p.needed(ctx, conn, src.Name, aggs, part, now)
+		why, err := p.needed(ctx, conn, v, src.Name, part, now)
 		switch {
 		case err != nil:
 			return out, err
@@ -124,7 +121,7 @@ func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, src *config.Sourc
 		case dryRun:
 			err = conn.QueryRow(ctx, measureSQL(part.Name), quoteRaw(part.Name)).Scan(&part.Rows, &part.Bytes)
 		default:
-			why, err = p.drop(ctx, conn, src, aggs, &part, now, archived)
+			why, err = p.drop(ctx, conn, v, src, &part, now, archived)
 		}
 		if err != nil {
 			return out, fmt.Errorf("prune: %s: %w", part.Name, err)
@@ -160,12 +157,17 @@ func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, src *config.Sourc
 
 // needed says why raw partition part of source must stay, or "" when it
 // may go: an aggregate partition it feeds is not final yet or is queued,
-// or an aggregate has not read a load into it.
-func (p *Pruner) needed(ctx context.Context, q aggregate.Row, source string, aggs []string, part Partition, now time.Time) (string, error) {
-	for _, d := range p.aggs[source] {
+// or an aggregate has not read a load into it. Every aggregate of the
+// view counts, configured or only registered.
+func (p *Pruner) needed(ctx context.Context, q aggregate.Row, v view, source string, part Partition, now time.Time) (string, error) {
+	aggs := v.bySource[source]
+	for _, d := range aggs {
+		if d.Calendar.Loc == nil {
+			continue // registered without a definition: its horizon is not known
+		}
 		ps := d.Calendar.Overlapping(part.Start, part.End.Add(-time.Nanosecond))
 		if last := ps[len(ps)-1]; now.Before(d.HorizonEnd(last)) {
-			return fmt.Sprintf("aggregate %s partition %s is final only at %s", d.Name, last, d.HorizonEnd(last).UTC().Format(time.RFC3339)), nil
+			return fmt.Sprintf("%s partition %s is final only at %s", v.who(d), last, d.HorizonEnd(last).UTC().Format(time.RFC3339)), nil
 		}
 	}
 	if len(aggs) == 0 {
@@ -173,19 +175,24 @@ func (p *Pruner) needed(ctx context.Context, q aggregate.Row, source string, agg
 	}
 	var agg string
 	var start time.Time
-	err := q.QueryRow(ctx, queuedSQL, aggs, part.Start, part.End).Scan(&agg, &start)
+	err := q.QueryRow(ctx, queuedSQL, v.names(source), part.Start, part.End).Scan(&agg, &start)
 	switch {
 	case err == nil:
-		return fmt.Sprintf("aggregate %s has partition starting %s queued for a rebuild", agg, start.UTC().Format(time.RFC3339)), nil
+		for _, d := range aggs {
+			if d.Name == agg {
+				agg = v.who(d)
+			}
+		}
+		return fmt.Sprintf("%s has partition starting %s queued for a rebuild", agg, start.UTC().Format(time.RFC3339)), nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return "", fmt.Errorf("prune: queued partitions: %w", err)
 	}
-	for _, d := range p.aggs[source] {
+	for _, d := range aggs {
 		var xid string
 		err := q.QueryRow(ctx, loadWatermarkSQL, d.Name).Scan(&xid)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return fmt.Sprintf("aggregate %s has not run yet", d.Name), nil
+			return fmt.Sprintf("%s has not run yet", v.who(d)), nil
 		case err != nil:
 			return "", fmt.Errorf("prune: load watermark of %s: %w", d.Name, err)
 		}
@@ -194,7 +201,7 @@ func (p *Pruner) needed(ctx context.Context, q aggregate.Row, source string, agg
 			return "", fmt.Errorf("prune: %w", err)
 		}
 		if unread {
-			return fmt.Sprintf("aggregate %s has not read every load into it yet", d.Name), nil
+			return fmt.Sprintf("%s has not read every load into it yet", v.who(d)), nil
 		}
 	}
 	return "", nil
@@ -206,7 +213,8 @@ func (p *Pruner) needed(ctx context.Context, q aggregate.Row, source string, agg
 // it checks again that nothing needs the partition, drops it, archives the
 // aggregate partitions it fed and raises the source's retention bound. It
 // returns why the partition stays when it cannot go now.
-func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, src *config.Source, aggs []string, part *Partition, now time.Time, archived map[string]int64) (string, error) {
+func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, v view, src *config.Source, part *Partition, now time.Time, archived map[string]int64) (string, error) {
+	aggs := v.names(src.Name)
 	var why string
 	counts := map[string]int64{}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -225,7 +233,7 @@ func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, src *config.Source, a
 			}
 		}
 		var err error
-		if why, err = p.needed(ctx, tx, src.Name, aggs, *part, now); err != nil || why != "" {
+		if why, err = p.needed(ctx, tx, v, src.Name, *part, now); err != nil || why != "" {
 			return errors.Join(err, errKept)
 		}
 		name := quoteRaw(part.Name)
