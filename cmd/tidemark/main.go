@@ -12,6 +12,7 @@
 //	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
 //	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run] [--force]
 //	tidemark prune     [-c tidemark.yaml] [--dry-run]
+//	tidemark forget    --aggregate NAME [-c tidemark.yaml] [--dry-run]
 //	tidemark status    [-c tidemark.yaml] [--json]
 //	tidemark lateness  --source NAME [-c tidemark.yaml] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
 //	tidemark grants    [-c tidemark.yaml] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
@@ -107,6 +108,8 @@ Usage:
   tidemark keys      --source NAME [-c FILE] [--dry-run] [--force]
                                                           find rows deleted at the source (key reconciliation)
   tidemark prune     [-c FILE] [--dry-run]                remove what retention no longer keeps
+  tidemark forget    --aggregate NAME [-c FILE] [--dry-run]
+                                                          remove the state of an aggregate no longer configured
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
   tidemark lateness  --source NAME [-c FILE] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
                                                           how late events arrive; the horizon that keeps a target share
@@ -156,6 +159,7 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"poll":      cmdPoll,
 	"keys":      cmdKeys,
 	"prune":     cmdPrune,
+	"forget":    cmdForget,
 	"grants":    cmdGrants,
 	"demo":      cmdDemo,
 	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) int {
