@@ -50,6 +50,14 @@ func (b *bundle) process(cfg *config.Config, rawDays int) *process {
 	return in
 }
 
+// exec runs a statement on the warehouse.
+func (b *bundle) exec(sql string, args ...any) {
+	b.t.Helper()
+	if _, err := b.pool.Exec(context.Background(), sql, args...); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
 // run reconciles every aggregate of the instance once.
 func (in *process) run() {
 	in.b.t.Helper()
@@ -169,6 +177,25 @@ func TestAggregateRemovedAndReturned(t *testing.T) {
 			t.Errorf("verify %s: %+v, want 1 October archived", name, checks)
 		}
 	}
+}
+
+// TestPrepareArchivesBeforeTheBound: a partition before its source's
+// retention bound that a drop left unarchived (an older version archived
+// only the pruning configuration's aggregates) is archived when its
+// aggregate is prepared, so that status and verify agree on it.
+func TestPrepareArchivesBeforeTheBound(t *testing.T) {
+	b := setup(t, 1, salesOf("sales", "1h", "correction"))
+	b.startIngest()
+	x := b.process(b.cfg, 1)
+	b.ingestAt("2026-10-01 12:00", event(0, "a", "2026-10-01T10:00:00Z", "1"))
+	x.run()
+	b.clock.Set(at("2026-10-03 00:00"))
+	x.run()
+	x.prune()
+	b.exec("UPDATE tidemark.partitions SET state = 'final', archived_at = NULL")
+	x = b.process(b.cfg, 1)
+	x.run()
+	pgtest.Equal(t, "state", b.rows("SELECT partition_key, state FROM tidemark.partitions"), []string{"2026-10-01 | archived"})
 }
 
 // TestShorterHorizonElsewhere: two instances run one aggregate with

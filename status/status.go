@@ -39,6 +39,20 @@ type Report struct {
 	// OldestTransaction is the warehouse's oldest transaction holding a
 	// transaction id: no load watermark can pass it.
 	OldestTransaction *Transaction `json:"oldest_transaction"`
+	// Unconfigured are the aggregates the warehouse has registered that
+	// the configuration does not name: retention keeps what they need
+	// until they return or `tidemark forget` removes their state.
+	Unconfigured []Unconfigured `json:"unconfigured_aggregates"`
+}
+
+// Unconfigured is an aggregate registered in the warehouse (it has been
+// reconciled) that the configuration does not name.
+type Unconfigured struct {
+	Name   string `json:"name"`
+	Source string `json:"source"`
+	// Horizon is its recorded lateness horizon ("" when none was).
+	Horizon   string     `json:"lateness_horizon"`
+	LastRunAt *time.Time `json:"last_run_at"`
 }
 
 // Aggregate is the view of one aggregate.
@@ -518,6 +532,11 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		})
 		r.Sources = append(r.Sources, s)
 	}
+	if v >= 10 {
+		if r.Unconfigured, err = gatherUnconfigured(ctx, q, cfg); err != nil {
+			return nil, err
+		}
+	}
 	if v < 2 || len(cfg.Aggregates) == 0 {
 		return r, nil
 	}
@@ -525,6 +544,30 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		return nil, err
 	}
 	return r, nil
+}
+
+// gatherUnconfigured lists the registered aggregates cfg does not name.
+func gatherUnconfigured(ctx context.Context, q Querier, cfg *config.Config) ([]Unconfigured, error) {
+	reg, err := aggregate.Registry(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	out := []Unconfigured{}
+	for _, a := range reg {
+		if cfg.Aggregates[a.Name] != nil {
+			continue
+		}
+		u := Unconfigured{Name: a.Name, Source: a.Source}
+		if a.Defined {
+			u.Horizon = config.Duration(a.Horizon).String()
+		}
+		if err := q.QueryRow(ctx, "SELECT last_run_at FROM tidemark.load_watermarks WHERE aggregate = $1", a.Name).Scan(&u.LastRunAt); err != nil {
+			return nil, fmt.Errorf("read aggregate %s: %w", a.Name, err)
+		}
+		u.LastRunAt = utc(u.LastRunAt)
+		out = append(out, u)
+	}
+	return out, nil
 }
 
 const (
@@ -825,6 +868,11 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Key, state, fmtInt(p.Rows), fmtRatio(p.Completeness),
 				fmtTime(p.RebuiltAt), p.FinalAt.UTC().Format(time.RFC3339))
 		}
+	}
+	for _, u := range r.Unconfigured {
+		fmt.Fprintf(tw, "\naggregate %s (not in this configuration: source %s, horizon %s, last run %s)\n",
+			u.Name, u.Source, orDash(u.Horizon), fmtTime(u.LastRunAt))
+		fmt.Fprintf(tw, "  retention keeps the raw partitions and ledger rows it needs; once it is gone for good, tidemark forget --aggregate %s releases them\n", u.Name)
 	}
 	return tw.Flush()
 }

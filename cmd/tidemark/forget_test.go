@@ -86,6 +86,7 @@ aggregates:%s`, dsn, kc.ListenAddrs()[0], aggs.String()))
 	expect(exitOK, "", "reconcile", "--once", "-c", alone)
 	expect(exitOK, "app_events_p20261002 (2026-10-02 .. 2026-10-03) is kept: aggregate old_sales (not in this configuration", "prune", "-c", alone)
 
+	expect(exitOK, "aggregate old_sales (not in this configuration: source app_events, horizon 2d, last run 2026-10-04T00:00:00Z)", "status", "-c", alone)
 	expect(exitUsage, "daily_sales is in the configuration", "forget", "-c", alone, "--aggregate", "daily_sales")
 	registered := "SELECT string_agg(aggregate, ',' ORDER BY aggregate) FROM tidemark.load_watermarks"
 	out := expect(exitOK, "would remove the state of aggregate old_sales", "forget", "-c", alone, "--aggregate", "old_sales", "--dry-run")
@@ -99,4 +100,7 @@ aggregates:%s`, dsn, kc.ListenAddrs()[0], aggs.String()))
 	expect(exitOK, "raw.app_events: removed", "prune", "-c", alone)
 	pgtest.Equal(t, "raw rows after forget and prune", pgtest.Lines(t, pool, "SELECT count(*) FROM raw.app_events"), []string{"0"})
 	expect(exitFailure, "no aggregate of that name is registered", "forget", "-c", alone, "--aggregate", "old_sales")
+	if _, out, _ := invoke(t, "status", "-c", alone); strings.Contains(out, "old_sales") {
+		t.Errorf("status still shows old_sales after forget:\n%s", out)
+	}
 }
