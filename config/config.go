@@ -63,12 +63,14 @@ type Warehouse struct {
 // MigrateOnStart reports whether `tidemark run` applies migrations.
 func (w Warehouse) MigrateOnStart() bool { return w.Migrate == nil || *w.Migrate }
 
-// HTTP is the operator endpoint: /metrics, /healthz, /readyz, /status.
+// HTTP is the operator endpoint: the status page /, /metrics, /healthz,
+// /readyz and /status.
 type HTTP struct {
 	Listen string `yaml:"listen"` // host:port; "off" disables; default 127.0.0.1:9187
 	// Token, when set (or read from TokenFile), is the bearer token that
 	// the pages for people (/ and /status) require; the probes and
-	// /metrics stay open.
+	// /metrics stay open. It is a b64token (RFC 6750) of at least 16
+	// characters.
 	Token     string `yaml:"token"`
 	TokenFile string `yaml:"token_file"`
 }
@@ -81,6 +83,46 @@ func (h HTTP) tokenKey() string {
 		return "http.token_file"
 	}
 	return "http.token"
+}
+
+// badTokenChar returns the position (counting characters from 1) of the
+// first character of t that a bearer token cannot hold there, or 0 when t
+// is a b64token of RFC 6750 (token68 of RFC 9110): one or more letters,
+// digits and - . _ ~ + /, then any number of =. That is the text a token
+// can be in an Authorization header without quoting, and covers base64,
+// base64url and hexadecimal text.
+func badTokenChar(t string) int {
+	n, pad := 0, false
+	for _, r := range t {
+		n++
+		switch {
+		case r == '=' && n > 1:
+			pad = true
+		case pad || !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || strings.ContainsRune("-._~+/", r)):
+			return n
+		}
+	}
+	return 0
+}
+
+// validateToken checks t, the token of http.token or http.token_file. The
+// messages never show it.
+func (h HTTP) validateToken(ix *index, t string) {
+	key := h.tokenKey()
+	trimmed := strings.TrimSpace(t)
+	switch {
+	case trimmed == "":
+		ix.add(key, "is blank")
+	case trimmed != t && key == "http.token_file":
+		ix.add(key, "the token must not begin or end with white space (one trailing newline of the file is dropped, nothing else is)")
+	case trimmed != t:
+		ix.add(key, "must not begin or end with white space")
+	case badTokenChar(t) > 0:
+		ix.add(key, "must be a bearer token as RFC 6750 defines it (b64token): letters, digits and - . _ ~ + /, "+
+			"then optionally = padding; character %d is not allowed there", badTokenChar(t))
+	case len(t) < 16:
+		ix.add(key, "must be at least 16 characters, got %d", len(t))
+	}
 }
 
 // Log configures the process log.
@@ -382,8 +424,8 @@ func (c *Config) validate(ix *index) {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
 			ix.add("http.listen", "must be host:port or off, got %q", c.HTTP.Listen)
 		}
-		if t := c.HTTP.Token; t != "" && len(t) < 16 {
-			ix.add(c.HTTP.tokenKey(), "must be at least 16 characters, got %d", len(t))
+		if t := c.HTTP.Token; t != "" {
+			c.HTTP.validateToken(ix, t)
 		}
 	}
 	oneOf(ix, "log.level", c.Log.Level, "debug", "info", "warn", "error")

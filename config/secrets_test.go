@@ -23,6 +23,8 @@ func TestSecretFiles(t *testing.T) {
 	token := write("token", "0123456789abcdef0123\r\n")
 	empty := write("empty", "\n")
 	short := write("short", "abc\n")
+	twoNewlines := write("two-newlines", "0123456789abcdef0123\n\n")
+	spaces := write("spaces", "                \n")
 	missing := filepath.Join(dir, "missing")
 
 	t.Run("read", func(t *testing.T) {
@@ -65,11 +67,48 @@ func TestSecretFiles(t *testing.T) {
 			[]wantErr{{2, "http.token_file", "must be at least 16 characters, got 3"}}},
 		{"short inline token", "warehouse: {dsn: postgres://db/w}\nhttp: {token: abc}",
 			[]wantErr{{2, "http.token", "must be at least 16 characters, got 3"}}},
+		{"blank token", "warehouse: {dsn: postgres://db/w}\nhttp: {token: \"                \"}",
+			[]wantErr{{2, "http.token", "is blank"}}},
+		{"blank token file", "warehouse: {dsn: postgres://db/w}\nhttp: {token_file: " + spaces + "}",
+			[]wantErr{{2, "http.token_file", "is blank"}}},
+		{"token file with two newlines", "warehouse: {dsn: postgres://db/w}\nhttp: {token_file: " + twoNewlines + "}",
+			[]wantErr{{2, "http.token_file", "must not begin or end with white space (one trailing newline of the file is dropped"}}},
+		{"token with a leading space", "warehouse: {dsn: postgres://db/w}\nhttp: {token: \" 0123456789abcdef0123\"}",
+			[]wantErr{{2, "http.token", "must not begin or end with white space"}}},
+		{"token with a space inside", "warehouse: {dsn: postgres://db/w}\nhttp: {token: \"0123456789 abcdef0123\"}",
+			[]wantErr{{2, "http.token", "must be a bearer token as RFC 6750 defines it (b64token): letters, digits and - . _ ~ + /, then optionally = padding; character 11 is not allowed there"}}},
+		{"token with a quote", "warehouse: {dsn: postgres://db/w}\nhttp: {token: '0123456789abcdef\"0123'}",
+			[]wantErr{{2, "http.token", "character 17 is not allowed there"}}},
+		{"token with padding inside", "warehouse: {dsn: postgres://db/w}\nhttp: {token: 0123456789abcdef=0123}",
+			[]wantErr{{2, "http.token", "character 18 is not allowed there"}}},
+		{"token of padding alone", "warehouse: {dsn: postgres://db/w}\nhttp: {token: \"================\"}",
+			[]wantErr{{2, "http.token", "character 1 is not allowed there"}}},
+		{"token with a non-ASCII letter", "warehouse: {dsn: postgres://db/w}\nhttp: {token: 0123456789abcdéf0123}",
+			[]wantErr{{2, "http.token", "character 15 is not allowed there"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			data := tt.yaml + "\nsources:\n  t:\n    table: {name: events, key: [id], event_time: ts, ingested_at: loaded}\n"
 			checkErrors(t, parseErrors(t, data, nil), tt.want)
+		})
+	}
+}
+
+// TestTokenSyntax accepts the bearer tokens that common generators write
+// (base64, base64url, hexadecimal, with and without padding).
+func TestTokenSyntax(t *testing.T) {
+	for _, token := range []string{
+		"0123456789abcdef0123456789abcdef",
+		"q83vEjRWeJq8/+7dzLuqmQ==",
+		"q83vEjRWeJq8_-7dzLuqmQ",
+		"a.b~c-d_e+f/g0123456789===",
+	} {
+		t.Run(token, func(t *testing.T) {
+			data := lines("warehouse: {dsn: postgres://db/w}", "http: {token: \""+token+"\"}",
+				"sources:", "  t:", "    table: {name: events, key: [id], event_time: ts, ingested_at: loaded}")
+			if cfg := mustParse(t, data, nil); cfg.HTTP.Token != token {
+				t.Errorf("token = %q, want %q", cfg.HTTP.Token, token)
+			}
 		})
 	}
 }
