@@ -17,6 +17,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -465,15 +466,29 @@ func (h *handler) private(next http.Handler) http.Handler {
 	if token == "" {
 		return next
 	}
-	want := []byte("Bearer " + token)
+	want := []byte(token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		got, ok := bearerToken(r.Header.Get("Authorization"))
+		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tidemark"`)
 			http.Error(w, "this page needs the bearer token of http.token\n", http.StatusUnauthorized)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bearerToken returns the credentials of an Authorization header value of
+// the Bearer scheme. The scheme is matched without regard to case and
+// separated from the credentials by one or more spaces (RFC 9110, section
+// 11: auth-scheme 1*SP token68); the server has already trimmed the
+// value's surrounding white space.
+func bearerToken(header string) (string, bool) {
+	scheme, rest, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimLeft(rest, " "), true
 }
 
 // healthz is liveness: the process serves requests and is not stopping.

@@ -22,7 +22,8 @@ import (
 
 // TestBearerToken checks that http.token (here from http.token_file)
 // guards the status page and /status and leaves the probes and /metrics
-// open.
+// open, and that the Bearer scheme is matched as RFC 9110 writes it:
+// without regard to case, one or more spaces before the token.
 func TestBearerToken(t *testing.T) {
 	pool, dsn := pgtest.NewPool(t)
 	ctx := context.Background()
@@ -58,8 +59,19 @@ sources:
 		{"/status", "Bearer wrong-token-0123456789", http.StatusUnauthorized},
 		{"/status", "Basic " + token, http.StatusUnauthorized},
 		{"/status", "Bearer " + token, http.StatusOK},
+		{"/status", "bearer " + token, http.StatusOK},
+		{"/status", "BEARER " + token, http.StatusOK},
+		{"/status", "Bearer   " + token, http.StatusOK},
+		{"/status", "Bearer\t" + token, http.StatusUnauthorized},
+		{"/status", "Bearer" + token, http.StatusUnauthorized},
+		{"/status", "Bearer " + token + "0", http.StatusUnauthorized},
+		{"/status", "Bearer " + token[:len(token)-1], http.StatusUnauthorized},
+		{"/status", "Bearer " + token + " " + token, http.StatusUnauthorized},
+		{"/status", "Bearers " + token, http.StatusUnauthorized},
+		{"/status", token, http.StatusUnauthorized},
 		{"/", "", http.StatusUnauthorized},
 		{"/", "Bearer " + token, http.StatusOK},
+		{"/", "bearer  " + token, http.StatusOK},
 		{"/elsewhere", "Bearer " + token, http.StatusNotFound},
 		{"/healthz", "", http.StatusOK},
 		{"/metrics", "", http.StatusOK},
