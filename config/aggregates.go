@@ -16,8 +16,8 @@ type Aggregate struct {
 	Table     string             `yaml:"table"`
 	Partition AggregatePartition `yaml:"partition"`
 	// LatenessHorizon bounds how long after its end a partition may still
-	// change; default 72h. 0 is allowed: every event ingested after its
-	// partition's end is beyond the horizon.
+	// change; default 72h, at most MaxLatenessHorizon. 0 is allowed: every
+	// event ingested after its partition's end is beyond the horizon.
 	LatenessHorizon *Duration `yaml:"lateness_horizon"`
 	// BeyondHorizon is what happens to events later than the horizon:
 	// correction (default), arrival or rebuild.
@@ -72,6 +72,16 @@ type TableSource struct {
 	Lookback   Duration `yaml:"lookback"`    // longest expected commit delay; default 0
 	SafetyLag  Duration `yaml:"safety_lag"`  // default 0
 }
+
+// MaxLatenessHorizon is the longest lateness_horizon: a year of 366 days.
+// A partition is open until its horizon has passed, and the raw
+// partitions it reads are kept until then whatever
+// sources.<name>.retention.raw says, so a longer horizon would keep raw
+// data and open partitions for years; lateness beyond a year is better
+// met by beyond_horizon or a backfill. With the default retention.raw
+// (400d) every raw partition a horizon keeps is past its horizon before
+// its retention ends, even for month partitions.
+const MaxLatenessHorizon = 366 * 24 * time.Hour
 
 // Beyond-horizon policies.
 const (
@@ -233,8 +243,8 @@ func (c *Config) validateAggregates(ix *index) {
 		if _, err := time.LoadLocation(a.Partition.TimeZone); err != nil || a.Partition.TimeZone == "Local" {
 			ix.add(p+".partition.time_zone", "%q is not an IANA time zone such as UTC or America/New_York", a.Partition.TimeZone)
 		}
-		if *a.LatenessHorizon < 0 {
-			ix.add(p+".lateness_horizon", "must not be negative")
+		if h := *a.LatenessHorizon; h < 0 || h.D() > MaxLatenessHorizon {
+			ix.add(p+".lateness_horizon", "must be between 0 and %s, got %s", Duration(MaxLatenessHorizon), h)
 		}
 		oneOf(ix, p+".beyond_horizon", a.BeyondHorizon, PolicyCorrection, PolicyArrival, PolicyRebuild)
 		for key, every := range map[string]Duration{"verify_every": a.VerifyEvery, "refresh_every": a.RefreshEvery} {
