@@ -873,6 +873,20 @@ func TestParseDuration(t *testing.T) {
 	}
 }
 
+// TestParseDurationTooLong checks that a duration beyond time.Duration
+// is refused as too long, not as bad text, and never wraps around.
+func TestParseDurationTooLong(t *testing.T) {
+	for _, in := range []string{"106752d", "1000000d", "2147483648d", "99999999999999999999d", "106751d24h",
+		"2562048h", "9999999999h", "-9999999999h", "99999999999999999999ns", "1d9223372036854775807ns"} {
+		t.Run(in, func(t *testing.T) {
+			got, err := ParseDuration(in)
+			if err == nil || !strings.Contains(err.Error(), "is too long (at most 106751d") {
+				t.Errorf("ParseDuration(%q) = %v, %v, want a too-long error", in, got, err)
+			}
+		})
+	}
+}
+
 // TestParseDurationErrorQuotesInput checks that an error names the text
 // the user wrote, not a part of it.
 func TestParseDurationErrorQuotesInput(t *testing.T) {

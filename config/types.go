@@ -1,8 +1,10 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -29,21 +31,31 @@ func (d Duration) String() string {
 // maxDays keeps durations inside time.Duration (about 292 years).
 const maxDays = 106751
 
+// goDurationRe is the syntax of time.ParseDuration, which reports a value
+// beyond time.Duration with the same error as bad text.
+var goDurationRe = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
 // ParseDuration parses Go duration text with an optional leading day part.
+// A value beyond time.Duration is an error that says so, however it is
+// written.
 func ParseDuration(text string) (time.Duration, error) {
 	bad := fmt.Errorf("invalid duration %q (use e.g. 500ms, 30s, 5m, 72h, 3d)", text)
+	tooLong := fmt.Errorf("duration %q is too long (at most %dd, about 292 years)", text, maxDays)
 	s := strings.TrimSpace(text)
 	if s == "0" {
 		return 0, nil
 	}
 	var days time.Duration
 	if i := strings.IndexByte(s, 'd'); i > 0 {
-		n, err := strconv.ParseInt(s[:i], 10, 32)
+		n, err := strconv.ParseInt(s[:i], 10, 64)
+		if errors.Is(err, strconv.ErrRange) && n > 0 {
+			return 0, tooLong
+		}
 		if err != nil || n < 0 {
 			return 0, bad
 		}
 		if n > maxDays {
-			return 0, fmt.Errorf("duration %q is too long (at most %dd)", text, maxDays)
+			return 0, tooLong
 		}
 		days = time.Duration(n) * 24 * time.Hour
 		s = s[i+1:]
@@ -55,11 +67,14 @@ func ParseDuration(text string) (time.Duration, error) {
 		}
 	}
 	d, err := time.ParseDuration(s)
+	if err != nil && goDurationRe.MatchString(s) {
+		return 0, tooLong
+	}
 	if err != nil {
 		return 0, bad
 	}
 	if days > 0 && d > time.Duration(math.MaxInt64)-days {
-		return 0, fmt.Errorf("duration %q is too long (at most %dd)", text, maxDays)
+		return 0, tooLong
 	}
 	return days + d, nil
 }
