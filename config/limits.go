@@ -1,6 +1,9 @@
 package config
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Defaults of the warehouse session limits.
 const (
@@ -43,17 +46,23 @@ func (w WarehouseLimits) Write() time.Duration {
 	return w.WriteTimeout.D()
 }
 
+// MaxSessionTimeout is the longest statement_timeout, lock_timeout and
+// idle_in_transaction_session_timeout PostgreSQL accepts: 2147483647ms,
+// about 24.8 days. A longer value would make every session fail to start.
+const MaxSessionTimeout = math.MaxInt32 * time.Millisecond
+
 func (c *Config) validateLimits(ix *index) {
 	w := c.Warehouse.WarehouseLimits
 	for key, d := range map[string]Duration{"statement_timeout": w.StatementTimeout, "lock_timeout": w.LockTimeout} {
-		if d < 0 || (d > 0 && d.D() < time.Millisecond) {
-			ix.add("warehouse."+key, "must be 0 (the server's setting) or at least 1ms")
+		if d < 0 || (d > 0 && d.D() < time.Millisecond) || d.D() > MaxSessionTimeout {
+			ix.add("warehouse."+key, "must be 0 (the server's setting) or between 1ms and 2147483647ms (about 24.8 days, PostgreSQL's limit)")
 		}
 	}
-	if d := w.IdleInTransaction(); d < 0 || (d > 0 && d < time.Second) {
-		ix.add("warehouse.idle_in_transaction_session_timeout", "must be 0 (the server's setting) or at least 1s")
+	if d := w.IdleInTransaction(); d < 0 || (d > 0 && d < time.Second) || d > MaxSessionTimeout {
+		ix.add("warehouse.idle_in_transaction_session_timeout", "must be 0 (the server's setting) or between 1s and 2147483647ms (about 24.8 days, PostgreSQL's limit)")
 	}
-	if w.Write() < 100*time.Millisecond {
-		ix.add("warehouse.write_timeout", "must be at least 100ms")
+	// The ingester's sessions carry write_timeout as statement_timeout.
+	if d := w.Write(); d < 100*time.Millisecond || d > MaxSessionTimeout {
+		ix.add("warehouse.write_timeout", "must be between 100ms and 2147483647ms (about 24.8 days: the ingester's sessions carry it as statement_timeout, which PostgreSQL limits to that)")
 	}
 }
