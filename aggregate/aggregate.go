@@ -167,6 +167,13 @@ type Result struct {
 // partition column is not the partition being rebuilt.
 var ErrOutsidePartition = errors.New("aggregate: query returned rows outside the partition")
 
+// ErrReadsState means the aggregate's query reads tables of the schema
+// tidemark, directly or through views. Prepare refuses it: that state is
+// tidemark's own, changes without queueing the partitions that read it
+// (so a rebuild would depend on when it ran) and may change its layout
+// with any release.
+var ErrReadsState = errors.New("aggregate: the query reads tidemark's own tables, which aggregate queries may not read")
+
 // ErrNotPrepared is returned by Rebuild for a definition that Prepare has
 // not checked against the warehouse.
 var ErrNotPrepared = errors.New("aggregate: definition not prepared")

@@ -18,8 +18,9 @@
 // the rule reads only stored columns, rebuilding a partition at any later
 // time gives the same answer as the incremental runs did.
 //
-// Prepare checks a definition against the warehouse and creates the target
-// table from the query's columns when it is missing. Rebuild replaces one
+// Prepare checks a definition against the warehouse, refusing a query
+// that reads tidemark's own tables, and creates the target table from the
+// query's columns when it is missing. Rebuild replaces one
 // partition in the caller's transaction and records it in
 // tidemark.partitions.
 package aggregate

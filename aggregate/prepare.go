@@ -25,6 +25,32 @@ SELECT $1::oid = $2::oid
     OR EXISTS (SELECT 1 FROM pg_cast WHERE castsource = $1::oid AND casttarget = $2::oid AND castcontext IN ('a', 'i'))
     OR (SELECT typbasetype FROM pg_type WHERE oid = $2::oid) = $1::oid`
 
+// stateReadsSQL lists the relations of the schema tidemark that the view
+// $1 reads, directly or through other views, besides $2, the raw table
+// that {{events}} reads. A view records in pg_depend every relation its
+// query names, however it is spelled (quoted, in another case, found
+// through search_path).
+const stateReadsSQL = `
+WITH RECURSIVE reads(oid) AS (
+    SELECT d.refobjid
+    FROM pg_rewrite r
+    JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass
+    WHERE r.ev_class = $1::regclass AND d.refobjid <> r.ev_class
+  UNION
+    SELECT d.refobjid
+    FROM reads
+    JOIN pg_class v ON v.oid = reads.oid AND v.relkind = 'v'
+    JOIN pg_rewrite r ON r.ev_class = v.oid
+    JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid AND d.refclassid = 'pg_class'::regclass
+    WHERE d.refobjid <> r.ev_class
+)
+SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
+FROM reads
+JOIN pg_class c ON c.oid = reads.oid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'tidemark' AND c.oid IS DISTINCT FROM to_regclass($2)
+ORDER BY 1`
+
 // column is an output column of the aggregate query.
 type column struct {
 	name     string
@@ -34,7 +60,8 @@ type column struct {
 
 // Prepare checks the aggregate against the warehouse and makes it ready
 // for Rebuild: the query must parse and name every output column, one of
-// them the partition column; the target table is created from the query's
+// them the partition column, and must not read tables of the schema
+// tidemark (ErrReadsState); the target table is created from the query's
 // columns when it does not exist (with an index on the partition column),
 // and otherwise must accept them. Errors name the configuration key to
 // fix. conn must not be in a transaction.
@@ -72,6 +99,9 @@ func Prepare(ctx context.Context, conn *pgx.Conn, d *Definition) error {
 	if !seen[d.Column] {
 		return fmt.Errorf("%s: the query must return the partition column %q (for example {{partition}} AS %s)", key, d.Column, d.Column)
 	}
+	if err := checkStateReads(ctx, conn, d, sample); err != nil {
+		return err
+	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, lockPartitionSQL, "tidemark.aggregate."+d.Name); err != nil {
 			return err
@@ -93,6 +123,41 @@ func Prepare(ctx context.Context, conn *pgx.Conn, d *Definition) error {
 		names[i] = c.name
 	}
 	d.columns = names
+	return nil
+}
+
+// checkStateReads refuses a query that reads tables of the schema
+// tidemark, directly or through views. The query, for partition p,
+// becomes a temporary view in a transaction that is rolled back, and the
+// relations the view depends on are looked up in the catalog: unlike a
+// search of the text, that is neither fooled by quoting or search_path nor
+// set off by a string literal, a comment or an alias. What a function
+// called by the query reads is not seen. The check reads {{events}} as
+// the correction policy writes it, since under the arrival policy
+// {{events}} itself reads tidemark.corrections.
+func checkStateReads(ctx context.Context, conn *pgx.Conn, d *Definition, p Partition) error {
+	key := "aggregates." + d.Name + ".sql"
+	own := *d
+	own.Policy = Correction
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "CREATE TEMPORARY VIEW tidemark_prepare AS "+own.query(p)); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	rows, err := tx.Query(ctx, stateReadsSQL, "pg_temp.tidemark_prepare", d.Raw.Sanitize())
+	if err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	reads, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	if len(reads) > 0 {
+		return fmt.Errorf("%s: %w: it reads %s", key, ErrReadsState, strings.Join(reads, ", "))
+	}
 	return nil
 }
 

@@ -23,7 +23,9 @@ type Aggregate struct {
 	// correction (default), arrival or rebuild.
 	BeyondHorizon string `yaml:"beyond_horizon"`
 	// SQL is a SELECT over {{events}} producing the rows of the partition
-	// {{partition}}.
+	// {{partition}}. Besides {{events}} it may read reference tables of
+	// the warehouse, never the schema tidemark (aggregate.Prepare refuses
+	// that).
 	SQL string `yaml:"sql"`
 	// VerifyEvery runs a verification of every partition (as `tidemark
 	// verify`) inside `tidemark run` at this interval; 0, the default, runs
