@@ -226,6 +226,8 @@ type DataTable struct {
 	Schema, Name string
 	// Mirror is true for a mirror, false for an aggregate table.
 	Mirror bool
+	// Key is the configuration key that names it.
+	Key string
 }
 
 // DataTables lists the mirrors and aggregate tables of cfg.
@@ -236,17 +238,21 @@ func DataTables(cfg *config.Config) []DataTable {
 		switch {
 		case s.Poll != nil && s.Mirror != nil:
 			schema, table := config.SplitTable(s.Mirror.Table)
-			out = append(out, DataTable{Schema: schema, Name: table, Mirror: true})
+			out = append(out, DataTable{Schema: schema, Name: table, Mirror: true, Key: "sources." + name + ".mirror.table"})
 		case s.CDC != nil:
 			for _, src := range s.CDC.Tables {
 				schema, table := config.SplitTable(s.MirrorTables()[qualified(src)])
-				out = append(out, DataTable{Schema: schema, Name: table, Mirror: true})
+				key := "sources." + name + ".mirror.schema"
+				if s.Mirror != nil && s.Mirror.Table != "" {
+					key = "sources." + name + ".mirror.table"
+				}
+				out = append(out, DataTable{Schema: schema, Name: table, Mirror: true, Key: key})
 			}
 		}
 	}
 	for _, name := range cfg.AggregateNames() {
 		schema, table := config.SplitTable(cfg.Aggregates[name].Table)
-		out = append(out, DataTable{Schema: schema, Name: table})
+		out = append(out, DataTable{Schema: schema, Name: table, Key: "aggregates." + name + ".table"})
 	}
 	return out
 }

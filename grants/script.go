@@ -1,26 +1,59 @@
 package grants
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/config"
 )
 
-// Name is a name as the script spells it: an identifier and a string
-// literal, either quoted names (a configuration's) or psql variables
-// (the generic script).
-type Name struct{ Ident, Literal string }
+// Name is a name as the script spells it: an identifier, a string literal
+// and, for a database, the argument of \connect; either a quoted name (a
+// configuration's) or a psql variable (the generic script).
+type Name struct{ Ident, Literal, Connect string }
 
-// Named spells name as SQL.
-func Named(name string) Name {
-	return Name{Ident: Ident(name), Literal: "'" + strings.ReplaceAll(name, "'", "''") + "'"}
+// Named spells name for the script. It refuses a name that is not UTF-8
+// or that holds a control character, such as a newline: psql reads a
+// meta-command such as \connect up to the end of its line, so a line
+// break in a name would end the command and start a line of the name's
+// own, which could be any meta-command, \! and its shell command among
+// them.
+func Named(name string) (Name, error) {
+	if !utf8.ValidString(name) {
+		return Name{}, errors.New("not UTF-8, which the script is")
+	}
+	if i := strings.IndexFunc(name, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(name[i:])
+		return Name{}, fmt.Errorf("holds the control character %U, which a psql script cannot hold safely", r)
+	}
+	return Name{Ident: Ident(name), Literal: literal(name), Connect: connectArg(name)}, nil
+}
+
+// literal spells s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// connectArg spells the arguments of \connect to database name. The name
+// is the dbname of a connection string, as psql would take a name with
+// an = or a postgresql:// prefix for one and connect elsewhere; the
+// string is in double quotes, within which psql's meta-command lexer
+// interprets no backslash, backquote or variable; -reuse-previous=on keeps
+// the host, port and user of the connection before, as \connect with a
+// plain database name does.
+func connectArg(name string) string {
+	conninfo := "dbname='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(name) + "'"
+	return `-reuse-previous=on "` + strings.ReplaceAll(conninfo, `"`, `""`) + `"`
 }
 
 // Variable spells the psql variable v.
-func Variable(v string) Name { return Name{Ident: `:"` + v + `"`, Literal: ":'" + v + "'"} }
+func Variable(v string) Name {
+	return Name{Ident: `:"` + v + `"`, Literal: ":'" + v + "'", Connect: `:"` + v + `"`}
+}
 
 // Roles are the names of the roles a script sets up.
 type Roles struct {
@@ -59,48 +92,85 @@ type SourcePlan struct {
 	PublicationTables string
 }
 
-// FromConfig returns the plan for cfg with the given role names.
-func FromConfig(cfg *config.Config, roles Roles) Plan {
-	p := Plan{Migration: Named(roles.Migration), Runtime: Named(roles.Runtime), Warehouse: database(cfg.Warehouse.DSN)}
+// FromConfig returns the plan for cfg with the given role names. It
+// refuses names that Named refuses, each with the configuration key or
+// flag that gave it.
+func FromConfig(cfg *config.Config, roles Roles) (Plan, error) {
+	var n namer
+	p := Plan{Migration: n.name("--migration-role", "role", roles.Migration), Runtime: n.name("--runtime-role", "role", roles.Runtime),
+		Warehouse: n.database("warehouse.dsn", cfg.Warehouse.DSN)}
 	seen := map[string]bool{}
 	for _, t := range DataTables(cfg) {
 		if !seen[t.Schema] {
 			seen[t.Schema] = true
-			p.DataSchemas = append(p.DataSchemas, Named(t.Schema))
+			p.DataSchemas = append(p.DataSchemas, n.name(t.Key, "schema", t.Schema))
 		}
 	}
 	for _, name := range cfg.SourceNames() {
 		s := cfg.Sources[name]
+		key := "sources." + name
 		switch {
 		case s.Table != nil:
-			schema, table := config.SplitTable(s.Table.Name)
-			p.TableSources = append(p.TableSources, [2]Name{Named(schema), Named(table)})
+			p.TableSources = append(p.TableSources, n.table(key+".table.name", s.Table.Name))
 		case s.Poll != nil:
-			schema, table := config.SplitTable(s.Poll.Table)
-			p.Sources = append(p.Sources, SourcePlan{Label: "sources." + name + " (poll)", Database: database(s.Poll.DSN),
-				Role: Named(roles.Poll), Tables: [][2]Name{{Named(schema), Named(table)}}})
+			p.Sources = append(p.Sources, SourcePlan{Label: key + " (poll)", Database: n.database(key+".poll.dsn", s.Poll.DSN),
+				Role: n.name("--poll-role", "role", roles.Poll), Tables: [][2]Name{n.table(key+".poll.table", s.Poll.Table)}})
 		case s.CDC != nil:
-			sp := SourcePlan{Label: "sources." + name + " (CDC)", Database: database(s.CDC.DSN), Role: Named(roles.CDC), CDC: true,
-				Publication: Named(s.CDC.Publication)}
+			sp := SourcePlan{Label: key + " (CDC)", Database: n.database(key+".cdc.dsn", s.CDC.DSN),
+				Role: n.name("--cdc-role", "role", roles.CDC), CDC: true,
+				Publication: n.name(key+".cdc.publication", "publication", s.CDC.Publication)}
 			var list []string
 			for _, t := range s.CDC.Tables {
+				sp.Tables = append(sp.Tables, n.table(key+".cdc.tables", t))
 				schema, table := config.SplitTable(t)
-				sp.Tables = append(sp.Tables, [2]Name{Named(schema), Named(table)})
 				list = append(list, Ident(schema)+"."+Ident(table))
 			}
-			sp.PublicationTables = Named(strings.Join(list, ", ")).Literal
+			sp.PublicationTables = literal(strings.Join(list, ", "))
 			p.Sources = append(p.Sources, sp)
 		}
 	}
-	return p
+	if err := errors.Join(n.errs...); err != nil {
+		return Plan{}, err
+	}
+	return p, nil
 }
 
-func database(dsn string) Name {
+// namer spells the names of a plan and collects the names it refuses,
+// each once.
+type namer struct {
+	errs []error
+	seen map[string]bool
+}
+
+// name spells s, the name of a what given by key.
+func (n *namer) name(key, what, s string) Name {
+	name, err := Named(s)
+	if err != nil {
+		err = fmt.Errorf("%s: %s name %q: %w", key, what, s, err)
+		if !n.seen[err.Error()] {
+			if n.seen == nil {
+				n.seen = map[string]bool{}
+			}
+			n.seen[err.Error()] = true
+			n.errs = append(n.errs, err)
+		}
+	}
+	return name
+}
+
+// table spells the schema and name of table t, "name" or "schema.name".
+func (n *namer) table(key, t string) [2]Name {
+	schema, table := config.SplitTable(t)
+	return [2]Name{n.name(key, "schema", schema), n.name(key, "table", table)}
+}
+
+// database spells the database of dsn; a zero Name when dsn names none.
+func (n *namer) database(key, dsn string) Name {
 	pc, err := pgconn.ParseConfig(dsn)
 	if err != nil || pc.Database == "" {
 		return Name{}
 	}
-	return Named(pc.Database)
+	return n.name(key, "database", pc.Database)
 }
 
 // Generic is the plan of deploy/postgres/roles.sql: every name a psql
@@ -171,7 +241,7 @@ func Script(p Plan) string {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	w("%s", scriptHeader)
 	for _, line := range p.Note {
-		w("-- %s", line)
+		w("-- %s", comment(line))
 	}
 	if len(p.Note) > 0 {
 		w("")
@@ -180,7 +250,7 @@ func Script(p Plan) string {
 	w("")
 	w("-- The warehouse database.")
 	if p.Warehouse != (Name{}) {
-		w(`\connect %s`, p.Warehouse.Ident)
+		w(`\connect %s`, p.Warehouse.Connect)
 	}
 	createRole(w, p.Migration, "LOGIN")
 	createRole(w, p.Runtime, "LOGIN")
@@ -220,9 +290,9 @@ func Script(p Plan) string {
 	}
 	for _, s := range p.Sources {
 		w("")
-		w("-- The database of %s, as an administrator of its server.", s.Label)
+		w("-- The database of %s, as an administrator of its server.", comment(s.Label))
 		if s.Database != (Name{}) {
-			w(`\connect %s`, s.Database.Ident)
+			w(`\connect %s`, s.Database.Connect)
 		}
 		attrs := "LOGIN"
 		if s.CDC {
@@ -250,4 +320,24 @@ func Script(p Plan) string {
 func createRole(w func(string, ...any), role Name, attrs string) {
 	w("SELECT format('CREATE ROLE %%I %s', %s) WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s) \\gexec",
 		attrs, role.Literal, role.Literal)
+}
+
+// comment makes s safe to write in a -- comment, which a newline or a
+// carriage return would end: it writes control characters and bytes that
+// are not UTF-8 as Go escapes.
+func comment(s string) string {
+	var b strings.Builder
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		case unicode.IsControl(r):
+			b.WriteString(strings.Trim(strconv.QuoteRune(r), "'"))
+		default:
+			b.WriteString(s[:n])
+		}
+		s = s[n:]
+	}
+	return b.String()
 }

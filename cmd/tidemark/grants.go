@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -32,7 +33,12 @@ func cmdGrants(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
-	fmt.Fprint(stdout, grants.Script(grants.FromConfig(cfg, roles)))
+	plan, err := grants.FromConfig(cfg, roles)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark grants: %v\n", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+		return exitUsage
+	}
+	fmt.Fprint(stdout, grants.Script(plan))
 	return exitOK
 }
 
