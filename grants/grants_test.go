@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -179,5 +181,128 @@ func TestCheckSourcesBounded(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("CheckSources still waits on a stalled source after 20s")
+	}
+}
+
+// TestScriptNames runs the script of a configuration whose every name is
+// hostile but legal (a \! shell command, a backquoted command, psql
+// variables, quotes, backslashes, a connection string) with psql, in
+// three settings: as is; with a client encoding, SJIS, in which the last
+// byte of a UTF-8 letter swallows the quote after it; and with
+// standard_conforming_strings off, with which a backslash escapes the
+// quote after it. Each time the script must run no shell command and
+// grant what it grants to exactly the names given.
+func TestScriptNames(t *testing.T) {
+	bin, err := pgserver.FindPSQL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Short paths: a name holds at most 63 bytes.
+	dir, err := os.MkdirTemp("", "tm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	pwned := filepath.Join(dir, "p")
+	shell := `\! touch ` + pwned
+	roles := grants.Roles{
+		Migration: shell + " #Á",
+		Runtime:   shell + ` #\`,
+		Poll:      "`touch " + pwned + "`",
+		CDC:       `:DBNAME :'x' :"x" ` + shell,
+	}
+	wh, pollDB, cdcDB := `wh "q" 'q' `+shell+" #Á", shell+` #\`, "postgresql://x/ host=/x"
+	dataSchema, pollSchema, pollTable := `:"x" `+shell+" #Á", shell+` #\`, `t'`+shell+` #\`
+	cdcSchema, cdcTable, publication := "public", "`touch "+pwned+"` #Á", `p" `+shell+` #\`
+	dsn := func(db string) string { return "postgres://x@127.0.0.1:1/" + url.PathEscape(db) }
+	cfg := &config.Config{
+		Warehouse: config.Warehouse{DSN: dsn(wh)},
+		Sources: map[string]*config.Source{
+			"poll\n" + shell: {Poll: &config.PollSource{DSN: dsn(pollDB), Table: pollSchema + "." + pollTable},
+				Mirror: &config.Mirror{Table: dataSchema + ".m"}},
+			"cdc\r" + shell: {CDC: &config.CDCSource{DSN: dsn(cdcDB), Tables: []string{cdcSchema + "." + cdcTable},
+				Publication: publication}},
+		},
+	}
+	plan, err := grants.FromConfig(cfg, roles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := grants.Script(plan)
+
+	srv := pgtest.NewServer(t, pgserver.Options{})
+	ctx := context.Background()
+	connect := func(db string) *pgx.Conn {
+		t.Helper()
+		cc, err := pgx.ParseConfig(srv.SocketURL("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc.Database = db
+		conn, err := pgx.ConnectConfig(ctx, cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close(ctx) })
+		return conn
+	}
+	run := func(conn *pgx.Conn, sql string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	admin := connect("postgres")
+	for _, db := range []string{wh, pollDB, cdcDB} {
+		run(admin, "CREATE DATABASE "+grants.Ident(db))
+	}
+	poll, cdc := connect(pollDB), connect(cdcDB)
+	run(poll, "CREATE SCHEMA "+grants.Ident(pollSchema))
+	run(poll, "CREATE TABLE "+grants.Ident(pollSchema)+"."+grants.Ident(pollTable)+" (id bigint PRIMARY KEY)")
+	run(cdc, "CREATE TABLE "+grants.Ident(cdcSchema)+"."+grants.Ident(cdcTable)+" (id bigint PRIMARY KEY)")
+	file := filepath.Join(dir, "grants.sql")
+	if err := os.WriteFile(file, []byte(script), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, env := range []string{"", "PGCLIENTENCODING=SJIS", "PGOPTIONS=-c standard_conforming_strings=off"} {
+		t.Run(env, func(t *testing.T) {
+			cmd := exec.Command(bin, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", srv.SocketURL("postgres"), "-f", file)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), env)
+			out, err := cmd.CombinedOutput()
+			if _, statErr := os.Stat(pwned); statErr == nil {
+				t.Errorf("the script ran a shell command: %s exists", pwned)
+				_ = os.Remove(pwned)
+			}
+			if err != nil {
+				t.Fatalf("psql: %v\n%s", err, out)
+			}
+			checks := []struct {
+				conn *pgx.Conn
+				what string
+				sql  string
+				args []any
+			}{
+				{admin, "the roles", `SELECT count(*) = 4 FROM pg_roles WHERE rolname = ANY($1)`,
+					[]any{[]string{roles.Migration, roles.Runtime, roles.Poll, roles.CDC}}},
+				{connect(wh), "schema tidemark owned by the migration role",
+					`SELECT nspowner = (SELECT oid FROM pg_roles WHERE rolname = $1) FROM pg_namespace WHERE nspname = 'tidemark'`,
+					[]any{roles.Migration}},
+				{connect(wh), "CREATE on the data schema for the runtime role", `SELECT has_schema_privilege($1, $2, 'CREATE')`,
+					[]any{roles.Runtime, dataSchema}},
+				{poll, "SELECT on the polled table for the poll role", `SELECT has_table_privilege($1, format('%I.%I', $2::text, $3::text), 'SELECT')`,
+					[]any{roles.Poll, pollSchema, pollTable}},
+				{cdc, "REPLICATION for the CDC role", `SELECT rolreplication FROM pg_roles WHERE rolname = $1`, []any{roles.CDC}},
+				{cdc, "the publication of the CDC table", `SELECT count(*) = 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`,
+					[]any{publication, cdcSchema, cdcTable}},
+			}
+			for _, c := range checks {
+				var ok bool
+				if err := c.conn.QueryRow(ctx, c.sql, c.args...).Scan(&ok); err != nil || !ok {
+					t.Errorf("%s: %v (%v)", c.what, ok, err)
+				}
+			}
+		})
 	}
 }

@@ -35,8 +35,18 @@ func Named(name string) (Name, error) {
 	return Name{Ident: Ident(name), Literal: literal(name), Connect: connectArg(name)}, nil
 }
 
-// literal spells s as an SQL string literal.
-func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// literal spells s as an SQL string literal. A backslash makes it an
+// escape string, E'...', with the backslash doubled: psql and the server
+// read it the same whether standard_conforming_strings is on or off,
+// whereas with it off, in '...', a backslash would escape the quote after
+// it and psql would read what follows the name outside any quotes.
+func literal(s string) string {
+	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	if strings.Contains(s, `\`) {
+		return "E" + strings.ReplaceAll(q, `\`, `\\`)
+	}
+	return q
+}
 
 // connectArg spells the arguments of \connect to database name. The name
 // is the dbname of a connection string, as psql would take a name with
@@ -69,6 +79,16 @@ type Plan struct {
 	Migration, Runtime Name
 	// Warehouse is the warehouse database; a zero Name leaves \connect out.
 	Warehouse Name
+	// Encoding, when set, is the client encoding of the names: the
+	// script sets it at the start and after each \connect. psql reads the
+	// script in the client encoding, which each connection may have
+	// otherwise (PGCLIENTENCODING, the server's client_encoding); in some,
+	// such as SJIS, the last byte of a UTF-8 letter and the quote after it
+	// make one character, and psql would read the rest of the line outside
+	// the quotes, a name's \! in it as a meta-command. The names of the
+	// generic script are psql variables, which psql quotes in the client
+	// encoding: it sets none.
+	Encoding string
 	// Note is printed below the header, as comment lines.
 	Note []string
 	// DataSchemas hold mirrors and aggregate tables.
@@ -98,7 +118,7 @@ type SourcePlan struct {
 func FromConfig(cfg *config.Config, roles Roles) (Plan, error) {
 	var n namer
 	p := Plan{Migration: n.name("--migration-role", "role", roles.Migration), Runtime: n.name("--runtime-role", "role", roles.Runtime),
-		Warehouse: n.database("warehouse.dsn", cfg.Warehouse.DSN)}
+		Warehouse: n.database("warehouse.dsn", cfg.Warehouse.DSN), Encoding: "UTF8"}
 	seen := map[string]bool{}
 	for _, t := range DataTables(cfg) {
 		if !seen[t.Schema] {
@@ -239,6 +259,11 @@ const scriptHeader = `-- Database roles for tidemark, least privilege. Run with 
 func Script(p Plan) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	encoding := func() {
+		if p.Encoding != "" {
+			w(`\encoding %s`, p.Encoding)
+		}
+	}
 	w("%s", scriptHeader)
 	for _, line := range p.Note {
 		w("-- %s", comment(line))
@@ -247,10 +272,12 @@ func Script(p Plan) string {
 		w("")
 	}
 	w(`\set ON_ERROR_STOP on`)
+	encoding()
 	w("")
 	w("-- The warehouse database.")
 	if p.Warehouse != (Name{}) {
 		w(`\connect %s`, p.Warehouse.Connect)
+		encoding()
 	}
 	createRole(w, p.Migration, "LOGIN")
 	createRole(w, p.Runtime, "LOGIN")
@@ -293,6 +320,7 @@ func Script(p Plan) string {
 		w("-- The database of %s, as an administrator of its server.", comment(s.Label))
 		if s.Database != (Name{}) {
 			w(`\connect %s`, s.Database.Connect)
+			encoding()
 		}
 		attrs := "LOGIN"
 		if s.CDC {
