@@ -52,15 +52,10 @@ func ArchivedBefore(p Partition, retainedFrom time.Time) bool {
 	return !retainedFrom.IsZero() && p.Start.Before(retainedFrom)
 }
 
-// checkRetained refuses an archived partition with ErrArchived, unless
-// allow. It holds the source's retention lock shared until tx ends, so the
-// bound it reads cannot rise, nor raw rows go, before tx has read them.
-func checkRetained(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, allow bool) error {
-	_, err := retained(ctx, tx, d, p, allow)
-	return err
-}
-
-// retained is checkRetained reporting whether p is archived (allowed).
+// retained refuses an archived partition with ErrArchived, unless allow,
+// and reports whether p is archived. It holds the source's retention lock
+// shared until tx ends, so the bound it reads cannot rise, nor raw rows
+// go, before tx has read them.
 func retained(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, allow bool) (bool, error) {
 	if _, err := tx.Exec(ctx, shareRetention, RetentionLockKey(d.Source)); err != nil {
 		return false, fmt.Errorf("rebuild %s %s: retention lock: %w", d.Name, p, err)
