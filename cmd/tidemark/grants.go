@@ -13,8 +13,8 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/grants"
-	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/service"
 )
 
 // cmdGrants prints the psql script that sets up the database roles of the

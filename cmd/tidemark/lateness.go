@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/lateness"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/service"
 )
 
 // cmdLateness prints how late a source's events arrived and the smallest

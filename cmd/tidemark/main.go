@@ -53,10 +53,10 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/demo"
 	"github.com/tidemark-dev/tidemark/internal/progress"
-	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/reconcile"
+	"github.com/tidemark-dev/tidemark/service"
 	"github.com/tidemark-dev/tidemark/status"
 )
 

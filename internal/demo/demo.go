@@ -25,9 +25,9 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/history"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
-	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/lateness"
 	"github.com/tidemark-dev/tidemark/reconcile"
+	"github.com/tidemark-dev/tidemark/service"
 	"github.com/tidemark-dev/tidemark/status"
 )
 

@@ -29,10 +29,10 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/history"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
+	"github.com/tidemark-dev/tidemark/service"
 )
 
 // pageConfig has one Kafka source with raw retention of 10 days and three

@@ -16,8 +16,8 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/internal/testcert"
+	"github.com/tidemark-dev/tidemark/service"
 )
 
 // TestReadyzNamesKafkaRefusal: /readyz of a running service says why the

@@ -21,8 +21,8 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/service"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/service"
 	"github.com/tidemark-dev/tidemark/status"
 )
 
