@@ -48,10 +48,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/cmd/tidemark/demo"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/ingest"
-	"github.com/tidemark-dev/tidemark/internal/demo"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
