@@ -100,7 +100,7 @@ sources:
 			}
 			w := cfg.Warehouse
 			w.DSN = wdsn
-			pool, err := pgconnect.Pool(ctx, w, "tidemark-test")
+			pool, err := pgconnect.Pool(ctx, w.Settings(), "tidemark-test")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,6 +3,8 @@ package config
 import (
 	"math"
 	"time"
+
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // Defaults of the warehouse session limits.
@@ -36,6 +38,12 @@ func (w WarehouseLimits) IdleInTransaction() time.Duration {
 		return DefaultIdleInTransactionSessionTimeout
 	}
 	return w.IdleInTransactionSessionTimeout.D()
+}
+
+// Settings returns how to reach the warehouse, for package pgconnect.
+func (w Warehouse) Settings() pgconnect.Settings {
+	return pgconnect.Settings{DSN: w.DSN, MaxConns: int(w.MaxConns), StatementTimeout: w.StatementTimeout.D(),
+		LockTimeout: w.LockTimeout.D(), IdleInTransaction: w.IdleInTransaction()}
 }
 
 // Write returns write_timeout with its default applied.

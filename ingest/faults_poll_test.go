@@ -40,7 +40,7 @@ func TestPollFaults(t *testing.T) {
 				cfg.Sources["customers"].Poll.DSN = srcDSN
 				cfg.Warehouse.DSN = whDSN
 				shortLimits(cfg)
-				pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse, "tidemark-test")
+				pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse.Settings(), "tidemark-test")
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -683,7 +683,7 @@ func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
 	// The server ends a statement of these sessions that outlives the
 	// client's deadline, so that a session the client gave up on does
 	// not hold its row locks.
-	return pgconnect.Warehouse(ctx, in.cfg.Warehouse, "tidemark-ingest",
+	return pgconnect.Warehouse(ctx, in.cfg.Warehouse.Settings(), "tidemark-ingest",
 		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.Write().Milliseconds())})
 }
 

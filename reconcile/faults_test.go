@@ -44,7 +44,7 @@ func TestReconcileFaults(t *testing.T) {
 			w.StatementTimeout = config.Duration(2 * time.Second)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			pool, err := pgconnect.Pool(ctx, w, "tidemark-test")
+			pool, err := pgconnect.Pool(ctx, w.Settings(), "tidemark-test")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -112,7 +112,7 @@ func VersionString() string {
 
 // Pool opens the warehouse pool with tidemark's session settings.
 func Pool(ctx context.Context, cfg *config.Config, app string) (*pgxpool.Pool, error) {
-	return pgconnect.Pool(ctx, cfg.Warehouse, app)
+	return pgconnect.Pool(ctx, cfg.Warehouse.Settings(), app)
 }
 
 // Run runs the service until ctx is cancelled and every component has

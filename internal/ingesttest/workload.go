@@ -10,8 +10,16 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+)
 
-	"github.com/tidemark-dev/tidemark/ingest"
+// The reasons of the workload's bad records, as tidemark.dead_letters
+// stores them: the test compares what the ingester wrote with these
+// values, not with the ingester's own constants.
+const (
+	reasonInvalidJSON    = "invalid_json"
+	reasonMissingID      = "missing_id"
+	reasonInvalidTime    = "invalid_time"
+	reasonTimeOutOfRange = "time_out_of_range"
 )
 
 // BadRecord is what a test expects to find in dead_letters for one record,
@@ -38,7 +46,7 @@ func Make(topic string, n int, parts int32, seed uint64, badFrac, dupFrac float6
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	w := &Workload{Good: map[string]bool{}, Bad: map[string]BadRecord{}}
 	var goodVals [][]byte
-	reasons := []string{ingest.ReasonInvalidJSON, ingest.ReasonMissingID, ingest.ReasonInvalidTime, ingest.ReasonTimeOutOfRange}
+	reasons := []string{reasonInvalidJSON, reasonMissingID, reasonInvalidTime, reasonTimeOutOfRange}
 	pad := strings.Repeat("x", 60)
 	for i := 0; i < n; i++ {
 		key := fmt.Sprintf("k-%d-%d", seed, i)
@@ -52,13 +60,13 @@ func Make(topic string, n int, parts int32, seed uint64, badFrac, dupFrac float6
 		case x < badFrac:
 			reason := reasons[len(w.Bad)%len(reasons)]
 			switch reason {
-			case ingest.ReasonInvalidJSON:
+			case reasonInvalidJSON:
 				r.Value = []byte(good[:len(good)/2])
-			case ingest.ReasonMissingID:
+			case reasonMissingID:
 				r.Value = []byte(strings.Replace(good, `"event_id"`, `"id"`, 1))
-			case ingest.ReasonInvalidTime:
+			case reasonInvalidTime:
 				r.Value = []byte(strings.Replace(good, ts.Format(time.RFC3339Nano), "yesterday at noon", 1))
-			case ingest.ReasonTimeOutOfRange:
+			case reasonTimeOutOfRange:
 				r.Value = []byte(strings.Replace(good, ts.Format(time.RFC3339Nano), "2020-01-01T00:00:00Z", 1))
 			}
 			w.Bad[key] = BadRecord{Reason: reason, Value: r.Value}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
 	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
@@ -29,7 +28,7 @@ func TestAbandonedSessionsCloseSoon(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dsn, px := faulttest.Front(t, pgtest.NewDatabase(t))
 			ctx := context.Background()
-			pool, err := pgconnect.Pool(ctx, config.Warehouse{DSN: dsn, MaxConns: 3}, "tidemark-test")
+			pool, err := pgconnect.Pool(ctx, pgconnect.Settings{DSN: dsn, MaxConns: 3}, "tidemark-test")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +68,7 @@ func TestAbandonedSessionsCloseSoon(t *testing.T) {
 func TestGivenUpCallCancelledOnServer(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
-	pool, err := pgconnect.Pool(ctx, config.Warehouse{DSN: dsn}, "tidemark-test")
+	pool, err := pgconnect.Pool(ctx, pgconnect.Settings{DSN: dsn}, "tidemark-test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
@@ -21,7 +20,7 @@ func TestCleanupIsBounded(t *testing.T) {
 	faulttest.CheckNoLeaks(t)
 	dsn, px := faulttest.Front(t, pgtest.NewDatabase(t))
 	ctx, cancel := context.WithCancel(context.Background())
-	conn, err := pgconnect.Warehouse(ctx, config.Warehouse{DSN: dsn}, "tidemark-test", nil)
+	conn, err := pgconnect.Warehouse(ctx, pgconnect.Settings{DSN: dsn}, "tidemark-test", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

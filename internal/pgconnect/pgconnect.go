@@ -19,13 +19,13 @@ package pgconnect
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/dialer"
 )
 
@@ -51,18 +51,27 @@ func Harden(cc *pgconn.Config) {
 	guard(cc, dialer.New(cc.ConnectTimeout))
 }
 
+// Settings say how to reach the warehouse: its connection string, the
+// size of its pool and the limits of its sessions (zero leaves the
+// server's).
+type Settings struct {
+	DSN                                              string
+	MaxConns                                         int
+	StatementTimeout, LockTimeout, IdleInTransaction time.Duration
+}
+
 // Session returns the server-side settings of warehouse sessions, as
 // startup parameters.
-func Session(w config.Warehouse) map[string]string {
+func Session(w Settings) map[string]string {
 	out := map[string]string{}
 	set := func(name string, d time.Duration) {
 		if d > 0 {
 			out[name] = fmt.Sprintf("%dms", max(1, d.Milliseconds()))
 		}
 	}
-	set("statement_timeout", w.StatementTimeout.D())
-	set("lock_timeout", w.LockTimeout.D())
-	set("idle_in_transaction_session_timeout", w.IdleInTransaction())
+	set("statement_timeout", w.StatementTimeout)
+	set("lock_timeout", w.LockTimeout)
+	set("idle_in_transaction_session_timeout", w.IdleInTransaction)
 	return out
 }
 
@@ -82,7 +91,7 @@ func apply(cc *pgconn.Config, params map[string]string, app string) {
 // WarehouseConfig parses warehouse.dsn for a connection of its own, with
 // the session settings of w and extra settings (which the connection
 // string's and w's take precedence over).
-func WarehouseConfig(w config.Warehouse, app string, extra map[string]string) (*pgx.ConnConfig, error) {
+func WarehouseConfig(w Settings, app string, extra map[string]string) (*pgx.ConnConfig, error) {
 	cc, err := pgx.ParseConfig(w.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("warehouse.dsn: %w", err)
@@ -98,7 +107,7 @@ func WarehouseConfig(w config.Warehouse, app string, extra map[string]string) (*
 }
 
 // Warehouse opens a warehouse connection of its own (see WarehouseConfig).
-func Warehouse(ctx context.Context, w config.Warehouse, app string, extra map[string]string) (*pgx.Conn, error) {
+func Warehouse(ctx context.Context, w Settings, app string, extra map[string]string) (*pgx.Conn, error) {
 	cc, err := WarehouseConfig(w, app, extra)
 	if err != nil {
 		return nil, err
@@ -113,13 +122,13 @@ func Warehouse(ctx context.Context, w config.Warehouse, app string, extra map[st
 // Pool opens the warehouse pool of w.DSN with w.MaxConns connections and
 // the session settings of w. Connections copied from its configuration
 // (pool.Config().ConnConfig.Copy()) keep them.
-func Pool(ctx context.Context, w config.Warehouse, app string) (*pgxpool.Pool, error) {
+func Pool(ctx context.Context, w Settings, app string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(w.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("warehouse.dsn: %w", err)
 	}
 	if w.MaxConns > 0 {
-		pc.MaxConns = int32(w.MaxConns)
+		pc.MaxConns = int32(min(w.MaxConns, math.MaxInt32))
 	}
 	if pc.PingTimeout <= 0 {
 		// pgxpool pings a connection idle for a second before handing
