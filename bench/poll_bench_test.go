@@ -15,7 +15,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
-	"github.com/tidemark-dev/tidemark/reconcile"
+	"github.com/tidemark-dev/tidemark/mirror"
 )
 
 // pollRows is the size of the source table of the poll benchmark.
@@ -100,7 +100,7 @@ func BenchmarkPoll(b *testing.B) {
 		if _, err := src.Exec(ctx, `DELETE FROM src_customers WHERE customer_id IN (1, 99999, 200001, 333333, 456789, 500000, 654321, 777777, 888888, 1000000)`); err != nil {
 			b.Fatal(err)
 		}
-		k, err := reconcile.NewKeyReconciler(p.Mirror(), srcDSN, wh, reconcile.KeyOptions{})
+		k, err := mirror.NewKeyReconciler(p.Mirror(), srcDSN, wh, mirror.KeyOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -23,7 +23,6 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
-	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
 // cdcEnv is a source database, a migrated warehouse and a CDC source
@@ -337,7 +336,7 @@ func TestMirrorsFollowTheSource(t *testing.T) {
 			for _, tbl := range []string{"customers", "orders"} {
 				m := &mirror.Table{Name: "shop", Source: pgx.Identifier{"public", tbl}, Target: pgx.Identifier{"mirror", tbl},
 					Key: []string{"id"}, DeletedColumn: "deleted_at", LoadedColumn: "loaded_at", Hard: mode == "hard"}
-				k, err := reconcile.NewKeyReconciler(m, e.srcDSN, e.wh, reconcile.KeyOptions{})
+				k, err := mirror.NewKeyReconciler(m, e.srcDSN, e.wh, mirror.KeyOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -1,13 +1,21 @@
 // Package mirror owns mirror tables: warehouse copies of source tables kept
-// by poll sources (and later CDC sources). A mirror has the source table's
-// columns with the source's key as its primary key, plus two columns of its
-// own: when each row was last loaded, and when it was found deleted at the
-// source (soft deletes; hard deletes remove the row).
+// by poll and CDC sources. A mirror has the source table's columns with the
+// source's key as its primary key, plus two columns of its own: when each
+// row was last loaded, and when it was found deleted at the source (soft
+// deletes; hard deletes remove the row).
 //
 // The package reads a source table's shape from the source's catalog,
 // checks that the configured key is a unique key there, creates the mirror
 // when it is missing, adds columns the source has gained, and refuses a
 // mirror whose columns disagree with the source.
+//
+// # Key reconciliation
+//
+// A KeyReconciler finds the rows of a mirror that were hard deleted at the
+// source, which no updated_at watermark can see. It compares key ranges of
+// the two tables by count and hash sum, descends only into ranges that
+// differ, looks up the keys of small differing ranges at the source, and
+// flags or removes the rows whose key is gone.
 package mirror
 
 import (

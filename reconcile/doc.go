@@ -80,12 +80,4 @@
 // from open to closed (the watermark passed their end) to final (the
 // horizon passed), and estimates the completeness of partitions that are
 // not final from the arrival history of recent final ones.
-//
-// # Key reconciliation
-//
-// A KeyReconciler finds the rows of a poll source's mirror that were hard
-// deleted at the source, which no updated_at watermark can see. It compares
-// key ranges of the two tables by count and hash sum, descends only into
-// ranges that differ, looks up the keys of small differing ranges at the
-// source, and flags or removes the rows whose key is gone.
 package reconcile

@@ -38,6 +38,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/lateness"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
 	"github.com/tidemark-dev/tidemark/status"
@@ -253,7 +254,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					keyLoop(runCtx, p, cfg.Sources[name].Poll.DSN, pool, every, reconcile.KeyOptions{Logger: log, Registerer: reg, Now: now,
+					keyLoop(runCtx, p, cfg.Sources[name].Poll.DSN, pool, every, mirror.KeyOptions{Logger: log, Registerer: reg, Now: now,
 						MaxDelete: cfg.Sources[name].Mirror.KeyReconcileMaxDelete})
 				}()
 			}
@@ -354,9 +355,9 @@ const lastKeyCheckSQL = `SELECT max(finished_at) FROM tidemark.key_reconciliatio
 // mirror.key_reconcile_max_delete is recorded like any other, so the next
 // one comes an interval later and refuses again until an operator runs
 // `tidemark keys --force` or the source has its rows back.
-func keyLoop(ctx context.Context, p *ingest.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts reconcile.KeyOptions) {
+func keyLoop(ctx context.Context, p *ingest.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts mirror.KeyOptions) {
 	log := opts.Logger.With("source", p.Name())
-	var k *reconcile.KeyReconciler
+	var k *mirror.KeyReconciler
 	for {
 		wait := time.Minute
 		var last *time.Time
@@ -384,7 +385,7 @@ func keyLoop(ctx context.Context, p *ingest.Poller, dsn string, pool *pgxpool.Po
 				}
 				continue
 			}
-			if k, err = reconcile.NewKeyReconciler(p.Mirror(), dsn, pool, opts); err != nil {
+			if k, err = mirror.NewKeyReconciler(p.Mirror(), dsn, pool, opts); err != nil {
 				log.Error("key reconciliation cannot run", "err", err)
 				return
 			}

@@ -695,7 +695,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		t = p.Mirror()
 	}
-	k, err := reconcile.NewKeyReconciler(t, cfg.Sources[*name].Poll.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock,
+	k, err := mirror.NewKeyReconciler(t, cfg.Sources[*name].Poll.DSN, pool, mirror.KeyOptions{Logger: log, Now: serviceClock,
 		MaxDelete: cfg.Sources[*name].Mirror.KeyReconcileMaxDelete, Progress: disp})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
@@ -706,7 +706,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		runKeys = k.RunForced
 	}
 	rep, err := runKeys(ctx, *dryRun)
-	if errors.Is(err, reconcile.ErrKeyRefused) {
+	if errors.Is(err, mirror.ErrKeyRefused) {
 		printKeyReport(stdout, *name, rep)
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		fmt.Fprintf(stderr, "tidemark keys: check the source table %s first; if these rows were deleted on purpose, apply them with "+
@@ -727,7 +727,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // printKeyReport prints a key reconciliation's result, and a line about
 // mirror.key_reconcile_max_delete when the run found more rows missing
 // than it allows.
-func printKeyReport(stdout io.Writer, label string, rep reconcile.KeyReport) {
+func printKeyReport(stdout io.Writer, label string, rep mirror.KeyReport) {
 	action := map[bool]string{false: "flagged", true: "removed"}[rep.Hard]
 	switch {
 	case rep.DryRun:
@@ -795,7 +795,7 @@ func keysCDC(ctx context.Context, cfg *config.Config, name string, dryRun bool, 
 			fmt.Fprintf(stderr, "tidemark keys: the mirror %s does not exist yet; it is created when the CDC reader of %s starts\n", t.Target.Sanitize(), name)
 			return exitFailure
 		}
-		k, err := reconcile.NewKeyReconciler(t, cfg.Sources[name].CDC.DSN, pool, reconcile.KeyOptions{Logger: log, Now: serviceClock, Progress: disp})
+		k, err := mirror.NewKeyReconciler(t, cfg.Sources[name].CDC.DSN, pool, mirror.KeyOptions{Logger: log, Now: serviceClock, Progress: disp})
 		if err != nil {
 			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 			return exitFailure

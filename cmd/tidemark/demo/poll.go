@@ -9,7 +9,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest"
-	"github.com/tidemark-dev/tidemark/reconcile"
+	"github.com/tidemark-dev/tidemark/mirror"
 )
 
 // sourceDDL is the worked example's source table, in a second database
@@ -85,7 +85,7 @@ FROM dw_customers ORDER BY customer_id`); err != nil {
 	}
 	d.clk.Set(at("2026-10-05 12:30"))
 	fmt.Fprintln(d.out, "  [2026-10-05 12:30] customer 2 is deleted at the source (a hard delete: no updated_at to find)")
-	k, err := reconcile.NewKeyReconciler(p.Mirror(), cfg.Sources["customers"].Poll.DSN, d.pool, reconcile.KeyOptions{Now: d.clk.Now})
+	k, err := mirror.NewKeyReconciler(p.Mirror(), cfg.Sources["customers"].Poll.DSN, d.pool, mirror.KeyOptions{Now: d.clk.Now})
 	if err != nil {
 		return err
 	}

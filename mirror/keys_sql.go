@@ -1,11 +1,11 @@
-package reconcile
+package mirror
 
 import "github.com/tidemark-dev/tidemark/internal/pgcollate"
 
 // SQL of key reconciliation. Statements that name a table or key columns
 // are templates filled by keySide; the placeholders are documented on
 // each. The warehouse side reads in one REPEATABLE READ snapshot under
-// mirror.SessionParams, the source side in another, so every checksum of a
+// SessionParams, the source side in another, so every checksum of a
 // run sees the same rows.
 const (
 	// keyCollationSQL tells, for each key column of a table ($1 quoted,

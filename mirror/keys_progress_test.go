@@ -1,4 +1,4 @@
-package reconcile_test
+package mirror_test
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
-	"github.com/tidemark-dev/tidemark/reconcile"
+	"github.com/tidemark-dev/tidemark/mirror"
 )
 
 // TestKeysProgress: a key reconciliation counts the first level's key
@@ -30,7 +30,7 @@ func TestKeysProgress(t *testing.T) {
 	run := func(d *progress.Display) string {
 		t.Helper()
 		var logs syncbuf.Buffer
-		k, err := reconcile.NewKeyReconciler(tbl, e.srcDSN, e.wh, reconcile.KeyOptions{Now: e.clock.Now, Ranges: 16,
+		k, err := mirror.NewKeyReconciler(tbl, e.srcDSN, e.wh, mirror.KeyOptions{Now: e.clock.Now, Ranges: 16,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil)), Progress: d})
 		if err != nil {
 			t.Fatal(err)

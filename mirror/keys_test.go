@@ -1,4 +1,4 @@
-package reconcile_test
+package mirror_test
 
 import (
 	"cmp"
@@ -25,7 +25,6 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
-	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
 // keyEnv is a source database and a migrated warehouse.
@@ -149,18 +148,18 @@ sources:
 
 // reconciler builds a KeyReconciler on the environment's clock; opts may
 // set Ranges, Fanout, LeafKeys and Registerer.
-func (e *keyEnv) reconciler(tbl *mirror.Table, opts reconcile.KeyOptions) *reconcile.KeyReconciler {
+func (e *keyEnv) reconciler(tbl *mirror.Table, opts mirror.KeyOptions) *mirror.KeyReconciler {
 	e.t.Helper()
 	opts.Now = e.clock.Now
 	opts.Logger = testLogger(e.t)
-	k, err := reconcile.NewKeyReconciler(tbl, e.srcDSN, e.wh, opts)
+	k, err := mirror.NewKeyReconciler(tbl, e.srcDSN, e.wh, opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return k
 }
 
-func (e *keyEnv) run(k *reconcile.KeyReconciler, dryRun bool) reconcile.KeyReport {
+func (e *keyEnv) run(k *mirror.KeyReconciler, dryRun bool) mirror.KeyReport {
 	e.t.Helper()
 	rep, err := k.Run(e.ctx, dryRun)
 	if err != nil {
@@ -199,12 +198,12 @@ type found struct {
 	applied                int64
 }
 
-func foundOf(rep reconcile.KeyReport) found {
+func foundOf(rep mirror.KeyReport) found {
 	return found{sourceKeys: rep.SourceKeys, mirrorKeys: rep.MirrorKeys, missing: rep.MissingAtSource,
 		deleted: rep.Deleted, inMirror: rep.MissingInMirror, applied: rep.Applied}
 }
 
-func checkFound(t *testing.T, what string, rep reconcile.KeyReport, want found) {
+func checkFound(t *testing.T, what string, rep mirror.KeyReport, want found) {
 	t.Helper()
 	got := foundOf(rep)
 	if got.sourceKeys != want.sourceKeys || got.mirrorKeys != want.mirrorKeys || !slices.Equal(got.missing, want.missing) ||
@@ -297,7 +296,7 @@ func TestKeyReconcileCustomers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e, tbl := customers(t, tc.deletes)
 			pgtest.Equal(t, "mirror before", e.rows(e.wh, customersMirrorSQL), unchanged)
-			k := e.reconciler(tbl, reconcile.KeyOptions{})
+			k := e.reconciler(tbl, mirror.KeyOptions{})
 			rep := e.run(k, tc.dryRun)
 			if rep.Source != "customers" || rep.Mirror != "public.dw_customers" || rep.DryRun != tc.dryRun || rep.Hard != (tc.deletes == "hard") {
 				t.Errorf("report names %+v", rep)
@@ -319,7 +318,7 @@ func TestKeyReconcileCustomers(t *testing.T) {
 // source by the time the run applies is left alone.
 func TestKeyReconcileReinserted(t *testing.T) {
 	e, tbl := customers(t, "soft")
-	k := e.reconciler(tbl, reconcile.KeyOptions{})
+	k := e.reconciler(tbl, mirror.KeyOptions{})
 	// The source's snapshot is taken inside Run; put the row back while
 	// the poll state is locked, before the re-check can run.
 	lock, err := e.wh.Begin(e.ctx)
@@ -331,7 +330,7 @@ func TestKeyReconcileReinserted(t *testing.T) {
 		t.Fatal(err)
 	}
 	type result struct {
-		rep reconcile.KeyReport
+		rep mirror.KeyReport
 		err error
 	}
 	done := make(chan result, 1)
@@ -403,7 +402,7 @@ func TestKeyReconcileScale(t *testing.T) {
 	// And rows the mirror has not loaded yet, beyond its largest key.
 	e.srcExec(`INSERT INTO src_big SELECT g, 0 FROM generate_series($1::bigint + 1, $1::bigint + 5) AS g`, n)
 
-	k := e.reconciler(tbl, reconcile.KeyOptions{})
+	k := e.reconciler(tbl, mirror.KeyOptions{})
 	start := time.Now()
 	rep := e.run(k, false)
 	elapsed := time.Since(start)
@@ -479,7 +478,7 @@ func TestKeyReconcileCollations(t *testing.T) {
 			e.srcExec(`DELETE FROM src_sites WHERE region = '_x' AND id = 7`)
 			// Small ranges, so that several levels and many range bounds
 			// between differently ordered values are compared.
-			k := e.reconciler(tbl, reconcile.KeyOptions{Ranges: 7, Fanout: 3, LeafKeys: 5})
+			k := e.reconciler(tbl, mirror.KeyOptions{Ranges: 7, Fanout: 3, LeafKeys: 5})
 			total := int64(len(regions) * 40)
 			rep := e.run(k, true)
 			checkFound(t, "dry run", rep, found{sourceKeys: total - 1, mirrorKeys: total, missing: []string{"(_x,7)"}, deleted: 1})
@@ -551,7 +550,7 @@ func TestKeyReconcileDrift(t *testing.T) {
 			}
 			mirrorSQL := `SELECT id, updated_at, loaded_at, deleted_at FROM dw_keys ORDER BY id`
 			before := e.rows(e.wh, mirrorSQL)
-			k := e.reconciler(tbl, reconcile.KeyOptions{Ranges: 8, Fanout: 4, LeafKeys: 50})
+			k := e.reconciler(tbl, mirror.KeyOptions{Ranges: 8, Fanout: 4, LeafKeys: 50})
 			rep := e.run(k, false)
 			checkFound(t, "run", rep, tc.want)
 			if rep.KeysTransferred > tc.maxTransferred {
@@ -582,10 +581,10 @@ func TestKeyReconcileDrift(t *testing.T) {
 func TestKeyReconcileMetrics(t *testing.T) {
 	e, tbl := customers(t, "soft")
 	reg := prometheus.NewRegistry()
-	k1 := e.reconciler(tbl, reconcile.KeyOptions{Registerer: reg})
+	k1 := e.reconciler(tbl, mirror.KeyOptions{Registerer: reg})
 	other := *tbl
 	other.Name = "customers_copy"
-	k2 := e.reconciler(&other, reconcile.KeyOptions{Registerer: reg})
+	k2 := e.reconciler(&other, mirror.KeyOptions{Registerer: reg})
 	e.run(k1, true)
 	e.run(k2, false)
 	missing, err := url.Parse(e.srcDSN)
@@ -593,9 +592,9 @@ func TestKeyReconcileMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing.Path += "_missing"
-	broken, err := reconcile.NewKeyReconciler(&mirror.Table{Name: "broken", Source: tbl.Source, Target: tbl.Target,
+	broken, err := mirror.NewKeyReconciler(&mirror.Table{Name: "broken", Source: tbl.Source, Target: tbl.Target,
 		Key: tbl.Key, DeletedColumn: "deleted_at", LoadedColumn: "loaded_at"},
-		missing.String(), e.wh, reconcile.KeyOptions{Registerer: reg, Now: e.clock.Now})
+		missing.String(), e.wh, mirror.KeyOptions{Registerer: reg, Now: e.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -660,23 +659,23 @@ func TestKeyReconcilerOptions(t *testing.T) {
 		name  string
 		table func() *mirror.Table
 		dsn   string
-		opts  reconcile.KeyOptions
+		opts  mirror.KeyOptions
 		ok    bool
 	}{
 		{name: "defaults", table: good, dsn: dsn, ok: true},
 		{name: "no key", table: func() *mirror.Table { m := good(); m.Key = nil; return m }, dsn: dsn},
 		{name: "soft without deleted column", table: func() *mirror.Table { m := good(); m.DeletedColumn = ""; return m }, dsn: dsn},
 		{name: "hard without deleted column", table: func() *mirror.Table { m := good(); m.DeletedColumn, m.Hard = "", true; return m }, dsn: dsn, ok: true},
-		{name: "fanout 1", table: good, dsn: dsn, opts: reconcile.KeyOptions{Fanout: 1}},
-		{name: "negative ranges", table: good, dsn: dsn, opts: reconcile.KeyOptions{Ranges: -1}},
-		{name: "max delete 0%", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(0)}, ok: true},
-		{name: "max delete 100%", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(100 * config.PercentUnit)}, ok: true},
-		{name: "max delete above 100%", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(100*config.PercentUnit + 1)}},
-		{name: "max delete negative", table: good, dsn: dsn, opts: reconcile.KeyOptions{MaxDelete: percent(-1)}},
+		{name: "fanout 1", table: good, dsn: dsn, opts: mirror.KeyOptions{Fanout: 1}},
+		{name: "negative ranges", table: good, dsn: dsn, opts: mirror.KeyOptions{Ranges: -1}},
+		{name: "max delete 0%", table: good, dsn: dsn, opts: mirror.KeyOptions{MaxDelete: percent(0)}, ok: true},
+		{name: "max delete 100%", table: good, dsn: dsn, opts: mirror.KeyOptions{MaxDelete: percent(100 * config.PercentUnit)}, ok: true},
+		{name: "max delete above 100%", table: good, dsn: dsn, opts: mirror.KeyOptions{MaxDelete: percent(100*config.PercentUnit + 1)}},
+		{name: "max delete negative", table: good, dsn: dsn, opts: mirror.KeyOptions{MaxDelete: percent(-1)}},
 		{name: "bad dsn", table: good, dsn: "postgres://%zz"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := reconcile.NewKeyReconciler(tc.table(), tc.dsn, pool, tc.opts)
+			_, err := mirror.NewKeyReconciler(tc.table(), tc.dsn, pool, tc.opts)
 			if (err == nil) != tc.ok {
 				t.Errorf("error %v; want ok %v", err, tc.ok)
 			}
@@ -711,7 +710,7 @@ func TestKeyReconcileFirstLevel(t *testing.T) {
 			e.srcExec(`INSERT INTO src_keys VALUES (0, '2026-10-05 10:00+00'), (60000, '2026-10-05 10:00+00')`)
 
 			var log syncbuf.Buffer
-			k, err := reconcile.NewKeyReconciler(tbl, e.srcDSN, e.wh, reconcile.KeyOptions{Now: e.clock.Now, Ranges: tc.ranges,
+			k, err := mirror.NewKeyReconciler(tbl, e.srcDSN, e.wh, mirror.KeyOptions{Now: e.clock.Now, Ranges: tc.ranges,
 				Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 			if err != nil {
 				t.Fatal(err)

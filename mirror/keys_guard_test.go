@@ -1,4 +1,4 @@
-package reconcile_test
+package mirror_test
 
 import (
 	"errors"
@@ -14,7 +14,6 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/mirror"
-	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
 // accountKeys is the size of the accounts example.
@@ -30,7 +29,7 @@ type guardEnv struct {
 	limit   config.Percent
 	reg     *prometheus.Registry
 	log     syncbuf.Buffer
-	k       *reconcile.KeyReconciler
+	k       *mirror.KeyReconciler
 }
 
 func newGuardEnv(t *testing.T, deletes string, limit config.Percent) *guardEnv {
@@ -40,7 +39,7 @@ func newGuardEnv(t *testing.T, deletes string, limit config.Percent) *guardEnv {
 	g.srcExec(`INSERT INTO src_accounts SELECT 10 * g, '2026-10-05 10:00+00' FROM generate_series(1, $1::int) AS g`, accountKeys)
 	g.tbl = g.mirror("accounts", "src_accounts", "dw_accounts", []string{"id"}, deletes)
 	g.whExec(`INSERT INTO dw_accounts SELECT 10 * g, '2026-10-05 10:00+00', '2026-10-05 11:00+00' FROM generate_series(1, $1::int) AS g`, accountKeys)
-	k, err := reconcile.NewKeyReconciler(g.tbl, g.srcDSN, g.wh, reconcile.KeyOptions{Now: g.clock.Now, Registerer: g.reg,
+	k, err := mirror.NewKeyReconciler(g.tbl, g.srcDSN, g.wh, mirror.KeyOptions{Now: g.clock.Now, Registerer: g.reg,
 		MaxDelete: &limit, Logger: slog.New(slog.NewTextHandler(&g.log, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +113,7 @@ func (g *guardEnv) errorLines() []string {
 }
 
 // run runs the reconciler and checks whether the limit refused it.
-func (g *guardEnv) run(what string, dryRun, force, refused bool) reconcile.KeyReport {
+func (g *guardEnv) run(what string, dryRun, force, refused bool) mirror.KeyReport {
 	g.t.Helper()
 	run := g.k.Run
 	if force {
@@ -123,7 +122,7 @@ func (g *guardEnv) run(what string, dryRun, force, refused bool) reconcile.KeyRe
 	rep, err := run(g.ctx, dryRun)
 	switch {
 	case refused && !dryRun:
-		if !errors.Is(err, reconcile.ErrKeyRefused) {
+		if !errors.Is(err, mirror.ErrKeyRefused) {
 			g.t.Errorf("%s: error %v; want one wrapping ErrKeyRefused", what, err)
 		}
 	case err != nil:

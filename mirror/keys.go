@@ -1,4 +1,4 @@
-package reconcile
+package mirror
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
-	"github.com/tidemark-dev/tidemark/mirror"
 )
 
 // Defaults of KeyOptions.
@@ -91,7 +90,7 @@ type KeyOptions struct {
 // costs in proportion to new drift.
 //
 // Each side is read in one REPEATABLE READ snapshot, the warehouse's under
-// mirror.SessionParams. The keys found are looked up again at the source
+// SessionParams. The keys found are looked up again at the source
 // just before they are applied, in one warehouse transaction that holds
 // the source's row of tidemark.poll_watermarks, so applying cannot
 // interleave with a poll run of the same source. Every run, dry runs
@@ -104,7 +103,7 @@ type KeyOptions struct {
 // run stops there, without listing keys: refusing a truncated table costs
 // as little as comparing an unchanged one.
 type KeyReconciler struct {
-	t         *mirror.Table
+	t         *Table
 	dsn       string
 	pool      *pgxpool.Pool
 	log       *slog.Logger
@@ -133,7 +132,7 @@ type KeyReport struct {
 	// KeysTransferred counts the keys read from either database: range
 	// boundaries, the keys of small differing ranges and lookup results.
 	KeysTransferred int64
-	// MissingAtSource lists the texts (mirror.KeyText) of the mirror keys
+	// MissingAtSource lists the texts (KeyText) of the mirror keys
 	// the source no longer has, in key order, at most MaxReportedKeys.
 	MissingAtSource []string
 	// Deleted counts the keys missing at the source after the re-check
@@ -162,7 +161,7 @@ type KeyReport struct {
 
 // NewKeyReconciler checks the options and returns a reconciler for the
 // mirror t of the source database at sourceDSN, whose warehouse is pool.
-func NewKeyReconciler(t *mirror.Table, sourceDSN string, pool *pgxpool.Pool, opts KeyOptions) (*KeyReconciler, error) {
+func NewKeyReconciler(t *Table, sourceDSN string, pool *pgxpool.Pool, opts KeyOptions) (*KeyReconciler, error) {
 	switch {
 	case t == nil:
 		return nil, errors.New("keys: no mirror table")
@@ -275,7 +274,7 @@ func (k *KeyReconciler) run(ctx context.Context, dryRun, force bool) (KeyReport,
 		limit := *k.maxDelete
 		rep.MaxDelete = &limit
 	}
-	src, err := mirror.Connect(ctx, k.dsn, keyApp)
+	src, err := Connect(ctx, k.dsn, keyApp)
 	if err != nil {
 		return rep, fmt.Errorf("keys %s: %w", t.Name, err)
 	}
@@ -314,7 +313,7 @@ type keySum struct {
 
 // keyFound is a mirror key missing at the source.
 type keyFound struct {
-	text string   // mirror.KeyText
+	text string   // KeyText
 	cols []string // each key column as text
 }
 
@@ -349,7 +348,7 @@ func (r *keyRun) compare(ctx context.Context, src *pgx.Conn) error {
 		return fmt.Errorf("warehouse: %w", err)
 	}
 	defer pgconnect.Rollback(ctx, wtx)
-	if err := mirror.SetLocal(ctx, wtx); err != nil {
+	if err := SetLocal(ctx, wtx); err != nil {
 		return err
 	}
 	r.src, r.wh = stx, wtx
@@ -723,7 +722,7 @@ func (r *keyRun) finish(ctx context.Context, src *pgx.Conn, started time.Time) e
 		return err
 	}
 	defer pgconnect.Rollback(ctx, tx)
-	if err := mirror.SetLocal(ctx, tx); err != nil {
+	if err := SetLocal(ctx, tx); err != nil {
 		return err
 	}
 	if !r.early {
@@ -821,7 +820,7 @@ type keySide struct {
 	names    []string // quoted key column names in key order
 	bytewise []bool   // the column orders bytewise as it is
 	types    []string // the key columns' types
-	keyText  string   // mirror.KeyText of m
+	keyText  string   // KeyText of m
 	live     string   // the rows compared
 	// indexable is true when the key's index serves bytewise range
 	// predicates: every key column orders bytewise and a btree index
@@ -850,7 +849,7 @@ func newKeySide(ctx context.Context, tx pgx.Tx, table pgx.Identifier, key, types
 	if len(colls) != len(key) {
 		return nil, fmt.Errorf("the table does not exist or lacks key columns (%s)", strings.Join(key, ", "))
 	}
-	s := &keySide{table: table.Sanitize(), types: types, keyText: mirror.KeyText("m", key), live: live}
+	s := &keySide{table: table.Sanitize(), types: types, keyText: KeyText("m", key), live: live}
 	if err := tx.QueryRow(ctx, keyIndexSQL, s.table, key).Scan(&s.indexable); err != nil {
 		return nil, fmt.Errorf("read the key's index: %w", err)
 	}
@@ -1008,7 +1007,7 @@ func (s *keySide) absent() string {
 }
 
 // remove flags (soft) or deletes (hard) the mirror rows of the given keys.
-func (s *keySide) remove(t *mirror.Table) string {
+func (s *keySide) remove(t *Table) string {
 	if t.Hard {
 		args, aliases, match := s.unnest(1)
 		return fmt.Sprintf(keyRemoveSQL, s.table, args, aliases, match)
