@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/aggregate"
 )
 
 // Point is one step of an arrival curve: the average share of a final
@@ -51,6 +53,19 @@ SELECT g.age_seconds, avg(coalesce((SELECT max(x.arrived) FROM a x
        count(*)
 FROM ages g CROSS JOIN parts p
 GROUP BY 1 ORDER BY 1`
+
+// HistoryPartitions is how many recent final partitions of an aggregate
+// partitioned by by the completeness estimate learns from; retention keeps
+// their arrival histories.
+func HistoryPartitions(by string) int {
+	switch by {
+	case aggregate.Hour:
+		return 24
+	case aggregate.Month:
+		return 3
+	}
+	return 7
+}
 
 // ErrNoHistory is returned by Curve when no final partition has an
 // arrival history.

@@ -293,7 +293,7 @@ func TestCurveIsTheCompletenessEstimate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	curve, err := lateness.Curve(ctx, pool, "partner_daily", reconcile.HistoryPartitions("day"))
+	curve, err := lateness.Curve(ctx, pool, "partner_daily", lateness.HistoryPartitions("day"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,18 +51,6 @@ WHERE p.aggregate = $1 AND p.partition_start = u.s`
 SELECT partition_key, completeness FROM tidemark.partitions WHERE aggregate = $1 AND state NOT IN ('final', 'archived')`
 )
 
-// HistoryPartitions is how many recent final partitions the completeness
-// estimate learns from; retention keeps their arrival histories.
-func HistoryPartitions(by string) int {
-	switch by {
-	case aggregate.Hour:
-		return 24
-	case aggregate.Month:
-		return 3
-	}
-	return 7
-}
-
 // SourceWatermark computes the event-time watermark of the aggregate's
 // source: for Kafka sources from the stored per-partition event times (see
 // ingest.EventTimeWatermark); for other sources the largest event time
@@ -102,7 +90,7 @@ func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *agg
 // its age. Without a final partition that has an arrival history, there
 // is no estimate.
 func (r *Reconciler) estimate(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, now time.Time) error {
-	curve, err := lateness.Curve(ctx, conn, d.Name, HistoryPartitions(d.Calendar.By))
+	curve, err := lateness.Curve(ctx, conn, d.Name, lateness.HistoryPartitions(d.Calendar.By))
 	if errors.Is(err, lateness.ErrNoHistory) {
 		return nil
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
-	"github.com/tidemark-dev/tidemark/reconcile"
+	"github.com/tidemark-dev/tidemark/lateness"
 )
 
 // Options customise a Pruner beyond its configuration.
@@ -410,7 +410,7 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Tim
 			}
 			cut := d.Calendar.Of(now.Add(-ret.Arrivals.D())).Start
 			var oldest *time.Time
-			if err := conn.QueryRow(ctx, latestFinalSQL, d.Name, reconcile.HistoryPartitions(d.Calendar.By)).Scan(&oldest); err != nil {
+			if err := conn.QueryRow(ctx, latestFinalSQL, d.Name, lateness.HistoryPartitions(d.Calendar.By)).Scan(&oldest); err != nil {
 				return nil, fmt.Errorf("prune: arrival history of %s: %w", d.Name, err)
 			}
 			if oldest != nil && oldest.Before(cut) {

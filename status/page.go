@@ -15,7 +15,6 @@ import (
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/lateness"
-	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
 // Page is what the status page at / shows: the report, and what only the
@@ -82,7 +81,7 @@ func BuildPage(ctx context.Context, q Querier, cfg *config.Config, rep *Report, 
 				p.Lateness[a.Source] = l
 			}
 		}
-		c, err := lateness.Curve(ctx, q, a.Name, reconcile.HistoryPartitions(cfg.Aggregates[a.Name].Partition.By))
+		c, err := lateness.Curve(ctx, q, a.Name, lateness.HistoryPartitions(cfg.Aggregates[a.Name].Partition.By))
 		switch {
 		case errors.Is(err, lateness.ErrNoHistory):
 			p.CurveError[a.Name] = "no final partition has an arrival history yet: the curve appears once the first partitions are final"

@@ -315,7 +315,7 @@ func (d *run) history() error {
 // not final, explained from the arrival curve, and the lateness of the
 // source's events.
 func (d *run) completeness(cfg *config.Config) error {
-	curve, err := lateness.Curve(d.ctx, d.pool, "daily_sales", reconcile.HistoryPartitions("day"))
+	curve, err := lateness.Curve(d.ctx, d.pool, "daily_sales", lateness.HistoryPartitions("day"))
 	if err != nil {
 		return err
 	}
