@@ -14,7 +14,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -29,7 +29,7 @@ type warehouse struct {
 	ctx  context.Context
 	pool *pgxpool.Pool
 	cfg  *config.Config
-	raw  *ingest.RawTable
+	raw  *raw.Table
 	d    *aggregate.Definition
 	now  time.Time
 }
@@ -44,7 +44,7 @@ func newWarehouse(t *testing.T, policy string) *warehouse {
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
-	w := &warehouse{t: t, ctx: ctx, pool: pool, raw: ingest.NewRawTable("app_events", config.PartitionDay),
+	w := &warehouse{t: t, ctx: ctx, pool: pool, raw: raw.NewTable("app_events", config.PartitionDay),
 		now: time.Date(2026, 9, 20, 12, 0, 0, 0, time.UTC)}
 	w.cfg, w.d = w.definition(dsn, policy, salesSQL)
 	return w

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 // ErrNoShadow means a partition has no shadow build that can be
@@ -221,7 +221,7 @@ func publish(ctx context.Context, tx pgx.Tx, d *aggregate.Definition, p aggregat
 	// A table source's loads have no transaction ids: queue it always.
 	since := !d.Ledger
 	if !since {
-		if since, err = ingest.LoadedSince(ctx, tx, d.Source, p.Start, p.End, xmin); err != nil {
+		if since, err = raw.LoadedSince(ctx, tx, d.Source, p.Start, p.End, xmin); err != nil {
 			return 0, fmt.Errorf("publish %s %s: %w", d.Name, p, err)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
@@ -193,7 +193,7 @@ func unread(ctx context.Context, tx pgx.Tx, d *aggregate.Definition, p aggregate
 	if err := tx.QueryRow(ctx, loadWatermarkSQL, d.Name).Scan(&xid); err != nil {
 		return false, fmt.Errorf("verify %s %s: load watermark: %w", d.Name, p, err)
 	}
-	loaded, err := ingest.LoadedSince(ctx, tx, d.Source, p.Start, p.End, xid)
+	loaded, err := raw.LoadedSince(ctx, tx, d.Source, p.Start, p.End, xid)
 	if err != nil {
 		return false, fmt.Errorf("verify %s %s: %w", d.Name, p, err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
@@ -78,7 +78,7 @@ func loadCatchUp(b *testing.B, srv *pgserver.Server, perDay int) *catchUpWarehou
 		b.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	raw := ingest.NewRawTable("app_events", config.PartitionDay)
+	raw := raw.NewTable("app_events", config.PartitionDay)
 	if err := raw.Ensure(ctx, conn); err != nil {
 		b.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
@@ -209,7 +209,7 @@ const rawChangeColumns = "event_id, event_time, ingested_at, op, source_table, p
 func emptyChangeTable(b *testing.B, conn *pgx.Conn, name string) {
 	b.Helper()
 	ctx := context.Background()
-	raw := ingest.NewChangeTable(name, config.PartitionMonth)
+	raw := raw.NewChangeTable(name, config.PartitionMonth)
 	if err := raw.Ensure(ctx, conn); err != nil {
 		b.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 // BenchmarkRawKeyCollation measures what the collation of the raw tables'
@@ -54,14 +54,14 @@ func BenchmarkRawKeyCollation(b *testing.B) {
 		for _, kind := range []struct {
 			name    string
 			metric  string
-			table   func(source string) *ingest.RawTable
+			table   func(source string) *raw.Table
 			columns []string
 			rows    [][]any
 			times   []time.Time
 		}{
-			{"Kafka events", "events_c/db_collation", func(s string) *ingest.RawTable { return ingest.NewRawTable(s, config.PartitionDay) },
+			{"Kafka events", "events_c/db_collation", func(s string) *raw.Table { return raw.NewTable(s, config.PartitionDay) },
 				[]string{"event_id", "event_time", "ingested_at", "payload", "kafka_topic", "kafka_partition", "kafka_offset"}, events, times},
-			{"CDC changes", "changes_c/db_collation", func(s string) *ingest.RawTable { return ingest.NewChangeTable(s, config.PartitionDay) },
+			{"CDC changes", "changes_c/db_collation", func(s string) *raw.Table { return raw.NewChangeTable(s, config.PartitionDay) },
 				[]string{"event_id", "event_time", "ingested_at", "op", "source_table", "payload", "row_key", "old_row"}, changes, []time.Time{benchNow}},
 		} {
 			var ratios []float64
@@ -93,7 +93,7 @@ func BenchmarkRawKeyCollation(b *testing.B) {
 // copyIntoFresh drops and recreates raw.coll (event_id COLLATE "C" when
 // byteWise, the database's collation otherwise), checkpoints, and COPYs
 // the rows into it, returning the rate and the server's CPU time.
-func copyIntoFresh(b *testing.B, conn *pgx.Conn, table func(string) *ingest.RawTable, byteWise bool, columns []string, rows [][]any, times []time.Time) (float64, time.Duration) {
+func copyIntoFresh(b *testing.B, conn *pgx.Conn, table func(string) *raw.Table, byteWise bool, columns []string, rows [][]any, times []time.Time) (float64, time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	for _, q := range []string{`DROP TABLE IF EXISTS raw.coll`, `CREATE SCHEMA IF NOT EXISTS raw`} {

@@ -21,12 +21,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 const (
@@ -115,7 +117,7 @@ func (e *env) database(b *testing.B) (string, *pgx.Conn) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { conn.Close(context.Background()) })
-	if err := ingest.NewRawTable(source, config.PartitionDay).Ensure(ctx, conn); err != nil {
+	if err := raw.NewTable(source, config.PartitionDay).Ensure(ctx, conn); err != nil {
 		b.Fatal(err)
 	}
 	return dsn, conn
@@ -304,7 +306,7 @@ func (e *env) measureCopyIn(b *testing.B, recs []*kgo.Record, txRows int) float6
 	ctx := context.Background()
 	_, conn := e.database(b)
 	rows, times := decodedRows(b, recs)
-	raw := ingest.NewRawTable(source, config.PartitionDay)
+	raw := raw.NewTable(source, config.PartitionDay)
 	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(times)); err != nil {
 		b.Fatal(err)
 	}
@@ -329,7 +331,7 @@ func (e *env) measureCopyIn(b *testing.B, recs []*kgo.Record, txRows int) float6
 // table's columns from event_id to kafka_offset, and the event times.
 func decodedRows(b *testing.B, recs []*kgo.Record) ([][]any, []time.Time) {
 	b.Helper()
-	dec, err := ingest.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
+	dec, err := decode.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
 		MaxAge: config.Duration(30 * 24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)})
 	if err != nil {
 		b.Fatal(err)
@@ -364,11 +366,11 @@ func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, 
 	if err != nil {
 		b.Fatal(err)
 	}
-	ins := make([]*ingest.Ingester, instances)
+	ins := make([]*kafka.Ingester, instances)
 	regs := make([]*prometheus.Registry, instances)
 	for i := range ins {
 		regs[i] = prometheus.NewRegistry()
-		if ins[i], err = ingest.New(cfg, ingest.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return benchNow }, Registerer: regs[i]}); err != nil {
+		if ins[i], err = kafka.New(cfg, kafka.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return benchNow }, Registerer: regs[i]}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -448,7 +450,7 @@ func (e *env) measurePerRecord(b *testing.B, n int) float64 {
 	b.Helper()
 	ctx := context.Background()
 	_, conn := e.database(b)
-	raw := ingest.NewRawTable(source, config.PartitionDay)
+	raw := raw.NewTable(source, config.PartitionDay)
 	var starts []time.Time
 	for d := 0; d <= 11; d++ {
 		starts = append(starts, benchNow.AddDate(0, 0, -d))
@@ -456,7 +458,7 @@ func (e *env) measurePerRecord(b *testing.B, n int) float64 {
 	if err := raw.EnsurePartitions(ctx, conn, raw.Missing(starts)); err != nil {
 		b.Fatal(err)
 	}
-	dec, err := ingest.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
+	dec, err := decode.NewDecoder(&config.Source{EventID: "/event_id", EventTime: "/event_time", EventTimeFormat: config.TimeAuto,
 		MaxAge: config.Duration(30 * 24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)})
 	if err != nil {
 		b.Fatal(err)

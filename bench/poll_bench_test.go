@@ -12,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
+	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
@@ -87,7 +88,7 @@ func BenchmarkPoll(b *testing.B) {
 		}
 		lookback := 30 * time.Minute
 		started := time.Now()
-		rep, err := p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC), Lookback: &lookback})
+		rep, err := p.RunOnce(ctx, poll.Window{Upper: time.Date(2026, 10, 2, 0, 0, 0, 0, time.UTC), Lookback: &lookback})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -174,7 +175,7 @@ func (e *env) freshDatabase(b *testing.B) string {
 // firstLoad creates a migrated warehouse and loads the whole source into
 // it in one poll run. With oneRow the mirror first holds a row the source
 // does not have, so the run merges instead of COPYing into empty tables.
-func (e *env) firstLoad(b *testing.B, srcDSN string, oneRow bool) (*ingest.Poller, *pgxpool.Pool, time.Duration) {
+func (e *env) firstLoad(b *testing.B, srcDSN string, oneRow bool) (*poll.Poller, *pgxpool.Pool, time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	whDSN := e.freshDatabase(b)
@@ -196,7 +197,7 @@ func (e *env) firstLoad(b *testing.B, srcDSN string, oneRow bool) (*ingest.Polle
 	}
 	prof := startProfile(b, e.srv, dbName(b, srcDSN), dbName(b, whDSN))
 	started := time.Now()
-	rep, err := p.RunOnce(ctx, ingest.PollRun{Upper: time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)})
+	rep, err := p.RunOnce(ctx, poll.Window{Upper: time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func (e *env) firstLoad(b *testing.B, srcDSN string, oneRow bool) (*ingest.Polle
 	return p, wh, took
 }
 
-func newBenchPoller(b *testing.B, whDSN, srcDSN string, wh *pgxpool.Pool) *ingest.Poller {
+func newBenchPoller(b *testing.B, whDSN, srcDSN string, wh *pgxpool.Pool) *poll.Poller {
 	b.Helper()
 	cfg, err := config.Parse("bench.yaml", []byte(fmt.Sprintf(`
 warehouse: {dsn: %q}
@@ -220,7 +221,7 @@ sources:
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := ingest.NewPoller(cfg, "customers", wh, ingest.PollOptions{})
+	p, err := poll.New(cfg, "customers", wh, poll.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -242,7 +243,7 @@ func pipeCopy(b *testing.B, srcDSN, baseDSN string, rows int64) (mirrorTook, raw
 	if _, err := dst.Exec(ctx, baselineMirrorDDL); err != nil {
 		b.Fatal(err)
 	}
-	raw := ingest.NewChangeTable("customers", config.PartitionMonth)
+	raw := raw.NewChangeTable("customers", config.PartitionMonth)
 	if err := raw.Ensure(ctx, dst); err != nil {
 		b.Fatal(err)
 	}

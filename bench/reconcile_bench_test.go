@@ -13,7 +13,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/benchplot"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
@@ -52,7 +52,7 @@ func loadHistory(b *testing.B, srv *pgserver.Server, days, perDay int) *historyD
 		b.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	raw := ingest.NewRawTable(source, config.PartitionDay)
+	raw := raw.NewTable(source, config.PartitionDay)
 	if err := raw.Ensure(ctx, conn); err != nil {
 		b.Fatal(err)
 	}

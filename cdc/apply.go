@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
@@ -142,7 +142,7 @@ const pgLSNOID = 3220
 type applier struct {
 	pool     *pgxpool.Pool
 	source   string
-	raw      *ingest.RawTable
+	raw      *raw.Table
 	now      func() time.Time
 	truncate bool // apply TRUNCATE to the mirrors
 	// rawBinary: the raw table has rawTypes, and change rows are COPYed
@@ -1213,7 +1213,7 @@ func (a *applier) ledger(ctx context.Context, g *group) error {
 		sources, hours, counts = append(sources, a.source), append(hours, h), append(counts, b.rows)
 		mins, maxes = append(mins, b.min), append(maxes, b.max)
 	}
-	if _, err := g.tx.Exec(ctx, ingest.InsertLedgerSQL, g.ingestedAt, sources, hours, counts, mins, maxes); err != nil {
+	if _, err := g.tx.Exec(ctx, raw.InsertLedgerSQL, g.ingestedAt, sources, hours, counts, mins, maxes); err != nil {
 		return fmt.Errorf("write ledger: %w", err)
 	}
 	return nil

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
@@ -44,7 +44,7 @@ func TestRawRowsBinaryMatchesText(t *testing.T) {
 	defer conn.Release()
 	when := time.Date(2026, 11, 30, 23, 59, 59, 999999000, time.UTC)
 	for _, name := range []string{"bin", "txt"} {
-		raw := ingest.NewChangeTable(name, config.PartitionDay)
+		raw := raw.NewChangeTable(name, config.PartitionDay)
 		if err := raw.Ensure(ctx, conn.Conn()); err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 )
 
@@ -18,7 +18,7 @@ func TestRawTableOfOtherTypes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = ingest.NewChangeTable("shop", config.PartitionDay).Ensure(e.ctx, conn.Conn())
+	err = raw.NewChangeTable("shop", config.PartitionDay).Ensure(e.ctx, conn.Conn())
 	conn.Release()
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
@@ -81,7 +81,7 @@ type Reader struct {
 	log   *slog.Logger
 	now   func() time.Time
 	opts  Options
-	raw   *ingest.RawTable
+	raw   *raw.Table
 	m     *metrics
 	specs []pgx.Identifier
 	// stopAt, once set, stops the next run before a transaction (see
@@ -104,7 +104,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 	if src == nil || src.CDC == nil {
 		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
 	}
-	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: ingest.NewChangeTable(name, src.RawPartition),
+	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: raw.NewChangeTable(name, src.RawPartition),
 		step: cfg.Warehouse.Write()}
 	r.keep = r.step / 4
 	if idle := cfg.Warehouse.IdleInTransaction(); idle > 0 {

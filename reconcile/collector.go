@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 const (
@@ -36,7 +36,7 @@ SELECT coalesce((SELECT extract(epoch FROM now() - started)::float8 FROM (
 // partitions are open and closed, and the age of the warehouse's oldest
 // transaction, which holds the watermarks back.
 type Collector struct {
-	q      ingest.Querier
+	q      raw.Querier
 	now    func() time.Time
 	names  []string
 	age    *prometheus.Desc
@@ -46,7 +46,7 @@ type Collector struct {
 
 // NewCollector returns the collector of the aggregates named names; now is
 // the service clock.
-func NewCollector(q ingest.Querier, now func() time.Time, names []string) *Collector {
+func NewCollector(q raw.Querier, now func() time.Time, names []string) *Collector {
 	return &Collector{q: q, now: now, names: names,
 		age: prometheus.NewDesc("tidemark_reconcile_load_watermark_age_seconds",
 			"Service time since the aggregate's load watermark last moved.", []string{"aggregate"}, nil),

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
@@ -123,7 +123,7 @@ aggregates:%s
 // startIngest runs an ingester on the bundle's clock until the test ends.
 func (b *bundle) startIngest() {
 	b.t.Helper()
-	in, err := ingest.New(b.cfg, ingest.Options{Now: b.clock.Now, Logger: testLogger(b.t)})
+	in, err := kafka.New(b.cfg, kafka.Options{Now: b.clock.Now, Logger: testLogger(b.t)})
 	if err != nil {
 		b.t.Fatal(err)
 	}

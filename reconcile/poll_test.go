@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -40,7 +40,7 @@ aggregates:
 `, whDSN, srcDSN)
 	cfg := parseConfig(t, yaml)
 	clk := clock.New(at("2026-10-06 12:00"))
-	p, err := ingest.NewPoller(cfg, "orders", wh, ingest.PollOptions{Now: clk.Now})
+	p, err := poll.New(cfg, "orders", wh, poll.Options{Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ aggregates:
 	}
 	poll := func(upper string) {
 		t.Helper()
-		if _, err := p.RunOnce(ctx, ingest.PollRun{Upper: at(upper)}); err != nil {
+		if _, err := p.RunOnce(ctx, poll.Window{Upper: at(upper)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
@@ -99,7 +99,7 @@ aggregates:
 
 	now := time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC)
 	clk := clock.New(now)
-	in, err := ingest.New(cfg, ingest.Options{Now: clk.Now, Logger: slog.New(slog.DiscardHandler)})
+	in, err := kafka.New(cfg, kafka.Options{Now: clk.Now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		rt.Fatal(err)
 	}

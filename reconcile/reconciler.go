@@ -16,7 +16,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
@@ -134,7 +134,7 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	src := r.cfg.Sources[d.Source]
 	switch {
 	case src.Kafka != nil, src.Poll != nil, src.CDC != nil:
-		raw := ingest.NewRawTable(d.Source, src.RawPartition)
+		raw := raw.NewTable(d.Source, src.RawPartition)
 		raw.Changes = src.Kafka == nil
 		raw.Log = r.log
 		if err := raw.Ensure(ctx, conn.Conn()); err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/lateness"
 )
 
@@ -53,17 +53,17 @@ SELECT partition_key, completeness FROM tidemark.partitions WHERE aggregate = $1
 
 // SourceWatermark computes the event-time watermark of the aggregate's
 // source: for Kafka sources from the stored per-partition event times (see
-// ingest.EventTimeWatermark); for other sources the largest event time
+// raw.EventTimeWatermark); for other sources the largest event time
 // read so far minus the allowed out-of-orderness (for a poll source, minus
 // its lookback when that is larger).
 func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, w *window, now time.Time) (pgtype.Timestamptz, error) {
 	src := r.cfg.Sources[d.Source]
 	if src.Kafka != nil {
-		parts, err := ingest.PartitionStates(ctx, conn, r.cfg.Kafka.Group)
+		parts, err := raw.PartitionStates(ctx, conn, r.cfg.Kafka.Group)
 		if err != nil {
 			return pgtype.Timestamptz{}, err
 		}
-		wm, ok := ingest.EventTimeWatermark(src, parts, now)
+		wm, ok := raw.EventTimeWatermark(src, parts, now)
 		return pgtype.Timestamptz{Time: wm, Valid: ok}, nil
 	}
 	var stored pgtype.Timestamptz

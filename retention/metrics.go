@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
 
@@ -81,14 +81,14 @@ WHERE n.nspname IN ('tidemark', 'raw') AND c.relkind IN ('r', 'p') AND NOT c.rel
 // Collector exports, at scrape time, the size of every state table and
 // each source's retention bound.
 type Collector struct {
-	q         ingest.Querier
+	q         raw.Querier
 	rows      *prometheus.Desc
 	bytes     *prometheus.Desc
 	retention *prometheus.Desc
 }
 
 // NewCollector returns the collector reading through q.
-func NewCollector(q ingest.Querier) *Collector {
+func NewCollector(q raw.Querier) *Collector {
 	return &Collector{q: q,
 		rows: prometheus.NewDesc("tidemark_state_table_rows",
 			"Live rows of a table of the tidemark and raw schemas (a raw table with its partitions), as PostgreSQL's statistics estimate them.",

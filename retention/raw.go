@@ -11,7 +11,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 const (
@@ -59,7 +59,7 @@ var boundRe = regexp.MustCompile(`^FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\
 // RawPartitions lists the partitions of the source's raw table, oldest
 // first, with their bounds and their size with indexes (Rows is not
 // counted). None when the table does not exist.
-func RawPartitions(ctx context.Context, q ingest.Querier, source string) ([]Partition, error) {
+func RawPartitions(ctx context.Context, q raw.Querier, source string) ([]Partition, error) {
 	table := pgx.Identifier{"raw", source}.Sanitize()
 	rows, err := q.Query(ctx, rawPartitionsSQL, table)
 	if err != nil {
@@ -196,7 +196,7 @@ func (p *Pruner) needed(ctx context.Context, q aggregate.Row, v view, source str
 		case err != nil:
 			return "", fmt.Errorf("prune: load watermark of %s: %w", d.Name, err)
 		}
-		unread, err := ingest.LoadedSince(ctx, q, source, part.Start, part.End, xid)
+		unread, err := raw.LoadedSince(ctx, q, source, part.Start, part.End, xid)
 		if err != nil {
 			return "", fmt.Errorf("prune: %w", err)
 		}

@@ -33,7 +33,9 @@ import (
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
+	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/lateness"
@@ -160,7 +162,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}, []string{"version"})
 	buildInfo.WithLabelValues(VersionString()).Set(1)
 	reg.MustRegister(buildInfo)
-	reg.MustRegister(ingest.NewWatermarkCollector(cfg, pool, now))
+	reg.MustRegister(raw.NewWatermarkCollector(cfg, pool, now))
 	reg.MustRegister(retention.NewCollector(pool))
 	if len(cfg.Aggregates) > 0 {
 		reg.MustRegister(reconcile.NewCollector(pool, now, cfg.AggregateNames()))
@@ -168,7 +170,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 
 	var adm *kadm.Client
 	if len(cfg.Kafka.Brokers) > 0 {
-		kopts, err := ingest.ClientOptions(cfg.Kafka)
+		kopts, err := kafka.ClientOptions(cfg.Kafka)
 		if err != nil {
 			return err
 		}
@@ -222,7 +224,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 
 	var wg sync.WaitGroup
 	if enabled(ComponentIngest) {
-		in, err := ingest.New(cfg, ingest.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
+		in, err := kafka.New(cfg, kafka.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
 		if err != nil {
 			return err
 		}
@@ -241,7 +243,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 			if cfg.Sources[name].Poll == nil {
 				continue
 			}
-			p, err := ingest.NewPoller(cfg, name, pool, ingest.PollOptions{Logger: log, Registerer: reg, Now: now})
+			p, err := poll.New(cfg, name, pool, poll.Options{Logger: log, Registerer: reg, Now: now})
 			if err != nil {
 				return err
 			}
@@ -355,7 +357,7 @@ const lastKeyCheckSQL = `SELECT max(finished_at) FROM tidemark.key_reconciliatio
 // mirror.key_reconcile_max_delete is recorded like any other, so the next
 // one comes an interval later and refuses again until an operator runs
 // `tidemark keys --force` or the source has its rows back.
-func keyLoop(ctx context.Context, p *ingest.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts mirror.KeyOptions) {
+func keyLoop(ctx context.Context, p *poll.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts mirror.KeyOptions) {
 	log := opts.Logger.With("source", p.Name())
 	var k *mirror.KeyReconciler
 	for {
@@ -437,7 +439,7 @@ type handler struct {
 	log         *slog.Logger
 	cfg         *config.Config
 	pool        *pgxpool.Pool
-	in          atomic.Pointer[ingest.Ingester] // set once the schema is ready
+	in          atomic.Pointer[kafka.Ingester] // set once the schema is ready
 	schemaReady atomic.Bool
 	adm         *kadm.Client
 	now         func() time.Time

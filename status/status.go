@@ -25,7 +25,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/retention"
 )
@@ -376,7 +376,7 @@ type Partition struct {
 
 // Querier reads from the warehouse.
 type Querier interface {
-	ingest.Querier
+	raw.Querier
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
@@ -389,7 +389,7 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		return nil, err
 	}
 	r := &Report{GeneratedAt: now.UTC(), SchemaVersion: v}
-	parts, err := ingest.PartitionStates(ctx, q, cfg.Kafka.Group)
+	parts, err := raw.PartitionStates(ctx, q, cfg.Kafka.Group)
 	if err != nil {
 		return nil, err
 	}
@@ -466,7 +466,7 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 			r.Sources = append(r.Sources, s)
 			continue
 		}
-		if wm, ok := ingest.EventTimeWatermark(sc, parts, now); ok {
+		if wm, ok := raw.EventTimeWatermark(sc, parts, now); ok {
 			wm = wm.UTC()
 			s.EventTimeWatermark = &wm
 		}

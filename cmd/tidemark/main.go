@@ -51,7 +51,8 @@ import (
 	"github.com/tidemark-dev/tidemark/cmd/tidemark/demo"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/grants"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
+	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
@@ -359,7 +360,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer pool.Close()
 	var adm *kadm.Client
 	if len(cfg.Kafka.Brokers) > 0 {
-		kopts, err := ingest.ClientOptions(cfg.Kafka)
+		kopts, err := kafka.ClientOptions(cfg.Kafka)
 		if err != nil {
 			return failed(stderr, "tidemark status", err)
 		}
@@ -563,7 +564,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "tidemark poll: --once is required; periodic polling runs inside `tidemark run`")
 		return exitUsage
 	}
-	var run ingest.PollRun
+	var run poll.Window
 	if *upperFlag != "" {
 		t, err := parseUpper(*upperFlag)
 		if err != nil {
@@ -597,7 +598,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// A first load shows its progress: a bar on a terminal, plain lines
 	// elsewhere; the log goes through the display around the bar.
 	disp := progress.Command(stderr, progressEvery)
-	p, err := ingest.NewPoller(cfg, *name, pool, ingest.PollOptions{Logger: logger(cfg, disp.Writer()), Now: serviceClock, Progress: disp})
+	p, err := poll.New(cfg, *name, pool, poll.Options{Logger: logger(cfg, disp.Writer()), Now: serviceClock, Progress: disp})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark poll: %v\n", err)
 		return exitFailure
@@ -606,7 +607,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rep, err := p.RunOnce(ctx, run)
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark poll: %v\n", grants.Explain(err))
-		if errors.Is(err, ingest.ErrPollSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
+		if errors.Is(err, poll.ErrSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
 			return exitUsage
 		}
 		return exitFailure
@@ -680,7 +681,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else {
 		// Preparing the poller checks the source table and creates or
 		// extends the mirror, as `tidemark run` does.
-		p, err := ingest.NewPoller(cfg, *name, pool, ingest.PollOptions{Logger: log, Now: serviceClock})
+		p, err := poll.New(cfg, *name, pool, poll.Options{Logger: log, Now: serviceClock})
 		if err != nil {
 			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 			return exitFailure
@@ -688,7 +689,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer p.Close()
 		if err := p.Prepare(ctx); err != nil {
 			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
-			if errors.Is(err, ingest.ErrPollSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
+			if errors.Is(err, poll.ErrSource) || errors.Is(err, mirror.ErrSource) || errors.Is(err, mirror.ErrMirror) {
 				return exitUsage
 			}
 			return exitFailure

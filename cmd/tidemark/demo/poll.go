@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest"
+	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -27,7 +27,7 @@ const sourceDDL = `CREATE TABLE src_customers (
 func (d *run) pollPart(cfg *config.Config, src *pgxpool.Pool) error {
 	fmt.Fprintln(d.out, "Part 2: a table of the application's database (customers), loaded by its updated_at watermark into")
 	fmt.Fprintln(d.out, "the mirror dw_customers; each step is one `tidemark poll --once --source customers --upper T`:")
-	p, err := ingest.NewPoller(cfg, "customers", d.pool, ingest.PollOptions{Now: d.clk.Now})
+	p, err := poll.New(cfg, "customers", d.pool, poll.Options{Now: d.clk.Now})
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func (d *run) pollPart(cfg *config.Config, src *pgxpool.Pool) error {
 				return err
 			}
 		}
-		rep, err := p.RunOnce(d.ctx, ingest.PollRun{Upper: at(s.upper), Lookback: s.lookback})
+		rep, err := p.RunOnce(d.ctx, poll.Window{Upper: at(s.upper), Lookback: s.lookback})
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,176 @@
+package kafka
+
+import (
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/raw"
+)
+
+// topicPartition names one Kafka partition.
+type topicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// position is a Kafka position: the next offset to read and the leader
+// epoch of the last record read (-1 when unknown).
+type position struct {
+	Offset int64
+	Epoch  int32
+}
+
+// noPosition marks a partition with no stored position.
+var noPosition = position{Offset: -1, Epoch: -1}
+
+// partBatch is what a batch holds for one topic-partition: a contiguous run
+// of records from first up to next.
+type partBatch struct {
+	source       *source
+	first        position // position of the first record in the batch
+	next         position // position after the last record in the batch
+	records      int
+	good         int
+	dead         int
+	maxEventTime time.Time
+}
+
+// row is one good event and the record it came from.
+type row struct {
+	src *source
+	ev  decode.Event
+	rec *kgo.Record
+}
+
+// deadLetter is one rejected record.
+type deadLetter struct {
+	src *source
+	rej decode.Rejection
+	rec *kgo.Record
+}
+
+// sourceHour is one source's UTC hour of event time (unixHour).
+type sourceHour struct {
+	src  *source
+	hour int64
+}
+
+// hourRows tallies a batch's rows of one source and hour: what its ledger
+// row holds.
+type hourRows struct {
+	rows     int64
+	min, max time.Time
+}
+
+// batch is the unit of one warehouse transaction.
+type batch struct {
+	rows  []row
+	dead  []deadLetter
+	parts map[topicPartition]*partBatch
+	// hours tallies rows by source and hour as they are added, so that
+	// the write finds the raw partitions and ledger rows it needs
+	// without a pass over the rows; last is the entry of the row added
+	// last (rows come in runs of one hour).
+	hours    map[sourceHour]*hourRows
+	last     sourceHour
+	lastRows *hourRows
+	bytes    int
+	started  time.Time
+}
+
+func newBatch() *batch {
+	return &batch{parts: map[topicPartition]*partBatch{}, hours: map[sourceHour]*hourRows{}}
+}
+
+func (b *batch) len() int { return len(b.rows) + len(b.dead) }
+
+func (b *batch) empty() bool { return len(b.parts) == 0 }
+
+// add appends a decoded record. Records of one partition arrive in offset
+// order, so each partition's records form one contiguous run.
+func (b *batch) add(src *source, r *kgo.Record, ev decode.Event, rej *decode.Rejection, now time.Time) {
+	if b.empty() {
+		b.started = now
+	}
+	tp := topicPartition{r.Topic, r.Partition}
+	pb := b.parts[tp]
+	if pb == nil {
+		pb = &partBatch{source: src, first: position{r.Offset, r.LeaderEpoch}}
+		b.parts[tp] = pb
+	}
+	pb.next = position{r.Offset + 1, r.LeaderEpoch}
+	pb.records++
+	b.bytes += recordBytes(r)
+	if rej != nil {
+		pb.dead++
+		b.dead = append(b.dead, deadLetter{src: src, rej: *rej, rec: r})
+		return
+	}
+	pb.good++
+	if ev.Time.After(pb.maxEventTime) {
+		pb.maxEventTime = ev.Time
+	}
+	b.rows = append(b.rows, row{src: src, ev: ev, rec: r})
+	b.tally(src, ev.Time)
+}
+
+// tally counts one row of src at t in b.hours.
+func (b *batch) tally(src *source, t time.Time) {
+	k := sourceHour{src, raw.UnixHour(t)}
+	h := b.lastRows
+	if h == nil || k != b.last {
+		if h = b.hours[k]; h == nil {
+			h = &hourRows{min: t, max: t}
+			b.hours[k] = h
+		}
+		b.last, b.lastRows = k, h
+	}
+	h.rows++
+	if t.Before(h.min) {
+		h.min = t
+	}
+	if t.After(h.max) {
+		h.max = t
+	}
+}
+
+// drop removes every record of the given partitions from the batch.
+func (b *batch) drop(tps map[topicPartition]bool) {
+	if len(tps) == 0 {
+		return
+	}
+	rows := b.rows[:0]
+	for _, r := range b.rows {
+		if !tps[topicPartition{r.rec.Topic, r.rec.Partition}] {
+			rows = append(rows, r)
+		}
+	}
+	clear(b.rows[len(rows):])
+	b.rows = rows
+	dead := b.dead[:0]
+	for _, d := range b.dead {
+		if !tps[topicPartition{d.rec.Topic, d.rec.Partition}] {
+			dead = append(dead, d)
+		}
+	}
+	clear(b.dead[len(dead):])
+	b.dead = dead
+	for tp := range tps {
+		delete(b.parts, tp)
+	}
+	b.bytes = 0
+	clear(b.hours)
+	b.lastRows = nil
+	for _, r := range b.rows {
+		b.bytes += recordBytes(r.rec)
+		b.tally(r.src, r.ev.Time)
+	}
+	for _, d := range b.dead {
+		b.bytes += recordBytes(d.rec)
+	}
+}
+
+// recordBytes approximates the memory a record holds in a batch.
+func recordBytes(r *kgo.Record) int { return len(r.Value) + len(r.Key) + 64 }

@@ -1,0 +1,47 @@
+// Package kafka loads Kafka topics into the warehouse, exactly once.
+//
+// An Ingester is one member of a Kafka consumer group (cooperative-sticky
+// balancing) reading the topics of every Kafka source in the configuration.
+// Each record's value is decoded (package decode); its event id and event
+// time are taken by JSON pointer. Good records become rows of
+// raw.<source>, a table range-partitioned by event time whose partitions
+// are created on demand (package raw); bad records become rows of
+// tidemark.dead_letters with their original key, value and header bytes
+// and the reason (decode's Reason constants). Nothing is skipped and no
+// bad record blocks its partition.
+//
+// # One transaction per batch
+//
+// Records are gathered into batches flushed by size, bytes or age. A batch
+// is written in ONE warehouse transaction that holds its raw rows (events
+// already stored and repeats within the batch are dropped and counted as
+// duplicates by (event_id, event_time); the rest is written with a binary
+// COPY that the writer encodes itself (rawCopy);
+// repeats are looked for, and stored events probed for in the raw
+// partitions the batch touches, only once a COPY has failed on one), one
+// ingest-ledger row per source and UTC hour of event time that the new rows
+// touch, the dead letters, and for each Kafka partition the next offset,
+// its leader epoch, the largest event time seen and running totals. Every row carries the transaction id (xid8) that wrote it, so the
+// reconciler can read exact windows of what was loaded.
+//
+// # Offsets live in the warehouse
+//
+// On assignment the ingester resumes each partition from the offset stored
+// in tidemark.kafka_offsets (kgo.AdjustFetchOffsetsFn), ignoring Kafka's own
+// commits, which it still makes after each warehouse commit so that
+// ordinary lag tools work. Before writing, the batch transaction locks the
+// partitions' offset rows and compares them with the positions this
+// ingester last stored: a partition that another member has advanced in the
+// meantime (after a missed rebalance, or a commit whose acknowledgement was
+// lost) is dropped from the batch and re-read from the stored position. A
+// crash at any moment therefore loses nothing and writes nothing twice.
+//
+// On revocation the batch in flight is written before the partitions are
+// released; on shutdown the ingester writes its batch, commits, and leaves
+// the group. While a batch is written, the next one is polled and decoded
+// ahead, up to ingest.batch_max_rows records or ingest.batch_max_bytes.
+// While the warehouse is slow or down the ingester stops polling once that
+// batch is decoded, so the client's fetch buffers (one of at most
+// kafka.fetch_max_bytes per broker) and two batches bound its memory, and
+// it retries with backoff.
+package kafka

@@ -1,0 +1,882 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/raw"
+)
+
+// Options customise an Ingester beyond its configuration.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer // nil: metrics are not registered anywhere
+	// Now is the service clock: it stamps ingested_at and bounds event
+	// times. Tests and the demo replace it; default time.Now.
+	Now func() time.Time
+	// KafkaOpts are appended to the client options (tests use them).
+	KafkaOpts []kgo.Opt
+	// ShutdownGrace bounds the final flush on shutdown; default 30s.
+	ShutdownGrace time.Duration
+
+	kafkaLogEvery time.Duration // rate limit of Kafka client errors; default kafkaLogEvery
+	afterSeek     func()        // called after fencing moved the consumer (tests)
+}
+
+// source is one configured source as the ingester uses it.
+type source struct {
+	name string
+	dec  *decode.Decoder
+	raw  *raw.Table
+}
+
+// Ingester consumes the configured Kafka sources as one member of the
+// consumer group and writes them to the warehouse. See the package
+// documentation for its guarantees.
+type Ingester struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	m       *metrics
+	now     func() time.Time
+	grace   time.Duration
+	byTopic map[string]*source
+	sources []*source
+	start   kgo.Offset
+	cl      *kgo.Client
+	klog    *kafkaLog // the client's log, rate limited
+	auth    *kafkaAuth
+	// stopClient cancels the client's context: requests in flight, such
+	// as a JoinGroup the coordinator holds open, fail at once.
+	stopClient context.CancelFunc
+
+	// mu guards everything below; it is held while a batch is written so
+	// that the main loop and the rebalance callbacks never write at once.
+	mu     sync.Mutex
+	b      *batch
+	stored map[topicPartition]position // what the warehouse holds for owned partitions
+	hwm    map[topicPartition]int64
+	// reseeked collects the partitions writes moved to another member's
+	// stored position (fencing); flushDecodingAhead clears it.
+	reseeked map[topicPartition]bool
+	// stopAhead, set while flushDecodingAhead writes, ends the polling
+	// ahead and waits for it: a seek must not come between its polls.
+	stopAhead func()
+	afterSeek func() // Options.afterSeek
+	w         *writer
+	checkRows bool // the last attempt hit a bad row: check each row
+	failures  int  // consecutive failed attempts, for backoff and readiness
+
+	lastErr atomic.Pointer[error]
+	commits *committer
+}
+
+// New builds an Ingester for the Kafka sources of cfg. It does not connect
+// to anything until Run.
+func New(cfg *config.Config, opts Options) (*Ingester, error) {
+	in := &Ingester{
+		cfg:       cfg,
+		log:       opts.Logger,
+		now:       opts.Now,
+		grace:     opts.ShutdownGrace,
+		byTopic:   map[string]*source{},
+		b:         newBatch(),
+		stored:    map[topicPartition]position{},
+		hwm:       map[topicPartition]int64{},
+		reseeked:  map[topicPartition]bool{},
+		afterSeek: opts.afterSeek,
+	}
+	if in.log == nil {
+		in.log = slog.New(slog.DiscardHandler)
+	}
+	in.klog = newKafkaLog(in.log.With("component", "kafka"), opts.kafkaLogEvery)
+	in.log = in.log.With("component", "ingest")
+	if in.now == nil {
+		in.now = time.Now
+	}
+	if in.grace == 0 {
+		in.grace = 30 * time.Second
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var topics, names []string
+	for _, name := range cfg.SourceNames() {
+		sc := cfg.Sources[name]
+		if sc.Kafka == nil {
+			continue
+		}
+		dec, err := decode.NewDecoder(sc)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
+		}
+		src := &source{name: name, dec: dec, raw: raw.NewTable(name, sc.RawPartition)}
+		src.raw.Log = in.log
+		in.sources = append(in.sources, src)
+		names = append(names, name)
+		for _, t := range sc.Kafka.Topics {
+			in.byTopic[t] = src
+			topics = append(topics, t)
+		}
+	}
+	if len(in.sources) == 0 {
+		return nil, errors.New("ingest: no Kafka sources configured")
+	}
+	in.m = newMetrics(reg, names)
+	in.start = kgo.NewOffset().AtStart()
+	if cfg.Kafka.StartOffset == "latest" {
+		in.start = kgo.NewOffset().AtEnd()
+	}
+
+	auth, kopts, err := clientAuthOptions(cfg.Kafka)
+	if err != nil {
+		return nil, err
+	}
+	in.auth, in.klog.auth, auth.log = auth, auth, in.klog
+	kopts = append(kopts, netOptions(cfg.Kafka)...)
+	kopts = append(kopts,
+		kgo.ConsumeTopics(topics...),
+		kgo.ConsumerGroup(cfg.Kafka.Group),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(in.start),
+		kgo.SessionTimeout(cfg.Kafka.SessionTimeout.D()),
+		kgo.HeartbeatInterval(min(3*time.Second, cfg.Kafka.SessionTimeout.D()/3)),
+		kgo.RebalanceTimeout(cfg.Kafka.RebalanceTimeout.D()),
+		kgo.FetchMaxBytes(int32(cfg.Kafka.FetchMaxBytes)),
+		kgo.FetchMaxPartitionBytes(int32(cfg.Kafka.FetchMaxPartitionBytes)),
+		kgo.AdjustFetchOffsetsFn(in.adjustOffsets),
+		kgo.OnPartitionsAssigned(in.onAssigned),
+		kgo.OnPartitionsRevoked(in.onRevoked),
+		kgo.OnPartitionsLost(in.onLost),
+		kgo.WithLogger(in.klog),
+		kgo.WithHooks(in.klog),
+	)
+	kopts = append(kopts, opts.KafkaOpts...)
+	clientCtx, stopClient := context.WithCancel(context.Background())
+	kopts = append(kopts, kgo.WithContext(clientCtx))
+	in.cl, err = kgo.NewClient(kopts...)
+	if err != nil {
+		stopClient()
+		return nil, fmt.Errorf("ingest: kafka client: %w", err)
+	}
+	in.stopClient = stopClient
+	in.commits = &committer{cl: in.cl, m: in.m, log: in.log, pending: map[topicPartition]kgo.EpochOffset{}}
+	return in, nil
+}
+
+// clientOptions turns the kafka block into connection options shared by
+// every client tidemark makes (the ingester, status, readiness).
+func clientOptions(k config.Kafka) ([]kgo.Opt, error) {
+	_, opts, err := clientAuthOptions(k)
+	return opts, err
+}
+
+// clientAuthOptions is clientOptions that also returns the kafkaAuth that
+// explains refused connections.
+func clientAuthOptions(k config.Kafka) (*kafkaAuth, []kgo.Opt, error) {
+	auth, opts, err := newKafkaAuth(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	return auth, append([]kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID)}, opts...), nil
+}
+
+// ClientOptions returns the connection options for the configured brokers.
+func ClientOptions(k config.Kafka) ([]kgo.Opt, error) {
+	opts, err := clientOptions(k)
+	return append(opts, netOptions(k)...), err
+}
+
+// Ping checks that a broker answers. A connection refused during TLS or
+// SASL set-up is reported as an *AuthError that says what failed.
+func (in *Ingester) Ping(ctx context.Context) error {
+	if err := in.cl.Ping(ctx); err != nil {
+		return in.auth.explainPing(err)
+	}
+	return nil
+}
+
+// LastError returns the last failed write attempt while writes are
+// failing, nil once a write succeeds.
+func (in *Ingester) LastError() error {
+	if p := in.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Run consumes until ctx is cancelled, then writes the batch in flight,
+// commits and leaves the group. It returns nil after a clean shutdown.
+func (in *Ingester) Run(ctx context.Context) error {
+	if err := in.prepare(ctx); err != nil {
+		in.closeClient()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	precreated := make(chan struct{})
+	go func() {
+		defer close(precreated)
+		in.precreate(ctx)
+	}()
+	defer func() { <-precreated }()
+	maxRows := int(in.cfg.Ingest.BatchMaxRows)
+	for ctx.Err() == nil {
+		if in.flushDue() {
+			if err := in.flushDecodingAhead(ctx, maxRows); err != nil {
+				in.backoff(ctx)
+			}
+			continue // the records decoded ahead may fill the next batch
+		}
+		pollCtx, cancel := ctx, context.CancelFunc(func() {})
+		if deadline, ok := in.batchDeadline(); ok {
+			pollCtx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		fetches := in.cl.PollRecords(pollCtx, max(1, maxRows-in.batchLen()))
+		cancel()
+		in.absorb(fetches)
+		in.cl.AllowRebalance()
+	}
+	return in.shutdown()
+}
+
+// prepare creates the raw tables, retrying while the warehouse is down.
+func (in *Ingester) prepare(ctx context.Context) error {
+	for {
+		err := in.ensureTables(ctx)
+		if err == nil {
+			in.lastErr.Store(nil)
+			return nil
+		}
+		if ctx.Err() != nil || errors.Is(err, raw.ErrPartitioningChanged) {
+			return err
+		}
+		in.log.Warn("cannot prepare raw tables; retrying", "err", err)
+		in.lastErr.Store(&err)
+		in.mu.Lock()
+		in.failures++
+		in.mu.Unlock()
+		in.backoff(ctx)
+	}
+}
+
+func (in *Ingester) ensureTables(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+	defer cancel()
+	w, err := in.writerLocked(ctx)
+	if err != nil {
+		return err
+	}
+	for _, s := range in.sources {
+		if err := s.raw.Ensure(ctx, w.conn); err != nil {
+			in.dropConnLocked()
+			return err
+		}
+	}
+	return nil
+}
+
+// leaveTimeout bounds the last offset commit to Kafka and leaving the
+// group together, on shutdown.
+const leaveTimeout = 5 * time.Second
+
+// shutdown writes the batch in flight within the grace, then commits to
+// Kafka and leaves the group within leaveTimeout, and closes the client.
+func (in *Ingester) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), in.grace)
+	defer cancel()
+	var err error
+	for {
+		in.mu.Lock()
+		err = in.flushLocked(ctx)
+		in.mu.Unlock()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		in.backoff(ctx)
+	}
+	if err != nil {
+		in.log.Error("could not write the last batch before shutdown; its records will be read again", "err", err)
+		// Nothing of it was stored, so its partitions' next owner reads
+		// it again; dropping it keeps the revoke callback from trying
+		// once more while the member leaves.
+		in.mu.Lock()
+		in.b = newBatch()
+		in.mu.Unlock()
+	}
+	in.closeClient()
+	in.mu.Lock()
+	in.dropConnLocked()
+	in.mu.Unlock()
+	in.log.Info("ingester stopped")
+	return nil
+}
+
+// closeClient makes the last offset commit to Kafka, leaves the group and
+// closes the client, in at most about leaveTimeout. The revoke callback
+// runs while leaving and finds nothing left to write.
+//
+// Leaving waits for a JoinGroup or SyncGroup in flight, and the
+// coordinator may hold a JoinGroup for up to the rebalance timeout (for
+// example while it waits for a member that died to time out). When the
+// leave does not finish in time, the client's context is cancelled, which
+// fails such a request at once; the group then drops this member when its
+// session times out. Nothing is lost either way: positions live in the
+// warehouse and were written with the rows.
+func (in *Ingester) closeClient() {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	in.commits.final(ctx)
+	in.cl.AllowRebalance()
+	if err := in.cl.LeaveGroupContext(ctx); err != nil && ctx.Err() != nil {
+		in.log.Warn("did not leave the consumer group in time (a join may be in progress); "+
+			"the group drops this member after kafka.session_timeout", "err", err)
+	}
+	in.stopClient()
+	in.cl.Close()
+}
+
+func (in *Ingester) batchLen() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.b.len()
+}
+
+func (in *Ingester) flushDue() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.b.empty() {
+		return false
+	}
+	return in.b.len() >= int(in.cfg.Ingest.BatchMaxRows) ||
+		int64(in.b.bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) ||
+		!time.Now().Before(in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()))
+}
+
+func (in *Ingester) batchDeadline() (time.Time, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.b.empty() {
+		return time.Time{}, false
+	}
+	return in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()), true
+}
+
+// flushDecodingAhead writes the batch in flight while another goroutine
+// polls and decodes up to one more batch, so that fetching and decoding
+// overlap the warehouse's work; the decoded records then start the next
+// batch (or join this one if its write failed). The rebalance the polls
+// block is allowed again once they are in the batch, as after any poll. A
+// batch that already holds more than one batch's worth of records (after a
+// failed write) is written alone.
+//
+// The first poll takes only what the client has buffered and is made
+// before mu is taken: a poll may wait for a pending rebalance, whose
+// callbacks need mu. Only when it returned fetches does the goroutine poll
+// on while the write holds mu, since a poll made while an earlier one's
+// fetches are held back from the rebalance never waits for it.
+func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
+	if in.batchLen() > maxRows {
+		err := in.flush(ctx)
+		in.cl.AllowRebalance()
+		return err
+	}
+	// A nil context takes only what is buffered, without waiting.
+	fetches := in.cl.PollRecords(nil, maxRows) //lint:ignore SA1012 nil means do not wait
+	writing, written := context.WithCancel(ctx)
+	defer written()
+	decoded := make(chan []decodedPart, 1)
+	go func() { decoded <- in.decodeAhead(writing, fetches, maxRows) }()
+	var parts []decodedPart
+	in.mu.Lock()
+	in.stopAhead = func() {
+		if decoded != nil {
+			written()
+			parts, decoded = <-decoded, nil
+		}
+	}
+	clear(in.reseeked)
+	err := in.flushLocked(ctx)
+	in.stopAhead()
+	in.stopAhead = nil
+	in.addLocked(parts, in.reseeked)
+	in.mu.Unlock()
+	in.cl.AllowRebalance()
+	return err
+}
+
+// decodeAhead decodes fetches and, if there were any, goes on polling and
+// decoding until it holds a batch's worth of records (ingest.batch_max_rows
+// or ingest.batch_max_bytes) or ctx ends with the write. It reads nothing
+// that mu guards.
+func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRows int) []decodedPart {
+	parts := in.decode(fetches)
+	if len(fetches) == 0 {
+		return parts
+	}
+	rows, bytes := 0, 0
+	for {
+		fetches.EachRecord(func(r *kgo.Record) {
+			rows++
+			bytes += recordBytes(r)
+		})
+		if rows >= maxRows || int64(bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) || ctx.Err() != nil {
+			return parts
+		}
+		fetches = in.cl.PollRecords(ctx, maxRows-rows)
+		parts = append(parts, in.decode(fetches)...)
+	}
+}
+
+// decodedPart is one partition's polled records, decoded.
+type decodedPart struct {
+	tp   topicPartition
+	hwm  int64
+	src  *source // nil for a topic of no source
+	recs []*kgo.Record
+	evs  []decode.Event
+	rejs []*decode.Rejection
+}
+
+// absorb decodes polled records into the batch.
+func (in *Ingester) absorb(fetches kgo.Fetches) {
+	parts := in.decode(fetches)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.addLocked(parts, nil)
+}
+
+// decode logs the fetch errors and decodes the records; it reads nothing
+// that mu guards.
+func (in *Ingester) decode(fetches kgo.Fetches) []decodedPart {
+	fetches.EachError(func(topic string, partition int32, err error) {
+		var session *kgo.ErrGroupSession
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) ||
+			errors.As(err, &session) { // the client logs why the group session ended
+			return
+		}
+		in.klog.emit(slog.LevelWarn, fmt.Sprintf("fetch\x00%s\x00%d", topic, partition), "fetch error",
+			"topic", topic, "partition", partition, "err", err)
+	})
+	now := in.now()
+	var parts []decodedPart
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
+		if d.src != nil {
+			d.recs = p.Records
+			d.evs, d.rejs = make([]decode.Event, len(p.Records)), make([]*decode.Rejection, len(p.Records))
+			for i, r := range p.Records {
+				d.evs[i], d.rejs[i] = d.src.dec.Decode(r, now)
+			}
+		}
+		parts = append(parts, d)
+	})
+	return parts
+}
+
+// addLocked adds decoded records to the batch, skipping those already
+// stored and those of the partitions in stale: partitions a write moved to
+// another member's stored position after the records were fetched (they
+// are read again from there).
+func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool) {
+	now, n := time.Now(), 0
+	for _, d := range parts {
+		n += len(d.recs)
+	}
+	in.b.rows = slices.Grow(in.b.rows, n)
+	for _, d := range parts {
+		in.hwm[d.tp] = d.hwm
+		if d.src == nil || stale[d.tp] {
+			continue
+		}
+		floor, owned := in.stored[d.tp]
+		if owned && floor.Offset >= 0 {
+			in.m.lag.WithLabelValues(d.tp.Topic, partLabel(d.tp.Partition)).Set(float64(max(0, d.hwm-floor.Offset)))
+		}
+		added := 0
+		for i, r := range d.recs {
+			if owned && r.Offset < floor.Offset {
+				continue // already stored; never write a record twice
+			}
+			in.b.add(d.src, r, d.evs[i], d.rejs[i], now)
+			added++
+		}
+		in.m.consumed.WithLabelValues(d.src.name).Add(float64(added))
+	}
+}
+
+// flush writes the batch in flight (one attempt, retrying at once only for
+// bad rows and vanished partitions).
+func (in *Ingester) flush(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.flushLocked(ctx)
+}
+
+// flushLocked writes the batch in flight, retrying at once for bad rows
+// (row by row), vanished partitions and conflicts with concurrent
+// transactions; other failures are returned for the caller to back off.
+func (in *Ingester) flushLocked(ctx context.Context) error {
+	if in.b.empty() {
+		return nil
+	}
+	immediate := 0
+	for {
+		err := in.writeOnceLocked(ctx)
+		switch {
+		case err == nil:
+			in.failures = 0
+			in.lastErr.Store(nil)
+			return nil
+		case errors.Is(err, errBadRow) && !in.checkRows:
+			in.m.writeErrors.WithLabelValues("bad_row").Inc()
+			in.log.Warn("the warehouse rejected a row; checking the batch row by row", "err", err)
+			in.checkRows = true
+			continue
+		case errors.Is(err, errStoredBefore) && immediate < 5:
+			immediate++ // the retry probes: not a write error
+			continue
+		case errors.Is(err, raw.ErrMissingPartition) && immediate < 5:
+			immediate++
+			in.m.writeErrors.WithLabelValues("partition").Inc()
+			continue
+		case errors.Is(err, errRetryNow) && immediate < 5:
+			immediate++
+			in.m.writeErrors.WithLabelValues("concurrent").Inc()
+			continue
+		}
+		in.failures++
+		in.lastErr.Store(&err)
+		in.m.writeErrors.WithLabelValues("retry").Inc()
+		if ctx.Err() == nil {
+			in.log.Warn("batch write failed; will retry", "err", err, "attempt", in.failures, "records", in.b.len())
+		}
+		return err
+	}
+}
+
+func (in *Ingester) writeOnceLocked(ctx context.Context) error {
+	// warehouse.write_timeout bounds one attempt, connecting included,
+	// so that a lock wait or a stalled server cannot hold the ingester
+	// (and its rebalance callbacks) indefinitely.
+	wctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+	defer cancel()
+	w, err := in.writerLocked(wctx)
+	if err != nil {
+		return err
+	}
+	ingestedAt := in.now()
+	started := time.Now()
+	b := in.b
+	res, err := w.write(wctx, b, in.stored, ingestedAt, in.checkRows)
+	in.applyConflictsLocked(res.conflicts)
+	if err != nil {
+		// PostgreSQL reported the error and rolled the transaction back:
+		// the connection is fine. Anything else leaves it in an unknown
+		// state.
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || w.conn.IsClosed() {
+			in.dropConnLocked()
+		}
+		return err
+	}
+	in.checkRows = false
+	if res.committed {
+		in.m.commitSeconds.Observe(time.Since(started).Seconds())
+		in.m.batchRows.Observe(float64(b.len()))
+		commit := map[topicPartition]kgo.EpochOffset{}
+		written, dups := map[*source]int{}, map[*source]int{}
+		refused := map[topicPartition]int{}
+		for _, d := range res.rejected {
+			refused[topicPartition{d.rec.Topic, d.rec.Partition}]++
+		}
+		for tp, pb := range b.parts {
+			in.stored[tp] = pb.next
+			written[pb.source] += res.inserted[tp]
+			dups[pb.source] += pb.good - refused[tp] - res.inserted[tp]
+			commit[tp] = kgo.EpochOffset{Epoch: pb.next.Epoch, Offset: pb.next.Offset}
+			if hwm, ok := in.hwm[tp]; ok {
+				in.m.lag.WithLabelValues(tp.Topic, partLabel(tp.Partition)).Set(float64(max(0, hwm-pb.next.Offset)))
+			}
+		}
+		for src, n := range written {
+			in.m.written.WithLabelValues(src.name).Add(float64(n))
+			in.m.duplicates.WithLabelValues(src.name).Add(float64(dups[src]))
+		}
+		for _, d := range append(append([]deadLetter(nil), b.dead...), res.rejected...) {
+			in.m.deadLetters.WithLabelValues(d.src.name, d.rej.Reason).Inc()
+		}
+		in.commits.add(commit)
+	}
+	in.b = newBatch()
+	return nil
+}
+
+// applyConflictsLocked takes note of partitions that another member has
+// written: their stored position becomes the truth, and the consumer is
+// moved there (kgo ignores partitions it no longer owns).
+func (in *Ingester) applyConflictsLocked(conflicts map[topicPartition]position) {
+	if len(conflicts) == 0 {
+		return
+	}
+	// The records polled ahead must all come from before the seek: they
+	// are dropped with the stale ones and read again from the new position.
+	if in.stopAhead != nil {
+		in.stopAhead()
+	}
+	reseek := map[string]map[int32]kgo.EpochOffset{}
+	for tp, pos := range conflicts {
+		in.m.conflicts.Inc()
+		in.log.Warn("partition was already written by another group member; dropping stale records",
+			"topic", tp.Topic, "partition", tp.Partition, "stored_offset", pos.Offset)
+		in.stored[tp] = pos
+		in.reseeked[tp] = true
+		if pos.Offset >= 0 {
+			if reseek[tp.Topic] == nil {
+				reseek[tp.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			reseek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: pos.Epoch, Offset: pos.Offset}
+		}
+	}
+	if len(reseek) > 0 {
+		in.cl.SetOffsets(reseek)
+		if in.afterSeek != nil {
+			in.afterSeek()
+		}
+	}
+}
+
+func (in *Ingester) writerLocked(ctx context.Context) (*writer, error) {
+	if in.w != nil && !in.w.conn.IsClosed() {
+		return in.w, nil
+	}
+	conn, err := in.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in.w = &writer{group: in.cfg.Kafka.Group, conn: conn}
+	return in.w, nil
+}
+
+// connect opens a warehouse connection with the ingester's session
+// settings (UTC, so that timestamps read back compare as stored).
+func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
+	// The server ends a statement of these sessions that outlives the
+	// client's deadline, so that a session the client gave up on does
+	// not hold its row locks.
+	return pgconnect.Warehouse(ctx, in.cfg.Warehouse.Settings(), "tidemark-ingest",
+		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.Write().Milliseconds())})
+}
+
+// precreate creates raw partitions around the service clock's present
+// every half hour, off the write path, until ctx is done.
+func (in *Ingester) precreate(ctx context.Context) {
+	t := time.NewTicker(30 * time.Minute)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+		if conn, err := in.connect(pctx); err == nil {
+			for _, s := range in.sources {
+				if err := s.raw.Precreate(pctx, conn, in.now()); err != nil && ctx.Err() == nil {
+					in.log.Warn("cannot create upcoming raw partitions; writes will create them", "source", s.name, "err", err)
+				}
+			}
+			pgconnect.Close(pctx, conn)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (in *Ingester) dropConnLocked() {
+	if in.w != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = in.w.conn.Close(ctx)
+		cancel()
+		in.w = nil
+	}
+}
+
+// backoff sleeps before the next attempt: exponential from 100ms to 5s with
+// jitter, cut short by ctx.
+func (in *Ingester) backoff(ctx context.Context) {
+	in.mu.Lock()
+	n := min(in.failures, 6)
+	in.mu.Unlock()
+	d := time.Duration(float64(100*time.Millisecond<<n) * (0.5 + rand.Float64()))
+	d = min(d, 5*time.Second)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// adjustOffsets replaces the offsets Kafka would start from with the ones
+// stored in the warehouse: the warehouse commit is the only truth.
+func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	var stored map[topicPartition]position
+	for {
+		var err error
+		stored, err = in.readStored(ctx, offsets)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		in.log.Warn("cannot read stored offsets; retrying", "err", err)
+		in.lastErr.Store(&err)
+		in.mu.Lock()
+		in.failures++
+		in.mu.Unlock()
+		in.backoff(ctx)
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.failures > 0 {
+		in.failures = 0
+		in.lastErr.Store(nil)
+	}
+	for topic, parts := range offsets {
+		for p := range parts {
+			tp := topicPartition{topic, p}
+			pos, ok := stored[tp]
+			if ok && pos.Offset >= 0 {
+				parts[p] = kgo.NewOffset().At(pos.Offset).WithEpoch(pos.Epoch)
+				in.stored[tp] = pos
+			} else {
+				parts[p] = in.start
+				in.stored[tp] = noPosition
+			}
+			in.log.Debug("resuming partition", "topic", topic, "partition", p, "offset", pos.Offset)
+		}
+	}
+	return offsets, nil
+}
+
+const readStoredSQL = `
+SELECT topic, partition, next_offset, leader_epoch
+FROM tidemark.kafka_offsets
+WHERE consumer_group = $1 AND topic = ANY($2)`
+
+func (in *Ingester) readStored(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[topicPartition]position, error) {
+	topics := make([]string, 0, len(offsets))
+	for t := range offsets {
+		topics = append(topics, t)
+	}
+	// A connection of its own: the writer's belongs to the main loop.
+	conn, err := in.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	defer pgconnect.Close(ctx, conn)
+	rows, err := conn.Query(cctx, readStoredSQL, in.cfg.Kafka.Group, topics)
+	if err != nil {
+		return nil, err
+	}
+	out := map[topicPartition]position{}
+	for rows.Next() {
+		var tp topicPartition
+		var p position
+		if err := rows.Scan(&tp.Topic, &tp.Partition, &p.Offset, &p.Epoch); err != nil {
+			return nil, err
+		}
+		out[tp] = p
+	}
+	return out, rows.Err()
+}
+
+func (in *Ingester) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	n := 0
+	for _, ps := range assigned {
+		n += len(ps)
+	}
+	in.m.assigned.Add(float64(n))
+	in.log.Info("partitions assigned", "partitions", assigned)
+}
+
+// onRevoked writes the batch in flight before the partitions go to another
+// member. If the warehouse stays unreachable for half the rebalance
+// timeout, the revoked partitions' records are dropped from the batch
+// instead: nothing of them was stored, so their next owner reads them
+// again from the stored offsets.
+func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	deadline := time.Now().Add(in.cfg.Kafka.RebalanceTimeout.D() / 2)
+	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	for !in.b.empty() {
+		if err := in.flushLocked(fctx); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			in.log.Warn("warehouse unavailable during rebalance; dropping the revoked partitions' unwritten records (they will be read again)")
+			break
+		}
+		t := time.NewTimer(min(time.Duration(in.failures)*200*time.Millisecond, 2*time.Second))
+		select {
+		case <-fctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	in.forgetLocked(revoked)
+	in.log.Info("partitions revoked", "partitions", revoked)
+}
+
+// onLost drops the lost partitions' unwritten records: another member may
+// already own them.
+func (in *Ingester) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.forgetLocked(lost)
+	if len(lost) > 0 { // the client also calls this with nothing when a group session fails
+		in.log.Warn("partitions lost", "partitions", lost)
+	}
+}
+
+func (in *Ingester) forgetLocked(tps map[string][]int32) {
+	drop := map[topicPartition]bool{}
+	for topic, ps := range tps {
+		for _, p := range ps {
+			tp := topicPartition{topic, p}
+			drop[tp] = true
+			delete(in.stored, tp)
+			delete(in.hwm, tp)
+			in.commits.forget(tp)
+			in.m.lag.DeleteLabelValues(topic, partLabel(p))
+			in.m.assigned.Dec()
+		}
+	}
+	in.b.drop(drop)
+}

@@ -1,0 +1,640 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/raw"
+)
+
+// rawColumns are the columns the ingester writes; load_xid takes its
+// default, the id of the writing transaction.
+var rawColumns = []string{"event_id", "event_time", "ingested_at", "payload", "kafka_topic", "kafka_partition", "kafka_offset"}
+
+// probeRawSQL finds which of a batch's event ids one raw partition already
+// holds; %s is the quoted partition. The primary key (event_id, event_time)
+// serves the lookup.
+const probeRawSQL = `SELECT event_id, event_time FROM %s WHERE event_id = ANY($1::text[])`
+
+// insertRowSQL stores one row; used only when rows are checked one by one.
+// %s is the quoted raw table.
+const insertRowSQL = `INSERT INTO %s (event_id, event_time, ingested_at, payload, kafka_topic, kafka_partition, kafka_offset)
+VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
+// claimOffsetsSQL makes sure each partition of the batch has an offsets row
+// (so that it can be locked), in a fixed order to avoid deadlocks between
+// ingesters.
+const claimOffsetsSQL = `
+INSERT INTO tidemark.kafka_offsets (consumer_group, topic, partition, source, next_offset)
+SELECT $1, u.topic, u.partition, u.source, -1
+FROM unnest($2::text[], $3::integer[], $4::text[]) AS u (topic, partition, source)
+ORDER BY u.topic, u.partition
+ON CONFLICT DO NOTHING`
+
+// lockOffsetsSQL locks the batch's offsets rows and reads what is stored.
+// A stored position other than the one this ingester last wrote means
+// another member of the group has written the partition since: the
+// batch's records for it are stale and are dropped (fencing).
+const lockOffsetsSQL = `
+SELECT topic, partition, next_offset, leader_epoch
+FROM tidemark.kafka_offsets
+WHERE consumer_group = $1
+  AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::integer[]))
+ORDER BY topic, partition
+FOR UPDATE`
+
+var deadLetterColumns = []string{"source", "reason", "detail", "topic", "partition", "offset", "record_key",
+	"record_value", "header_keys", "header_values", "record_timestamp", "ingested_at"}
+
+// updateOffsetsSQL stores the next positions and per-partition totals.
+const updateOffsetsSQL = `
+UPDATE tidemark.kafka_offsets AS o SET
+    next_offset    = u.next_offset,
+    leader_epoch   = u.leader_epoch,
+    source         = u.source,
+    max_event_time = greatest(o.max_event_time, u.max_event_time),
+    last_event_at  = CASE WHEN u.max_event_time IS NULL THEN o.last_event_at ELSE $2 END,
+    records        = o.records + u.records,
+    rows_written   = o.rows_written + u.rows_written,
+    duplicates     = o.duplicates + u.duplicates,
+    dead_letters   = o.dead_letters + u.dead_letters,
+    updated_at     = $2
+FROM unnest($3::text[], $4::integer[], $5::text[], $6::bigint[], $7::integer[], $8::timestamptz[],
+            $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
+     AS u (topic, partition, source, next_offset, leader_epoch, max_event_time, records, rows_written, duplicates, dead_letters)
+WHERE o.consumer_group = $1 AND o.topic = u.topic AND o.partition = u.partition`
+
+// writeResult is what one batch write did.
+type writeResult struct {
+	// conflicts holds the stored positions of partitions whose records
+	// were dropped because another ingester had advanced them. It is
+	// filled as soon as the offsets are locked, so it is valid even when
+	// the write then fails.
+	conflicts map[topicPartition]position
+	// inserted counts new raw rows per partition; the rest of each
+	// partition's good records were duplicates.
+	inserted map[topicPartition]int
+	// rejected are rows the warehouse refused, stored as dead letters by
+	// this write (only when rows were checked one by one).
+	rejected []deadLetter
+	// committed is false when nothing was left to write.
+	committed bool
+}
+
+// writer writes batches on one dedicated connection.
+type writer struct {
+	group string
+	conn  *pgx.Conn
+	// probeLeft is how many more batches look for stored events before
+	// their COPY. It is zero until a COPY fails on an event stored before
+	// (a duplicate from the producer or a replay), then
+	// probeAfterDuplicate; a batch with no stored events thus costs no
+	// probe, and a source that resends events pays one failed COPY per
+	// probeAfterDuplicate batches.
+	probeLeft int
+	// dedupeLeft is the same for events a batch holds twice: how many more
+	// batches drop their repeats before the COPY, after a COPY failed on
+	// one.
+	dedupeLeft int
+	// rawBinary records, per source, whether its raw table has the column
+	// types that rawCopy encodes.
+	rawBinary map[*source]bool
+}
+
+// probeAfterDuplicate is how many batches probe for stored events, or drop
+// repeats within the batch, after a COPY failed on one.
+const probeAfterDuplicate = 100
+
+// errBadRow means the warehouse rejected the content of some row; the batch
+// is retried with each row checked on its own.
+var errBadRow = errors.New("the warehouse rejected a row")
+
+// errRetryNow means a conflict with a concurrent transaction: another
+// transaction stored one of the batch's events after the batch looked for
+// it (a retry finds it stored), or a serialization failure or deadlock.
+var errRetryNow = errors.New("conflict with a concurrent transaction")
+
+// errStoredBefore wraps errRetryNow when a COPY that did not probe failed
+// on an event stored before: the retry probes, finds it and counts it as a
+// duplicate. It is not a write error.
+var errStoredBefore = errors.New("the batch holds an event stored before")
+
+// write runs one attempt of the batch transaction. expected holds the
+// positions this ingester believes are stored. When checkRows is set,
+// every row is inserted on its own and rows the warehouse refuses become
+// dead letters (reported in the result; the batch is not changed). The
+// batch loses only the records of fenced partitions, which are stale
+// whatever becomes of the attempt.
+func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartition]position, ingestedAt time.Time, checkRows bool) (writeResult, error) {
+	res := writeResult{conflicts: map[topicPartition]position{}, inserted: map[topicPartition]int{}}
+	if err := w.ensurePartitions(ctx, b); err != nil {
+		return res, err
+	}
+	tx, err := w.conn.Begin(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer pgconnect.Rollback(ctx, tx)
+
+	stored, err := w.lockOffsets(ctx, tx, b)
+	if err != nil {
+		return res, err
+	}
+	stale := map[topicPartition]bool{}
+	for tp := range b.parts {
+		exp, ok := expected[tp]
+		if !ok {
+			exp = noPosition
+		}
+		cur, ok := stored[tp]
+		if !ok {
+			cur = noPosition
+		}
+		if cur.Offset != exp.Offset {
+			stale[tp] = true
+			res.conflicts[tp] = cur
+		}
+	}
+	b.drop(stale)
+	if b.empty() {
+		return res, nil
+	}
+
+	probe := checkRows || w.probeLeft > 0
+	dedupe := probe || w.dedupeLeft > 0
+	switch {
+	case checkRows:
+	case w.probeLeft > 0:
+		w.probeLeft--
+	case w.dedupeLeft > 0:
+		w.dedupeLeft--
+	}
+	fresh, err := w.newRows(ctx, tx, b, dedupe, probe)
+	if err != nil {
+		return res, err
+	}
+	var rejected []deadLetter
+	if checkRows {
+		if fresh, rejected, err = w.insertCheckingRows(ctx, tx, fresh, ingestedAt); err != nil {
+			return res, err
+		}
+	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
+		if !probe && errors.Is(err, errRetryNow) && isUniqueViolation(err) {
+			if !dedupe && len(firstOfEach(b)) < len(b.rows) {
+				w.dedupeLeft = probeAfterDuplicate
+			} else {
+				w.probeLeft = probeAfterDuplicate
+			}
+			err = fmt.Errorf("%w: %w", errStoredBefore, err)
+		}
+		return res, err
+	}
+	inserted, hours := written(b, fresh)
+	if err := w.copyDeadLetters(ctx, tx, append(append([]deadLetter(nil), b.dead...), rejected...), ingestedAt); err != nil {
+		return res, err
+	}
+	if err := w.storeLedgerAndOffsets(ctx, tx, b, hours, ingestedAt, inserted, rejected); err != nil {
+		return res, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return res, err
+	}
+	res.inserted, res.rejected, res.committed = inserted, rejected, true
+	return res, nil
+}
+
+// ensurePartitions creates the raw partitions the batch's rows need.
+// Partitions begin on a UTC hour, so the start of each source's hours
+// stands for the rows in it.
+func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
+	bySource := map[*source][]time.Time{}
+	for k := range b.hours {
+		bySource[k.src] = append(bySource[k.src], time.Unix(k.hour*3600, 0).UTC())
+	}
+	for src, times := range bySource {
+		if err := src.raw.EnsurePartitions(ctx, w.conn, src.raw.Missing(times)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sortedParts(b *batch) []topicPartition {
+	tps := make([]topicPartition, 0, len(b.parts))
+	for tp := range b.parts {
+		tps = append(tps, tp)
+	}
+	sort.Slice(tps, func(i, j int) bool {
+		if tps[i].Topic != tps[j].Topic {
+			return tps[i].Topic < tps[j].Topic
+		}
+		return tps[i].Partition < tps[j].Partition
+	})
+	return tps
+}
+
+func (w *writer) lockOffsets(ctx context.Context, tx pgx.Tx, b *batch) (map[topicPartition]position, error) {
+	tps := sortedParts(b)
+	topics := make([]string, len(tps))
+	parts := make([]int32, len(tps))
+	sources := make([]string, len(tps))
+	for i, tp := range tps {
+		topics[i], parts[i], sources[i] = tp.Topic, tp.Partition, b.parts[tp].source.name
+	}
+	qb := &pgx.Batch{}
+	qb.Queue(claimOffsetsSQL, w.group, topics, parts, sources)
+	qb.Queue(lockOffsetsSQL, w.group, topics, parts)
+	br := tx.SendBatch(ctx, qb)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("claim offsets: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("lock offsets: %w", err)
+	}
+	stored := map[topicPartition]position{}
+	for rows.Next() {
+		var tp topicPartition
+		var p position
+		if err := rows.Scan(&tp.Topic, &tp.Partition, &p.Offset, &p.Epoch); err != nil {
+			return nil, fmt.Errorf("lock offsets: %w", err)
+		}
+		stored[tp] = p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock offsets: %w", err)
+	}
+	return stored, br.Close()
+}
+
+// eventKey identifies an event: (event_id, event_time).
+type eventKey struct {
+	id string
+	us int64 // event time in unix microseconds
+}
+
+// newRows returns the batch's rows to COPY: every row, or with dedupe the
+// first of each (event_id, event_time) within the batch, and with probe
+// (which implies dedupe) minus those a raw partition already holds. Rows
+// neither step removed fail the COPY on the primary key, and the batch is
+// retried with the step it lacked.
+func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, dedupe, probe bool) ([]*row, error) {
+	if !dedupe && !probe {
+		fresh := make([]*row, len(b.rows))
+		for i := range b.rows {
+			fresh[i] = &b.rows[i]
+		}
+		return fresh, nil
+	}
+	fresh := firstOfEach(b)
+	if !probe {
+		return fresh, nil
+	}
+	type part struct {
+		src   *source
+		start time.Time
+	}
+	ids := map[part][]string{}
+	for _, r := range fresh {
+		p := part{r.src, r.src.raw.PartitionStart(r.ev.Time)}
+		ids[p] = append(ids[p], r.ev.ID)
+	}
+	if len(ids) == 0 {
+		return fresh, nil
+	}
+	qb := &pgx.Batch{}
+	order := make([]part, 0, len(ids))
+	for p, list := range ids {
+		order = append(order, p)
+		name := pgx.Identifier{"raw", p.src.raw.PartitionName(p.start)}.Sanitize()
+		qb.Queue(fmt.Sprintf(probeRawSQL, name), list)
+	}
+	br := tx.SendBatch(ctx, qb)
+	defer br.Close()
+	stored := map[eventKey]bool{}
+	for _, p := range order {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, classifyRowError(fmt.Errorf("probe raw partitions: %w", err), p.src)
+		}
+		for rows.Next() {
+			var id string
+			var t time.Time
+			if err := rows.Scan(&id, &t); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("probe raw partitions: %w", err)
+			}
+			stored[eventKey{id, t.UnixMicro()}] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("probe raw partitions: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("probe raw partitions: %w", err)
+	}
+	if len(stored) == 0 {
+		return fresh, nil
+	}
+	kept := fresh[:0]
+	for _, r := range fresh {
+		if !stored[eventKey{r.ev.ID, r.ev.Time.UnixMicro()}] {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+// firstOfEach returns the first of the batch's rows of each (event_id,
+// event_time).
+func firstOfEach(b *batch) []*row {
+	seen := make(map[eventKey]bool, len(b.rows))
+	fresh := make([]*row, 0, len(b.rows))
+	for i := range b.rows {
+		r := &b.rows[i]
+		k := eventKey{r.ev.ID, r.ev.Time.UnixMicro()}
+		if !seen[k] {
+			seen[k] = true
+			fresh = append(fresh, r)
+		}
+	}
+	return fresh
+}
+
+// copyRows writes the new rows into their raw tables with COPY.
+func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) error {
+	bySource := map[*source][]*row{}
+	if oneSource(fresh) {
+		bySource[fresh[0].src] = fresh
+	} else {
+		for _, r := range fresh {
+			bySource[r.src] = append(bySource[r.src], r)
+		}
+	}
+	for src, rows := range bySource {
+		if err := w.copySource(ctx, tx, src, rows, ingestedAt); err != nil {
+			return classifyRowError(fmt.Errorf("copy into %s: %w", src.raw.Ident(), err), src)
+		}
+	}
+	return nil
+}
+
+// oneSource reports whether rows are all of one source, the common case
+// that needs no grouping.
+func oneSource(rows []*row) bool {
+	for _, r := range rows {
+		if r.src != rows[0].src {
+			return false
+		}
+	}
+	return len(rows) > 0
+}
+
+// copySource copies rows into the raw table of src: encoded here when the
+// table has the column types tidemark creates it with (looked up once per
+// connection), through pgx's CopyFrom otherwise.
+func (w *writer) copySource(ctx context.Context, tx pgx.Tx, src *source, rows []*row, ingestedAt time.Time) error {
+	fast, known := w.rawBinary[src]
+	if !known {
+		var err error
+		if fast, err = rawTypesMatch(ctx, tx, src); err != nil {
+			return err
+		}
+		if w.rawBinary == nil {
+			w.rawBinary = map[*source]bool{}
+		}
+		w.rawBinary[src] = fast
+	}
+	if fast {
+		_, err := tx.Conn().PgConn().CopyFrom(ctx, newRawCopy(rows, ingestedAt), fmt.Sprintf(copyRawSQL, src.raw.Ident()))
+		return err
+	}
+	// pgx encodes each row's values before it asks for the next row, so
+	// one slice serves every row.
+	vals, at := make([]any, len(rawColumns)), any(ingestedAt)
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", src.name}, rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+		r := rows[i]
+		vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6] = r.ev.ID, r.ev.Time, at, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset
+		return vals, nil
+	}))
+	return err
+}
+
+// insertCheckingRows stores rows one at a time, each under a savepoint.
+// It returns the rows stored and, as dead letters, the rows the warehouse
+// refused; the batch itself is left as it is, so a failed attempt leaves
+// nothing behind.
+func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) ([]*row, []deadLetter, error) {
+	kept := make([]*row, 0, len(fresh))
+	var rejected []deadLetter
+	for _, r := range fresh {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		_, err = sp.Exec(ctx, fmt.Sprintf(insertRowSQL, r.src.raw.Ident()),
+			r.ev.ID, r.ev.Time, ingestedAt, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset)
+		if err == nil {
+			if err := sp.Commit(ctx); err != nil {
+				return nil, nil, err
+			}
+			kept = append(kept, r)
+			continue
+		}
+		if rbErr := sp.Rollback(ctx); rbErr != nil {
+			return nil, nil, rbErr
+		}
+		if err := classifyRowError(err, r.src); !errors.Is(err, errBadRow) {
+			return nil, nil, err
+		}
+		rejected = append(rejected, deadLetter{src: r.src, rej: decode.Rejection{Reason: decode.ReasonRejectedByStore, Detail: err.Error()}, rec: r.rec})
+	}
+	return kept, rejected, nil
+}
+
+// classifyRowError sorts the errors of writing rows: a missing raw
+// partition (dropped, or never attached), a conflict with a concurrent
+// transaction, and rows the warehouse refuses; anything else is returned
+// as it is.
+func classifyRowError(err error, src *source) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch {
+	case raw.IsMissingPartition(pgErr):
+		src.raw.Forget()
+		return fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
+	case pgErr.Code == "23505" || pgErr.Code == "40001" || pgErr.Code == "40P01":
+		return fmt.Errorf("%w: %w", errRetryNow, err)
+	case isBadRow(pgErr):
+		return fmt.Errorf("%w: %w", errBadRow, err)
+	}
+	return err
+}
+
+// isUniqueViolation reports whether err is PostgreSQL's duplicate key
+// error.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// isBadRow reports whether PostgreSQL refused a row's content: a data
+// exception (class 22), an integrity constraint an operator added to a raw
+// table (class 23, except a duplicate key, which is a concurrent insert),
+// a program limit such as an oversized index row (class 54), or an
+// exception raised by a trigger (P0001).
+func isBadRow(e *pgconn.PgError) bool {
+	switch {
+	case strings.HasPrefix(e.Code, "22"), strings.HasPrefix(e.Code, "54"), e.Code == "P0001":
+		return true
+	case strings.HasPrefix(e.Code, "23"):
+		return e.Code != "23505" && !raw.IsMissingPartition(e)
+	}
+	return false
+}
+
+// written counts the rows a write stored, fresh of batch b: per Kafka
+// partition, and per source and hour for the ledger. When every row was
+// stored these are the counts the batch kept as rows were added.
+func written(b *batch, fresh []*row) (map[topicPartition]int, map[sourceHour]*hourRows) {
+	inserted := map[topicPartition]int{}
+	if len(fresh) == len(b.rows) {
+		for tp, pb := range b.parts {
+			inserted[tp] = pb.good
+		}
+		return inserted, b.hours
+	}
+	tally := newBatch()
+	for _, r := range fresh {
+		inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
+		tally.tally(r.src, r.ev.Time)
+	}
+	return inserted, tally.hours
+}
+
+// storeLedgerAndOffsets writes the ledger rows (hours, as written counts
+// them) and the partitions' new positions, in one round trip.
+func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch, hours map[sourceHour]*hourRows, ingestedAt time.Time,
+	inserted map[topicPartition]int, rejected []deadLetter) error {
+	qb := &pgx.Batch{}
+	ledger := queueLedger(qb, hours, ingestedAt)
+	parts := w.queueOffsets(qb, b, ingestedAt, inserted, rejected)
+	br := tx.SendBatch(ctx, qb)
+	defer br.Close()
+	if ledger {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("write ledger: %w", err)
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return fmt.Errorf("store offsets: %w", err)
+	}
+	if tag.RowsAffected() != int64(parts) {
+		return fmt.Errorf("store offsets: %d of %d partitions' rows found; were rows of tidemark.kafka_offsets deleted while ingesting?", tag.RowsAffected(), parts)
+	}
+	return br.Close()
+}
+
+// queueLedger queues the ledger rows of the new rows, one per source and
+// UTC hour of event time (hours, as batch.tally counts them), and reports
+// whether there were any.
+func queueLedger(qb *pgx.Batch, hours map[sourceHour]*hourRows, ingestedAt time.Time) bool {
+	if len(hours) == 0 {
+		return false
+	}
+	var (
+		sources []string
+		starts  []time.Time
+		counts  []int64
+		mins    []time.Time
+		maxs    []time.Time
+	)
+	for k, h := range hours {
+		sources, starts, counts = append(sources, k.src.name), append(starts, time.Unix(k.hour*3600, 0).UTC()), append(counts, h.rows)
+		mins, maxs = append(mins, h.min), append(maxs, h.max)
+	}
+	qb.Queue(raw.InsertLedgerSQL, ingestedAt, sources, starts, counts, mins, maxs)
+	return true
+}
+
+func (w *writer) copyDeadLetters(ctx context.Context, tx pgx.Tx, dead []deadLetter, ingestedAt time.Time) error {
+	if len(dead) == 0 {
+		return nil
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark", "dead_letters"}, deadLetterColumns, pgx.CopyFromSlice(len(dead), func(i int) ([]any, error) {
+		d := &dead[i]
+		keys := make([][]byte, len(d.rec.Headers))
+		vals := make([][]byte, len(d.rec.Headers))
+		for j, h := range d.rec.Headers {
+			keys[j], vals[j] = []byte(h.Key), h.Value
+		}
+		var ts pgtype.Timestamptz
+		if !d.rec.Timestamp.IsZero() {
+			ts = pgtype.Timestamptz{Time: d.rec.Timestamp, Valid: true}
+		}
+		return []any{d.src.name, d.rej.Reason, cleanText(d.rej.Detail), d.rec.Topic, d.rec.Partition, d.rec.Offset,
+			d.rec.Key, d.rec.Value, keys, vals, ts, ingestedAt}, nil
+	}))
+	if err != nil {
+		return fmt.Errorf("copy dead letters: %w", err)
+	}
+	return nil
+}
+
+// queueOffsets queues the update of the batch's partitions' rows: next
+// positions and running totals. It returns how many rows that must find.
+func (w *writer) queueOffsets(qb *pgx.Batch, b *batch, ingestedAt time.Time, inserted map[topicPartition]int, rejected []deadLetter) int {
+	refused := map[topicPartition]int{}
+	for _, d := range rejected {
+		refused[topicPartition{d.rec.Topic, d.rec.Partition}]++
+	}
+	tps := sortedParts(b)
+	n := len(tps)
+	var (
+		topics   = make([]string, n)
+		parts    = make([]int32, n)
+		sources  = make([]string, n)
+		next     = make([]int64, n)
+		epochs   = make([]int32, n)
+		maxTimes = make([]pgtype.Timestamptz, n)
+		records  = make([]int64, n)
+		written  = make([]int64, n)
+		dups     = make([]int64, n)
+		dead     = make([]int64, n)
+	)
+	for i, tp := range tps {
+		pb := b.parts[tp]
+		topics[i], parts[i], sources[i] = tp.Topic, tp.Partition, pb.source.name
+		next[i], epochs[i] = pb.next.Offset, pb.next.Epoch
+		if !pb.maxEventTime.IsZero() {
+			maxTimes[i] = pgtype.Timestamptz{Time: pb.maxEventTime, Valid: true}
+		}
+		good := pb.good - refused[tp]
+		records[i], written[i] = int64(pb.records), int64(inserted[tp])
+		dups[i], dead[i] = int64(good-inserted[tp]), int64(pb.dead+refused[tp])
+	}
+	qb.Queue(updateOffsetsSQL, w.group, ingestedAt, topics, parts, sources, next, epochs, maxTimes,
+		records, written, dups, dead)
+	return n
+}
+
+// cleanText makes s storable as PostgreSQL text.
+func cleanText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "")
+}

@@ -1,0 +1,1120 @@
+package poll
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/copytext"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
+	"github.com/tidemark-dev/tidemark/internal/progress"
+	"github.com/tidemark-dev/tidemark/mirror"
+	"github.com/tidemark-dev/tidemark/raw"
+)
+
+// SQL of a poll run. The warehouse side locks the source's watermark row,
+// merges each chunk of source rows into the mirror and records the rows
+// that changed as raw change rows; the source side reads the window through
+// a cursor in one REPEATABLE READ snapshot.
+const (
+	ensurePollStateSQL = `INSERT INTO tidemark.poll_watermarks (source) VALUES ($1) ON CONFLICT DO NOTHING`
+
+	// lockPollStateSQL locks the watermark row so two overlapping runs
+	// cannot both advance it, and computes the window's lower bound.
+	lockPollStateSQL = `
+SELECT high_watermark, high_watermark - $2::bigint * interval '1 microsecond'
+FROM tidemark.poll_watermarks WHERE source = $1 FOR UPDATE`
+
+	// advancePollSQL moves the watermark to the newest updated_at read,
+	// never backwards and never beyond what was read.
+	advancePollSQL = `
+UPDATE tidemark.poll_watermarks SET
+    advanced_at    = CASE WHEN $2::timestamptz > high_watermark THEN $4 ELSE advanced_at END,
+    high_watermark = greatest(high_watermark, coalesce($2::timestamptz, high_watermark)),
+    last_upper     = $3,
+    last_run_at    = $4,
+    runs           = runs + 1,
+    rows_read      = rows_read + $5,
+    rows_merged    = rows_merged + $6
+WHERE source = $1
+RETURNING high_watermark`
+
+	// storeSourceWatermarkSQL records the event-time watermark of the
+	// source (its updated_at watermark minus the allowed out-of-orderness)
+	// for the reconciler and status.
+	storeSourceWatermarkSQL = `
+INSERT INTO tidemark.source_watermarks AS w (source, event_time_watermark, updated_at)
+VALUES ($1, $2, $3)
+ON CONFLICT (source) DO UPDATE SET
+    event_time_watermark = greatest(w.event_time_watermark, EXCLUDED.event_time_watermark),
+    updated_at = EXCLUDED.updated_at`
+
+	sourceUpperSQL = `SELECT now() - $1::bigint * interval '1 microsecond'`
+
+	createPollStageSQL = `
+CREATE TEMP TABLE IF NOT EXISTS tidemark_poll_stage (
+    tidemark_key      text        NOT NULL,
+    tidemark_time     timestamptz NOT NULL,
+    tidemark_deleted  boolean     NOT NULL,
+    tidemark_payload  jsonb       NOT NULL,
+    tidemark_json     text[]
+) ON COMMIT DELETE ROWS`
+	truncatePollStageSQL = `TRUNCATE pg_temp.tidemark_poll_stage`
+
+	// pollCursorSQL reads the window in (updated_at, key) order. Rows are
+	// read as json, not jsonb, so that a json value that jsonb refuses does
+	// not fail the read, and the values of json columns also as text. %[1]s
+	// source table, %[2]s updated_at as timestamptz, %[3]s key text, %[4]s
+	// soft-delete test, %[5]s and %[6]s the bounds in the column's type,
+	// %[7]s the ordering, %[8]s the text[] of the json columns. Bounds
+	// are literals: DECLARE takes no parameters.
+	pollCursorSQL = `
+DECLARE tidemark_poll NO SCROLL CURSOR FOR
+SELECT %[3]s, %[2]s, %[4]s, row_to_json(tidemark_src.*), %[8]s
+FROM %[1]s AS tidemark_src
+WHERE %[5]s AND %[6]s
+ORDER BY %[7]s`
+	fetchPollSQL = `FETCH FORWARD %d FROM tidemark_poll`
+
+	// emptyTargetsSQL says whether the mirror and the raw table are both
+	// empty: then a run inserts every row it reads and can COPY them
+	// (see copyChunk). %[1]s mirror, %[2]s raw table.
+	emptyTargetsSQL = `SELECT NOT EXISTS (SELECT FROM %[1]s) AND NOT EXISTS (SELECT FROM %[2]s)`
+
+	// estimateSourceRowsSQL is the planner's row count of the source
+	// table, or without one (never analyzed) the statistics' count of
+	// live rows: the total a first load's progress expects.
+	estimateSourceRowsSQL = `
+SELECT (CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE coalesce(s.n_live_tup, 0) END)::int8
+FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid WHERE c.oid = $1::regclass`
+
+	// mergeChunkSQL merges the staged chunk into the mirror: new keys are
+	// inserted, existing ones updated only when the incoming updated_at is
+	// newer, or equal with other values (a second write within the same
+	// timestamp), or when the stored row is flagged deleted but the source
+	// has it again; so re-reads change nothing, and every row that changed is
+	// recorded as a raw change row. The values of json columns come from
+	// their text, exactly: jsonb may refuse them, and SQL cannot take them
+	// out of a json object without de-escaping them. It returns the changes
+	// per operation and UTC hour of event time, plus the number of rows
+	// merged. %[1]s
+	// mirror, %[2]s column list, %[3]s key list, %[4]s SET list, %[5]s
+	// updated_at column, %[6]s raw table, %[7]s loaded-at column, %[8]s
+	// deleted-at column, %[9]s join of merged and incoming on the key,
+	// %[10]s the test that the incoming row differs from the stored one,
+	// %[11]s the incoming source columns, %[12]s the staged payload
+	// without the json columns.
+	mergeChunkSQL = `
+WITH incoming AS (
+    SELECT s.tidemark_key, s.tidemark_time, s.tidemark_deleted, s.tidemark_payload, %[11]s
+    FROM pg_temp.tidemark_poll_stage s
+    CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, %[12]s) AS r
+), merged AS (
+    INSERT INTO %[1]s AS t (%[2]s, %[7]s, %[8]s)
+    SELECT %[2]s, $1::timestamptz, NULL FROM incoming
+    ON CONFLICT (%[3]s) DO UPDATE SET %[4]s
+    WHERE EXCLUDED.%[5]s > t.%[5]s OR t.%[8]s IS NOT NULL
+       OR (EXCLUDED.%[5]s = t.%[5]s AND %[10]s)
+    RETURNING %[3]s, (xmax = 0) AS inserted
+), changes AS (
+    INSERT INTO %[6]s (event_id, event_time, ingested_at, op, source_table, payload, row_key)
+    SELECT i.tidemark_key, i.tidemark_time, $1::timestamptz,
+           CASE WHEN i.tidemark_deleted THEN 'delete' WHEN m.inserted THEN 'insert' ELSE 'update' END,
+           $2, i.tidemark_payload, i.tidemark_key
+    FROM merged m JOIN incoming i ON %[9]s
+    ON CONFLICT DO NOTHING
+    RETURNING op, event_time
+)
+SELECT op, date_bin('1 hour', event_time, timestamptz '2000-01-01 00:00:00+00'), count(*), min(event_time), max(event_time)
+FROM changes GROUP BY 1, 2
+UNION ALL
+SELECT 'merged', NULL, count(*), NULL, NULL FROM merged`
+)
+
+// ErrSource means a poll source cannot be loaded as configured; the
+// message names the configuration key.
+var ErrSource = errors.New("poll source")
+
+// errSourceChanged means the source table's columns changed since the
+// poller described it; the run is repeated after the mirror follows.
+var errSourceChanged = errors.New("the source table's columns changed")
+
+// errCopyConflict means a run that COPYed into tables it found empty met a
+// row already there (a writer other than this poller, or a source key that
+// is not unique); the run is repeated with the merge.
+var errCopyConflict = errors.New("a row COPYed into the empty mirror or raw table was already there")
+
+// Options customise a Poller.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Now is the service clock (ingested_at, loaded-at); default time.Now.
+	Now func() time.Time
+	// Progress shows the progress of a first load (a run while the
+	// source has no watermark yet), in rows against the source table's
+	// estimated size. nil logs plain lines through Logger every
+	// progress.DefaultEvery, as a service component does (none when
+	// progress.Env is "off").
+	Progress *progress.Display
+}
+
+// Poller loads one poll source: each run reads the source rows whose
+// updated_at lies in (watermark - lookback, upper], in (updated_at, key)
+// order and in chunks, and in ONE warehouse transaction merges them into
+// the mirror, records the rows that changed in raw.<source> with ledger
+// rows, and advances the watermark to the newest updated_at read.
+type Poller struct {
+	src   *config.Source
+	table *mirror.Table
+	raw   *raw.Table
+	pool  *pgxpool.Pool
+	log   *slog.Logger
+	now   func() time.Time
+	m     *pollMetrics
+	// progress shows the progress of a first load.
+	progress *progress.Display
+
+	mu       sync.Mutex // one run at a time per Poller
+	conn     *pgx.Conn  // the source connection, reopened after errors
+	ddl      *pgx.Conn  // a warehouse connection outside the pool, for raw partitions
+	prepared bool
+	// step bounds the wait for each step of a run (warehouse.write_timeout);
+	// wd is the running run's deadline, moved on by every chunk.
+	step time.Duration
+	wd   *pgconnect.Watchdog
+	zone string // time zone of a timestamp-without-time-zone updated_at
+	// estimateWarned is set once a failed estimate of the source
+	// table's rows was logged.
+	estimateWarned bool
+	soft           string // SQL testing the soft-delete column, or "false"
+	// mergeOnly is set after errCopyConflict: runs always merge.
+	mergeOnly bool
+}
+
+// New returns the poller of the poll source called name.
+func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Poller, error) {
+	src := cfg.Sources[name]
+	if src == nil || src.Poll == nil {
+		return nil, fmt.Errorf("%w: no poll source is named %q", ErrSource, name)
+	}
+	t, err := mirror.FromConfig(src)
+	if err != nil {
+		return nil, err
+	}
+	p := &Poller{src: src, table: t, raw: raw.NewChangeTable(name, src.RawPartition), pool: pool,
+		log: opts.Logger, now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.Write()}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	p.raw.Log = p.log
+	if p.now == nil {
+		p.now = time.Now
+	}
+	p.log = p.log.With("source", name)
+	p.progress = opts.Progress
+	if p.progress == nil {
+		p.progress = progress.Service(progress.DefaultEvery)
+	}
+	p.m.register(name, p.now)
+	return p, nil
+}
+
+// Name is the source's name.
+func (p *Poller) Name() string { return p.src.Name }
+
+// Mirror is the poller's mirror table; its columns are known after Prepare.
+func (p *Poller) Mirror() *mirror.Table { return p.table }
+
+// Close closes the source connection.
+func (p *Poller) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeConn()
+}
+
+func (p *Poller) closeConn() {
+	for _, c := range []**pgx.Conn{&p.conn, &p.ddl} {
+		if *c != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = (*c).Close(ctx)
+			cancel()
+			*c = nil
+		}
+	}
+}
+
+// ddlConn returns the poller's own warehouse connection for creating raw
+// partitions during a run. It is not taken from the pool: a run already
+// holds a pool connection for its transaction, and runs of several sources
+// each waiting for a second one could exhaust the pool.
+func (p *Poller) ddlConn(ctx context.Context) (*pgx.Conn, error) {
+	if p.ddl != nil && !p.ddl.IsClosed() {
+		return p.ddl, nil
+	}
+	conn, err := pgx.ConnectConfig(ctx, p.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("warehouse connection for raw partitions: %w", err)
+	}
+	p.ddl = conn
+	return conn, nil
+}
+
+func (p *Poller) source(ctx context.Context) (*pgx.Conn, error) {
+	if p.conn != nil && !p.conn.IsClosed() {
+		return p.conn, nil
+	}
+	conn, err := mirror.Connect(ctx, p.src.Poll.DSN, "tidemark-poll")
+	if err != nil {
+		return nil, fmt.Errorf("sources.%s.poll.dsn: %w", p.src.Name, err)
+	}
+	p.conn = conn
+	return conn, nil
+}
+
+// Prepare checks the source table against the configuration and creates
+// or extends the mirror and the raw change table. Run and RunOnce call it
+// as needed.
+func (p *Poller) Prepare(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.prepare(ctx)
+}
+
+func (p *Poller) prepare(ctx context.Context) error {
+	if p.prepared {
+		return nil
+	}
+	conn, err := p.source(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.table.Describe(ctx, conn); err != nil {
+		return err
+	}
+	if err := p.checkColumns(); err != nil {
+		return err
+	}
+	wh, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("poll %s: %w", p.src.Name, err)
+	}
+	defer wh.Release()
+	if err := p.table.Ensure(ctx, wh.Conn()); err != nil {
+		return err
+	}
+	if err := p.raw.Ensure(ctx, wh.Conn()); err != nil {
+		return err
+	}
+	if _, err := wh.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
+		return fmt.Errorf("poll %s: %w", p.src.Name, err)
+	}
+	p.prepared = true
+	return nil
+}
+
+// checkColumns checks the updated_at and soft-delete columns: a timestamp
+// without time zone is accepted only with a configured zone, because its
+// values jump at daylight-saving changes otherwise.
+func (p *Poller) checkColumns() error {
+	cfg, name := p.src.Poll, p.src.Name
+	c, ok := p.table.Column(cfg.UpdatedAt)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s has no column %s", ErrSource, name, p.table.Source.Sanitize(), cfg.UpdatedAt)
+	case strings.HasPrefix(c.Type, "timestamp") && strings.HasSuffix(c.Type, "with time zone") && !strings.HasSuffix(c.Type, "without time zone"):
+		if cfg.TimeZone != "" {
+			return fmt.Errorf("%w: sources.%s.poll.time_zone: %s is timestamptz, which carries its zone; remove time_zone",
+				ErrSource, name, cfg.UpdatedAt)
+		}
+		p.zone = ""
+	case strings.HasPrefix(c.Type, "timestamp") && strings.HasSuffix(c.Type, "without time zone"):
+		if cfg.TimeZone == "" {
+			return fmt.Errorf("%w: sources.%s.poll.time_zone: %s is a timestamp without time zone; set time_zone to the zone its writers use "+
+				"(values stored as local time repeat or skip an hour at daylight-saving changes; UTC is safest)", ErrSource, name, cfg.UpdatedAt)
+		}
+		p.zone = cfg.TimeZone
+	default:
+		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s is %s; it must be a timestamptz (or a timestamp with time_zone)",
+			ErrSource, name, cfg.UpdatedAt, c.Type)
+	}
+	if !c.NotNull {
+		p.log.Warn("the updated_at column may be NULL; rows where it is NULL are never loaded (tidemark keys counts them as not in the mirror)",
+			"column", cfg.UpdatedAt)
+	}
+	for _, reserved := range []string{"tidemark_src", "tidemark_key", "tidemark_time", "tidemark_deleted", "tidemark_payload"} {
+		if _, clash := p.table.Column(reserved); clash {
+			return fmt.Errorf("%w: sources.%s.poll.table: %s has a column %s, a name tidemark reserves while loading; rename it or load a view",
+				ErrSource, name, p.table.Source.Sanitize(), reserved)
+		}
+	}
+	p.soft = "false"
+	if cfg.SoftDelete != "" {
+		sd, ok := p.table.Column(cfg.SoftDelete)
+		col := "tidemark_src." + quote(cfg.SoftDelete)
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s has no column %s", ErrSource, name, p.table.Source.Sanitize(), cfg.SoftDelete)
+		case sd.Type == "boolean":
+			p.soft = "coalesce(" + col + ", false)"
+		case strings.HasPrefix(sd.Type, "timestamp") || sd.Type == "date":
+			p.soft = col + " IS NOT NULL"
+		default:
+			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s is %s; it must be a boolean or a timestamp", ErrSource, name, cfg.SoftDelete, sd.Type)
+		}
+	}
+	return nil
+}
+
+func quote(col string) string { return pgx.Identifier{col}.Sanitize() }
+
+// Window overrides a run's window; zero values use the configuration.
+type Window struct {
+	// Upper is an explicit upper bound (the end of a data interval);
+	// default now() - safety_lag on the source's clock.
+	Upper time.Time
+	// Lookback, when not nil, replaces poll.lookback.
+	Lookback *time.Duration
+}
+
+// Report is what one run did.
+type Report struct {
+	Source string
+	// Low and Upper bound the window read: (Low, Upper]. Low is -infinity
+	// (IsZero) on the first run.
+	Low, Upper time.Time
+	// Watermark is the high watermark after the run; zero before anything
+	// was loaded.
+	Watermark time.Time
+	Read      int64 // rows read from the source
+	Merged    int64 // rows inserted or updated in the mirror
+	Inserted  int64
+	Updated   int64
+	Deleted   int64 // soft-deleted rows (op delete)
+	Chunks    int
+	// Copied is true when the mirror and the raw table were empty and
+	// the rows were COPYed into them rather than merged.
+	Copied bool
+	// More is true when the run stopped at poll.max_rows_per_run and
+	// more rows wait.
+	More bool
+}
+
+// estimateRows returns the estimated row count of the source table, read
+// in tx under a savepoint so that a failure (a role without access to the
+// statistics views) leaves the transaction and its cursor usable.
+func (p *Poller) estimateRows(ctx context.Context, tx pgx.Tx) (int64, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("source: savepoint: %w", err)
+	}
+	var est int64
+	if err := sp.QueryRow(ctx, estimateSourceRowsSQL, p.table.Source.Sanitize()).Scan(&est); err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return 0, fmt.Errorf("source: estimate the rows of %s: %w (roll back to the savepoint: %w)", p.table.Source.Sanitize(), err, rerr)
+		}
+		return 0, fmt.Errorf("source: estimate the rows of %s: %w", p.table.Source.Sanitize(), err)
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("source: release the savepoint: %w", err)
+	}
+	return est, nil
+}
+
+// RunOnce loads one window. A failure at any point leaves the watermark,
+// the mirror and the raw table as they were; the next run re-reads the
+// same rows.
+func (p *Poller) RunOnce(ctx context.Context, run Window) (Report, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	// No step of a run, on the source or in the warehouse, may wait
+	// longer than p.step: a stalled connection fails the run, which is
+	// then repeated on new connections.
+	wctx, wd := pgconnect.WithWatchdog(ctx, p.step)
+	defer wd.Stop()
+	p.wd = wd
+	rep, err := p.runOnce(wctx, run)
+	if errors.Is(err, errSourceChanged) || errors.Is(err, raw.ErrMissingPartition) || errors.Is(err, errCopyConflict) {
+		// Once the mirror has the new columns, or the partition cache is
+		// dropped, or the run merges, the same window loads.
+		p.log.Info("repeating the run", "reason", err)
+		wd.Touch()
+		rep, err = p.runOnce(wctx, run)
+	}
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", context.Cause(wctx), err)
+	}
+	p.m.observe(p.src.Name, rep, err, time.Since(start), p.now())
+	if err != nil {
+		if ctx.Err() == nil && (p.conn == nil || p.conn.IsClosed() || !errors.Is(err, ErrSource)) {
+			// The source connection may be mid-transaction or broken;
+			// start the next run on a fresh one.
+			p.closeConn()
+		}
+		return rep, fmt.Errorf("poll %s: %w", p.src.Name, err)
+	}
+	return rep, nil
+}
+
+// pollRow is one source row of a chunk.
+type pollRow struct {
+	key     string
+	time    time.Time
+	deleted bool
+	row     []byte    // the row as json
+	payload []byte    // the row as jsonb takes it
+	json    []*string // the values of the json columns, as text (a merge)
+	cols    []*string // the values of every column, as text (a COPY)
+}
+
+func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
+	rep := Report{Source: p.src.Name}
+	if err := p.prepare(ctx); err != nil {
+		return rep, err
+	}
+	cfg := p.src.Poll
+	lookback := cfg.Lookback.D()
+	if run.Lookback != nil {
+		lookback = *run.Lookback
+	}
+	ingestedAt := p.now()
+
+	wh, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("warehouse: %w", err)
+	}
+	defer wh.Release()
+	tx, err := wh.Begin(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("warehouse: %w", err)
+	}
+	defer pgconnect.Rollback(ctx, tx)
+	if err := mirror.SetLocal(ctx, tx); err != nil {
+		return rep, fmt.Errorf("warehouse: %w", err)
+	}
+	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
+		return rep, fmt.Errorf("warehouse: %w", err)
+	}
+	var hw, low pgtype.Timestamptz
+	if err := tx.QueryRow(ctx, lockPollStateSQL, p.src.Name, lookback.Microseconds()).Scan(&hw, &low); err != nil {
+		return rep, fmt.Errorf("lock the watermark: %w", err)
+	}
+	if hw.InfinityModifier == pgtype.Finite {
+		rep.Watermark = hw.Time
+	}
+	if low.InfinityModifier == pgtype.Finite {
+		rep.Low = low.Time
+	}
+
+	src, err := p.source(ctx)
+	if err != nil {
+		return rep, err
+	}
+	stx, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return rep, fmt.Errorf("source: %w", err)
+	}
+	defer pgconnect.Rollback(ctx, stx)
+	upper := run.Upper
+	if upper.IsZero() {
+		if err := stx.QueryRow(ctx, sourceUpperSQL, cfg.SafetyLag.D().Microseconds()).Scan(&upper); err != nil {
+			return rep, fmt.Errorf("source clock: %w", err)
+		}
+	}
+	rep.Upper = upper
+	copying := false
+	if !p.mergeOnly {
+		// Under the watermark row's lock no other run writes the mirror
+		// or the raw table.
+		if err := tx.QueryRow(ctx, fmt.Sprintf(emptyTargetsSQL, p.table.Target.Sanitize(), p.raw.Ident())).Scan(&copying); err != nil {
+			return rep, fmt.Errorf("warehouse: %w", err)
+		}
+	}
+	rep.Copied = copying
+	if _, err := stx.Exec(ctx, p.cursorSQL(low, upper, copying)); err != nil {
+		return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
+	}
+	// The cursor holds a lock on the table until the end of the
+	// transaction, so its columns cannot change under the run; but they
+	// may have changed since the poller described them, and a column
+	// missing from the mirror would be dropped from the rows silently.
+	p.wd.Touch()
+	if changed, err := p.table.SourceChanged(ctx, stx.Conn()); err != nil {
+		return rep, err
+	} else if changed {
+		p.prepared = false
+		return rep, errSourceChanged
+	}
+	if _, err := tx.Exec(ctx, createPollStageSQL); err != nil {
+		return rep, fmt.Errorf("staging table: %w", err)
+	}
+	var tr *progress.Tracker
+	if hw.InfinityModifier != pgtype.Finite && p.progress.Mode() != progress.Off {
+		// A first load reads the whole table: show how far it got.
+		// The total is only shown: without it (a role that may not read
+		// the statistics) the load goes on with an unknown total.
+		est, err := p.estimateRows(ctx, stx)
+		if err != nil {
+			if !p.estimateWarned {
+				p.estimateWarned = true
+				p.log.Warn("cannot estimate the rows of the source table; the first load's progress shows no total",
+					"table", p.table.Source.Sanitize(), "err", err)
+			}
+			est = 0
+		}
+		tr = p.progress.Start(p.log, progress.Job{Label: "poll first load", Unit: "rows",
+			Total: min(est, int64(cfg.MaxRowsPerRun)), Estimated: true})
+		defer tr.Finish(false)
+	}
+
+	var (
+		maxRead    time.Time
+		fresh      int64      // rows newer than the stored watermark
+		cut        *time.Time // set once max_rows_per_run is reached
+		buckets    = ledgerBuckets{}
+		load, stmt = p.mergeChunk, p.mergeSQL()
+	)
+	if copying {
+		load, stmt = p.copyChunk, p.copySQL()
+	}
+	// The next chunk is fetched from the source while the current one is
+	// merged in the warehouse; at most three chunks are in memory.
+	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows), copying)
+	defer stopReading()
+	for res := range chunks {
+		if res.err != nil {
+			return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), res.err)
+		}
+		chunk, stop := res.rows, false
+		if rep.Chunks == 0 && len(chunk) > 0 && !p.sameShape(chunk[0].row) {
+			// Every row of the cursor has the shape of the first.
+			p.prepared = false
+			return rep, errSourceChanged
+		}
+		// Rows come in (updated_at, key) order. After the row limit is
+		// reached, the rows sharing the last updated_at are still taken,
+		// so that the watermark never splits a timestamp.
+		for i, r := range chunk {
+			if cut != nil && r.time.After(*cut) {
+				chunk, stop, rep.More = chunk[:i], true, true
+				break
+			}
+			if !hw.Valid || hw.InfinityModifier == pgtype.NegativeInfinity || r.time.After(hw.Time) {
+				fresh++
+			}
+			if cut == nil && fresh >= int64(cfg.MaxRowsPerRun) {
+				t := r.time
+				cut = &t
+			}
+		}
+		if len(chunk) > 0 {
+			rep.Chunks++
+			rep.Read += int64(len(chunk))
+			maxRead = chunk[len(chunk)-1].time
+			if err := load(ctx, tx, stmt, chunk, ingestedAt, &rep, buckets); err != nil {
+				return rep, err
+			}
+			p.wd.Touch()
+			tr.Add(int64(len(chunk)))
+		}
+		if stop {
+			break
+		}
+	}
+	stopReading()
+	if rep.More {
+		rep.Upper = *cut
+	}
+	if err := insertLedgerBuckets(ctx, tx, p.src.Name, buckets, ingestedAt); err != nil {
+		return rep, err
+	}
+	var maxArg pgtype.Timestamptz
+	if rep.Read > 0 {
+		maxArg = pgtype.Timestamptz{Time: maxRead, Valid: true}
+	}
+	var after pgtype.Timestamptz
+	if err := tx.QueryRow(ctx, advancePollSQL, p.src.Name, maxArg, rep.Upper, ingestedAt, rep.Read, rep.Merged).Scan(&after); err != nil {
+		return rep, fmt.Errorf("advance the watermark: %w", err)
+	}
+	if after.InfinityModifier == pgtype.Finite {
+		rep.Watermark = after.Time
+		// Rows found through the lookback may be that much older than
+		// the watermark.
+		wm := after.Time.Add(-max(p.src.Watermark.OutOfOrderness.D(), lookback))
+		if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.src.Name, wm, ingestedAt); err != nil {
+			return rep, fmt.Errorf("store the event-time watermark: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return rep, fmt.Errorf("commit: %w", err)
+	}
+	tr.Finish(!rep.More)
+	p.log.Debug("poll run", "low", rep.Low, "upper", rep.Upper, "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark)
+	return rep, nil
+}
+
+// sameShape reports whether a row read from the source has exactly the
+// columns the poller described: to_jsonb of a row of a table altered since
+// (even between the start of the run's snapshot and the cursor) has other
+// keys, which the merge would drop or set to NULL.
+func (p *Poller) sameShape(payload []byte) bool {
+	var row map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &row); err != nil || len(row) != len(p.table.Columns) {
+		return false
+	}
+	for _, c := range p.table.Columns {
+		if _, ok := row[c.Name]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// cursorSQL declares the cursor over (low, upper]. The bounds become
+// literals in the column's own type, so the source can use an index on it.
+// For a COPY (copying), the last column has the text of every column;
+// otherwise of the json columns.
+func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time, copying bool) string {
+	col := "tidemark_src." + quote(p.src.Poll.UpdatedAt)
+	lowLit := "'-infinity'::timestamptz"
+	if low.InfinityModifier == pgtype.Finite {
+		lowLit = tsLiteral(low.Time)
+	}
+	upLit := tsLiteral(upper)
+	asTZ := col
+	if p.zone != "" {
+		zone := "'" + strings.ReplaceAll(p.zone, "'", "''") + "'"
+		lowLit = "(" + lowLit + " AT TIME ZONE " + zone + ")"
+		upLit = "(" + upLit + " AT TIME ZONE " + zone + ")"
+		asTZ = "(" + col + " AT TIME ZONE " + zone + ")"
+	}
+	order := []string{col}
+	for _, k := range p.table.Key {
+		order = append(order, "tidemark_src."+quote(k))
+	}
+	jsonText := "NULL::text[]"
+	cols := jsonColumns(p.table.Columns)
+	if copying {
+		cols = p.table.Columns
+	}
+	if len(cols) > 0 {
+		var texts []string
+		for _, c := range cols {
+			texts = append(texts, "tidemark_src."+quote(c.Name)+"::text")
+		}
+		jsonText = "ARRAY[" + strings.Join(texts, ", ") + "]::text[]"
+	}
+	return fmt.Sprintf(pollCursorSQL, p.table.Source.Sanitize(), asTZ, mirror.KeyText("tidemark_src", p.table.Key), p.soft,
+		col+" > "+lowLit, col+" <= "+upLit, strings.Join(order, ", "), jsonText)
+}
+
+func tsLiteral(t time.Time) string {
+	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999") + "+00'::timestamptz"
+}
+
+// mergeSQL builds mergeChunkSQL for the mirror's columns.
+func (p *Poller) mergeSQL() string {
+	t := p.table
+	var cols, sets []string
+	for _, c := range t.Columns {
+		cols = append(cols, quote(c.Name))
+		if !slices.Contains(t.Key, c.Name) {
+			sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(c.Name)))
+		}
+	}
+	sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(t.LoadedColumn)), quote(t.DeletedColumn)+" = NULL")
+	var join []string
+	for _, k := range t.Key {
+		join = append(join, fmt.Sprintf("i.%[1]s = m.%[1]s", quote(k)))
+	}
+	// The json columns' values are their staged text, cast back; they are
+	// left out of the payload that fills the other columns.
+	incoming, payload := "r.*", "s.tidemark_payload"
+	if jc := jsonColumns(t.Columns); len(jc) > 0 {
+		var in, names []string
+		for _, c := range t.Columns {
+			if k := slices.Index(jc, c); k >= 0 {
+				in = append(in, fmt.Sprintf("s.tidemark_json[%d]::%s AS %s", k+1, c.Type, quote(c.Name)))
+				names = append(names, "'"+strings.ReplaceAll(c.Name, "'", "''")+"'")
+			} else {
+				in = append(in, "r."+quote(c.Name))
+			}
+		}
+		incoming = strings.Join(in, ", ")
+		payload = "s.tidemark_payload - ARRAY[" + strings.Join(names, ", ") + "]::text[]"
+	}
+	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), mirror.QuoteAll(t.Key),
+		strings.Join(sets, ", "), quote(p.src.Poll.UpdatedAt), p.raw.Ident(), quote(t.LoadedColumn), quote(t.DeletedColumn),
+		strings.Join(join, " AND "), rowJSON("t", t.Columns)+" IS DISTINCT FROM "+rowJSON("EXCLUDED", t.Columns),
+		incoming, payload)
+}
+
+// jsonColumns returns the columns of type json and json[], in order.
+func jsonColumns(cols []mirror.Column) []mirror.Column {
+	var out []mirror.Column
+	for _, c := range cols {
+		if isJSON(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// isJSON reports whether c is of type json or json[]: their values are
+// passed and compared as text.
+func isJSON(c mirror.Column) bool { return c.Type == "json" || c.Type == "json[]" }
+
+// rowJSON is a jsonb of the source columns of the row alias, for comparing
+// rows whatever their column types (json and others have no equality).
+// json values are compared as text: jsonb may refuse them, and the mirror
+// keeps their text. jsonb_build_object takes at most 100 arguments, so
+// wide rows are built in parts and concatenated.
+func rowJSON(alias string, cols []mirror.Column) string {
+	var parts []string
+	for i := 0; i < len(cols); i += 50 {
+		var args []string
+		for _, c := range cols[i:min(i+50, len(cols))] {
+			v := alias + "." + quote(c.Name)
+			if isJSON(c) {
+				v += "::text"
+			}
+			args = append(args, "'"+strings.ReplaceAll(c.Name, "'", "''")+"'", v)
+		}
+		parts = append(parts, "jsonb_build_object("+strings.Join(args, ", ")+")")
+	}
+	return "(" + strings.Join(parts, " || ") + ")"
+}
+
+// chunkResult is one fetched chunk, or the error that ended reading.
+type chunkResult struct {
+	rows []pollRow
+	err  error
+}
+
+// readChunks fetches chunks of n rows from the cursor in a goroutine until
+// a short chunk, an error or stop. stop waits for the goroutine, so the
+// source transaction is free again when it returns; it may be called more
+// than once.
+func readChunks(ctx context.Context, stx pgx.Tx, n int, copying bool) (<-chan chunkResult, func()) {
+	out := make(chan chunkResult, 1)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		for {
+			rows, err := fetchChunk(ctx, stx, n, copying)
+			select {
+			case out <- chunkResult{rows, err}:
+			case <-quit:
+				return
+			}
+			if err != nil || len(rows) < n {
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() {
+		once.Do(func() { close(quit) })
+		<-done
+	}
+}
+
+func fetchChunk(ctx context.Context, stx pgx.Tx, n int, copying bool) ([]pollRow, error) {
+	rows, err := stx.Query(ctx, fmt.Sprintf(fetchPollSQL, n))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (pollRow, error) {
+		var pr pollRow
+		texts := &pr.json
+		if copying {
+			texts = &pr.cols
+		}
+		if err := r.Scan(&pr.key, &pr.time, &pr.deleted, &pr.row, texts); err != nil {
+			return pr, err
+		}
+		var err error
+		pr.payload, err = jsonbPayload(pr.row)
+		return pr, err
+	})
+}
+
+// jsonbPayload returns row, a source row as a json object, as jsonb takes
+// it: a column value that jsonb refuses (a json value with a \u0000
+// escape, a lone surrogate escape or a number numeric cannot hold, also
+// inside an array or a composite value) becomes a JSON string of its
+// text, which loses nothing.
+func jsonbPayload(row []byte) ([]byte, error) {
+	if pgjson.JSONBTakes(string(row)) {
+		return row, nil
+	}
+	var cols map[string]json.RawMessage
+	if err := json.Unmarshal(row, &cols); err != nil {
+		return nil, fmt.Errorf("a source row is not a JSON object: %w", err)
+	}
+	for name, v := range cols {
+		if !pgjson.JSONBTakes(string(v)) {
+			s, err := json.Marshal(string(v))
+			if err != nil {
+				return nil, err
+			}
+			cols[name] = s
+		}
+	}
+	return json.Marshal(cols)
+}
+
+var pollStageColumns = []string{"tidemark_key", "tidemark_time", "tidemark_deleted", "tidemark_payload", "tidemark_json"}
+
+// mergeChunk stages one chunk and merges it, creating the raw partitions
+// its event times need first (on another connection: DDL must not run in
+// the load transaction).
+func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *Report, buckets ledgerBuckets) error {
+	if err := p.ensurePartitions(ctx, chunk); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, truncatePollStageSQL); err != nil {
+		return fmt.Errorf("staging table: %w", err)
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tidemark_poll_stage"}, pollStageColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
+		r := &chunk[i]
+		return []any{r.key, r.time, r.deleted, r.payload, r.json}, nil
+	}))
+	if err != nil {
+		return fmt.Errorf("stage rows: %w", err)
+	}
+	rows, err := tx.Query(ctx, stmt, ingestedAt, p.table.Source.Sanitize())
+	if err != nil {
+		return p.mergeError(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			op       string
+			bucket   pgtype.Timestamptz
+			n        int64
+			min, max pgtype.Timestamptz
+		)
+		if err := rows.Scan(&op, &bucket, &n, &min, &max); err != nil {
+			return err
+		}
+		switch op {
+		case "merged":
+			rep.Merged += n
+			continue
+		case "insert":
+			rep.Inserted += n
+		case "update":
+			rep.Updated += n
+		case "delete":
+			rep.Deleted += n
+		}
+		buckets.add(bucket.Time, n, min.Time, max.Time)
+	}
+	if err := rows.Err(); err != nil {
+		return p.mergeError(err)
+	}
+	return nil
+}
+
+// ensurePartitions creates the raw partitions the chunk's event times need
+// (on another connection: DDL must not run in the load transaction).
+func (p *Poller) ensurePartitions(ctx context.Context, chunk []pollRow) error {
+	times := make([]time.Time, len(chunk))
+	for i, r := range chunk {
+		times[i] = r.time
+	}
+	missing := p.raw.Missing(times)
+	if len(missing) == 0 {
+		return nil
+	}
+	ddl, err := p.ddlConn(ctx)
+	if err != nil {
+		return err
+	}
+	return p.raw.EnsurePartitions(ctx, ddl, missing)
+}
+
+// copySQL is the COPY into the mirror of copyChunk: the source's columns,
+// then the mirror's loaded-at and deleted-at columns.
+func (p *Poller) copySQL() string {
+	cols := make([]string, 0, len(p.table.Columns)+2)
+	for _, c := range p.table.Columns {
+		cols = append(cols, c.Name)
+	}
+	cols = append(cols, p.table.LoadedColumn, p.table.DeletedColumn)
+	return "COPY " + p.table.Target.Sanitize() + " (" + mirror.QuoteAll(cols) + ") FROM STDIN"
+}
+
+// copyChunk loads one chunk into a mirror and raw table that were empty
+// when the run began, so every row is new: the rows are COPYed into both
+// (the mirror with stmt, copySQL) instead of merged, which makes a first
+// load about as fast as COPYing the same rows. The mirror's values are the
+// source columns' text, read under the same session settings
+// (mirror.SessionParams) on both sides; the change rows are those the
+// merge would write. A row already there (not possible while this poller
+// is the tables' only writer and the source key is unique) fails the run
+// with errCopyConflict, and it is repeated with the merge.
+func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *Report, buckets ledgerBuckets) error {
+	if err := p.ensurePartitions(ctx, chunk); err != nil {
+		return err
+	}
+	w := copytext.New()
+	defer w.Release()
+	for i := range chunk {
+		for _, v := range chunk[i].cols {
+			w.Value(v)
+		}
+		w.Time(ingestedAt)
+		w.Null()
+		w.End()
+	}
+	if _, err := tx.Conn().PgConn().CopyFrom(ctx, w.Data(), stmt); err != nil {
+		return p.copyError(err, p.table.Target.Sanitize())
+	}
+	source := p.table.Source.Sanitize()
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", p.raw.Source}, copyChangeColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
+		r := &chunk[i]
+		op := "insert"
+		if r.deleted {
+			op = "delete"
+		}
+		return []any{r.key, r.time, ingestedAt, op, source, r.payload, r.key}, nil
+	}))
+	if err != nil {
+		return p.copyError(err, p.raw.Ident())
+	}
+	for i := range chunk {
+		r := &chunk[i]
+		if r.deleted {
+			rep.Deleted++
+		} else {
+			rep.Inserted++
+		}
+		buckets.add(r.time.UTC().Truncate(time.Hour), 1, r.time, r.time)
+	}
+	rep.Merged += int64(len(chunk))
+	return nil
+}
+
+var copyChangeColumns = []string{"event_id", "event_time", "ingested_at", "op", "source_table", "payload", "row_key"}
+
+// copyError explains a failed COPY of a chunk: a unique violation becomes
+// errCopyConflict (and later runs merge), a missing raw partition is
+// handled as in a merge.
+func (p *Poller) copyError(err error, what string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		p.mergeOnly = true
+		return fmt.Errorf("%w (%s: %s)", errCopyConflict, what, pgErr.Message)
+	}
+	if errors.As(err, &pgErr) && raw.IsMissingPartition(pgErr) {
+		return p.mergeError(err)
+	}
+	return fmt.Errorf("copy into %s: %w", what, err)
+}
+
+// mergeError explains a failed merge. A raw partition dropped by an
+// operator since this process saw it is forgotten, so that the repeated
+// run creates it again.
+func (p *Poller) mergeError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && raw.IsMissingPartition(pgErr) {
+		p.raw.Forget()
+		return fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
+	}
+	return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
+}
+
+// ledgerBuckets gathers a load's ledger rows by UTC hour of event time.
+type ledgerBuckets map[time.Time]*ledgerBucket
+
+type ledgerBucket struct {
+	rows     int64
+	min, max time.Time
+}
+
+func (b ledgerBuckets) add(hour time.Time, n int64, min, max time.Time) {
+	lb := b[hour]
+	if lb == nil {
+		b[hour] = &ledgerBucket{rows: n, min: min, max: max}
+		return
+	}
+	lb.rows += n
+	if min.Before(lb.min) {
+		lb.min = min
+	}
+	if max.After(lb.max) {
+		lb.max = max
+	}
+}
+
+func insertLedgerBuckets(ctx context.Context, tx pgx.Tx, source string, b ledgerBuckets, ingestedAt time.Time) error {
+	if len(b) == 0 {
+		return nil
+	}
+	var (
+		sources     []string
+		hours       []time.Time
+		counts      []int64
+		mins, maxes []time.Time
+	)
+	for h, lb := range b {
+		sources, hours, counts = append(sources, source), append(hours, h), append(counts, lb.rows)
+		mins, maxes = append(mins, lb.min), append(maxes, lb.max)
+	}
+	if _, err := tx.Exec(ctx, raw.InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxes); err != nil {
+		return fmt.Errorf("write ledger: %w", err)
+	}
+	return nil
+}
+
+// Run polls on the source's interval until ctx ends. A run that stopped
+// at max_rows_per_run is followed at once; a failed run is logged and
+// retried with backoff.
+func (p *Poller) Run(ctx context.Context) error {
+	every := p.src.Poll.Every.D()
+	backoff := time.Second
+	for {
+		rep, err := p.RunOnce(ctx, Window{})
+		wait := every
+		switch {
+		case ctx.Err() != nil:
+			p.Close()
+			return nil
+		case err != nil:
+			p.log.Warn("poll run failed; retrying", "err", err, "retry_in", backoff)
+			wait = min(backoff, every)
+			backoff = min(2*backoff, every)
+		default:
+			backoff = time.Second
+			if rep.Merged > 0 {
+				p.log.Info("poll run", "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark, "more", rep.More)
+			}
+			if rep.More {
+				wait = 0
+			}
+		}
+		select {
+		case <-ctx.Done():
+			p.Close()
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}

@@ -1,0 +1,439 @@
+package raw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark-dev/tidemark/internal/pgcollate"
+)
+
+// createRawTableSQL creates raw.<source>, range-partitioned by event time.
+// An event is identified by (event_id, event_time): PostgreSQL requires the
+// partition key in every unique constraint of a partitioned table, and a
+// producer's duplicates carry the same event time. %[1]s is the quoted
+// table name, %[2]s the quoted name of the ingested_at index.
+//
+// event_id is compared byte by byte (COLLATE "C"): the key only tells
+// events apart, and under a linguistic collation such as en_US.UTF-8
+// every comparison of the primary key's b-tree goes through strcoll,
+// which made a COPY of a million raw rows take about 40% longer
+// (BenchmarkRawKeyCollation). Equality is the same under both: a
+// database's default collation is deterministic, so two ids are equal
+// under it exactly when their bytes are.
+//
+// Rows are appended in the order they are loaded, so the ingestion time
+// follows the rows' physical order and a BRIN index on it finds the rows of
+// given loads (the reconciler's beyond-horizon recording) at a small part
+// of the cost of a b-tree on every insert.
+const createRawTableSQL = `
+CREATE TABLE IF NOT EXISTS %[1]s (
+    event_id        text        COLLATE "C" NOT NULL,
+    event_time      timestamptz NOT NULL,
+    ingested_at     timestamptz NOT NULL,
+    payload         jsonb       NOT NULL,
+    kafka_topic     text,
+    kafka_partition integer,
+    kafka_offset    bigint,
+    load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    PRIMARY KEY (event_id, event_time)
+) PARTITION BY RANGE (event_time);
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s USING brin (ingested_at) WITH (autosummarize = on);
+`
+
+// createChangeTableSQL creates raw.<source> for a source of row changes (a
+// poll or CDC source): one row per change of a source row. For a poll
+// source the change is identified by the row's key (event_id, as text) and
+// its updated_at (event_time); for a CDC source by the commit LSN and the
+// change's position in its transaction (event_id) and the source commit
+// time (event_time). op is insert, update, delete or truncate; payload is
+// the row after the change (for a delete, what the source sent of the old
+// row); row_key is the row's key as text; old_row the old key or row sent
+// with a CDC update or delete; commit_lsn the CDC commit's LSN.
+const createChangeTableSQL = `
+CREATE TABLE IF NOT EXISTS %[1]s (
+    event_id        text        COLLATE "C" NOT NULL,
+    event_time      timestamptz NOT NULL,
+    ingested_at     timestamptz NOT NULL,
+    op              text        NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate')),
+    source_table    text        NOT NULL,
+    payload         jsonb       NOT NULL,
+    row_key         text,
+    old_row         jsonb,
+    commit_lsn      pg_lsn,
+    load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    PRIMARY KEY (event_id, event_time)
+) PARTITION BY RANGE (event_time);
+CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s USING brin (ingested_at) WITH (autosummarize = on);
+`
+
+// A partition is created as a table of its own and then attached: ATTACH
+// PARTITION takes only a SHARE UPDATE EXCLUSIVE lock on the parent, which
+// does not wait for (or block) readers and writers of the raw table, where
+// CREATE TABLE ... PARTITION OF needs an ACCESS EXCLUSIVE lock. %[1]s is the
+// partition, %[2]s the parent; bounds are literals from formatBound, since
+// DDL takes no parameters.
+const (
+	createPartitionTableSQL = `CREATE TABLE %[1]s (LIKE %[2]s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)`
+	attachPartitionSQL      = `ALTER TABLE %[2]s ATTACH PARTITION %[1]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`
+
+	// partitionStatusSQL says whether a table of the partition's name
+	// exists and whether it is attached to the parent.
+	partitionStatusSQL = `
+SELECT c.oid IS NOT NULL, coalesce(i.inhparent = $2::regclass, false)
+FROM (SELECT to_regclass($1) AS oid) r
+LEFT JOIN pg_class c ON c.oid = r.oid
+LEFT JOIN pg_inherits i ON i.inhrelid = c.oid`
+
+	// ddlLockTimeout keeps partition DDL from queueing behind a long lock
+	// holder (and everything else from queueing behind it).
+	ddlLockTimeout = `SET LOCAL lock_timeout = '10s'`
+)
+
+// Raw tables created before the BRIN index indexed load_xid with a b-tree,
+// which cost about a fifth of each raw row's insert. ensureIndexes drops it
+// once the BRIN index exists.
+const (
+	legacyIndexSQL     = `SELECT to_regclass($1) IS NOT NULL`
+	dropLegacyIndexSQL = `DROP INDEX IF EXISTS %s`
+)
+
+// rawKeyCollationSQL gives the collation of a raw table's event_id ($1)
+// and whether it compares bytewise.
+const rawKeyCollationSQL = `
+SELECT c.collname, ` + pgcollate.BytewiseSQL + `
+FROM pg_attribute a
+JOIN pg_collation c ON c.oid = a.attcollation
+CROSS JOIN pg_database d
+WHERE a.attrelid = $1::regclass AND a.attname = 'event_id' AND d.datname = current_database()`
+
+// lockRawDDLSQL serialises DDL on one source's raw table across processes.
+const lockRawDDLSQL = `SELECT pg_advisory_xact_lock(hashtext('tidemark.raw.' || $1))`
+
+// Table owns the DDL of raw.<source>: the partitioned parent and the
+// partitions created on demand as event times arrive.
+type Table struct {
+	Source string
+	By     string // day or month, in UTC
+	// Changes selects the shape of a table of row changes (poll sources)
+	// instead of Kafka events.
+	Changes bool
+	// Log receives what Ensure changed on an existing table; nil
+	// discards it.
+	Log *slog.Logger
+
+	mu      sync.Mutex
+	known   map[time.Time]bool
+	checked bool // the key's collation has been looked at
+}
+
+// NewTable returns the manager for raw.<source>.
+func NewTable(source, by string) *Table {
+	return &Table{Source: source, By: by, known: map[time.Time]bool{}}
+}
+
+// NewChangeTable returns the manager for raw.<source> of a source of row
+// changes.
+func NewChangeTable(source, by string) *Table {
+	t := NewTable(source, by)
+	t.Changes = true
+	return t
+}
+
+// Ident is the quoted, schema-qualified table name.
+func (t *Table) Ident() string { return pgx.Identifier{"raw", t.Source}.Sanitize() }
+
+// listRawPartitionsSQL lists the partitions of a raw table.
+const listRawPartitionsSQL = `
+SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass`
+
+// hasOpColumnSQL says whether a raw table is a table of row changes.
+const hasOpColumnSQL = `
+SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'op' AND NOT attisdropped)`
+
+// ErrPartitioningChanged means raw.<source> is partitioned or shaped
+// differently from the configuration; retrying cannot help.
+var ErrPartitioningChanged = errors.New("raw table partitioning differs from the configuration")
+
+// Ensure creates the parent table and its indexes if missing, and checks
+// that existing partitions follow the configured granularity.
+func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
+	idx := pgx.Identifier{t.Source + "_ingested_at"}.Sanitize()
+	var names []string
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
+			return err
+		}
+		create := createRawTableSQL
+		if t.Changes {
+			create = createChangeTableSQL
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(create, t.Ident(), idx)); err != nil {
+			return err
+		}
+		var hasOp bool
+		if err := tx.QueryRow(ctx, hasOpColumnSQL, t.Ident()).Scan(&hasOp); err != nil {
+			return err
+		}
+		if hasOp != t.Changes {
+			kind := map[bool]string{false: "Kafka events", true: "row changes"}
+			return fmt.Errorf("%w: %s holds %s but sources.%s now configures %s; use a new source name",
+				ErrPartitioningChanged, t.Ident(), kind[hasOp], t.Source, kind[t.Changes])
+		}
+		rows, err := tx.Query(ctx, listRawPartitionsSQL, t.Ident())
+		if err != nil {
+			return err
+		}
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("create raw table %s: %w", t.Ident(), err)
+	}
+	if err := t.dropLegacyIndex(ctx, conn); err != nil {
+		return err
+	}
+	if err := t.checkKeyCollation(ctx, conn); err != nil {
+		return err
+	}
+	layout := "20060102"
+	if t.By == "month" {
+		layout = "200601"
+	}
+	// What the table holds now replaces what this process remembered:
+	// retention may have dropped partitions since.
+	known := map[time.Time]bool{}
+	for _, name := range names {
+		suffix, ok := strings.CutPrefix(name, t.Source+"_p")
+		start, err := time.Parse(layout, suffix)
+		if !ok || err != nil || len(suffix) != len(layout) {
+			return fmt.Errorf("%w: %s has partition %s, which is not a %s partition; sources.%s.raw_partition must match how the table was created",
+				ErrPartitioningChanged, t.Ident(), name, t.By, t.Source)
+		}
+		known[start] = true
+	}
+	t.mu.Lock()
+	t.known = known
+	t.mu.Unlock()
+	return nil
+}
+
+// dropLegacyIndex drops the load_xid b-tree of a raw table created before
+// the BRIN index on ingested_at. DROP INDEX needs an ACCESS EXCLUSIVE lock
+// on the table; if a reader or writer holds the table for longer than the
+// DDL lock timeout, the index stays until the next start, which costs
+// insert speed but nothing else.
+func (t *Table) dropLegacyIndex(ctx context.Context, conn *pgx.Conn) error {
+	legacy := pgx.Identifier{"raw", t.Source + "_load_xid"}.Sanitize()
+	var exists bool
+	if err := conn.QueryRow(ctx, legacyIndexSQL, legacy).Scan(&exists); err != nil {
+		return fmt.Errorf("look for index %s: %w", legacy, err)
+	}
+	if !exists {
+		return nil
+	}
+	log := t.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, ddlLockTimeout); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, fmt.Sprintf(dropLegacyIndexSQL, legacy))
+		return err
+	})
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+		log.Warn("raw table busy: its load_xid index, which the ingested_at index replaces, stays until the next start",
+			"table", t.Ident(), "index", legacy)
+		return nil
+	case err != nil:
+		return fmt.Errorf("drop index %s: %w", legacy, err)
+	}
+	log.Info("dropped the raw table's load_xid index; its BRIN index on ingested_at replaces it", "table", t.Ident(), "index", legacy)
+	return nil
+}
+
+// checkKeyCollation says once, at Info, when the table's event_id, as an
+// earlier version created it, compares through a linguistic collation:
+// every write then pays strcoll in the primary key, and the operations
+// guide has the statement that converts it (tidemark does not: it rebuilds
+// every partition's key under an ACCESS EXCLUSIVE lock).
+func (t *Table) checkKeyCollation(ctx context.Context, conn *pgx.Conn) error {
+	t.mu.Lock()
+	checked := t.checked
+	t.mu.Unlock()
+	if checked {
+		return nil
+	}
+	var name string
+	var bytewise bool
+	if err := conn.QueryRow(ctx, rawKeyCollationSQL, t.Ident()).Scan(&name, &bytewise); err != nil {
+		return fmt.Errorf("read the collation of %s.event_id: %w", t.Ident(), err)
+	}
+	t.mu.Lock()
+	checked, t.checked = t.checked, true
+	t.mu.Unlock()
+	if !checked && !bytewise && t.Log != nil {
+		t.Log.Info(`raw table compares event_id through a linguistic collation, which makes its writes dearer; ALTER TABLE ... ALTER COLUMN event_id TYPE text COLLATE "C" converts it (see the operations guide)`,
+			"table", t.Ident(), "collation", name)
+	}
+	return nil
+}
+
+// lockNotAvailable is the SQLSTATE of a lock_timeout.
+const lockNotAvailable = "55P03"
+
+// PartitionStart returns the start of the partition holding ts.
+func (t *Table) PartitionStart(ts time.Time) time.Time {
+	ts = ts.UTC()
+	if t.By == "month" {
+		return time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)
+	}
+	return time.Date(ts.Year(), ts.Month(), ts.Day(), 0, 0, 0, 0, time.UTC)
+}
+
+// UnixHour is the number of the UTC hour t falls in, counted from the Unix
+// epoch: integer arithmetic, for the per-row loops of a write. Ledger rows
+// are kept per source and UTC hour of event time.
+func UnixHour(t time.Time) int64 {
+	u := t.Unix()
+	h := u / 3600
+	if u%3600 < 0 {
+		h--
+	}
+	return h
+}
+
+// PartitionEnd returns the end of the partition that starts at start.
+func (t *Table) PartitionEnd(start time.Time) time.Time {
+	if t.By == "month" {
+		return start.AddDate(0, 1, 0)
+	}
+	return start.AddDate(0, 0, 1)
+}
+
+// PartitionName returns the name, in schema raw, of the partition that
+// starts at start.
+func (t *Table) PartitionName(start time.Time) string {
+	if t.By == "month" {
+		return t.Source + "_p" + start.Format("200601")
+	}
+	return t.Source + "_p" + start.Format("20060102")
+}
+
+// Missing returns the partition starts needed for times that this process
+// has not yet created or seen.
+func (t *Table) Missing(times []time.Time) []time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []time.Time
+	seen := map[time.Time]bool{}
+	// Partitions begin on a UTC hour, so one time of each hour stands for
+	// the hour's others: a batch of many rows looks up a few hundred.
+	hours := map[int64]bool{}
+	for _, ts := range times {
+		h := UnixHour(ts)
+		if hours[h] {
+			continue
+		}
+		hours[h] = true
+		s := t.PartitionStart(ts)
+		if t.known[s] || seen[s] {
+			continue
+		}
+		seen[s] = true
+		out = append(out, s)
+	}
+	return out
+}
+
+// EnsurePartitions creates the partitions starting at starts, in their own
+// transaction under the source's DDL lock so that several ingesters creating
+// the same partition at once do not collide.
+func (t *Table) EnsurePartitions(ctx context.Context, conn *pgx.Conn, starts []time.Time) error {
+	if len(starts) == 0 {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, ddlLockTimeout); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
+			return err
+		}
+		for _, s := range starts {
+			name := pgx.Identifier{"raw", t.PartitionName(s)}.Sanitize()
+			var exists, attached bool
+			if err := tx.QueryRow(ctx, partitionStatusSQL, name, t.Ident()).Scan(&exists, &attached); err != nil {
+				return err
+			}
+			switch {
+			case attached:
+				continue
+			case exists:
+				return fmt.Errorf("table %s exists but is not a partition of %s; attach it for [%s, %s) or rename it",
+					name, t.Ident(), formatBound(s), formatBound(t.PartitionEnd(s)))
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf(createPartitionTableSQL, name, t.Ident())); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf(attachPartitionSQL, name, t.Ident(), formatBound(s), formatBound(t.PartitionEnd(s)))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create partitions of %s: %w", t.Ident(), err)
+	}
+	t.mu.Lock()
+	for _, s := range starts {
+		t.known[s] = true
+	}
+	t.mu.Unlock()
+	return nil
+}
+
+// Precreate creates the partitions around now (the previous, current and
+// next two partitions), so that writes rarely have to create one.
+func (t *Table) Precreate(ctx context.Context, conn *pgx.Conn, now time.Time) error {
+	var times []time.Time
+	for p := t.PartitionStart(now.AddDate(0, 0, -1)); len(times) < 4; p = t.PartitionEnd(p) {
+		times = append(times, p)
+	}
+	return t.EnsurePartitions(ctx, conn, t.Missing(times))
+}
+
+// Forget drops the cache of known partitions, after one was found missing.
+func (t *Table) Forget() {
+	t.mu.Lock()
+	t.known = map[time.Time]bool{}
+	t.mu.Unlock()
+}
+
+func formatBound(ts time.Time) string { return ts.UTC().Format("2006-01-02 15:04:05+00") }
+
+// ErrMissingPartition means a raw partition disappeared after it was seen
+// (retention dropped it while a load was writing).
+var ErrMissingPartition = errors.New("raw partition missing")
+
+// IsMissingPartition recognises an undefined table and PostgreSQL's "no
+// partition of relation found for row", a check violation (23514) that,
+// unlike a violated CHECK constraint, names no constraint.
+func IsMissingPartition(e *pgconn.PgError) bool {
+	return e.Code == "42P01" || (e.Code == "23514" && e.ConstraintName == "")
+}
