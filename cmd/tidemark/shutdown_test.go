@@ -72,7 +72,7 @@ sources:
 		t.Errorf("exit: %v, want status 1", p.err)
 	}
 	out := p.output.String()
-	for _, want := range []string{"shutdown did not finish in time", "goroutine ", "ingest.(*Ingester)"} {
+	for _, want := range []string{"shutdown did not finish in time", "goroutine ", "kafka.(*Ingester)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
