@@ -1,0 +1,149 @@
+// Package pgerr is the one classifier of errors from PostgreSQL, used by
+// every component: by SQLSTATE, named with github.com/jackc/pgerrcode, and
+// by the driver's errors of connections that failed or were lost. Each
+// caller asks one question:
+//
+//   - Unavailable: the server cannot do any work now (it cannot be
+//     reached, the connection broke, it is starting, stopping or out of
+//     resources). Retry later, with backoff, without blaming the work.
+//   - Refused: the server ran the statement and refused it (bad input, a
+//     constraint, a privilege, a timeout of the statement itself). The
+//     work is at fault; retrying it unchanged fails the same way.
+//   - Retryable: the statement lost a race with another transaction (a
+//     serialization failure or a deadlock) and may succeed if run again
+//     at once.
+//
+// and a few predicates name single SQLSTATEs callers act on.
+package pgerr
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Code returns the SQLSTATE of err, or "" when err carries none (a
+// failure to connect, a lost connection, a cancelled context).
+func Code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// Is reports whether err carries SQLSTATE code.
+func Is(err error, code string) bool { return err != nil && Code(err) == code }
+
+// Unavailable reports whether err says the server cannot do any work now,
+// whatever the work: a failure to connect, a lost or timed-out
+// connection, a deadline, or an SQLSTATE of class 08 (connection
+// exception), 53 (insufficient resources: disk full, out of memory, too
+// many connections), 57 (operator intervention: shutdown, crash recovery,
+// a database not accepting connections) except query_canceled, or 58
+// (system error, such as an I/O error). The next attempt at any other work
+// would fail the same way.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if code := Code(err); code != "" {
+		if code == pgerrcode.QueryCanceled {
+			return false
+		}
+		switch code[:min(2, len(code))] {
+		case "08", "53", "57", "58":
+			return true
+		}
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// Refused reports whether the server ran the statement and refused it: an
+// error with an SQLSTATE that Unavailable does not claim. A statement
+// cancelled by statement_timeout (query_canceled) is refused: it is the
+// statement's own doing.
+func Refused(err error) bool { return Code(err) != "" && !Unavailable(err) }
+
+// Retryable reports whether err is a serialization failure or a deadlock:
+// the statement lost a race with another transaction and may succeed when
+// its transaction is run again at once.
+func Retryable(err error) bool {
+	switch Code(err) {
+	case pgerrcode.SerializationFailure, pgerrcode.DeadlockDetected:
+		return true
+	}
+	return false
+}
+
+// UniqueViolation reports a duplicate key (23505).
+func UniqueViolation(err error) bool { return Is(err, pgerrcode.UniqueViolation) }
+
+// LockNotAvailable reports a lock_timeout (55P03).
+func LockNotAvailable(err error) bool { return Is(err, pgerrcode.LockNotAvailable) }
+
+// ObjectInUse reports an object in use by another session (55006), such
+// as a replication slot another process holds.
+func ObjectInUse(err error) bool { return Is(err, pgerrcode.ObjectInUse) }
+
+// UndefinedObject reports an object that does not exist (42704), such as
+// a replication slot.
+func UndefinedObject(err error) bool { return Is(err, pgerrcode.UndefinedObject) }
+
+// InsufficientPrivilege reports a missing privilege (42501).
+func InsufficientPrivilege(err error) bool { return Is(err, pgerrcode.InsufficientPrivilege) }
+
+// InvalidAuthorization reports a refused role or authentication method
+// (28000).
+func InvalidAuthorization(err error) bool {
+	return Is(err, pgerrcode.InvalidAuthorizationSpecification)
+}
+
+// SyntaxError returns the 1-based character position of a syntax error
+// (42601) in the statement, and whether err is one with a position.
+func SyntaxError(err error) (int, bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.SyntaxError || pgErr.Position < 1 {
+		return 0, false
+	}
+	return int(pgErr.Position), true
+}
+
+// MissingPartition reports an undefined table (42P01) or PostgreSQL's "no
+// partition of relation found for row", a check violation (23514) that,
+// unlike a violated CHECK constraint, names no constraint: a raw partition
+// went (retention dropped it) while a load was writing into it.
+func MissingPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return pgErr.Code == pgerrcode.UndefinedTable || (pgErr.Code == pgerrcode.CheckViolation && pgErr.ConstraintName == "")
+}
+
+// BadRow reports whether PostgreSQL refused a row's content: a data
+// exception (class 22), an integrity constraint an operator added (class
+// 23, except a duplicate key, which is a concurrent insert, and a missing
+// partition), a program limit such as an oversized index row (class 54),
+// or an exception raised by a trigger (P0001).
+func BadRow(err error) bool {
+	code := Code(err)
+	switch {
+	case code == "":
+		return false
+	case pgerrcode.IsDataException(code), pgerrcode.IsProgramLimitExceeded(code), code == pgerrcode.RaiseException:
+		return true
+	case pgerrcode.IsIntegrityConstraintViolation(code):
+		return code != pgerrcode.UniqueViolation && !MissingPartition(err)
+	}
+	return false
+}
