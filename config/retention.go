@@ -4,7 +4,7 @@ import "time"
 
 // Retention bounds the state tables that grow with time. Each age is
 // measured on the service clock; rows still needed are kept whatever their
-// age (see docs/operations.md, "Retention").
+// age (see docs/state.md, "Retention").
 type Retention struct {
 	// Every is how often `tidemark run` prunes; default 1h.
 	Every Duration `yaml:"every"`

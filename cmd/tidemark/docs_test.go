@@ -2,10 +2,12 @@ package main
 
 // The tests in this file keep the documentation in step with the binary:
 // the commands and flags that README.md, docs/*.md, deploy/ and the usage
-// text mention against the commands of this package, the configuration
+// text mention against the commands of this package (docs/commands.md
+// has a section per command), the configuration
 // keys of docs/configuration.md against the structs of package config,
 // the metric names of the docs and the alerting rules against the
-// metrics the binary's packages define, and the tests the docs name
+// metrics the binary's packages define (docs/metrics.md lists them all),
+// and the tests the docs name
 // against the tests that exist. They read files only: no
 // database, no broker.
 
@@ -49,7 +51,7 @@ var (
 		"tidemark_payload": "a column name reserved by poll sources",
 		"tidemark_rows":    "a column of the benchmark output (tidemark_rows/s) in docs/benchmarks.md",
 		"tidemark_query":   "the alias of an aggregate's query in the SQL of a rebuild (docs/configuration.md, The query)",
-		"tidemark_owner":   "the default migration role of tidemark grants (docs/operations.md, Database roles)",
+		"tidemark_owner":   "the default migration role of tidemark grants (docs/security.md, Database roles)",
 		"tidemark_run":     "the default runtime role of tidemark grants",
 		"tidemark_poll":    "the default poll source role of tidemark grants",
 		"tidemark_cdc":     "the default CDC source role of tidemark grants",
@@ -59,11 +61,11 @@ var (
 	notOurFlags = map[string]string{
 		"--tmpfs":   "docker run, in deploy/README.md",
 		"-n":        "kubectl's namespace flag, in deploy/README.md",
-		"-H":        "kcat's header flag, in the dead-letter replay of docs/operations.md",
+		"-H":        "kcat's header flag, in the dead-letter replay of docs/runbook.md",
 		"-infinity": "PostgreSQL's timestamp -infinity, a value",
 	}
-	// noSection are commands that need no section of their own under
-	// "## Commands" in docs/operations.md.
+	// noSection are commands that need no section of their own in
+	// docs/commands.md.
 	noSection = map[string]string{
 		"help": "prints the usage text; its synopsis line is all there is to say",
 	}
@@ -73,6 +75,13 @@ var (
 		"help": "the usage text is what help prints",
 	}
 )
+
+// commandsFile documents every command: a synopsis before its first
+// section, then a section ("## name") per command.
+const commandsFile = "docs/commands.md"
+
+// metricsFile lists every metric in a table under "## Metrics".
+const metricsFile = "docs/metrics.md"
 
 // docFiles are the documents whose command lines, flags and metric names
 // are checked, relative to the repository root.
@@ -565,7 +574,7 @@ func logicalLines(code []snippet) []snippet {
 	return out
 }
 
-// synopsis is what a command synopsis (the one of docs/operations.md,
+// synopsis is what a command synopsis (the one of docs/commands.md,
 // the usage text, the package comment) says about one command.
 type synopsis struct {
 	line  int
@@ -646,7 +655,7 @@ func usageLines(t *testing.T, root string) (usageFile string, usageText, comment
 
 // TestDocsCommandsExist checks that every tidemark command line in the
 // documentation names a real command with flags it defines, that flags
-// written on their own in a command's section of docs/operations.md
+// written on their own in a command's section of docs/commands.md
 // belong to that command, and that no sentence says a command is missing.
 func TestDocsCommandsExist(t *testing.T) {
 	root := repoRoot(t)
@@ -695,11 +704,11 @@ func TestDocsCommandsExist(t *testing.T) {
 				if _, ok := notOurFlags[f]; ok {
 					continue
 				}
-				// In a command's section of docs/operations.md, a flag
+				// In a command's section of docs/commands.md, a flag
 				// belongs to that command or to one the paragraph names.
 				var cmds []string
-				if file == "docs/operations.md" && s.h2 == "Commands" && c.isCommand(s.h3) {
-					cmds = append(cmds, s.h3)
+				if file == commandsFile && c.isCommand(s.h2) {
+					cmds = append(cmds, s.h2)
 					for _, w := range wordRe.FindAllString(s.para, -1) {
 						if c.isCommand(w) && !slices.Contains(cmds, w) {
 							cmds = append(cmds, w)
@@ -803,28 +812,29 @@ func missingCommandClaims(text string) []claim {
 	return out
 }
 
-// TestDocsCommandsDocumented checks the reverse: docs/operations.md's
-// synopsis, the usage text and the package comment list every command
-// with every flag, and docs/operations.md has a section for each command.
+// TestDocsCommandsDocumented checks the reverse: the synopsis of
+// docs/commands.md, the usage text and the package comment list every
+// command with every flag, and docs/commands.md has a section for each
+// command.
 func TestDocsCommandsDocumented(t *testing.T) {
 	root := repoRoot(t)
 	c := binaryCLI(t)
-	const opsFile = "docs/operations.md"
+	const opsFile = commandsFile
 	ops := parseMarkdown(t, root, opsFile)
 	var synLines []snippet
 	block := 0
 	for _, s := range ops.code {
-		if s.h2 == "Commands" && s.h3 == "" && (block == 0 || block == s.block) {
+		if s.h2 == "" && (block == 0 || block == s.block) {
 			block = s.block
 			synLines = append(synLines, s)
 		}
 	}
 	if len(synLines) == 0 {
-		t.Fatalf("%s: no code block right under ## Commands (the synopsis)", opsFile)
+		t.Fatalf("%s: no code block before the first section (the synopsis)", opsFile)
 	}
 	sections := map[string]bool{}
 	for _, h := range ops.headings {
-		if h.level == 3 && h.h2 == "Commands" {
+		if h.level == 2 {
 			sections[h.text] = true
 		}
 	}
@@ -861,7 +871,7 @@ func TestDocsCommandsDocumented(t *testing.T) {
 	}
 	for _, cmd := range c.commandNames() {
 		if _, exempt := noSection[cmd]; !sections[cmd] && !exempt {
-			t.Errorf("%s: no section \"### %s\" under \"## Commands\" describes tidemark %s", opsFile, cmd, cmd)
+			t.Errorf("%s: no section \"## %s\" describes tidemark %s", opsFile, cmd, cmd)
 		}
 	}
 }
@@ -1535,7 +1545,7 @@ var (
 
 // TestDocsMetrics checks that every metric name in the docs and the
 // alerting rules is one that the binary defines, and that the metrics
-// table of docs/operations.md lists every metric with its type and labels.
+// table of docs/metrics.md lists every metric with its type and labels.
 func TestDocsMetrics(t *testing.T) {
 	root := repoRoot(t)
 	defs := binaryMetrics(t, root)
@@ -1569,7 +1579,7 @@ func TestDocsMetrics(t *testing.T) {
 	}
 
 	// The metrics table: | `name` | type | labels | meaning |.
-	const opsFile = "docs/operations.md"
+	const opsFile = metricsFile
 	ops := parseMarkdown(t, root, opsFile)
 	rows := map[string]mdRow{}
 	var tableLine int

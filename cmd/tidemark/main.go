@@ -20,7 +20,7 @@
 //	tidemark version
 //
 // Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
-// docs/operations.md documents every command and flag.
+// docs/commands.md documents every command and flag.
 package main
 
 import (
