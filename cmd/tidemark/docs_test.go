@@ -3,12 +3,14 @@ package main
 // The tests in this file keep the documentation in step with the binary:
 // the commands and flags that README.md, docs/*.md, deploy/ and the usage
 // text mention against the commands of this package (docs/commands.md
-// has a section per command), the configuration
-// keys of docs/configuration.md against the structs of package config,
-// the metric names of the docs and the alerting rules against the
-// metrics the binary's packages define (docs/metrics.md lists them all),
-// and the tests the docs name
-// against the tests that exist. They read files only: no
+// has a section per command), the configuration keys of
+// docs/configuration.md against the structs of package config, the
+// metric names of the docs and the alerting rules against the metrics the
+// binary's packages define (docs/metrics.md lists them all), the alerting
+// rules against the sections of docs/runbook.md, the fuzz targets and
+// benchmarks the docs name against those that exist, and the links
+// between the documents against their files and headings. User docs name
+// no Go tests: those belong in code comments. They read files only: no
 // database, no broker.
 
 import (
@@ -21,6 +23,7 @@ import (
 	"go/build"
 	"go/parser"
 	"go/token"
+	"html"
 	"io"
 	"maps"
 	"os"
@@ -82,6 +85,9 @@ const commandsFile = "docs/commands.md"
 
 // metricsFile lists every metric in a table under "## Metrics".
 const metricsFile = "docs/metrics.md"
+
+// runbookFile has a section per alert under "## Alerts".
+const runbookFile = "docs/runbook.md"
 
 // docFiles are the documents whose command lines, flags and metric names
 // are checked, relative to the repository root.
@@ -1665,14 +1671,24 @@ func suggestMetric(name string, names map[string]bool) string {
 	return "; did you mean " + best + "?"
 }
 
-// testNameRe matches the names of tests and fuzz targets in the docs.
-var testNameRe = regexp.MustCompile(`\b(?:Test|Fuzz)[A-Z][A-Za-z0-9_]*`)
+// userDocs are the documents users read, relative to the repository
+// root: docFiles and the changelog.
+func userDocs(t *testing.T, root string) []string {
+	t.Helper()
+	return append(docFiles(t, root), "CHANGELOG.md")
+}
 
-// TestDocsNameTests checks that every test and fuzz target the docs name
-// as the ground of a guarantee exists: a renamed or deleted test must
-// take its claim with it.
-func TestDocsNameTests(t *testing.T) {
-	root := repoRoot(t)
+// goTestNameRe matches the names of Go tests; nameRe those of fuzz
+// targets and benchmarks, which users run (make fuzz, make bench).
+var (
+	goTestNameRe = regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9_]*`)
+	nameRe       = regexp.MustCompile(`\b(?:Fuzz|Benchmark)[A-Z][A-Za-z0-9_]*`)
+)
+
+// definedFuncs are the top-level functions of the repository's _test.go
+// files.
+func definedFuncs(t *testing.T, root string) map[string]bool {
+	t.Helper()
 	defined := map[string]bool{}
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
@@ -1699,17 +1715,38 @@ func TestDocsNameTests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, file := range docFiles(t, root) {
+	return defined
+}
+
+// TestDocsNameTests checks that every fuzz target and benchmark the docs
+// name exists: a renamed or deleted one must take its mention with it.
+func TestDocsNameTests(t *testing.T) {
+	root := repoRoot(t)
+	defined := definedFuncs(t, root)
+	for _, file := range userDocs(t, root) {
 		for i, line := range readLines(t, root, file) {
-			for _, loc := range testNameRe.FindAllStringIndex(line, -1) {
+			for _, loc := range nameRe.FindAllStringIndex(line, -1) {
 				name := line[loc[0]:loc[1]]
-				if name == "TestMain" || defined[name] {
+				if defined[name] {
 					continue
 				}
 				if loc[1] < len(line) && line[loc[1]] == '*' && definedPrefix(defined, name) {
-					continue // TestDecode*: a family of tests
+					continue // BenchmarkCDC*: a family
 				}
 				t.Errorf("%s:%d: names %s, which no _test.go file defines", file, i+1, name)
+			}
+		}
+	}
+}
+
+// TestDocsNoTestNames checks that the user docs name no Go test: what a
+// test shows is said in prose, and the test's name belongs in the code.
+func TestDocsNoTestNames(t *testing.T) {
+	root := repoRoot(t)
+	for _, file := range userDocs(t, root) {
+		for i, line := range readLines(t, root, file) {
+			for _, name := range goTestNameRe.FindAllString(line, -1) {
+				t.Errorf("%s:%d: names the Go test %s; say what it shows instead, and leave its name to the code", file, i+1, name)
 			}
 		}
 	}
@@ -1722,4 +1759,177 @@ func definedPrefix(defined map[string]bool, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// ---------------------------------------------------------------------
+// Alerts and the runbook.
+
+// alertRule is an alerting rule of deploy/prometheus/alerts.yaml.
+type alertRule struct {
+	name        string
+	line        int
+	annotations map[string]string
+}
+
+func alertRules(t *testing.T, root string) []alertRule {
+	t.Helper()
+	const file = "deploy/prometheus/alerts.yaml"
+	b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(file)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       yaml.Node         `yaml:"alert"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	var out []alertRule
+	for _, g := range doc.Groups {
+		for _, r := range g.Rules {
+			if r.Alert.Value == "" {
+				continue // a recording rule
+			}
+			out = append(out, alertRule{name: r.Alert.Value, line: r.Alert.Line, annotations: r.Annotations})
+		}
+	}
+	if len(out) < 10 {
+		t.Fatalf("%s: found only %d alerts", file, len(out))
+	}
+	return out
+}
+
+var (
+	// runbookRefRe finds a reference to a runbook section in an alert's
+	// annotation: See "The warehouse is down" in the runbook.
+	runbookRefRe = regexp.MustCompile(`"([^"]+)"\s+in\s+the\s+runbook`)
+	alertNameRe  = regexp.MustCompile(`\bTidemark[A-Z][A-Za-z0-9]*\b`)
+)
+
+// TestDocsRunbookAlerts checks that every alert of
+// deploy/prometheus/alerts.yaml has a section of its own, named after it,
+// under "## Alerts" in docs/runbook.md, that every runbook section an
+// alert's annotations name exists, and that every alert the docs name and
+// every section under "## Alerts" is an alert of the rules.
+func TestDocsRunbookAlerts(t *testing.T) {
+	root := repoRoot(t)
+	rules := alertRules(t, root)
+	rb := parseMarkdown(t, root, runbookFile)
+	headings := map[string]bool{}
+	alertSections := map[string]int{}
+	for _, h := range rb.headings {
+		headings[h.text] = true
+		if h.level == 3 && h.h2 == "Alerts" {
+			alertSections[h.text] = h.line
+		}
+	}
+	known := map[string]bool{}
+	for _, r := range rules {
+		known[r.name] = true
+		if alertSections[r.name] == 0 {
+			t.Errorf("deploy/prometheus/alerts.yaml:%d: the alert %s has no section \"### %s\" under \"## Alerts\" in %s", r.line, r.name, r.name, runbookFile)
+		}
+		for _, key := range sortedKeys(r.annotations) {
+			for _, m := range runbookRefRe.FindAllStringSubmatch(strings.Join(strings.Fields(r.annotations[key]), " "), -1) {
+				if !headings[m[1]] {
+					t.Errorf("deploy/prometheus/alerts.yaml:%d: the %s of %s names the runbook section %q, which %s does not have", r.line, key, r.name, m[1], runbookFile)
+				}
+			}
+		}
+	}
+	for _, name := range sortedKeys(alertSections) {
+		if !known[name] {
+			t.Errorf("%s:%d: the section %q under \"## Alerts\" is not an alert of deploy/prometheus/alerts.yaml", runbookFile, alertSections[name], name)
+		}
+	}
+	for _, file := range userDocs(t, root) {
+		for i, line := range readLines(t, root, file) {
+			for _, name := range alertNameRe.FindAllString(line, -1) {
+				if !known[name] {
+					t.Errorf("%s:%d: %s is not an alert of deploy/prometheus/alerts.yaml", file, i+1, name)
+				}
+			}
+		}
+	}
+}
+
+// ---------------------------------------------------------------------
+// Links.
+
+var (
+	// mdLinkRe finds inline links and images: [text](target).
+	mdLinkRe = regexp.MustCompile(`\]\(([^()\s]+)\)`)
+	// slugDropRe is what GitHub drops from a heading to make its anchor.
+	slugDropRe = regexp.MustCompile(`[^\p{L}\p{N}\- _]`)
+)
+
+// anchors are the anchors GitHub gives a document's headings: the text
+// lowercased, punctuation dropped, spaces made hyphens, and -1, -2 ...
+// appended to repeats.
+func anchors(d *mdDoc) map[string]bool {
+	out := map[string]bool{}
+	for _, h := range d.headings {
+		text := html.UnescapeString(h.text)
+		slug := strings.ReplaceAll(slugDropRe.ReplaceAllString(strings.ToLower(text), ""), " ", "-")
+		a := slug
+		for n := 1; out[a]; n++ {
+			a = fmt.Sprintf("%s-%d", slug, n)
+		}
+		out[a] = true
+	}
+	return out
+}
+
+// TestDocsLinks checks that every relative link of the user docs and of
+// docs/configuration.md names a file that exists and, for a document, a
+// heading it has.
+func TestDocsLinks(t *testing.T) {
+	root := repoRoot(t)
+	docs := map[string]*mdDoc{}
+	doc := func(rel string) *mdDoc {
+		if docs[rel] == nil {
+			docs[rel] = parseMarkdown(t, root, rel)
+		}
+		return docs[rel]
+	}
+	files := userDocs(t, root)
+	if !slices.Contains(files, "docs/configuration.md") {
+		files = append(files, "docs/configuration.md")
+	}
+	for _, file := range files {
+		d := doc(file)
+		for _, p := range d.prose {
+			for _, loc := range mdLinkRe.FindAllStringSubmatchIndex(p.text, -1) {
+				target := p.text[loc[2]:loc[3]]
+				line := p.line + strings.Count(p.text[:loc[0]], "\n")
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				path, anchor, _ := strings.Cut(target, "#")
+				rel := file
+				if path != "" {
+					rel = filepath.ToSlash(filepath.Join(filepath.Dir(file), path))
+					if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(rel))); err != nil {
+						t.Errorf("%s:%d: the link %s names %s, which does not exist", file, line, target, rel)
+						continue
+					}
+				}
+				if anchor == "" {
+					continue
+				}
+				if !strings.HasSuffix(rel, ".md") {
+					t.Errorf("%s:%d: the link %s has an anchor into a file that is not a document", file, line, target)
+					continue
+				}
+				if !anchors(doc(rel))[anchor] {
+					t.Errorf("%s:%d: the link %s names #%s, which no heading of %s has", file, line, target, anchor, rel)
+				}
+			}
+		}
+	}
 }
