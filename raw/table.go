@@ -288,7 +288,7 @@ func (t *Table) checkKeyCollation(ctx context.Context, conn *pgx.Conn) error {
 	checked, t.checked = t.checked, true
 	t.mu.Unlock()
 	if !checked && !bytewise && t.Log != nil {
-		t.Log.Info(`raw table compares event_id through a linguistic collation, which makes its writes dearer; ALTER TABLE ... ALTER COLUMN event_id TYPE text COLLATE "C" converts it (see the operations guide)`,
+		t.Log.Info(`raw table compares event_id through a linguistic collation, which makes its writes dearer; ALTER TABLE ... ALTER COLUMN event_id TYPE text COLLATE "C" converts it (see the runbook, "A raw table compares event_id through a linguistic collation")`,
 			"table", t.Ident(), "collation", name)
 	}
 	return nil

@@ -139,7 +139,7 @@ func TestRawTableIndexUpgrade(t *testing.T) {
 // TestRawKeyCollation: raw tables of both kinds, and their partitions,
 // compare event_id byte by byte (COLLATE "C"), their primary key included;
 // a table created before with the database's collation is left as it is,
-// keeps taking partitions, and converts with the operations guide's
+// keeps taking partitions, and converts with the runbook's
 // statement, rows kept.
 func TestRawKeyCollation(t *testing.T) {
 	h := newTableEnv(t)
@@ -197,7 +197,7 @@ ORDER BY 1`, source))
 	if got := collations("coll_old"); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("an existing table's collations %v, want %v (left as they were)", got, want)
 	}
-	// The conversion the operations guide gives, on a table with rows.
+	// The conversion the runbook gives, on a table with rows.
 	if _, err := h.conn.Exec(ctx, `INSERT INTO raw.coll_old (event_id, event_time, ingested_at, payload)
 		SELECT 'e' || g, $1::timestamptz + g * interval '1 s', now(), '{}' FROM generate_series(1, 100) g`, day); err != nil {
 		t.Fatal(err)
