@@ -10,6 +10,7 @@ import (
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -19,7 +20,7 @@ import (
 // change rows the reader wrote, equal to a full recompute.
 func TestAggregateOverCDCSource(t *testing.T) {
 	ctx := context.Background()
-	src, srcDSN, wh, whDSN, exec := sourceAndWarehouse(t)
+	_, srcDSN, wh, whDSN, exec := sourceAndWarehouse(t)
 	exec(`CREATE TABLE orders (order_id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL)`)
 	yaml := fmt.Sprintf(`warehouse: {dsn: %q}
 sources:
@@ -70,15 +71,20 @@ aggregates:
 			t.Errorf("reader: %v", err)
 		}
 	}()
-	waitFor(t, "the reader to stream", func() bool {
-		var active bool
-		err := src.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&active)
-		return err == nil && active
+	// The slot must have reached its consistent point before the source
+	// writes: transactions that commit before it are not decoded. A slot
+	// being created is already listed active in pg_replication_slots
+	// (while it waits for the transactions running on the server), so
+	// the test waits for the reader to record the slot's consistent point.
+	waitfor.Until(t, "the slot to be created", func() bool {
+		var created bool
+		err := wh.QueryRow(ctx, "SELECT slot_created_lsn IS NOT NULL FROM tidemark.cdc_positions WHERE source = 'shop'").Scan(&created)
+		return err == nil && created
 	})
 	exec(`INSERT INTO orders SELECT i, i FROM generate_series(1, 50) AS i`)
 	exec(`UPDATE orders SET amount = amount * 2 WHERE order_id <= 10`)
 	exec(`DELETE FROM orders WHERE order_id > 45`)
-	waitFor(t, "the 65 changes to be applied", func() bool {
+	waitfor.Until(t, "the 65 changes to be applied", func() bool {
 		var n int64
 		err := wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop").Scan(&n)
 		return err == nil && n == 65
@@ -96,16 +102,4 @@ aggregates:
 		rowsOf(t, wh, `SELECT (event_time AT TIME ZONE 'UTC')::date, count(*), count(*) FILTER (WHERE op = 'delete'),
 			sum((payload->>'amount')::numeric) FILTER (WHERE op <> 'delete') FROM raw.shop GROUP BY 1 ORDER BY 1`))
 	pgtest.Equal(t, "changes in the aggregate", rowsOf(t, wh, "SELECT sum(changes), sum(deletes) FROM daily_order_changes"), []string{"65 | 5"})
-}
-
-// waitFor polls cond every 20ms for up to 30s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 30s for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
