@@ -804,6 +804,65 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 	}
 }
 
+// TestIdleConfirmInsideOpenTransaction: the slot confirmed, while the
+// reader is idle, at a keepalive's WAL end that lies inside a source
+// transaction not yet committed (the walsender has decoded its rows and
+// sends nothing until its commit), then a new replication session
+// started from that position, loses nothing: the source decodes the
+// transaction again from the slot's restart_lsn and sends it once it
+// commits, since it skips only transactions whose commit record lies
+// before the confirmed position.
+func TestIdleConfirmInsideOpenTransaction(t *testing.T) {
+	e := newCDCEnv(t)
+	e.start(e.config("snapshot: never\nheartbeat_every: 0s", "deletes: hard"))
+	e.exec(`INSERT INTO customers VALUES (1, 'ana', 'free', NULL, NULL)`)
+	e.waitMirrored("")
+
+	tx, err := e.src.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	var began string
+	if err := tx.QueryRow(e.ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&began); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `INSERT INTO orders SELECT i, 1, i, timestamptz '2026-10-05 09:00+00' + i * interval '1 second'
+		FROM generate_series(1, 1000) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	start, err := pglogrepl.ParseLSN(began)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := pglogrepl.ParseLSN(e.confirmed()); err == nil && c > start {
+			t.Logf("slot confirmed at %s, inside the open transaction that began at %s", c, began)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot stayed confirmed at %s, not past the open transaction's start %s", e.confirmed(), began)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A new replication session starts from the confirmed position.
+	pid := e.slotPID()
+	e.exec(`SELECT pg_terminate_backend($1)`, pid)
+	for p := e.slotPID(); p == 0 || p == pid; p = e.slotPID() {
+		if time.Now().After(deadline) {
+			t.Fatal("the reader did not take the slot again")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitMirrored("")
+	e.wantCount("raw change rows of orders", 1000, `SELECT count(*) FROM raw.shop WHERE source_table = 'public.orders'`)
+}
+
 // metric sums the samples of a counter or gauge family.
 func (e *cdcEnv) metric(name string) float64 {
 	e.t.Helper()
