@@ -425,8 +425,11 @@ func waitDecodedPast(b *testing.B, src, wh *pgxpool.Pool) {
 	b.Fatalf("row %d did not reach the mirror within 3 minutes", id)
 }
 
-// waitApplied waits until the reader has applied the source's WAL up to
-// end.
+// waitApplied waits until applied_lsn, the end of the last source
+// transaction the reader applied, reaches end. A position inside the last
+// transaction written, after its changes and before its commit (see
+// writeOrders), is reached once every transaction is applied, and not
+// before.
 func (rr *runningReader) waitApplied(b *testing.B, wh *pgxpool.Pool, end string, limit time.Duration) {
 	b.Helper()
 	rr.waitFor(b, wh, "the changes up to "+end+" to be applied", limit,

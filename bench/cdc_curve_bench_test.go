@@ -17,19 +17,47 @@ import (
 )
 
 // cdcWriteProc inserts total rows into orders, per_txn rows a
-// transaction, each committed by the procedure.
+// transaction, each committed by the procedure. It returns in last the WAL
+// insert position its last transaction reached after its rows, before its
+// commit record.
 const cdcWriteProc = `
-CREATE PROCEDURE bench_write(first bigint, total bigint, per_txn bigint) LANGUAGE plpgsql AS $$
+CREATE PROCEDURE bench_write(first bigint, total bigint, per_txn bigint, INOUT last text DEFAULT NULL) LANGUAGE plpgsql AS $$
 DECLARE i bigint := first;
 BEGIN
     WHILE i < first + total LOOP
         INSERT INTO orders SELECT g, g % 5000, (g % 997) * 1.25, 'placed', repeat('x', 80),
             timestamptz '2026-11-01 00:00+00' + g * interval '1 second'
         FROM generate_series(i, least(i + per_txn, first + total) - 1) AS g;
+        last := pg_current_wal_insert_lsn()::text;
         COMMIT;
         i := i + per_txn;
     END LOOP;
 END $$`
+
+// writeOrders inserts total rows into orders with cdcWriteProc, perTxn
+// rows a transaction, and returns a WAL position inside the last
+// transaction: past its rows and every earlier commit, before its own
+// commit. applied_lsn, the end of the last source transaction a reader
+// applied, reaches it only once every transaction is applied, and
+// pg_recvlogical stopping there has received every change.
+//
+// pg_current_wal_lsn() after the writes would not do: it is how far WAL
+// has been written, and with synchronous_commit off the WAL writer can
+// still hold back the last transactions (a whole one of 10,000 rows, in
+// practice), so a reader would seem done before it applied them.
+func writeOrders(tb testing.TB, w *pgx.Conn, total, perTxn int) string {
+	tb.Helper()
+	ctx := context.Background()
+	// Writing is not measured: commits need not wait for their flush.
+	if _, err := w.Exec(ctx, `SET synchronous_commit = off`); err != nil {
+		tb.Fatal(err)
+	}
+	var end string
+	if err := w.QueryRow(ctx, `CALL bench_write(1, $1, $2, NULL)`, total, perTxn).Scan(&end); err != nil {
+		tb.Fatal(err)
+	}
+	return end
+}
 
 // cdcPoint is one source transaction size and the changes written at it.
 type cdcPoint struct{ perTxn, total int }
@@ -122,18 +150,8 @@ func cdcPointRates(b *testing.B, e *env, recvlogical string, p cdcPoint) (decode
 	b.Helper()
 	ctx := context.Background()
 	srcDSN, src, wh, cfg := cdcSlots(b, e.srv, cdcWriteProc)
-	// Writing is not measured: commits need not wait for their flush.
 	w := connect(b, srcDSN)
-	if _, err := w.Exec(ctx, `SET synchronous_commit = off`); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := w.Exec(ctx, `CALL bench_write(1, $1, $2)`, p.total, p.perTxn); err != nil {
-		b.Fatal(err)
-	}
-	var end string
-	if err := w.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
-		b.Fatal(err)
-	}
+	end := writeOrders(b, w, p.total, p.perTxn)
 
 	e.settle(b)
 	decodeTook, _ := decodeOnly(b, recvlogical, srcDSN, "bench_decode", end)
