@@ -458,12 +458,16 @@ func (rr *runningReader) waitFor(b *testing.B, wh *pgxpool.Pool, what string, li
 	b.Fatalf("waited %s for %s: applied %s, confirmed %s", limit, what, applied, confirmed)
 }
 
-// writeCDCWorkload writes the 1M changes and returns the source's WAL
-// position after the last commit.
+// writeCDCWorkload writes the 1M changes and returns a WAL position inside
+// the last transaction, after its changes and before its commit (see
+// writeOrders). pg_current_wal_lsn() after the last commit would be at or
+// past its end, past it when other WAL was written in between, where
+// applied_lsn never arrives.
 func writeCDCWorkload(b *testing.B, src *pgxpool.Pool) string {
 	b.Helper()
 	ctx := context.Background()
 	const txn = 1000
+	var end string
 	// Each block of ten transactions inserts 6,000 rows, updates the
 	// first 3,000 of them and deletes the next 1,000.
 	for i := range cdcChanges / txn {
@@ -475,17 +479,19 @@ func writeCDCWorkload(b *testing.B, src *pgxpool.Pool) string {
 		case i%10 == 9:
 			sql, from = cdcDeleteSQL, block+3*txn+1
 		}
-		tag, err := src.Exec(ctx, sql, from, from+txn-1)
+		err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, sql, from, from+txn-1)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() != txn {
+				return fmt.Errorf("%s changed %d rows, want %d", tag, tag.RowsAffected(), txn)
+			}
+			return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end)
+		})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if tag.RowsAffected() != txn {
-			b.Fatalf("%s changed %d rows, want %d", tag, tag.RowsAffected(), txn)
-		}
-	}
-	var end string
-	if err := src.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
-		b.Fatal(err)
 	}
 	return end
 }
