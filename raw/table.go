@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/internal/pgcollate"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 // createRawTableSQL creates raw.<source>, range-partitioned by event time.
@@ -254,9 +254,8 @@ func (t *Table) dropLegacyIndex(ctx context.Context, conn *pgx.Conn) error {
 		_, err := tx.Exec(ctx, fmt.Sprintf(dropLegacyIndexSQL, legacy))
 		return err
 	})
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+	case pgerr.LockNotAvailable(err):
 		log.Warn("raw table busy: its load_xid index, which the ingested_at index replaces, stays until the next start",
 			"table", t.Ident(), "index", legacy)
 		return nil
@@ -293,9 +292,6 @@ func (t *Table) checkKeyCollation(ctx context.Context, conn *pgx.Conn) error {
 	}
 	return nil
 }
-
-// lockNotAvailable is the SQLSTATE of a lock_timeout.
-const lockNotAvailable = "55P03"
 
 // PartitionStart returns the start of the partition holding ts.
 func (t *Table) PartitionStart(ts time.Time) time.Time {
@@ -428,12 +424,7 @@ func (t *Table) Forget() {
 func formatBound(ts time.Time) string { return ts.UTC().Format("2006-01-02 15:04:05+00") }
 
 // ErrMissingPartition means a raw partition disappeared after it was seen
-// (retention dropped it while a load was writing).
+// (retention dropped it while a load was writing): the loads wrap the
+// error pgerr.MissingPartition recognises with it, and repeat the write
+// once the partition cache is dropped (Forget).
 var ErrMissingPartition = errors.New("raw partition missing")
-
-// IsMissingPartition recognises an undefined table and PostgreSQL's "no
-// partition of relation found for row", a check violation (23514) that,
-// unlike a violated CHECK constraint, names no constraint.
-func IsMissingPartition(e *pgconn.PgError) bool {
-	return e.Code == "42P01" || (e.Code == "23514" && e.ConstraintName == "")
-}

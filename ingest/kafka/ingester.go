@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
@@ -592,11 +592,10 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	res, err := w.write(wctx, b, in.stored, ingestedAt, in.checkRows)
 	in.applyConflictsLocked(res.conflicts)
 	if err != nil {
-		// PostgreSQL reported the error and rolled the transaction back:
-		// the connection is fine. Anything else leaves it in an unknown
-		// state.
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || w.conn.IsClosed() {
+		// An error PostgreSQL reported (one with an SQLSTATE) rolled the
+		// transaction back: the connection is fine. Anything else leaves
+		// it in an unknown state.
+		if pgerr.Code(err) == "" || w.conn.IsClosed() {
 			in.dropConnLocked()
 		}
 		return err

@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
@@ -189,7 +189,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 			return res, err
 		}
 	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
-		if !probe && errors.Is(err, errRetryNow) && isUniqueViolation(err) {
+		if !probe && errors.Is(err, errRetryNow) && pgerr.UniqueViolation(err) {
 			if !dedupe && len(firstOfEach(b)) < len(b.rows) {
 				w.dedupeLeft = probeAfterDuplicate
 			} else {
@@ -466,45 +466,20 @@ func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row
 
 // classifyRowError sorts the errors of writing rows: a missing raw
 // partition (dropped, or never attached), a conflict with a concurrent
-// transaction, and rows the warehouse refuses; anything else is returned
-// as it is.
+// transaction (a duplicate key another ingester stored meanwhile, a
+// serialization failure or a deadlock), and rows the warehouse refuses;
+// anything else is returned as it is.
 func classifyRowError(err error, src *source) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return err
-	}
 	switch {
-	case raw.IsMissingPartition(pgErr):
+	case pgerr.MissingPartition(err):
 		src.raw.Forget()
 		return fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
-	case pgErr.Code == "23505" || pgErr.Code == "40001" || pgErr.Code == "40P01":
+	case pgerr.UniqueViolation(err) || pgerr.Retryable(err):
 		return fmt.Errorf("%w: %w", errRetryNow, err)
-	case isBadRow(pgErr):
+	case pgerr.BadRow(err):
 		return fmt.Errorf("%w: %w", errBadRow, err)
 	}
 	return err
-}
-
-// isUniqueViolation reports whether err is PostgreSQL's duplicate key
-// error.
-func isUniqueViolation(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505"
-}
-
-// isBadRow reports whether PostgreSQL refused a row's content: a data
-// exception (class 22), an integrity constraint an operator added to a raw
-// table (class 23, except a duplicate key, which is a concurrent insert),
-// a program limit such as an oversized index row (class 54), or an
-// exception raised by a trigger (P0001).
-func isBadRow(e *pgconn.PgError) bool {
-	switch {
-	case strings.HasPrefix(e.Code, "22"), strings.HasPrefix(e.Code, "54"), e.Code == "P0001":
-		return true
-	case strings.HasPrefix(e.Code, "23"):
-		return e.Code != "23505" && !raw.IsMissingPartition(e)
-	}
-	return false
 }
 
 // written counts the rows a write stored, fresh of batch b: per Kafka

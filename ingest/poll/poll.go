@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/mirror"
@@ -1019,11 +1020,11 @@ var copyChangeColumns = []string{"event_id", "event_time", "ingested_at", "op", 
 // handled as in a merge.
 func (p *Poller) copyError(err error, what string) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if pgerr.UniqueViolation(err) && errors.As(err, &pgErr) {
 		p.mergeOnly = true
 		return fmt.Errorf("%w (%s: %s)", errCopyConflict, what, pgErr.Message)
 	}
-	if errors.As(err, &pgErr) && raw.IsMissingPartition(pgErr) {
+	if pgerr.MissingPartition(err) {
 		return p.mergeError(err)
 	}
 	return fmt.Errorf("copy into %s: %w", what, err)
@@ -1033,8 +1034,7 @@ func (p *Poller) copyError(err error, what string) error {
 // operator since this process saw it is forgotten, so that the repeated
 // run creates it again.
 func (p *Poller) mergeError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && raw.IsMissingPartition(pgErr) {
+	if pgerr.MissingPartition(err) {
 		p.raw.Forget()
 		return fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
 	}
