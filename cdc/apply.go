@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -1103,9 +1103,6 @@ const freshBackoff = 100
 // their fresh rows.
 const maxFreshSavepoints = 32
 
-// uniqueViolation is PostgreSQL's SQLSTATE unique_violation.
-const uniqueViolation = "23505"
-
 // copyFresh reports whether the next chunk of mirror target COPYs its
 // fresh rows, counting the chunk.
 func (a *applier) copyFresh(target string) bool {
@@ -1145,8 +1142,7 @@ func (a *applier) insertFresh(ctx context.Context, g *group, st *stageRows) (boo
 	if err == nil {
 		return true, nil
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != uniqueViolation {
+	if !pgerr.UniqueViolation(err) {
 		return false, fmt.Errorf("insert into %s: %w", target, err)
 	}
 	if _, err := g.tx.Exec(ctx, rollbackToFreshSQL); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -241,13 +242,12 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		pctx, cancel := context.WithTimeout(ctx, r.step)
 		_, err := srcConn.Exec(pctx, fmt.Sprintf(createPublicationSQL, pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(names, ", ")))
 		cancel()
-		var pgErr *pgconn.PgError
-		if err != nil && !errors.As(err, &pgErr) {
-			// The connection failed, not the statement: retry.
-			return fmt.Errorf("sources.%s.cdc.publication: create publication %s: %w", r.src.Name, cfg.Publication, err)
+		if pgerr.Refused(err) {
+			return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
 		}
 		if err != nil {
-			return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
+			// The server could not run the statement: retry.
+			return fmt.Errorf("sources.%s.cdc.publication: create publication %s: %w", r.src.Name, cfg.Publication, err)
 		}
 		r.log.Info("created publication", "publication", cfg.Publication)
 	}
@@ -522,10 +522,9 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 		action = "EXPORT_SNAPSHOT"
 	}
 	res, err := r.createSlotWatched(ctx, repl, src, action)
-	var pgErr *pgconn.PgError
-	if err != nil && (errors.Is(err, pgconnect.ErrNoProgress) || !errors.As(err, &pgErr)) {
-		// The server stopped confirming progress, or a connection
-		// failed: retry.
+	if err != nil && (errors.Is(err, pgconnect.ErrNoProgress) || !pgerr.Refused(err)) {
+		// The server stopped confirming progress, or could not run
+		// the statement: retry.
 		return pos, fmt.Errorf("sources.%s.cdc.slot: create slot %s: %w", r.src.Name, cfg.Slot, err)
 	}
 	if err != nil {

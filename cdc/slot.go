@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 // SQL of creating and dropping the slot.
@@ -43,9 +44,6 @@ WHERE a.pid = $1`
 // connection.
 const replicationApp = "tidemark-cdc"
 
-// undefinedObject is the SQLSTATE of dropping a slot that does not exist.
-const undefinedObject = "42704"
-
 // slotWaitLogEvery is how often, at most, the reader logs that creating
 // the slot waits for transactions open on the source.
 const slotWaitLogEvery = time.Minute
@@ -69,9 +67,8 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 	var ended int64
 	err := src.QueryRow(tctx, terminateSlotHolderSQL, slot, replicationApp).Scan(&ended)
 	cancel()
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr):
+	case pgerr.Refused(err):
 		// Refused (a holder of another role, say): the drop below
 		// waits for it, within its bound.
 		r.log.Warn("cannot end the session holding the slot of an unfinished snapshot", "slot", slot, "err", err)
@@ -85,7 +82,7 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 	dctx, cancel := context.WithTimeout(ctx, r.step)
 	err = pglogrepl.DropReplicationSlot(dctx, repl, slot, pglogrepl.DropReplicationSlotOptions{Wait: true})
 	cancel()
-	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == undefinedObject) {
+	if err != nil && !pgerr.UndefinedObject(err) {
 		return fmt.Errorf("drop the slot of an unfinished snapshot: %w", err)
 	}
 	return nil

@@ -12,6 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/tidemark-dev/tidemark/internal/backoff"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 // stream is one replication session: it decodes pgoutput messages, applies
@@ -68,10 +71,6 @@ func pluginArgs(publication string) []string {
 // tidemark readers; a foreign consumer still fails the start after it.
 const slotBusyWait = 10 * time.Second
 
-// objectInUse is the SQLSTATE of starting replication from a slot that
-// another walsender holds.
-const objectInUse = "55006"
-
 func (s *stream) run(ctx context.Context) error {
 	cfg := s.r.src.CDC
 	deadline := time.Now().Add(slotBusyWait)
@@ -82,12 +81,9 @@ func (s *stream) run(ctx context.Context) error {
 		err := pglogrepl.StartReplication(sctx, s.repl, cfg.Slot, s.applied,
 			pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(cfg.Publication)})
 		cancel()
-		var pgErr *pgconn.PgError
-		if err != nil && errors.As(err, &pgErr) && pgErr.Code == objectInUse && time.Now().Before(deadline) {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
+		if pgerr.ObjectInUse(err) && time.Now().Before(deadline) {
+			if err := backoff.Sleep(ctx, 100*time.Millisecond); err != nil {
+				return err
 			}
 			continue
 		}
