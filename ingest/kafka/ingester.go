@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -79,7 +79,11 @@ type Ingester struct {
 	afterSeek func() // Options.afterSeek
 	w         *writer
 	checkRows bool // the last attempt hit a bad row: check each row
-	failures  int  // consecutive failed attempts, for backoff and readiness
+	// retry counts the failed attempts in a row (of writes, of preparing
+	// the raw tables, of reading the stored offsets) and spaces them:
+	// retryIn is the wait it gave after the last.
+	retry   backoff.Backoff
+	retryIn time.Duration
 
 	lastErr atomic.Pointer[error]
 	commits *committer
@@ -99,6 +103,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		hwm:       map[topicPartition]int64{},
 		reseeked:  map[topicPartition]bool{},
 		afterSeek: opts.afterSeek,
+		retry:     backoff.Backoff{First: retryFirst, Max: retryMax, Jitter: 0.5},
 	}
 	if in.log == nil {
 		in.log = slog.New(slog.DiscardHandler)
@@ -271,9 +276,8 @@ func (in *Ingester) prepare(ctx context.Context) error {
 			return err
 		}
 		in.log.Warn("cannot prepare raw tables; retrying", "err", err)
-		in.lastErr.Store(&err)
 		in.mu.Lock()
-		in.failures++
+		in.failedLocked(err)
 		in.mu.Unlock()
 		in.backoff(ctx)
 	}
@@ -546,8 +550,7 @@ func (in *Ingester) flushLocked(ctx context.Context) error {
 		err := in.writeOnceLocked(ctx)
 		switch {
 		case err == nil:
-			in.failures = 0
-			in.lastErr.Store(nil)
+			in.succeededLocked()
 			return nil
 		case errors.Is(err, errBadRow) && !in.checkRows:
 			in.m.writeErrors.WithLabelValues("bad_row").Inc()
@@ -566,11 +569,10 @@ func (in *Ingester) flushLocked(ctx context.Context) error {
 			in.m.writeErrors.WithLabelValues("concurrent").Inc()
 			continue
 		}
-		in.failures++
-		in.lastErr.Store(&err)
+		in.failedLocked(err)
 		in.m.writeErrors.WithLabelValues("retry").Inc()
 		if ctx.Err() == nil {
-			in.log.Warn("batch write failed; will retry", "err", err, "attempt", in.failures, "records", in.b.len())
+			in.log.Warn("batch write failed; will retry", "err", err, "attempt", in.retry.Failures(), "records", in.b.len())
 		}
 		return err
 	}
@@ -721,20 +723,35 @@ func (in *Ingester) dropConnLocked() {
 	}
 }
 
-// backoff sleeps before the next attempt: exponential from 100ms to 5s with
-// jitter, cut short by ctx.
+// retryFirst and retryMax bound the ingester's waits after failed
+// attempts: exponential from retryFirst to retryMax, each shortened by up
+// to half at random (Ingester.retry).
+const (
+	retryFirst = 200 * time.Millisecond
+	retryMax   = 5 * time.Second
+)
+
+// failedLocked records a failed attempt: LastError reports it (and
+// readiness with it), and the next backoff waits longer.
+func (in *Ingester) failedLocked(err error) {
+	in.retryIn = in.retry.Next()
+	in.lastErr.Store(&err)
+}
+
+// succeededLocked records a successful attempt after failures: LastError
+// is nil again, and the next failure waits retryFirst.
+func (in *Ingester) succeededLocked() {
+	in.retry.Reset()
+	in.lastErr.Store(nil)
+}
+
+// backoff sleeps the wait that the last failed attempt was given, cut
+// short by ctx.
 func (in *Ingester) backoff(ctx context.Context) {
 	in.mu.Lock()
-	n := min(in.failures, 6)
+	d := in.retryIn
 	in.mu.Unlock()
-	d := time.Duration(float64(100*time.Millisecond<<n) * (0.5 + rand.Float64()))
-	d = min(d, 5*time.Second)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
+	_ = backoff.Sleep(ctx, d)
 }
 
 // adjustOffsets replaces the offsets Kafka would start from with the ones
@@ -751,17 +768,15 @@ func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[in
 			return nil, err
 		}
 		in.log.Warn("cannot read stored offsets; retrying", "err", err)
-		in.lastErr.Store(&err)
 		in.mu.Lock()
-		in.failures++
+		in.failedLocked(err)
 		in.mu.Unlock()
 		in.backoff(ctx)
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.failures > 0 {
-		in.failures = 0
-		in.lastErr.Store(nil)
+	if in.retry.Failures() > 0 {
+		in.succeededLocked()
 	}
 	for topic, parts := range offsets {
 		for p := range parts {
@@ -842,12 +857,8 @@ func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[st
 			in.log.Warn("warehouse unavailable during rebalance; dropping the revoked partitions' unwritten records (they will be read again)")
 			break
 		}
-		t := time.NewTimer(min(time.Duration(in.failures)*200*time.Millisecond, 2*time.Second))
-		select {
-		case <-fctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		// Linear, and short: the rebalance waits for this member.
+		_ = backoff.Sleep(fctx, min(time.Duration(in.retry.Failures())*200*time.Millisecond, 2*time.Second))
 	}
 	in.forgetLocked(revoked)
 	in.log.Info("partitions revoked", "partitions", revoked)
