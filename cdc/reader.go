@@ -17,6 +17,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/raw"
+	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
@@ -139,28 +140,28 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 // Run reads until ctx ends. Connection failures are retried with backoff;
 // a setup the reader cannot use (ErrSetup) ends Run with that error.
 func (r *Reader) Run(ctx context.Context) error {
-	backoff := time.Second
+	// Runs restart after 1s, doubling to 30s while they end quickly.
+	retry := backoff.Backoff{First: time.Second, Max: 30 * time.Second}
 	for {
 		started := time.Now()
 		err := r.RunOnce(ctx)
 		if time.Since(started) > time.Minute {
 			// A run that lasted is not a crash loop: retry soon.
-			backoff = time.Second
+			retry.Reset()
 		}
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, ErrSetup):
 			return err
-		case err != nil:
-			r.log.Warn("cdc reader stopped; restarting", "err", err, "retry_in", backoff)
 		}
-		select {
-		case <-ctx.Done():
+		wait := retry.Next()
+		if err != nil {
+			r.log.Warn("cdc reader stopped; restarting", "err", err, "retry_in", wait)
+		}
+		if backoff.Sleep(ctx, wait) != nil {
 			return nil
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 
