@@ -18,7 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
@@ -1084,37 +1086,33 @@ func insertLedgerBuckets(ctx context.Context, tx pgx.Tx, source string, b ledger
 	return nil
 }
 
-// Run polls on the source's interval until ctx ends. A run that stopped
-// at max_rows_per_run is followed at once; a failed run is logged and
-// retried with backoff.
+// Run polls on the source's interval until ctx ends, and returns nil. A
+// run that stopped at max_rows_per_run is followed at once; a failed run
+// is logged and retried after 1s, doubling up to poll.every.
 func (p *Poller) Run(ctx context.Context) error {
 	every := p.src.Poll.Every.D()
-	backoff := time.Second
-	for {
-		rep, err := p.RunOnce(ctx, Window{})
-		wait := every
-		switch {
-		case ctx.Err() != nil:
-			p.Close()
-			return nil
-		case err != nil:
-			p.log.Warn("poll run failed; retrying", "err", err, "retry_in", backoff)
-			wait = min(backoff, every)
-			backoff = min(2*backoff, every)
-		default:
-			backoff = time.Second
-			if rep.Merged > 0 {
+	var more bool // the last run stopped at max_rows_per_run
+	job := periodic.Job{
+		Name:    "poll run",
+		Every:   every,
+		Backoff: backoff.Backoff{First: time.Second, Max: every},
+		Log:     p.log,
+		Run: func(ctx context.Context) error {
+			rep, err := p.RunOnce(ctx, Window{})
+			more = err == nil && rep.More
+			if err == nil && rep.Merged > 0 && ctx.Err() == nil {
 				p.log.Info("poll run", "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark, "more", rep.More)
 			}
-			if rep.More {
-				wait = 0
+			return err
+		},
+		Next: func(_ error, wait time.Duration) time.Duration {
+			if more {
+				return 0
 			}
-		}
-		select {
-		case <-ctx.Done():
-			p.Close()
-			return nil
-		case <-time.After(wait):
-		}
+			return wait
+		},
 	}
+	err := job.Loop(ctx) // no run's error is final
+	p.Close()
+	return err
 }
