@@ -17,6 +17,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -690,28 +691,39 @@ func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
 		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.Write().Milliseconds())})
 }
 
+// precreateEvery is how often the ingester creates the raw partitions
+// around the service clock's present.
+const precreateEvery = 30 * time.Minute
+
 // precreate creates raw partitions around the service clock's present
-// every half hour, off the write path, until ctx is done.
+// every precreateEvery, off the write path, until ctx is done. A failure
+// waits for the next time: writes create the partitions they need.
 func (in *Ingester) precreate(ctx context.Context) {
-	t := time.NewTicker(30 * time.Minute)
-	defer t.Stop()
-	for {
-		pctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
-		if conn, err := in.connect(pctx); err == nil {
-			for _, s := range in.sources {
-				if err := s.raw.Precreate(pctx, conn, in.now()); err != nil && ctx.Err() == nil {
-					in.log.Warn("cannot create upcoming raw partitions; writes will create them", "source", s.name, "err", err)
-				}
-			}
-			pgconnect.Close(pctx, conn)
-		}
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	job := periodic.Job{
+		Name:    "creating upcoming raw partitions",
+		Every:   precreateEvery,
+		Timeout: in.cfg.Warehouse.Write(),
+		Run:     in.precreateOnce,
+		Log:     in.log,
+	}
+	_ = job.Loop(ctx) // no run's error is final
+}
+
+// precreateOnce creates the partitions around the present of every
+// source's raw table, on a connection of its own.
+func (in *Ingester) precreateOnce(ctx context.Context) error {
+	conn, err := in.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pgconnect.Close(ctx, conn)
+	var errs []error
+	for _, s := range in.sources {
+		if err := s.raw.Precreate(ctx, conn, in.now()); err != nil {
+			errs = append(errs, fmt.Errorf("source %s: %w", s.name, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 func (in *Ingester) dropConnLocked() {
