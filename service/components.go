@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/ingest/poll"
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
@@ -188,53 +191,82 @@ const lastKeyCheckSQL = `SELECT max(finished_at) FROM tidemark.key_reconciliatio
 
 // keyLoop runs key reconciliation of a poll source's mirror every
 // interval, counted from the last one recorded in the warehouse, so that
-// restarts neither skip nor repeat it. Failures are logged and retried
-// after a minute. It never forces: a run refused by
+// restarts neither skip nor repeat it. A failure (reading the schedule,
+// waiting for the poll source, the run) is retried after a minute; the
+// reconciler logs its own. It never forces: a run refused by
 // mirror.key_reconcile_max_delete is recorded like any other, so the next
 // one comes an interval later and refuses again until an operator runs
 // `tidemark keys --force` or the source has its rows back.
 func keyLoop(ctx context.Context, p *poll.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts mirror.KeyOptions) {
-	log := opts.Logger.With("source", p.Name())
-	var k *mirror.KeyReconciler
-	for {
-		wait := time.Minute
+	kl := &keyLoopState{p: p, dsn: dsn, pool: pool, every: every, opts: opts, log: opts.Logger.With("source", p.Name())}
+	job := periodic.Job{
+		Name: "key reconciliation",
+		Run:  kl.turn,
+		Next: func(err error, _ time.Duration) time.Duration {
+			if err != nil {
+				return keyRetry
+			}
+			return kl.wait
+		},
+		Final: func(err error) bool { return errors.Is(err, errKeysCannotRun) },
+		// No Log: the failures are logged where they happen.
+	}
+	_ = job.Loop(ctx) // ends with ctx, or with errKeysCannotRun, logged
+}
+
+// keyRetry is the wait of keyLoop after a failed turn.
+const keyRetry = time.Minute
+
+// errKeysCannotRun ends keyLoop: no key reconciler can be made for the
+// poll source's mirror.
+var errKeysCannotRun = errors.New("key reconciliation cannot run")
+
+// keyLoopState is what keyLoop keeps between its turns.
+type keyLoopState struct {
+	p     *poll.Poller
+	dsn   string
+	pool  *pgxpool.Pool
+	every time.Duration
+	opts  mirror.KeyOptions
+	log   *slog.Logger
+	k     *mirror.KeyReconciler // made at the first run
+	// wait is how long until the next run is due, as the warehouse
+	// recorded the last; once waited, the next turn runs.
+	wait time.Duration
+}
+
+// turn is one turn of keyLoop: it reads when the next run is due and
+// sets kl.wait to the time left, or, when the run is due (or kl.wait was
+// just waited), runs it and has the next turn read the schedule again.
+func (kl *keyLoopState) turn(ctx context.Context) error {
+	if kl.wait <= 0 {
 		var last *time.Time
-		err := pool.QueryRow(ctx, lastKeyCheckSQL, p.Name()).Scan(&last)
-		if err == nil {
-			wait = 0
-			if last != nil {
-				wait = last.Add(every).Sub(opts.Now())
-			}
+		if err := kl.pool.QueryRow(ctx, lastKeyCheckSQL, kl.p.Name()).Scan(&last); err != nil {
+			return fmt.Errorf("read the last key reconciliation: %w", err)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(max(wait, 0)):
-		}
-		if err != nil {
-			continue
-		}
-		if k == nil {
-			// The poller's checks describe the source table and create
-			// the mirror; the reconciler shares that description.
-			if err := p.Prepare(ctx); err != nil {
-				if ctx.Err() == nil {
-					log.Warn("key reconciliation waits for the poll source", "err", err)
-				}
-				continue
-			}
-			if k, err = mirror.NewKeyReconciler(p.Mirror(), dsn, pool, opts); err != nil {
-				log.Error("key reconciliation cannot run", "err", err)
-				return
-			}
-		}
-		if _, err := k.Run(ctx, false); err != nil && ctx.Err() == nil {
-			// Run logged the error; try again in a minute, not at once.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Minute):
+		if last != nil {
+			if kl.wait = last.Add(kl.every).Sub(kl.opts.Now()); kl.wait > 0 {
+				return nil
 			}
 		}
 	}
+	kl.wait = 0
+	if kl.k == nil {
+		// The poller's checks describe the source table and create
+		// the mirror; the reconciler shares that description.
+		if err := kl.p.Prepare(ctx); err != nil {
+			if ctx.Err() == nil {
+				kl.log.Warn("key reconciliation waits for the poll source", "err", err, "retry_in", keyRetry)
+			}
+			return err
+		}
+		k, err := mirror.NewKeyReconciler(kl.p.Mirror(), kl.dsn, kl.pool, kl.opts)
+		if err != nil {
+			kl.log.Error("key reconciliation cannot run", "err", err)
+			return errKeysCannotRun
+		}
+		kl.k = k
+	}
+	_, err := kl.k.Run(ctx, false) // logs its failures
+	return err
 }
