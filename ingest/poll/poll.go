@@ -489,8 +489,7 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 	if err := p.prepare(ctx); err != nil {
 		return rep, err
 	}
-	cfg := p.src.Poll
-	lookback := cfg.Lookback.D()
+	lookback := p.src.Poll.Lookback.D()
 	if run.Lookback != nil {
 		lookback = *run.Lookback
 	}
@@ -506,21 +505,9 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 		return rep, fmt.Errorf("warehouse: %w", err)
 	}
 	defer pgconnect.Rollback(ctx, tx)
-	if err := mirror.SetLocal(ctx, tx); err != nil {
-		return rep, fmt.Errorf("warehouse: %w", err)
-	}
-	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
-		return rep, fmt.Errorf("warehouse: %w", err)
-	}
-	var hw, low pgtype.Timestamptz
-	if err := tx.QueryRow(ctx, lockPollStateSQL, p.src.Name, lookback.Microseconds()).Scan(&hw, &low); err != nil {
-		return rep, fmt.Errorf("lock the watermark: %w", err)
-	}
-	if hw.InfinityModifier == pgtype.Finite {
-		rep.Watermark = hw.Time
-	}
-	if low.InfinityModifier == pgtype.Finite {
-		rep.Low = low.Time
+	hw, low, err := p.lockWatermark(ctx, tx, lookback, &rep)
+	if err != nil {
+		return rep, err
 	}
 
 	src, err := p.source(ctx)
@@ -532,10 +519,58 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 		return rep, fmt.Errorf("source: %w", err)
 	}
 	defer pgconnect.Rollback(ctx, stx)
-	upper := run.Upper
+	if err := p.openWindow(ctx, tx, stx, run.Upper, low, &rep); err != nil {
+		return rep, err
+	}
+	tr := p.startProgress(ctx, stx, hw)
+	defer tr.Finish(false)
+	maxRead, err := p.loadWindow(ctx, tx, stx, hw, ingestedAt, &rep, tr)
+	if err != nil {
+		return rep, err
+	}
+	if err := p.advance(ctx, tx, maxRead, ingestedAt, lookback, &rep); err != nil {
+		return rep, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return rep, fmt.Errorf("commit: %w", err)
+	}
+	tr.Finish(!rep.More)
+	p.log.Debug("poll run", "low", rep.Low, "upper", rep.Upper, "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark)
+	return rep, nil
+}
+
+// lockWatermark locks the source's watermark row in the warehouse
+// transaction tx, so that no other run writes the mirror or the raw table
+// until tx ends, and returns the high watermark and the window's lower
+// bound (the watermark minus lookback), also set in rep.
+func (p *Poller) lockWatermark(ctx context.Context, tx pgx.Tx, lookback time.Duration, rep *Report) (hw, low pgtype.Timestamptz, err error) {
+	if err := mirror.SetLocal(ctx, tx); err != nil {
+		return hw, low, fmt.Errorf("warehouse: %w", err)
+	}
+	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
+		return hw, low, fmt.Errorf("warehouse: %w", err)
+	}
+	if err := tx.QueryRow(ctx, lockPollStateSQL, p.src.Name, lookback.Microseconds()).Scan(&hw, &low); err != nil {
+		return hw, low, fmt.Errorf("lock the watermark: %w", err)
+	}
+	if hw.InfinityModifier == pgtype.Finite {
+		rep.Watermark = hw.Time
+	}
+	if low.InfinityModifier == pgtype.Finite {
+		rep.Low = low.Time
+	}
+	return hw, low, nil
+}
+
+// openWindow fixes the window's upper bound (upper, or now() - safety_lag
+// on the source's clock), decides whether the run COPYs (rep.Copied) and
+// declares the cursor over the window in the source transaction stx. It
+// returns errSourceChanged when the source table's columns are not those
+// the poller described.
+func (p *Poller) openWindow(ctx context.Context, tx, stx pgx.Tx, upper time.Time, low pgtype.Timestamptz, rep *Report) error {
 	if upper.IsZero() {
-		if err := stx.QueryRow(ctx, sourceUpperSQL, cfg.SafetyLag.D().Microseconds()).Scan(&upper); err != nil {
-			return rep, fmt.Errorf("source clock: %w", err)
+		if err := stx.QueryRow(ctx, sourceUpperSQL, p.src.Poll.SafetyLag.D().Microseconds()).Scan(&upper); err != nil {
+			return fmt.Errorf("source clock: %w", err)
 		}
 	}
 	rep.Upper = upper
@@ -544,12 +579,12 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 		// Under the watermark row's lock no other run writes the mirror
 		// or the raw table.
 		if err := tx.QueryRow(ctx, fmt.Sprintf(emptyTargetsSQL, p.table.Target.Sanitize(), p.raw.Ident())).Scan(&copying); err != nil {
-			return rep, fmt.Errorf("warehouse: %w", err)
+			return fmt.Errorf("warehouse: %w", err)
 		}
 	}
 	rep.Copied = copying
 	if _, err := stx.Exec(ctx, p.cursorSQL(low, upper, copying)); err != nil {
-		return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
+		return fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), err)
 	}
 	// The cursor holds a lock on the table until the end of the
 	// transaction, so its columns cannot change under the run; but they
@@ -557,33 +592,46 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 	// missing from the mirror would be dropped from the rows silently.
 	p.wd.Touch()
 	if changed, err := p.table.SourceChanged(ctx, stx.Conn()); err != nil {
-		return rep, err
+		return err
 	} else if changed {
 		p.prepared = false
-		return rep, errSourceChanged
+		return errSourceChanged
 	}
 	if _, err := tx.Exec(ctx, createPollStageSQL); err != nil {
-		return rep, fmt.Errorf("staging table: %w", err)
+		return fmt.Errorf("staging table: %w", err)
 	}
-	var tr *progress.Tracker
-	if hw.InfinityModifier != pgtype.Finite && p.progress.Mode() != progress.Off {
-		// A first load reads the whole table: show how far it got.
-		// The total is only shown: without it (a role that may not read
-		// the statistics) the load goes on with an unknown total.
-		est, err := p.estimateRows(ctx, stx)
-		if err != nil {
-			if !p.estimateWarned {
-				p.estimateWarned = true
-				p.log.Warn("cannot estimate the rows of the source table; the first load's progress shows no total",
-					"table", p.table.Source.Sanitize(), "err", err)
-			}
-			est = 0
-		}
-		tr = p.progress.Start(p.log, progress.Job{Label: "poll first load", Unit: "rows",
-			Total: min(est, int64(cfg.MaxRowsPerRun)), Estimated: true})
-		defer tr.Finish(false)
-	}
+	return nil
+}
 
+// startProgress starts showing the progress of a first load (no high
+// watermark hw yet), which reads the whole table; it returns nil for
+// other runs, or when progress is off. The total is only shown: without
+// it (a role that may not read the statistics) the load goes on with an
+// unknown total.
+func (p *Poller) startProgress(ctx context.Context, stx pgx.Tx, hw pgtype.Timestamptz) *progress.Tracker {
+	if hw.InfinityModifier == pgtype.Finite || p.progress.Mode() == progress.Off {
+		return nil
+	}
+	est, err := p.estimateRows(ctx, stx)
+	if err != nil {
+		if !p.estimateWarned {
+			p.estimateWarned = true
+			p.log.Warn("cannot estimate the rows of the source table; the first load's progress shows no total",
+				"table", p.table.Source.Sanitize(), "err", err)
+		}
+		est = 0
+	}
+	return p.progress.Start(p.log, progress.Job{Label: "poll first load", Unit: "rows",
+		Total: min(est, int64(p.src.Poll.MaxRowsPerRun)), Estimated: true})
+}
+
+// loadWindow reads the window from the cursor in chunks and merges (or
+// COPYs, rep.Copied) each into the mirror and the raw table, then writes
+// the ledger rows. It stops after poll.max_rows_per_run rows newer than
+// the high watermark hw (rep.More), and returns the updated_at of the
+// last row read.
+func (p *Poller) loadWindow(ctx context.Context, tx, stx pgx.Tx, hw pgtype.Timestamptz, ingestedAt time.Time, rep *Report, tr *progress.Tracker) (time.Time, error) {
+	cfg := p.src.Poll
 	var (
 		maxRead    time.Time
 		fresh      int64      // rows newer than the stored watermark
@@ -591,22 +639,22 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 		buckets    = ledgerBuckets{}
 		load, stmt = p.mergeChunk, p.mergeSQL()
 	)
-	if copying {
+	if rep.Copied {
 		load, stmt = p.copyChunk, p.copySQL()
 	}
 	// The next chunk is fetched from the source while the current one is
 	// merged in the warehouse; at most three chunks are in memory.
-	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows), copying)
+	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows), rep.Copied)
 	defer stopReading()
 	for res := range chunks {
 		if res.err != nil {
-			return rep, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), res.err)
+			return maxRead, fmt.Errorf("source: read %s: %w", p.table.Source.Sanitize(), res.err)
 		}
 		chunk, stop := res.rows, false
 		if rep.Chunks == 0 && len(chunk) > 0 && !p.sameShape(chunk[0].row) {
 			// Every row of the cursor has the shape of the first.
 			p.prepared = false
-			return rep, errSourceChanged
+			return maxRead, errSourceChanged
 		}
 		// Rows come in (updated_at, key) order. After the row limit is
 		// reached, the rows sharing the last updated_at are still taken,
@@ -628,8 +676,8 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 			rep.Chunks++
 			rep.Read += int64(len(chunk))
 			maxRead = chunk[len(chunk)-1].time
-			if err := load(ctx, tx, stmt, chunk, ingestedAt, &rep, buckets); err != nil {
-				return rep, err
+			if err := load(ctx, tx, stmt, chunk, ingestedAt, rep, buckets); err != nil {
+				return maxRead, err
 			}
 			p.wd.Touch()
 			tr.Add(int64(len(chunk)))
@@ -642,32 +690,32 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 	if rep.More {
 		rep.Upper = *cut
 	}
-	if err := insertLedgerBuckets(ctx, tx, p.src.Name, buckets, ingestedAt); err != nil {
-		return rep, err
-	}
+	return maxRead, insertLedgerBuckets(ctx, tx, p.src.Name, buckets, ingestedAt)
+}
+
+// advance moves the watermark to maxRead, the newest updated_at read (if
+// any row was), and stores the source's event-time watermark, in the
+// warehouse transaction tx.
+func (p *Poller) advance(ctx context.Context, tx pgx.Tx, maxRead, ingestedAt time.Time, lookback time.Duration, rep *Report) error {
 	var maxArg pgtype.Timestamptz
 	if rep.Read > 0 {
 		maxArg = pgtype.Timestamptz{Time: maxRead, Valid: true}
 	}
 	var after pgtype.Timestamptz
 	if err := tx.QueryRow(ctx, advancePollSQL, p.src.Name, maxArg, rep.Upper, ingestedAt, rep.Read, rep.Merged).Scan(&after); err != nil {
-		return rep, fmt.Errorf("advance the watermark: %w", err)
+		return fmt.Errorf("advance the watermark: %w", err)
 	}
-	if after.InfinityModifier == pgtype.Finite {
-		rep.Watermark = after.Time
-		// Rows found through the lookback may be that much older than
-		// the watermark.
-		wm := after.Time.Add(-max(p.src.Watermark.OutOfOrderness.D(), lookback))
-		if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.src.Name, wm, ingestedAt); err != nil {
-			return rep, fmt.Errorf("store the event-time watermark: %w", err)
-		}
+	if after.InfinityModifier != pgtype.Finite {
+		return nil
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return rep, fmt.Errorf("commit: %w", err)
+	rep.Watermark = after.Time
+	// Rows found through the lookback may be that much older than the
+	// watermark.
+	wm := after.Time.Add(-max(p.src.Watermark.OutOfOrderness.D(), lookback))
+	if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.src.Name, wm, ingestedAt); err != nil {
+		return fmt.Errorf("store the event-time watermark: %w", err)
 	}
-	tr.Finish(!rep.More)
-	p.log.Debug("poll run", "low", rep.Low, "upper", rep.Upper, "read", rep.Read, "merged", rep.Merged, "watermark", rep.Watermark)
-	return rep, nil
+	return nil
 }
 
 // sameShape reports whether a row read from the source has exactly the
