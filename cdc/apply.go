@@ -1022,6 +1022,28 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, st.w.Data(), fmt.Sprintf(copyStageSQL, st.name)); err != nil {
 		return fmt.Errorf("stage of %s: %w", st.t.name, err)
 	}
+	keyMatch, err := a.applyUpserts(ctx, g, st)
+	if err != nil {
+		return err
+	}
+	g.merged += int64(st.upserts)
+	if st.deletes == 0 {
+		return nil
+	}
+	if err := a.applyDeletes(ctx, g, st, keyMatch); err != nil {
+		return err
+	}
+	g.deleted += int64(st.deletes)
+	return nil
+}
+
+// applyUpserts writes the table's staged upserts to its mirror: one
+// INSERT ... ON CONFLICT when every staged row has all its columns, or an
+// UPDATE and an INSERT when some lack values the source did not send
+// (unchanged TOAST values), which the mirror row keeps (or, for a row
+// whose key changed, takes from the old key's row). It returns the
+// condition matching a staged row (s) to its mirror row (t) by key.
+func (a *applier) applyUpserts(ctx context.Context, g *group, st *stageRows) (string, error) {
 	m := st.t.mirror
 	target := m.Target.Sanitize()
 	var match, fromMatch, sets, cols, vals []string
@@ -1067,26 +1089,18 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 		excluded = append(excluded, quote(m.LoadedColumn)+" = EXCLUDED."+quote(m.LoadedColumn), quote(m.DeletedColumn)+" = NULL")
 		if _, err := g.tx.Exec(ctx, fmt.Sprintf(upsertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "),
 			mirror.QuoteAll(m.Key), strings.Join(excluded, ", "), loadedDeleted), g.ingestedAt); err != nil {
-			return fmt.Errorf("upsert into %s: %w", target, err)
+			return "", fmt.Errorf("upsert into %s: %w", target, err)
 		}
 	default:
 		if _, err := g.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), g.ingestedAt); err != nil {
-			return fmt.Errorf("update %s: %w", target, err)
+			return "", fmt.Errorf("update %s: %w", target, err)
 		}
 		if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
 			loadedDeleted, join), g.ingestedAt); err != nil {
-			return fmt.Errorf("insert into %s: %w", target, err)
+			return "", fmt.Errorf("insert into %s: %w", target, err)
 		}
 	}
-	g.merged += int64(st.upserts)
-	if st.deletes == 0 {
-		return nil
-	}
-	if err := a.applyDeletes(ctx, g, st, keyMatch); err != nil {
-		return err
-	}
-	g.deleted += int64(st.deletes)
-	return nil
+	return keyMatch, nil
 }
 
 // freshBackoff is the number of chunks of a mirror that stage their

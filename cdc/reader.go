@@ -211,61 +211,15 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	if err != nil {
 		return err
 	}
-	// Each wait on the source before streaming is bounded by r.step: a
-	// stalled connection answers nothing and does not fail either, and
-	// the stream's bound of silence applies only once it streams.
-	cctx, cancel := context.WithTimeout(ctx, r.step)
-	report, err := Check(cctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.readFrom()})
-	cancel()
+	report, pos, err := r.checkSource(ctx, srcConn, pos)
 	if err != nil {
 		return err
-	}
-	for _, w := range report.Warnings {
-		r.log.Warn(w)
-	}
-	// A pending position is a snapshot cut short: its slot, if any, is
-	// dropped and created again below, so it is not held to these checks.
-	pending := pos.exists && pos.snapshot == "pending"
-	if pos.exists && !pending && pos.systemID != report.SystemID {
-		return fmt.Errorf("%w: sources.%s: the source database is another server (system identifier %s, tidemark read from %s); "+
-			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.src.Name, report.SystemID, pos.systemID)
-	}
-	if pos.exists && !pending && report.Slot.Exists {
-		if pos, err = r.confirmedWithin(ctx, pos, cfg.Slot, report.Slot.ConfirmedFlush); err != nil {
-			return err
-		}
-	}
-	if !report.PublicationExists {
-		var names []string
-		for _, t := range r.specs {
-			names = append(names, t.Sanitize())
-		}
-		pctx, cancel := context.WithTimeout(ctx, r.step)
-		_, err := srcConn.Exec(pctx, fmt.Sprintf(createPublicationSQL, pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(names, ", ")))
-		cancel()
-		if pgerr.Refused(err) {
-			return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
-		}
-		if err != nil {
-			// The server could not run the statement: retry.
-			return fmt.Errorf("sources.%s.cdc.publication: create publication %s: %w", r.src.Name, cfg.Publication, err)
-		}
-		r.log.Info("created publication", "publication", cfg.Publication)
 	}
 	tables, err := r.prepareTables(ctx, srcConn)
 	if err != nil {
 		return err
 	}
-	wh, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("warehouse: %w", err)
-	}
-	err = r.raw.Ensure(ctx, wh.Conn())
-	var rawBinary bool
-	if err == nil {
-		rawBinary, err = copybinary.TypesMatch(ctx, wh.Conn(), r.raw.Ident(), rawColumns, rawTypes)
-	}
-	wh.Release()
+	rawBinary, err := r.prepareRaw(ctx)
 	if err != nil {
 		return err
 	}
@@ -334,6 +288,81 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 			applied: max(s.applied, pos.applied), confirmed: s.confirmed, storedConfirmed: max(s.storedConfirmed, pos.confirmed),
 			buffers: map[uint32]*buffer{}, a: s.a}
 	}
+}
+
+// checkSource checks the source against the configuration and the
+// position pos stored for it (Check), logs the check's warnings, and
+// creates the publication if it is missing. It returns the check's report
+// and pos, moved to what the slot confirmed if that is further on.
+func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos position) (Report, position, error) {
+	cfg := r.src.CDC
+	// Each wait on the source before streaming is bounded by r.step: a
+	// stalled connection answers nothing and does not fail either, and
+	// the stream's bound of silence applies only once it streams.
+	cctx, cancel := context.WithTimeout(ctx, r.step)
+	report, err := Check(cctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.readFrom()})
+	cancel()
+	if err != nil {
+		return report, pos, err
+	}
+	for _, w := range report.Warnings {
+		r.log.Warn(w)
+	}
+	// A pending position is a snapshot cut short: its slot, if any, is
+	// dropped and created again below, so it is not held to these checks.
+	pending := pos.exists && pos.snapshot == "pending"
+	if pos.exists && !pending && pos.systemID != report.SystemID {
+		return report, pos, fmt.Errorf("%w: sources.%s: the source database is another server (system identifier %s, tidemark read from %s); "+
+			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.src.Name, report.SystemID, pos.systemID)
+	}
+	if pos.exists && !pending && report.Slot.Exists {
+		if pos, err = r.confirmedWithin(ctx, pos, cfg.Slot, report.Slot.ConfirmedFlush); err != nil {
+			return report, pos, err
+		}
+	}
+	if !report.PublicationExists {
+		if err := r.createPublication(ctx, srcConn); err != nil {
+			return report, pos, err
+		}
+	}
+	return report, pos, nil
+}
+
+// createPublication creates the configured publication of the tracked
+// tables. A statement the source refuses is a setup the reader cannot use
+// (ErrSetup); one it could not run is retried with the run.
+func (r *Reader) createPublication(ctx context.Context, srcConn *pgx.Conn) error {
+	cfg := r.src.CDC
+	var names []string
+	for _, t := range r.specs {
+		names = append(names, t.Sanitize())
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.step)
+	_, err := srcConn.Exec(pctx, fmt.Sprintf(createPublicationSQL, pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(names, ", ")))
+	cancel()
+	if pgerr.Refused(err) {
+		return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
+	}
+	if err != nil {
+		// The server could not run the statement: retry.
+		return fmt.Errorf("sources.%s.cdc.publication: create publication %s: %w", r.src.Name, cfg.Publication, err)
+	}
+	r.log.Info("created publication", "publication", cfg.Publication)
+	return nil
+}
+
+// prepareRaw creates or extends the source's raw change table and reports
+// whether its columns take the binary COPY the applier writes.
+func (r *Reader) prepareRaw(ctx context.Context) (rawBinary bool, err error) {
+	wh, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("warehouse: %w", err)
+	}
+	defer wh.Release()
+	if err := r.raw.Ensure(ctx, wh.Conn()); err != nil {
+		return false, err
+	}
+	return copybinary.TypesMatch(ctx, wh.Conn(), r.raw.Ident(), rawColumns, rawTypes)
 }
 
 // reloadMirrors reads each mirror's columns from the warehouse again.

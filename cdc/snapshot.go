@@ -75,6 +75,39 @@ type chunk struct {
 	where string         // the key range, as a condition on the source table
 }
 
+// planSnapshot splits each table into the key-range chunks the snapshot
+// copies, planned in the exported snapshot name on a connection of its
+// own, closed before the copy starts.
+func (r *Reader) planSnapshot(ctx context.Context, name string, tables map[string]*table) ([]chunk, error) {
+	cfg := r.src.CDC
+	plan, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc-snapshot")
+	if err != nil {
+		return nil, err
+	}
+	defer pgconnect.Close(ctx, plan)
+	ptx, err := importSnapshot(ctx, plan, name, r.step)
+	if err != nil {
+		return nil, err
+	}
+	defer r.rollback(ctx, ptx) // a no-op once rolled back below
+	var chunks []chunk
+	for _, id := range r.specs {
+		t := tables[id[0]+"."+id[1]]
+		pctx, cancel := context.WithTimeout(ctx, r.step)
+		wheres, err := planChunks(pctx, ptx, t, id, cfg.SnapshotChunkRows)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("plan the snapshot of %s: %w", t.name, err)
+		}
+		for _, w := range wheres {
+			chunks = append(chunks, chunk{t: t, id: id, where: w})
+		}
+	}
+	r.rollback(ctx, ptx)
+	_ = plan.Close(ctx) // idle from here on; the deferred Close is then a no-op
+	return chunks, nil
+}
+
 // snapshot copies every tracked table, as of the snapshot the new slot
 // exported, into its mirror. Tables are split into key ranges of about
 // snapshot_chunk_rows rows, copied by snapshot_workers workers, each in its
@@ -94,31 +127,10 @@ type chunk struct {
 func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*table) error {
 	cfg := r.src.CDC
 	started := time.Now()
-	plan, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc-snapshot")
+	chunks, err := r.planSnapshot(ctx, name, tables)
 	if err != nil {
 		return err
 	}
-	defer pgconnect.Close(ctx, plan)
-	ptx, err := importSnapshot(ctx, plan, name, r.step)
-	if err != nil {
-		return err
-	}
-	defer r.rollback(ctx, ptx) // a no-op once rolled back below
-	var chunks []chunk
-	for _, id := range r.specs {
-		t := tables[id[0]+"."+id[1]]
-		pctx, cancel := context.WithTimeout(ctx, r.step)
-		wheres, err := planChunks(pctx, ptx, t, id, cfg.SnapshotChunkRows)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("plan the snapshot of %s: %w", t.name, err)
-		}
-		for _, w := range wheres {
-			chunks = append(chunks, chunk{t: t, id: id, where: w})
-		}
-	}
-	r.rollback(ctx, ptx)
-	_ = plan.Close(ctx) // idle from here on; the deferred Close is then a no-op
 
 	var mirrors []string
 	for _, id := range r.specs {
