@@ -117,10 +117,6 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	if in.grace == 0 {
 		in.grace = 30 * time.Second
 	}
-	reg := opts.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
 	var topics, names []string
 	for _, name := range cfg.SourceNames() {
 		sc := cfg.Sources[name]
@@ -143,7 +139,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	if len(in.sources) == 0 {
 		return nil, errors.New("ingest: no Kafka sources configured")
 	}
-	in.m = newMetrics(reg, names)
+	in.m = newMetrics(opts.Registerer, names)
 	in.start = kgo.NewOffset().AtStart()
 	if cfg.Kafka.StartOffset == "latest" {
 		in.start = kgo.NewOffset().AtEnd()

@@ -4,9 +4,9 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
 
 // metrics are the ingester's Prometheus series.
@@ -24,55 +24,70 @@ type metrics struct {
 	assigned      prometheus.Gauge
 }
 
+// newMetrics returns the ingester's series, registered with reg (shared
+// with an ingester that registered them before); nil registers them
+// nowhere.
 func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
-	f := promauto.With(reg)
 	m := &metrics{
-		consumed: f.NewCounterVec(prometheus.CounterOpts{
+		consumed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_records_consumed_total",
 			Help: "Kafka records read, good or bad, per source.",
 		}, []string{"source"}),
-		written: f.NewCounterVec(prometheus.CounterOpts{
+		written: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_rows_written_total",
 			Help: "Rows committed to raw tables per source.",
 		}, []string{"source"}),
-		duplicates: f.NewCounterVec(prometheus.CounterOpts{
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_duplicates_total",
 			Help: "Good records dropped because their (event_id, event_time) was already stored.",
 		}, []string{"source"}),
-		deadLetters: f.NewCounterVec(prometheus.CounterOpts{
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_dead_letters_total",
 			Help: "Records written to tidemark.dead_letters per source and reason.",
 		}, []string{"source", "reason"}),
-		batchRows: f.NewHistogram(prometheus.HistogramOpts{
+		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tidemark_ingest_batch_records",
 			Help:    "Records per committed warehouse transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
 		}),
-		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tidemark_ingest_commit_seconds",
 			Help:    "Duration of successful batch writes, from creating any missing raw partitions to the commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
 		}),
-		writeErrors: f.NewCounterVec(prometheus.CounterOpts{
+		writeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_write_errors_total",
 			Help: "Failed batch transaction attempts by kind (retry: transient, retried with backoff; bad_row: retried checking each row; partition: raw partition recreated; concurrent: an event was stored by another ingester meanwhile, retried at once).",
 		}, []string{"kind"}),
-		conflicts: f.NewCounter(prometheus.CounterOpts{
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tidemark_ingest_offset_conflicts_total",
 			Help: "Partitions whose batch was dropped because another group member had already stored them (fencing).",
 		}),
-		kafkaCommits: f.NewCounterVec(prometheus.CounterOpts{
+		kafkaCommits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_kafka_commits_total",
 			Help: "Offset commits to Kafka after warehouse commits, by result. Kafka offsets are informational; the warehouse holds the truth.",
 		}, []string{"result"}),
-		lag: f.NewGaugeVec(prometheus.GaugeOpts{
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tidemark_ingest_consumer_lag_records",
 			Help: "High watermark minus the next offset stored in the warehouse, per assigned partition, updated on every fetch and commit.",
 		}, []string{"topic", "partition"}),
-		assigned: f.NewGauge(prometheus.GaugeOpts{
+		assigned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tidemark_ingest_assigned_partitions",
 			Help: "Kafka partitions currently assigned to this ingester.",
 		}),
+	}
+	if reg != nil {
+		m.consumed = promreg.Shared(reg, m.consumed)
+		m.written = promreg.Shared(reg, m.written)
+		m.duplicates = promreg.Shared(reg, m.duplicates)
+		m.deadLetters = promreg.Shared(reg, m.deadLetters)
+		m.batchRows = promreg.Shared(reg, m.batchRows)
+		m.commitSeconds = promreg.Shared(reg, m.commitSeconds)
+		m.writeErrors = promreg.Shared(reg, m.writeErrors)
+		m.conflicts = promreg.Shared(reg, m.conflicts)
+		m.kafkaCommits = promreg.Shared(reg, m.kafkaCommits)
+		m.lag = promreg.Shared(reg, m.lag)
+		m.assigned = promreg.Shared(reg, m.assigned)
 	}
 	for _, s := range sources {
 		m.consumed.WithLabelValues(s)
