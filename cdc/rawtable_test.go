@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 // TestRawTableOfOtherTypes: a raw change table created beforehand with
