@@ -13,7 +13,8 @@
 //     serialization failure or a deadlock) and may succeed if run again
 //     at once.
 //
-// and a few predicates name single SQLSTATEs callers act on.
+// and a few predicates name single SQLSTATEs callers act on, or a failure
+// to connect (ConnectFailure).
 package pgerr
 
 import (
@@ -69,10 +70,23 @@ func Unavailable(err error) bool {
 }
 
 // Refused reports whether the server ran the statement and refused it: an
-// error with an SQLSTATE that Unavailable does not claim. A statement
-// cancelled by statement_timeout (query_canceled) is refused: it is the
-// statement's own doing.
-func Refused(err error) bool { return Code(err) != "" && !Unavailable(err) }
+// error the server sent (a *pgconn.PgError, whatever its SQLSTATE) that
+// Unavailable does not claim. A statement cancelled by statement_timeout
+// (query_canceled) is refused: it is the statement's own doing.
+func Refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && !Unavailable(err)
+}
+
+// ConnectFailure reports whether err is a failure to connect, whatever
+// the server said if it answered: a refused password or an unknown
+// database (which Unavailable leaves to Refused) as much as an address
+// nothing listens on. Such an error is never the fault of the work the
+// connection was for.
+func ConnectFailure(err error) bool {
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr)
+}
 
 // Retryable reports whether err is a serialization failure or a deadlock:
 // the statement lost a race with another transaction and may succeed when

@@ -42,6 +42,7 @@ func TestClassify(t *testing.T) {
 		{"serialization failure", sqlstate("40001"), false, true, true},
 		{"deadlock", sqlstate("40P01"), false, true, true},
 		{"raise exception", sqlstate("P0001"), false, true, false},
+		{"server error without an SQLSTATE", fmt.Errorf("wrapped: %w", &pgconn.PgError{Message: "m"}), false, true, false},
 		{"unexpected EOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true, false, false},
 		{"deadline", fmt.Errorf("query: %w", context.DeadlineExceeded), true, false, false},
 		{"cancelled", context.Canceled, false, false, false},
@@ -114,9 +115,18 @@ func TestFromServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	unknown := cfg.Copy()
+	unknown.Database = "no_such_database"
+	_, err = pgx.ConnectConfig(ctx, unknown)
+	if !pgerr.ConnectFailure(err) || !pgerr.Refused(err) || pgerr.Unavailable(err) {
+		t.Errorf("unknown database: %v", err)
+	}
 	cfg.Port, cfg.ConnectTimeout = 1, time.Second
 	_, err = pgx.ConnectConfig(ctx, cfg)
-	if !pgerr.Unavailable(err) || pgerr.Refused(err) {
+	if !pgerr.Unavailable(err) || pgerr.Refused(err) || !pgerr.ConnectFailure(err) {
 		t.Errorf("refused connection: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT 1/0"); pgerr.ConnectFailure(err) {
+		t.Errorf("a statement's error taken for a failure to connect: %v", err)
 	}
 }
