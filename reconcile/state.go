@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
-	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/lateness"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 const (

@@ -6,8 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 type metrics struct {
