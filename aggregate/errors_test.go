@@ -7,9 +7,12 @@ import (
 	"io"
 	"testing"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgtest"
 )
 
 // rebuildErr wraps err as Rebuild and the callers wrap what the warehouse
@@ -21,7 +24,7 @@ func rebuildErr(err error) error {
 // TestErrorClassification: which failed rebuilds are the partition's fault
 // (recorded against it, the others go on), which mean that the warehouse
 // cannot work (the caller stops and tries later), and which are retried at
-// once.
+// once (pgerr.Retryable, as the callers of Rebuild ask).
 func TestErrorClassification(t *testing.T) {
 	// A connection refused: nothing listens on port 1.
 	_, connectErr := pgconn.Connect(context.Background(), "postgres://tidemark@127.0.0.1:1/tidemark?connect_timeout=5")
@@ -35,29 +38,29 @@ func TestErrorClassification(t *testing.T) {
 		fault     bool
 		retryable bool
 	}{
-		{"unique violation", &pgconn.PgError{Code: "23505"}, true, false},
-		{"bad input", &pgconn.PgError{Code: "22P02"}, true, false},
-		{"division by zero", &pgconn.PgError{Code: "22012"}, true, false},
-		{"undefined column", &pgconn.PgError{Code: "42703"}, true, false},
-		{"insufficient privilege", &pgconn.PgError{Code: "42501"}, true, false},
-		{"lock timeout", &pgconn.PgError{Code: "55P03"}, true, false},
-		{"raised by the query", &pgconn.PgError{Code: "P0001"}, true, false},
-		{"internal error", &pgconn.PgError{Code: "XX000"}, true, false},
-		{"statement timeout", &pgconn.PgError{Code: "57014"}, true, false},
-		{"serialization failure", &pgconn.PgError{Code: "40001"}, true, true},
-		{"deadlock", &pgconn.PgError{Code: "40P01"}, true, true},
+		{"unique violation", &pgconn.PgError{Code: pgerrcode.UniqueViolation}, true, false},
+		{"bad input", &pgconn.PgError{Code: pgerrcode.InvalidTextRepresentation}, true, false},
+		{"division by zero", &pgconn.PgError{Code: pgerrcode.DivisionByZero}, true, false},
+		{"undefined column", &pgconn.PgError{Code: pgerrcode.UndefinedColumn}, true, false},
+		{"insufficient privilege", &pgconn.PgError{Code: pgerrcode.InsufficientPrivilege}, true, false},
+		{"lock timeout", &pgconn.PgError{Code: pgerrcode.LockNotAvailable}, true, false},
+		{"raised by the query", &pgconn.PgError{Code: pgerrcode.RaiseException}, true, false},
+		{"internal error", &pgconn.PgError{Code: pgerrcode.InternalError}, true, false},
+		{"statement timeout", &pgconn.PgError{Code: pgerrcode.QueryCanceled}, true, false},
+		{"serialization failure", &pgconn.PgError{Code: pgerrcode.SerializationFailure}, true, true},
+		{"deadlock", &pgconn.PgError{Code: pgerrcode.DeadlockDetected}, true, true},
 		{"outside the partition", aggregate.ErrOutsidePartition, true, false},
 		{"archived", aggregate.ErrArchived, true, false},
-		{"connection failure", &pgconn.PgError{Code: "08006"}, false, false},
-		{"connection does not exist", &pgconn.PgError{Code: "08003"}, false, false},
-		{"disk full", &pgconn.PgError{Code: "53100"}, false, false},
-		{"out of memory", &pgconn.PgError{Code: "53200"}, false, false},
-		{"too many connections", &pgconn.PgError{Code: "53300"}, false, false},
-		{"administrator shutdown", &pgconn.PgError{Code: "57P01", Severity: "FATAL"}, false, false},
-		{"crash shutdown", &pgconn.PgError{Code: "57P02"}, false, false},
-		{"cannot connect now", &pgconn.PgError{Code: "57P03"}, false, false},
-		{"database dropped", &pgconn.PgError{Code: "57P04"}, false, false},
-		{"I/O error", &pgconn.PgError{Code: "58030"}, false, false},
+		{"connection failure", &pgconn.PgError{Code: pgerrcode.ConnectionFailure}, false, false},
+		{"connection does not exist", &pgconn.PgError{Code: pgerrcode.ConnectionDoesNotExist}, false, false},
+		{"disk full", &pgconn.PgError{Code: pgerrcode.DiskFull}, false, false},
+		{"out of memory", &pgconn.PgError{Code: pgerrcode.OutOfMemory}, false, false},
+		{"too many connections", &pgconn.PgError{Code: pgerrcode.TooManyConnections}, false, false},
+		{"administrator shutdown", &pgconn.PgError{Code: pgerrcode.AdminShutdown, Severity: "FATAL"}, false, false},
+		{"crash shutdown", &pgconn.PgError{Code: pgerrcode.CrashShutdown}, false, false},
+		{"cannot connect now", &pgconn.PgError{Code: pgerrcode.CannotConnectNow}, false, false},
+		{"database dropped", &pgconn.PgError{Code: pgerrcode.DatabaseDropped}, false, false},
+		{"I/O error", &pgconn.PgError{Code: pgerrcode.IOError}, false, false},
 		{"no SQLSTATE", &pgconn.PgError{}, true, false},
 		{"connection refused", connectErr, false, false},
 		{"lost connection", io.ErrUnexpectedEOF, false, false},
@@ -71,15 +74,34 @@ func TestErrorClassification(t *testing.T) {
 				if got := aggregate.PartitionFault(err); got != tc.fault {
 					t.Errorf("PartitionFault(%v) = %v, want %v", err, got, tc.fault)
 				}
-				if got := aggregate.Retryable(err); got != tc.retryable {
-					t.Errorf("Retryable(%v) = %v, want %v", err, got, tc.retryable)
+				if got := pgerr.Retryable(err); got != tc.retryable {
+					t.Errorf("pgerr.Retryable(%v) = %v, want %v", err, got, tc.retryable)
 				}
 			}
 			check(t, tc.err)
 			check(t, rebuildErr(tc.err))
 		})
 	}
-	if aggregate.PartitionFault(nil) || aggregate.Retryable(nil) {
+	if aggregate.PartitionFault(nil) {
 		t.Error("a nil error is classified as a failure")
+	}
+}
+
+// TestConnectFailureIsNotThePartitions: a connection the server refuses
+// with an SQLSTATE of its own (here an unknown database) is not the fault
+// of the partition it was for, though the server sent the error.
+func TestConnectFailureIsNotThePartitions(t *testing.T) {
+	_, dsn := pgtest.NewPool(t)
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Database = "no_such_database"
+	_, err = pgconn.ConnectConfig(context.Background(), cfg)
+	if !pgerr.Refused(err) {
+		t.Fatalf("connecting to an unknown database: got %v, want an error the server sent", err)
+	}
+	if aggregate.PartitionFault(rebuildErr(err)) {
+		t.Errorf("PartitionFault(%v) = true, want false", err)
 	}
 }

@@ -2,13 +2,13 @@ package aggregate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 // targetColumnsSQL lists the columns of a table (none when it is missing).
@@ -256,10 +256,10 @@ func checkTarget(ctx context.Context, tx pgx.Tx, d *Definition, cols []column, e
 // configuration refuses a trailing semicolon, but not one followed by a
 // comment.
 func atSemicolon(q string, err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "42601" || pe.Position < 1 {
+	pos, ok := pgerr.SyntaxError(err)
+	if !ok {
 		return false
 	}
-	r := []rune(q) // Position counts characters
-	return int(pe.Position) <= len(r) && r[pe.Position-1] == ';'
+	r := []rune(q) // the position counts characters
+	return pos <= len(r) && r[pos-1] == ';'
 }

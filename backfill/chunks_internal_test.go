@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
@@ -85,14 +86,15 @@ func TestRefused(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{&pgconn.PgError{Code: "23505"}, true}, // unique violation
-		{&pgconn.PgError{Code: "22P02"}, true}, // bad input
-		{&pgconn.PgError{Code: "40P01"}, true}, // deadlock, after its retries
-		{&pgconn.PgError{Code: "57014"}, true}, // statement timeout
+		{&pgconn.PgError{Code: pgerrcode.UniqueViolation}, true},
+		{&pgconn.PgError{Code: pgerrcode.InvalidTextRepresentation}, true},
+		{&pgconn.PgError{Code: pgerrcode.DeadlockDetected}, true}, // after its retries
+		{&pgconn.PgError{Code: pgerrcode.QueryCanceled}, true},    // statement timeout
 		{fmt.Errorf("rebuild: %w", aggregate.ErrOutsidePartition), true},
-		{&pgconn.PgError{Code: "57P01"}, false}, // administrator shutdown
-		{&pgconn.PgError{Code: "08006"}, false}, // connection failure
-		{&pgconn.PgError{Code: "53300"}, false}, // too many connections
+		{fmt.Errorf("publish: %w", ErrNoShadow), true},
+		{&pgconn.PgError{Code: pgerrcode.AdminShutdown}, false},
+		{&pgconn.PgError{Code: pgerrcode.ConnectionFailure}, false},
+		{&pgconn.PgError{Code: pgerrcode.TooManyConnections}, false},
 		{errors.New("dial tcp: connection refused"), false},
 	} {
 		if got := refused(tc.err); got != tc.want {

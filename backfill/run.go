@@ -15,6 +15,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 )
 
@@ -335,7 +336,7 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 				n = res.Rows
 				return err
 			})
-			if err != nil && attempt < aggregate.RebuildAttempts && aggregate.Retryable(err) {
+			if err != nil && attempt < aggregate.RebuildAttempts && pgerr.Retryable(err) {
 				continue
 			}
 			if errors.Is(err, ErrPublished) {

@@ -2,14 +2,14 @@ package reconcile_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgerrcode"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
@@ -78,7 +78,7 @@ func TestWarehouseFailureIsNotThePartitions(t *testing.T) {
 		// fail, and returns that run's error.
 		fail func(t *testing.T, b *bundle, run func() <-chan error) error
 	}{
-		{"terminated", "57P01", func(t *testing.T, b *bundle, run func() <-chan error) error {
+		{"terminated", pgerrcode.AdminShutdown, func(t *testing.T, b *bundle, run func() <-chan error) error {
 			t.Helper()
 			ctx := context.Background()
 			hold, err := b.pool.Acquire(ctx)
@@ -110,7 +110,7 @@ func TestWarehouseFailureIsNotThePartitions(t *testing.T) {
 			}
 			return waitRun(t, done)
 		}},
-		{"disk full", "53100", func(t *testing.T, b *bundle, run func() <-chan error) error {
+		{"disk full", pgerrcode.DiskFull, func(t *testing.T, b *bundle, run func() <-chan error) error {
 			t.Helper()
 			if _, err := b.pool.Exec(context.Background(), "UPDATE public.gate SET mode = 'disk full'"); err != nil {
 				t.Fatal(err)
@@ -144,8 +144,7 @@ func TestWarehouseFailureIsNotThePartitions(t *testing.T) {
 				}()
 				return done
 			})
-			var pgErr *pgconn.PgError
-			if !errors.As(err, &pgErr) || pgErr.Code != tc.code {
+			if !pgerr.Is(err, tc.code) {
 				t.Errorf("run error %v, want SQLSTATE %s", err, tc.code)
 			}
 			for _, start := range []string{"2026-10-05 00:00", "2026-10-04 00:00"} {

@@ -4,20 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 // Options customise a Reconciler beyond its configuration.
@@ -423,7 +421,7 @@ func (r *Reconciler) rebuildQueued(ctx context.Context, conn *pgx.Conn, d *aggre
 		for attempt := 1; ; attempt++ {
 			last := attempt == aggregate.RebuildAttempts
 			o, err = r.rebuildNext(ctx, conn, d, now, only, last)
-			if err == nil || last || ctx.Err() != nil || !aggregate.Retryable(err) {
+			if err == nil || last || ctx.Err() != nil || !pgerr.Retryable(err) {
 				break
 			}
 			r.log.Warn("partition rebuild lost a race with another transaction; trying again", "aggregate", d.Name,
@@ -542,7 +540,7 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 			_, err = tx.Exec(ctx, donePendingSQL, d.Name, o.start)
 			return err
 		}
-		if ctx.Err() != nil || !aggregate.PartitionFault(err) || (!record && aggregate.Retryable(err)) {
+		if ctx.Err() != nil || !aggregate.PartitionFault(err) || (!record && pgerr.Retryable(err)) {
 			// Not the partition's doing, or to be tried again at once.
 			return err
 		}
@@ -573,12 +571,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		// An SQL error is the configuration's (a query that does not
-		// parse, a table of another shape), unless the warehouse cannot
-		// work now: it is starting up, shutting down or out of
-		// connections. That, like an unreachable warehouse, is waited for.
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && aggregate.PartitionFault(err) || !errors.As(err, &pgErr) && !isTransient(err) {
+		if !waitable(err) {
 			return err
 		}
 		r.log.Warn("cannot prepare aggregates; retrying", "err", err)
@@ -618,15 +611,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// isTransient reports whether err is the network's rather than the
-// configuration's: a refused or lost connection, or a deadline.
-func isTransient(err error) bool {
-	var connErr *pgconn.ConnectError
-	var netErr net.Error
-	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
-		errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
-		errors.Is(err, context.DeadlineExceeded)
-}
+// waitable reports whether a failed Prepare is waited out rather than
+// ending Run: the warehouse cannot work now (pgerr.Unavailable: it cannot
+// be reached, is starting up, shutting down or out of connections, or the
+// run timed out), or it refused the connection itself
+// (pgerr.ConnectFailure). Any other error is the configuration's: an SQL
+// error (a query that does not parse, a table of another shape) or a
+// check of the configuration against the warehouse.
+func waitable(err error) bool { return pgerr.Unavailable(err) || pgerr.ConnectFailure(err) }
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
