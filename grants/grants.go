@@ -36,10 +36,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 // StateTables are tidemark's state tables in schema tidemark, besides
@@ -432,17 +432,14 @@ var reserved = map[string]bool{
 	"when": true, "where": true, "window": true, "with": true,
 }
 
-// insufficientPrivilege is the SQLSTATE of a privilege the role lacks.
-const insufficientPrivilege = "42501"
-
 // hint is what Explain adds to a refused statement.
 const hint = "the role lacks a privilege; `tidemark grants` prints what each role needs"
 
 // Explain adds a pointer to `tidemark grants` to an error that is, or
-// wraps, a PostgreSQL "insufficient privilege" error (SQLSTATE 42501),
-// and returns any other error unchanged.
+// wraps, a PostgreSQL "insufficient privilege" error
+// (pgerr.InsufficientPrivilege), and returns any other error unchanged.
 func Explain(err error) error {
-	if !Refused(err) {
+	if !pgerr.InsufficientPrivilege(err) {
 		return err
 	}
 	var done *explained
@@ -452,21 +449,15 @@ func Explain(err error) error {
 	return &explained{err: err}
 }
 
-// Refused reports whether err is, or wraps, SQLSTATE 42501.
-func Refused(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == insufficientPrivilege
-}
-
 type explained struct{ err error }
 
 func (e *explained) Error() string { return e.err.Error() + " (" + hint + ")" }
 func (e *explained) Unwrap() error { return e.err }
 
 // LogHandler wraps h so that a log record with an error attribute that
-// is SQLSTATE 42501 also carries a hint pointing at `tidemark grants`:
-// components that retry their own failures log them instead of returning
-// them.
+// is a missing privilege (pgerr.InsufficientPrivilege) also carries a
+// hint pointing at `tidemark grants`: components that retry their own
+// failures log them instead of returning them.
 func LogHandler(h slog.Handler) slog.Handler { return hintHandler{h} }
 
 type hintHandler struct{ slog.Handler }
@@ -474,7 +465,7 @@ type hintHandler struct{ slog.Handler }
 func (h hintHandler) Handle(ctx context.Context, r slog.Record) error {
 	refused := false
 	r.Attrs(func(a slog.Attr) bool {
-		if err, ok := a.Value.Any().(error); ok && Refused(err) {
+		if err, ok := a.Value.Any().(error); ok && pgerr.InsufficientPrivilege(err) {
 			refused = true
 			return false
 		}
