@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -463,14 +462,6 @@ func lessXID(a, b string) bool {
 // sortPartitions orders raw partitions by start.
 func sortPartitions(ps []Partition) {
 	sort.Slice(ps, func(i, j int) bool { return ps[i].Start.Before(ps[j].Start) })
-}
-
-// lockNotAvailable is the SQLSTATE of a lock_timeout.
-const lockNotAvailable = "55P03"
-
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
 }
 
 // runTimeout bounds one run inside `tidemark run`; what a run did not reach

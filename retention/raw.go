@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
@@ -257,7 +258,7 @@ func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, v view, src *config.S
 	switch {
 	case errors.Is(err, errKept) && why != "":
 		return why, nil
-	case isLockTimeout(err):
+	case pgerr.LockNotAvailable(err):
 		p.m.busy.WithLabelValues(src.Name).Inc()
 		return fmt.Sprintf("the raw table was busy for longer than retention.lock_timeout (%s); tried again at the next run", p.cfg.Retention.LockTimeout), nil
 	case err != nil:
