@@ -24,6 +24,8 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 // Error is a connection error with its explanation in front of it.
@@ -173,7 +175,7 @@ func reason(err error) string {
 	case errors.As(err, &opErr) && opErr.Op == "remote error":
 		// A TLS alert from the server: it refused the client certificate.
 		return "the server refused the client certificate (check that sslcert is signed by a CA the server trusts and still valid)"
-	case errors.As(err, &pgErr) && pgErr.Code == "28000":
+	case pgerr.InvalidAuthorization(err) && errors.As(err, &pgErr):
 		switch msg := pgErr.Message; {
 		case strings.HasPrefix(msg, "no pg_hba.conf entry") && strings.HasSuffix(msg, "no encryption"):
 			return "the server accepts only encrypted connections from this client (set sslmode=verify-full and sslrootcert)"

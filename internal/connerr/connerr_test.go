@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -17,7 +18,7 @@ import (
 // explanation added once. The refusals themselves are tested against a
 // real server in cmd/tidemark (TestPGTLS...).
 func TestExplain(t *testing.T) {
-	noTLS := fmt.Errorf("connect: %w", &pgconn.PgError{Severity: "FATAL", Code: "28000",
+	noTLS := fmt.Errorf("connect: %w", &pgconn.PgError{Severity: "FATAL", Code: pgerrcode.InvalidAuthorizationSpecification,
 		Message: `no pg_hba.conf entry for host "127.0.0.1", user "u", database "d", no encryption`})
 	other := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
 	tests := []struct {
@@ -30,7 +31,7 @@ func TestExplain(t *testing.T) {
 		{"no encryption", noTLS, "the server accepts only encrypted connections from this client (set sslmode=verify-full and sslrootcert): " + noTLS.Error()},
 		{"explained once", fmt.Errorf("again: %w", Explain(noTLS)),
 			"again: the server accepts only encrypted connections from this client (set sslmode=verify-full and sslrootcert): " + noTLS.Error()},
-		{"other password refusal", &pgconn.PgError{Code: "28P01", Message: `password authentication failed for user "u"`},
+		{"other password refusal", &pgconn.PgError{Code: pgerrcode.InvalidPassword, Message: `password authentication failed for user "u"`},
 			`: password authentication failed for user "u" (SQLSTATE 28P01)`},
 	}
 	for _, tt := range tests {
