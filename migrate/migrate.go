@@ -25,10 +25,10 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 //go:embed sql/*.sql
@@ -178,8 +178,7 @@ func Version(ctx context.Context, q interface {
 	if err := q.QueryRow(ctx, "SELECT to_regclass('tidemark.schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
 		// The first query of a command that does not migrate, on a
 		// pool that connects only now.
-		var ce *pgconn.ConnectError
-		if errors.As(err, &ce) {
+		if pgerr.ConnectFailure(err) {
 			return 0, fmt.Errorf("warehouse.dsn: %w", connerr.Explain(err))
 		}
 		return 0, fmt.Errorf("migrate: read schema version: %w", err)
