@@ -23,6 +23,11 @@ type Job struct {
 	// Every is the wait between the end of a successful run and the start
 	// of the next.
 	Every time.Duration
+	// FromStart measures the wait (Every, or the backoff) from the start
+	// of each run instead of its end, as a ticker does: runs start at a
+	// fixed interval, and one that took longer is followed by the next at
+	// once.
+	FromStart bool
 	// Timeout bounds one run; 0 leaves it unbounded.
 	Timeout time.Duration
 	// Backoff spaces the runs after failures in a row (reset by a
@@ -52,6 +57,7 @@ func (j *Job) Loop(ctx context.Context) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	for {
+		started := time.Now()
 		err := j.once(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -65,6 +71,9 @@ func (j *Job) Loop(ctx context.Context) error {
 			j.Backoff.Reset()
 		case j.Backoff.First > 0:
 			wait = j.Backoff.Next()
+		}
+		if j.FromStart {
+			wait -= time.Since(started)
 		}
 		if j.Next != nil {
 			wait = j.Next(err, wait)

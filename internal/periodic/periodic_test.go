@@ -62,6 +62,51 @@ func TestLoop(t *testing.T) {
 			}
 		}
 	})
+	t.Run("from the start of each run", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		const took = 20 * time.Millisecond
+		var waits []time.Duration
+		runs := 0
+		j := periodic.Job{Name: "job", Every: time.Hour, FromStart: true,
+			Run: func(context.Context) error {
+				runs++
+				if runs == 2 {
+					cancel()
+				}
+				time.Sleep(took) // the run's own work, which the wait leaves out
+				return nil
+			},
+			Next: func(_ error, wait time.Duration) time.Duration {
+				waits = append(waits, wait)
+				return 0
+			}}
+		if err := j.Loop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(waits) != 1 || waits[0] > time.Hour-took || waits[0] < time.Hour-time.Minute {
+			t.Errorf("waits %v, want one of an hour less the run's %s", waits, took)
+		}
+	})
+	t.Run("at once after a run longer than Every", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var waits []time.Duration
+		j := periodic.Job{Name: "job", Every: time.Millisecond, FromStart: true,
+			Run: func(context.Context) error {
+				time.Sleep(5 * time.Millisecond) // longer than Every
+				return nil
+			},
+			Next: func(_ error, wait time.Duration) time.Duration {
+				waits = append(waits, wait)
+				cancel()
+				return wait
+			}}
+		if err := j.Loop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(waits) != 1 || waits[0] > 0 {
+			t.Errorf("waits %v, want one of none", waits)
+		}
+	})
 	t.Run("a final error ends it", func(t *testing.T) {
 		final := errors.New("misconfigured")
 		j := periodic.Job{Name: "job", Run: func(context.Context) error { return final },
