@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -378,13 +379,9 @@ const maxRetryBackoff = time.Hour
 // retryBackoff is the delay after the failures-th failed rebuild in a row
 // of a partition: every (reconcile.every) after the first, doubled after
 // each further one, at most maxRetryBackoff or every, whichever is longer.
+// It is stored as the partition's next_attempt_at, so it has no jitter.
 func retryBackoff(every time.Duration, failures int) time.Duration {
-	limit := max(maxRetryBackoff, every)
-	d := every
-	for i := 1; i < failures && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
+	return backoff.Delay(every, max(maxRetryBackoff, every), failures)
 }
 
 // rebuildOutcome is what rebuildNext did.
