@@ -14,6 +14,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -554,56 +555,75 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 	return o, err
 }
 
-// Run reconciles every aggregate every reconcile.every until ctx is
-// cancelled. For an aggregate that another instance is reconciling, a tick
-// only rebuilds queued partitions beside it (see Help).
+// prepareRetry is the wait before Prepare is tried again when the
+// warehouse could not work (see waitable).
+const prepareRetry = 5 * time.Second
+
+// Run prepares every aggregate (see prepareAll), then reconciles them in
+// passes every reconcile.every, measured from the start of each pass, until
+// ctx is cancelled (see pass). It returns an error only when the
+// configuration does not fit the warehouse.
 func (r *Reconciler) Run(ctx context.Context) error {
+	if err := r.prepareAll(ctx); err != nil || ctx.Err() != nil {
+		return err
+	}
+	job := periodic.Job{Name: "reconcile", Every: r.cfg.Reconcile.Every.D(), FromStart: true, Log: r.log,
+		Run: func(ctx context.Context) error {
+			r.pass(ctx)
+			return nil // pass logs each aggregate's failure
+		}}
+	return job.Loop(ctx)
+}
+
+// prepareAll runs Prepare, each attempt within reconcile.run_timeout, until
+// it succeeds or ctx ends (nil), or fails through the configuration (that
+// error). A warehouse that cannot work, or refuses the connection, is
+// waited out, prepareRetry between attempts.
+func (r *Reconciler) prepareAll(ctx context.Context) error {
+	retry := backoff.Backoff{First: prepareRetry, Max: prepareRetry}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
 		err := r.Prepare(pctx)
 		cancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
+		switch {
+		case err == nil, ctx.Err() != nil:
 			return nil
-		}
-		if !waitable(err) {
+		case !waitable(err):
 			return err
 		}
 		r.log.Warn("cannot prepare aggregates; retrying", "err", err)
-		sleep(ctx, 5*time.Second)
-	}
-	every := r.cfg.Reconcile.Every.D()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		for _, name := range r.names {
-			rctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
-			rep, err := r.RunOnce(rctx, name, false)
-			busy := err == nil && rep.Busy
-			if busy {
-				rep, err = r.Help(rctx, name)
-			}
-			cancel()
-			switch {
-			case ctx.Err() != nil:
-				return nil
-			case err != nil && busy:
-				r.log.Error("rebuilding beside another instance failed", "aggregate", name, "err", err)
-			case err != nil:
-				r.log.Error("reconcile run failed", "aggregate", name, "err", err)
-			case busy && len(rep.Rebuilt) > 0:
-				r.log.Info("another instance is reconciling; rebuilt queued partitions beside it", "aggregate", name,
-					"rebuilt", len(rep.Rebuilt), "queued", rep.Remaining)
-			case busy:
-				r.log.Debug("another instance is reconciling; standing by", "aggregate", name)
-			}
-		}
-		select {
-		case <-ctx.Done():
+		if retry.Wait(ctx) != nil {
 			return nil
-		case <-t.C:
+		}
+	}
+}
+
+// pass reconciles every aggregate once, in name order, each within
+// reconcile.run_timeout. For an aggregate that another instance is
+// reconciling, it only rebuilds queued partitions beside it (see Help). A
+// failed run is logged and left to the next pass; when ctx ends, the pass
+// ends without a word.
+func (r *Reconciler) pass(ctx context.Context) {
+	for _, name := range r.names {
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
+		rep, err := r.RunOnce(rctx, name, false)
+		busy := err == nil && rep.Busy
+		if busy {
+			rep, err = r.Help(rctx, name)
+		}
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && busy:
+			r.log.Error("rebuilding beside another instance failed", "aggregate", name, "err", err)
+		case err != nil:
+			r.log.Error("reconcile run failed", "aggregate", name, "err", err)
+		case busy && len(rep.Rebuilt) > 0:
+			r.log.Info("another instance is reconciling; rebuilt queued partitions beside it", "aggregate", name,
+				"rebuilt", len(rep.Rebuilt), "queued", rep.Remaining)
+		case busy:
+			r.log.Debug("another instance is reconciling; standing by", "aggregate", name)
 		}
 	}
 }
@@ -616,12 +636,3 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // error (a query that does not parse, a table of another shape) or a
 // check of the configuration against the warehouse.
 func waitable(err error) bool { return pgerr.Unavailable(err) || pgerr.ConnectFailure(err) }
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
