@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
@@ -80,8 +81,9 @@ const (
 	untryVerifySQL = `SELECT pg_advisory_unlock(hashtextextended('tidemark.verify.' || $1, 0))`
 )
 
-// Run runs the schedule until ctx ends. Failures are logged and counted,
-// and tried again when the next run is due.
+// Run runs the schedule until ctx ends: every Check, measured from the
+// start of each look, it runs what is due (see tick). Failures are logged
+// and counted, and tried again when the next run is due.
 func (s *Schedule) Run(ctx context.Context) error {
 	log := s.Logger
 	if log == nil {
@@ -102,20 +104,21 @@ func (s *Schedule) Run(ctx context.Context) error {
 		check = 30 * time.Second
 	}
 	s.holdUntil = map[string]time.Time{}
-	t := time.NewTicker(check)
-	defer t.Stop()
-	for {
-		if s.VerifyEvery > 0 && s.due(ctx, lastVerifySQL, s.VerifyEvery, now()) {
-			s.verify(ctx, log, m, now)
-		}
-		if s.RefreshEvery > 0 && time.Now().After(s.holdUntil["refresh"]) && s.due(ctx, lastRefreshSQL, s.RefreshEvery, now()) {
-			s.refresh(ctx, log, m, now)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	job := periodic.Job{Name: "schedule", Every: check, FromStart: true, Log: log,
+		Run: func(ctx context.Context) error {
+			s.tick(ctx, log, m, now)
+			return nil // verify and refresh log and count their own failures
+		}}
+	return job.Loop(ctx)
+}
+
+// tick runs a verification and a full refresh when they are due.
+func (s *Schedule) tick(ctx context.Context, log *slog.Logger, m *scheduleMetrics, now func() time.Time) {
+	if s.VerifyEvery > 0 && s.due(ctx, lastVerifySQL, s.VerifyEvery, now()) {
+		s.verify(ctx, log, m, now)
+	}
+	if s.RefreshEvery > 0 && time.Now().After(s.holdUntil["refresh"]) && s.due(ctx, lastRefreshSQL, s.RefreshEvery, now()) {
+		s.refresh(ctx, log, m, now)
 	}
 }
 

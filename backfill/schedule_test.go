@@ -13,6 +13,7 @@ import (
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // clock is a service clock the test moves.
@@ -38,17 +39,13 @@ func (w *warehouse) schedule(s *backfill.Schedule) {
 // waitRows waits until sql returns want.
 func (w *warehouse) waitRows(what, sql string, want ...string) {
 	w.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got := w.rows(sql)
-		if strings.Join(got, "\n") == strings.Join(want, "\n") {
-			return
-		}
-		if time.Now().After(deadline) {
-			pgtest.Equal(w.t, what, got, want)
-			w.t.FailNow()
-		}
-		time.Sleep(20 * time.Millisecond)
+	var got []string
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
+		got = w.rows(sql)
+		return strings.Join(got, "\n") == strings.Join(want, "\n")
+	}); err != nil {
+		pgtest.Equal(w.t, what, got, want)
+		w.t.FailNow()
 	}
 }
 
