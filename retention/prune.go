@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/lateness"
 )
@@ -468,32 +469,28 @@ func sortPartitions(ps []Partition) {
 // is removed by the next one.
 const runTimeout = 10 * time.Minute
 
-// Loop prunes at once and then every retention.every until ctx ends. A
-// failed run is logged and tried again at the next interval; while another
+// Loop prunes at once and then every retention.every, measured from the
+// start of each run, until ctx ends; each run within runTimeout. A failed
+// run is logged and tried again at the next interval; while another
 // process prunes, this one stands by.
 func (p *Pruner) Loop(ctx context.Context) error {
-	t := time.NewTicker(p.cfg.Retention.Every.D())
-	defer t.Stop()
-	for {
-		rctx, cancel := context.WithTimeout(ctx, runTimeout)
-		rep, err := p.Run(rctx, false)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
+	job := periodic.Job{Name: "retention run", Every: p.cfg.Retention.Every.D(), FromStart: true, Timeout: runTimeout, Log: p.log,
+		Run: func(rctx context.Context) error {
+			rep, err := p.Run(rctx, false)
+			switch {
+			case ctx.Err() != nil:
+			case errors.Is(err, ErrBusy):
+				p.log.Debug("another process is pruning; standing by")
+			case err != nil:
+				// Logged here rather than by the Job: an error, as the
+				// runbook has it, tried again at the next interval.
+				p.log.Error("retention run failed; trying again at the next interval", "err", err, "every", p.cfg.Retention.Every)
+			default:
+				p.logReport(rep)
+			}
 			return nil
-		case errors.Is(err, ErrBusy):
-			p.log.Debug("another process is pruning; standing by")
-		case err != nil:
-			p.log.Error("retention run failed; trying again at the next interval", "err", err, "every", p.cfg.Retention.Every)
-		default:
-			p.logReport(rep)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		}}
+	return job.Loop(ctx)
 }
 
 // logReport logs what a run removed, and raw partitions kept past their
