@@ -137,28 +137,79 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 	if !d.Prepared() {
 		return nil, fmt.Errorf("backfill %s: %w", d.Name, aggregate.ErrNotPrepared)
 	}
+	unlock, err := lockAggregate(ctx, pool, d)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	plan, err := planRun(ctx, pool, d, r, opts)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Chunks: plan}
+	var todo []Chunk
+	for _, c := range plan {
+		if !c.Run {
+			rep.Skipped++
+			continue
+		}
+		todo = append(todo, c)
+	}
+	if err := recordRun(ctx, pool, d, r, todo, opts, rep); err != nil {
+		return nil, err
+	}
+	opts.Logger.Info("backfill started", "aggregate", d.Name, "run", rep.RunID, "kind", opts.Kind,
+		"chunks", len(todo), "skipped", rep.Skipped, "concurrency", opts.Concurrency)
+	tr := opts.Progress.Start(opts.Logger.With("aggregate", d.Name, "run", rep.RunID),
+		progress.Job{Label: opts.Kind, Unit: "chunks", Total: int64(len(todo))})
+	defer tr.Finish(false)
+
+	// stop ends the feeding of chunks when the warehouse cannot be reached.
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	w := &chunkWork{pool: pool, d: d, opts: opts, rep: rep, tr: tr, stop: stop}
+	w.run(ctx, runCtx, todo)
+	tr.Finish(rep.Done+len(rep.Failed) == len(todo))
+	return finishRun(ctx, runCtx, pool, d, rep, len(todo), w.bookErr, opts)
+}
+
+// lockAggregate takes the aggregate's backfill lock on a connection of its
+// own (ErrBusy when another backfill or refresh holds it) and closes the
+// runs that died without finishing. The returned function releases the
+// lock and the connection.
+func lockAggregate(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition) (unlock func(), err error) {
 	lock, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("backfill %s: %w", d.Name, err)
 	}
-	defer lock.Release()
 	var got bool
 	if err := lock.QueryRow(ctx, lockSQL, d.Name).Scan(&got); err != nil {
+		lock.Release()
 		return nil, fmt.Errorf("backfill %s: lock: %w", d.Name, err)
 	}
 	if !got {
+		lock.Release()
 		return nil, fmt.Errorf("backfill %s: %w", d.Name, ErrBusy)
 	}
-	defer func() {
+	unlock = func() {
 		cctx, cancel := pgconnect.Cleanup(ctx)
 		defer cancel()
 		_, _ = lock.Exec(cctx, unlockSQL, d.Name)
-	}()
+		lock.Release()
+	}
 	if _, err := lock.Exec(ctx, abandonRunsSQL, d.Name); err != nil {
+		unlock()
 		return nil, fmt.Errorf("backfill %s: close abandoned runs: %w", d.Name, err)
 	}
+	return unlock, nil
+}
 
+// planRun plans the run's chunks (see Plan and PlanPublish), refuses a
+// plan the options do not allow (archived partitions, a publish with
+// nothing left to publish), and creates the shadow table of a shadow run.
+func planRun(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Range, opts Options) ([]Chunk, error) {
 	var plan []Chunk
+	var err error
 	if opts.Publish {
 		plan, err = PlanPublish(ctx, pool, d, r, opts.Chunk, opts.Now(), opts.ShadowMaxAge)
 	} else {
@@ -179,20 +230,19 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 			return nil, err
 		}
 	}
-	rep := &Report{Chunks: plan}
-	var todo []Chunk
+	return plan, nil
+}
+
+// recordRun records the run and its chunks to do, all pending, and sets
+// rep.RunID.
+func recordRun(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Range, todo []Chunk, opts Options, rep *Report) error {
 	var starts, ends []time.Time
 	var counts []int32
-	for _, c := range plan {
-		if !c.Run {
-			rep.Skipped++
-			continue
-		}
-		todo = append(todo, c)
+	for _, c := range todo {
 		starts, ends, counts = append(starts, c.Start), append(ends, c.End), append(counts, int32(len(c.Partitions)))
 	}
 	lo, hi := r.bounds(d.Calendar)
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, insertRunSQL, d.Name, opts.Kind, lo, hi, config.Duration(opts.Chunk).String(),
 			string(opts.Reprocess), opts.Concurrency, len(todo), opts.Now()).Scan(&rep.RunID); err != nil {
 			return err
@@ -201,66 +251,36 @@ func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Ran
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("backfill %s: record run: %w", d.Name, err)
+		return fmt.Errorf("backfill %s: record run: %w", d.Name, err)
 	}
-	opts.Logger.Info("backfill started", "aggregate", d.Name, "run", rep.RunID, "kind", opts.Kind,
-		"chunks", len(todo), "skipped", rep.Skipped, "concurrency", opts.Concurrency)
-	tr := opts.Progress.Start(opts.Logger.With("aggregate", d.Name, "run", rep.RunID),
-		progress.Job{Label: opts.Kind, Unit: "chunks", Total: int64(len(todo))})
-	defer tr.Finish(false)
+	return nil
+}
 
-	// stop ends the feeding of chunks when the warehouse cannot be reached.
-	runCtx, stop := context.WithCancelCause(ctx)
-	defer stop(nil)
+// chunkWork is what the workers of one run share.
+type chunkWork struct {
+	pool *pgxpool.Pool
+	d    *aggregate.Definition
+	opts Options
+	tr   *progress.Tracker
+	// stop ends the feeding of chunks, with the cause.
+	stop context.CancelCauseFunc
+
+	mu      sync.Mutex
+	rep     *Report // under mu once the workers start
+	bookErr error   // the errors of recording outcomes, under mu
+}
+
+// run feeds todo to opts.Concurrency workers until every chunk is taken
+// or runCtx ends, and waits for them.
+func (w *chunkWork) run(ctx, runCtx context.Context, todo []Chunk) {
 	work := make(chan Chunk)
-	var mu sync.Mutex
-	var bookErr error
 	var wg sync.WaitGroup
-	for range min(opts.Concurrency, max(len(todo), 1)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range min(w.opts.Concurrency, max(len(todo), 1)) {
+		wg.Go(func() {
 			for c := range work {
-				rows, checks, err := rebuildChunk(runCtx, pool, d, rep.RunID, c, opts)
-				status, msg, stored := "done", any(nil), any(rows)
-				switch {
-				case err == nil:
-				case runCtx.Err() != nil:
-					// Cancelled (the server reports a cancelled
-					// statement as an SQL error): not finished.
-					status, stored = "pending", nil
-				case !refused(err):
-					// The warehouse cannot be reached: the chunks
-					// after this one would fail the same way.
-					stop(err)
-					status, stored = "pending", nil
-				default:
-					status, msg, stored = "failed", err.Error(), nil
-				}
-				// The outcome is recorded even when ctx has ended.
-				bctx, cancel := pgconnect.Cleanup(ctx)
-				_, bErr := pool.Exec(bctx, finishChunkSQL, rep.RunID, c.Start, status, stored, msg, opts.Now())
-				cancel()
-				mu.Lock()
-				if bErr != nil {
-					bookErr = errors.Join(bookErr, fmt.Errorf("chunk %s: %w", c.Label(), bErr))
-				}
-				switch status {
-				case "done":
-					rep.Done++
-					rep.Shadow = append(rep.Shadow, checks...)
-					rep.Rows += rows
-					opts.Logger.Info("chunk done", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "rows", rows)
-				case "failed":
-					rep.Failed = append(rep.Failed, Failure{c, err})
-					opts.Logger.Error("chunk failed; the run goes on", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "err", err)
-				}
-				mu.Unlock()
-				if status != "pending" {
-					tr.Add(1)
-				}
+				w.chunk(ctx, runCtx, c)
 			}
-		}()
+		})
 	}
 feed:
 	for _, c := range todo {
@@ -272,11 +292,60 @@ feed:
 	}
 	close(work)
 	wg.Wait()
-	tr.Finish(rep.Done+len(rep.Failed) == len(todo))
+}
 
+// chunk rebuilds c, records its outcome (even when ctx has ended) and
+// adds it to the report. A chunk cancelled, or stopped because the
+// warehouse cannot be reached (which stops the run), stays pending; one
+// the warehouse refused is recorded as failed.
+func (w *chunkWork) chunk(ctx, runCtx context.Context, c Chunk) {
+	d, rep := w.d, w.rep
+	rows, checks, err := rebuildChunk(runCtx, w.pool, d, rep.RunID, c, w.opts)
+	status, msg, stored := "done", any(nil), any(rows)
+	switch {
+	case err == nil:
+	case runCtx.Err() != nil:
+		// Cancelled (the server reports a cancelled statement as an SQL
+		// error): not finished.
+		status, stored = "pending", nil
+	case !refused(err):
+		// The warehouse cannot be reached: the chunks after this one
+		// would fail the same way.
+		w.stop(err)
+		status, stored = "pending", nil
+	default:
+		status, msg, stored = "failed", err.Error(), nil
+	}
+	bctx, cancel := pgconnect.Cleanup(ctx)
+	_, bErr := w.pool.Exec(bctx, finishChunkSQL, rep.RunID, c.Start, status, stored, msg, w.opts.Now())
+	cancel()
+	w.mu.Lock()
+	if bErr != nil {
+		w.bookErr = errors.Join(w.bookErr, fmt.Errorf("chunk %s: %w", c.Label(), bErr))
+	}
+	switch status {
+	case "done":
+		rep.Done++
+		rep.Shadow = append(rep.Shadow, checks...)
+		rep.Rows += rows
+		w.opts.Logger.Info("chunk done", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "rows", rows)
+	case "failed":
+		rep.Failed = append(rep.Failed, Failure{c, err})
+		w.opts.Logger.Error("chunk failed; the run goes on", "aggregate", d.Name, "run", rep.RunID, "chunk", c.Label(), "err", err)
+	}
+	w.mu.Unlock()
+	if status != "pending" {
+		w.tr.Add(1)
+	}
+}
+
+// finishRun records the run's status, done, failed or interrupted (some
+// of todo chunks not finished), and returns the report with the error
+// that ended the run early, if any.
+func finishRun(ctx, runCtx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, rep *Report, todo int, bookErr error, opts Options) (*Report, error) {
 	status := "done"
 	switch {
-	case rep.Done+len(rep.Failed) < len(todo):
+	case rep.Done+len(rep.Failed) < todo:
 		status = "interrupted"
 	case len(rep.Failed) > 0 || bookErr != nil:
 		status = "failed"
