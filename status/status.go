@@ -389,147 +389,19 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		return nil, err
 	}
 	r := &Report{GeneratedAt: now.UTC(), SchemaVersion: v}
-	parts, err := raw.PartitionStates(ctx, q, cfg.Kafka.Group)
-	if err != nil {
+	var st streams
+	if st.parts, err = raw.PartitionStates(ctx, q, cfg.Kafka.Group); err != nil {
 		return nil, err
 	}
-	reasons, err := deadLetterReasons(ctx, q)
-	if err != nil {
+	if st.reasons, err = deadLetterReasons(ctx, q); err != nil {
 		return nil, err
 	}
-	var ends, starts kadm.ListedOffsets
-	var kafkaErr error
-	var topics []string
+	st.ends, st.starts, st.kafkaErr = listOffsets(ctx, adm, cfg)
 	for _, name := range cfg.SourceNames() {
-		if s := cfg.Sources[name]; s.Kafka != nil {
-			topics = append(topics, s.Kafka.Topics...)
+		s, err := gatherSource(ctx, q, name, cfg.Sources[name], v, &st, now)
+		if err != nil {
+			return nil, err
 		}
-	}
-	if adm != nil && len(topics) > 0 {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ends, kafkaErr = adm.ListEndOffsets(actx, topics...)
-		if kafkaErr == nil {
-			kafkaErr = ends.Error()
-		}
-		if kafkaErr == nil {
-			starts, kafkaErr = adm.ListStartOffsets(actx, topics...)
-		}
-		if kafkaErr == nil {
-			kafkaErr = starts.Error()
-		}
-		cancel()
-	}
-	for _, name := range cfg.SourceNames() {
-		sc := cfg.Sources[name]
-		kind := "kafka"
-		switch {
-		case sc.Table != nil:
-			kind = "table"
-		case sc.Poll != nil:
-			kind = "poll"
-		case sc.CDC != nil:
-			kind = "cdc"
-		}
-		s := Source{Name: name, Kind: kind, DeadLettersByReason: reasons[name]}
-		if s.DeadLettersByReason == nil {
-			s.DeadLettersByReason = map[string]int64{}
-		}
-		if sc.Kafka != nil {
-			s.Topics = sc.Kafka.Topics
-		}
-		if sc.Poll != nil {
-			if s.Poll, err = gatherPoll(ctx, q, sc, v); err != nil {
-				return nil, err
-			}
-		}
-		if sc.CDC != nil {
-			if s.CDC, err = gatherCDC(ctx, q, sc, v); err != nil {
-				return nil, err
-			}
-		}
-		if sc.Table == nil {
-			if s.Raw, err = gatherRaw(ctx, q, sc, v); err != nil {
-				return nil, err
-			}
-		}
-		if sc.Kafka == nil {
-			// Table and poll sources have no stream state; the reconciler
-			// (table) or each poll run stores their watermark.
-			if v >= 2 {
-				var wm *time.Time
-				err := q.QueryRow(ctx, "SELECT event_time_watermark FROM tidemark.source_watermarks WHERE source = $1", name).Scan(&wm)
-				if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-					return nil, fmt.Errorf("read the watermark of source %s: %w", name, err)
-				}
-				s.EventTimeWatermark = utc(wm)
-			}
-			r.Sources = append(r.Sources, s)
-			continue
-		}
-		if wm, ok := raw.EventTimeWatermark(sc, parts, now); ok {
-			wm = wm.UTC()
-			s.EventTimeWatermark = &wm
-		}
-		if kafkaErr != nil {
-			s.KafkaError = kafkaErr.Error()
-		}
-		stored := map[string]bool{}
-		for _, p := range parts {
-			if p.Source != name {
-				continue
-			}
-			s.Records += p.Records
-			s.Rows += p.RowsWritten
-			s.Duplicates += p.Duplicates
-			s.DeadLetters += p.DeadLetters
-			vp := Partition{Topic: p.Topic, Partition: p.Partition, MaxEventTime: utc(p.MaxEventTime)}
-			if p.NextOffset >= 0 {
-				off := p.NextOffset
-				vp.StoredOffset = &off
-				upd := p.UpdatedAt.UTC()
-				vp.UpdatedAt = &upd
-			}
-			s.Partitions = append(s.Partitions, vp)
-			stored[key(p.Topic, p.Partition)] = true
-		}
-		if ends != nil && kafkaErr == nil {
-			// Partitions with nothing stored yet still appear, with their
-			// whole log as lag.
-			for _, t := range s.Topics {
-				for part := range ends[t] {
-					if !stored[key(t, part)] {
-						s.Partitions = append(s.Partitions, Partition{Topic: t, Partition: part})
-					}
-				}
-			}
-			var total int64
-			for i := range s.Partitions {
-				p := &s.Partitions[i]
-				lo, ok := ends.Lookup(p.Topic, p.Partition)
-				if !ok {
-					continue
-				}
-				end := lo.Offset
-				p.EndOffset = &end
-				// Nothing stored yet: the whole retained log is behind.
-				var lag int64
-				if p.StoredOffset != nil {
-					lag = max(0, end-*p.StoredOffset)
-				} else if so, ok := starts.Lookup(p.Topic, p.Partition); ok {
-					lag = max(0, end-so.Offset)
-				}
-				p.Lag = &lag
-				total += lag
-			}
-			s.Lag = &total
-		}
-		sort.Slice(s.Partitions, func(i, j int) bool {
-			a, b := s.Partitions[i], s.Partitions[j]
-			if a.Topic != b.Topic {
-				return a.Topic < b.Topic
-			}
-			return a.Partition < b.Partition
-		})
 		r.Sources = append(r.Sources, s)
 	}
 	if v >= 10 {
@@ -544,6 +416,169 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		return nil, err
 	}
 	return r, nil
+}
+
+// streams is what Gather reads once for all sources: the stored state of
+// every Kafka partition, dead letters by source and reason, and the
+// brokers' offsets (nil when not asked, with kafkaErr when the brokers
+// could not answer).
+type streams struct {
+	parts        []raw.PartitionState
+	reasons      map[string]map[string]int64
+	ends, starts kadm.ListedOffsets
+	kafkaErr     error
+}
+
+// listOffsets asks the brokers, within 5 seconds, for the end and start
+// offsets of the topics of cfg's Kafka sources; nothing without adm or
+// such topics.
+func listOffsets(ctx context.Context, adm *kadm.Client, cfg *config.Config) (ends, starts kadm.ListedOffsets, err error) {
+	var topics []string
+	for _, name := range cfg.SourceNames() {
+		if s := cfg.Sources[name]; s.Kafka != nil {
+			topics = append(topics, s.Kafka.Topics...)
+		}
+	}
+	if adm == nil || len(topics) == 0 {
+		return nil, nil, nil
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ends, err = adm.ListEndOffsets(actx, topics...)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err == nil {
+		starts, err = adm.ListStartOffsets(actx, topics...)
+	}
+	if err == nil {
+		err = starts.Error()
+	}
+	return ends, starts, err
+}
+
+// gatherSource builds the view of source name, configured as sc: its
+// kind's state, its raw table, and for a Kafka source what its partitions
+// stored and their lag; for the others the event-time watermark stored for
+// them.
+func gatherSource(ctx context.Context, q Querier, name string, sc *config.Source, v int, st *streams, now time.Time) (Source, error) {
+	kind := "kafka"
+	switch {
+	case sc.Table != nil:
+		kind = "table"
+	case sc.Poll != nil:
+		kind = "poll"
+	case sc.CDC != nil:
+		kind = "cdc"
+	}
+	s := Source{Name: name, Kind: kind, DeadLettersByReason: st.reasons[name]}
+	if s.DeadLettersByReason == nil {
+		s.DeadLettersByReason = map[string]int64{}
+	}
+	if sc.Kafka != nil {
+		s.Topics = sc.Kafka.Topics
+	}
+	var err error
+	if sc.Poll != nil {
+		if s.Poll, err = gatherPoll(ctx, q, sc, v); err != nil {
+			return s, err
+		}
+	}
+	if sc.CDC != nil {
+		if s.CDC, err = gatherCDC(ctx, q, sc, v); err != nil {
+			return s, err
+		}
+	}
+	if sc.Table == nil {
+		if s.Raw, err = gatherRaw(ctx, q, sc, v); err != nil {
+			return s, err
+		}
+	}
+	if sc.Kafka == nil {
+		// Table and poll sources have no stream state; the reconciler
+		// (table) or each poll run stores their watermark.
+		if v >= 2 {
+			var wm *time.Time
+			err := q.QueryRow(ctx, "SELECT event_time_watermark FROM tidemark.source_watermarks WHERE source = $1", name).Scan(&wm)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return s, fmt.Errorf("read the watermark of source %s: %w", name, err)
+			}
+			s.EventTimeWatermark = utc(wm)
+		}
+		return s, nil
+	}
+	if wm, ok := raw.EventTimeWatermark(sc, st.parts, now); ok {
+		wm = wm.UTC()
+		s.EventTimeWatermark = &wm
+	}
+	if st.kafkaErr != nil {
+		s.KafkaError = st.kafkaErr.Error()
+	}
+	kafkaPartitions(&s, st)
+	return s, nil
+}
+
+// kafkaPartitions fills in the stored state of s's Kafka partitions and
+// totals, and, when the brokers answered, their end offsets and lag,
+// partitions with nothing stored yet included.
+func kafkaPartitions(s *Source, st *streams) {
+	stored := map[string]bool{}
+	for _, p := range st.parts {
+		if p.Source != s.Name {
+			continue
+		}
+		s.Records += p.Records
+		s.Rows += p.RowsWritten
+		s.Duplicates += p.Duplicates
+		s.DeadLetters += p.DeadLetters
+		vp := Partition{Topic: p.Topic, Partition: p.Partition, MaxEventTime: utc(p.MaxEventTime)}
+		if p.NextOffset >= 0 {
+			off := p.NextOffset
+			vp.StoredOffset = &off
+			upd := p.UpdatedAt.UTC()
+			vp.UpdatedAt = &upd
+		}
+		s.Partitions = append(s.Partitions, vp)
+		stored[key(p.Topic, p.Partition)] = true
+	}
+	if st.ends != nil && st.kafkaErr == nil {
+		// Partitions with nothing stored yet still appear, with their
+		// whole log as lag.
+		for _, t := range s.Topics {
+			for part := range st.ends[t] {
+				if !stored[key(t, part)] {
+					s.Partitions = append(s.Partitions, Partition{Topic: t, Partition: part})
+				}
+			}
+		}
+		var total int64
+		for i := range s.Partitions {
+			p := &s.Partitions[i]
+			lo, ok := st.ends.Lookup(p.Topic, p.Partition)
+			if !ok {
+				continue
+			}
+			end := lo.Offset
+			p.EndOffset = &end
+			// Nothing stored yet: the whole retained log is behind.
+			var lag int64
+			if p.StoredOffset != nil {
+				lag = max(0, end-*p.StoredOffset)
+			} else if so, ok := st.starts.Lookup(p.Topic, p.Partition); ok {
+				lag = max(0, end-so.Offset)
+			}
+			p.Lag = &lag
+			total += lag
+		}
+		s.Lag = &total
+	}
+	sort.Slice(s.Partitions, func(i, j int) bool {
+		a, b := s.Partitions[i], s.Partitions[j]
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		return a.Partition < b.Partition
+	})
 }
 
 // gatherUnconfigured lists the registered aggregates cfg does not name.
@@ -754,61 +789,20 @@ func (r *Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "tidemark status at %s (schema version %d)\n", r.GeneratedAt.Format(time.RFC3339), r.SchemaVersion)
 	for _, s := range r.Sources {
-		if p := s.Poll; p != nil {
-			fmt.Fprintf(tw, "\nsource %s (poll: %s into %s)\n", s.Name, p.Table, p.Mirror)
-			fmt.Fprintf(tw, "  high watermark (updated_at)\t%s\n", fmtTime(p.HighWatermark))
-			fmt.Fprintf(tw, "  last window upper bound\t%s\n", fmtTime(p.LastUpper))
-			fmt.Fprintf(tw, "  last run\t%s (watermark last moved %s)\n", fmtTime(p.LastRunAt), fmtTime(p.AdvancedAt))
-			fmt.Fprintf(tw, "  runs / rows read / rows merged\t%d / %d / %d\n", p.Runs, p.RowsRead, p.RowsMerged)
-			if k := p.LastKeyCheck; k != nil {
-				dry := ""
-				if k.DryRun {
-					dry = " (dry run)"
-				}
-				fmt.Fprintf(tw, "  last key reconciliation%s\t%s: %d source keys, %d mirror keys, %d transferred; %d missing at the source (%s, %d applied), %d not yet in the mirror\n",
-					dry, k.FinishedAt.Format(time.RFC3339), k.SourceKeys, k.MirrorKeys, k.KeysTransferred, k.MissingAtSource, k.Mode, k.Applied, k.MissingInMirror)
-			} else {
-				fmt.Fprintf(tw, "  last key reconciliation\tnever\n")
-			}
-			writeRaw(tw, s.Raw)
-			continue
-		}
-		if c := s.CDC; c != nil {
-			fmt.Fprintf(tw, "\nsource %s (cdc: slot %s, %s)\n", s.Name, c.Slot, strings.Join(c.Tables, ", "))
-			snap := c.Snapshot
-			if snap == "" {
-				snap = "not started"
-			}
-			fmt.Fprintf(tw, "  snapshot\t%s\n", snap)
-			fmt.Fprintf(tw, "  applied / confirmed LSN\t%s / %s\n", orDash(c.AppliedLSN), orDash(c.ConfirmedLSN))
-			fmt.Fprintf(tw, "  last source commit applied\t%s\n", fmtTime(c.LastCommitTime))
-			fmt.Fprintf(tw, "  transactions / changes\t%d / %d\n", c.Transactions, c.Changes)
-			writeRaw(tw, s.Raw)
-			continue
-		}
-		if s.Kind != "kafka" {
+		switch {
+		case s.Poll != nil:
+			writePoll(tw, s)
+		case s.CDC != nil:
+			writeCDC(tw, s)
+		case s.Kind != "kafka":
 			fmt.Fprintf(tw, "\nsource %s (table, read by the reconciler in timestamp mode)\n", s.Name)
 			fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))
-			continue
-		}
-		fmt.Fprintf(tw, "\nsource %s (%s: %s)\n", s.Name, s.Kind, strings.Join(s.Topics, ", "))
-		fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))
-		fmt.Fprintf(tw, "  records read\t%d\n", s.Records)
-		fmt.Fprintf(tw, "  rows\t%d\n", s.Rows)
-		fmt.Fprintf(tw, "  duplicates dropped\t%d\n", s.Duplicates)
-		fmt.Fprintf(tw, "  dead letters\t%d%s\n", s.DeadLetters, fmtReasons(s.DeadLettersByReason))
-		writeRaw(tw, s.Raw)
-		fmt.Fprintf(tw, "  lag\t%s\n", fmtInt(s.Lag))
-		if s.KafkaError != "" {
-			fmt.Fprintf(tw, "  kafka\tunavailable: %s\n", s.KafkaError)
-		}
-		fmt.Fprintf(tw, "  partition\tstored offset\tend offset\tlag\tmax event time\n")
-		for _, p := range s.Partitions {
-			fmt.Fprintf(tw, "  %s/%d\t%s\t%s\t%s\t%s\n", p.Topic, p.Partition, fmtInt(p.StoredOffset), fmtInt(p.EndOffset),
-				fmtInt(p.Lag), fmtTime(p.MaxEventTime))
+		default:
+			writeKafka(tw, s)
 		}
 	}
 	if len(r.Aggregates) > 0 {
+		// The sources' columns end here.
 		if err := tw.Flush(); err != nil {
 			return err
 		}
@@ -822,52 +816,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 	for _, a := range r.Aggregates {
-		fmt.Fprintf(tw, "\naggregate %s (source %s, table %s, %s partitions, horizon %s, beyond horizon: %s)\n",
-			a.Name, a.Source, a.Table, a.Partition, a.Horizon, a.Policy)
-		wm := "xid " + a.LoadWatermark
-		if a.IngestedThrough != nil {
-			wm = "ingested through " + fmtTime(a.IngestedThrough)
-		}
-		fmt.Fprintf(tw, "  load watermark\t%s (moved %s, last run %s)\n", wm, fmtTime(a.WatermarkMovedAt), fmtTime(a.LastRunAt))
-		fmt.Fprintf(tw, "  event-time watermark\t%s\n", fmtTime(a.EventTimeWatermark))
-		fmt.Fprintf(tw, "  queued partitions\t%d\n", a.Queued)
-		if a.FailingCount > 0 {
-			fmt.Fprintf(tw, "  failing partitions\t%d\n", a.FailingCount)
-			for _, f := range a.Failing {
-				fmt.Fprintf(tw, "    %s\t%s\n", f.Key, f.Text())
-			}
-			if more := a.FailingCount - int64(len(a.Failing)); more > 0 {
-				fmt.Fprintf(tw, "    … and %d more\n", more)
-			}
-		}
-		if a.Archived > 0 {
-			fmt.Fprintf(tw, "  archived partitions\t%d (retention dropped their raw rows; they are never rebuilt)\n", a.Archived)
-		}
-		if v := a.LastVerify; v != nil {
-			how := "by hand"
-			if v.Scheduled {
-				how = "scheduled"
-			}
-			result := fmt.Sprintf("%d partitions compared, %d differ, %d await the reconciler, %d archived", v.Partitions, v.Drifted, v.Pending, v.Archived)
-			if v.Error != "" {
-				result = "failed: " + strings.Join(strings.Fields(v.Error), " ")
-			}
-			fmt.Fprintf(tw, "  last verify\t%s (%s): %s\n", fmtTime(v.FinishedAt), how, result)
-		}
-		if b := a.LastBackfill; b != nil {
-			fmt.Fprintf(tw, "  last %s\trun %d, %s .. %s, --reprocess %s: %s, %d of %d chunks done, %d failed (started %s, finished %s)\n",
-				b.Kind, b.Run, fmtTime(&b.RangeStart), fmtTime(&b.RangeEnd), b.Reprocess, b.Status, b.ChunksDone, b.Chunks, b.ChunksFailed,
-				fmtTime(&b.StartedAt), fmtTime(b.FinishedAt))
-		}
-		fmt.Fprintf(tw, "  partition\tstate\trows\tcompleteness\trebuilt at\tfinal at\n")
-		for _, p := range a.Partitions {
-			state := p.State
-			if p.Queued && state != "queued" {
-				state += " (queued)"
-			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Key, state, fmtInt(p.Rows), fmtRatio(p.Completeness),
-				fmtTime(p.RebuiltAt), p.FinalAt.UTC().Format(time.RFC3339))
-		}
+		writeAggregate(tw, a)
 	}
 	for _, u := range r.Unconfigured {
 		fmt.Fprintf(tw, "\naggregate %s (not in this configuration: source %s, horizon %s, last run %s)\n",
@@ -875,6 +824,116 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "  retention keeps the raw partitions and ledger rows it needs; once it is gone for good, tidemark forget --aggregate %s releases them\n", u.Name)
 	}
 	return tw.Flush()
+}
+
+// writePoll writes a poll source: its watermark, runs, last key
+// reconciliation and raw table.
+func writePoll(w io.Writer, s Source) {
+	p := s.Poll
+	fmt.Fprintf(w, "\nsource %s (poll: %s into %s)\n", s.Name, p.Table, p.Mirror)
+	fmt.Fprintf(w, "  high watermark (updated_at)\t%s\n", fmtTime(p.HighWatermark))
+	fmt.Fprintf(w, "  last window upper bound\t%s\n", fmtTime(p.LastUpper))
+	fmt.Fprintf(w, "  last run\t%s (watermark last moved %s)\n", fmtTime(p.LastRunAt), fmtTime(p.AdvancedAt))
+	fmt.Fprintf(w, "  runs / rows read / rows merged\t%d / %d / %d\n", p.Runs, p.RowsRead, p.RowsMerged)
+	if k := p.LastKeyCheck; k != nil {
+		dry := ""
+		if k.DryRun {
+			dry = " (dry run)"
+		}
+		fmt.Fprintf(w, "  last key reconciliation%s\t%s: %d source keys, %d mirror keys, %d transferred; %d missing at the source (%s, %d applied), %d not yet in the mirror\n",
+			dry, k.FinishedAt.Format(time.RFC3339), k.SourceKeys, k.MirrorKeys, k.KeysTransferred, k.MissingAtSource, k.Mode, k.Applied, k.MissingInMirror)
+	} else {
+		fmt.Fprintf(w, "  last key reconciliation\tnever\n")
+	}
+	writeRaw(w, s.Raw)
+}
+
+// writeCDC writes a CDC source: its snapshot, positions and raw table.
+func writeCDC(w io.Writer, s Source) {
+	c := s.CDC
+	fmt.Fprintf(w, "\nsource %s (cdc: slot %s, %s)\n", s.Name, c.Slot, strings.Join(c.Tables, ", "))
+	snap := c.Snapshot
+	if snap == "" {
+		snap = "not started"
+	}
+	fmt.Fprintf(w, "  snapshot\t%s\n", snap)
+	fmt.Fprintf(w, "  applied / confirmed LSN\t%s / %s\n", orDash(c.AppliedLSN), orDash(c.ConfirmedLSN))
+	fmt.Fprintf(w, "  last source commit applied\t%s\n", fmtTime(c.LastCommitTime))
+	fmt.Fprintf(w, "  transactions / changes\t%d / %d\n", c.Transactions, c.Changes)
+	writeRaw(w, s.Raw)
+}
+
+// writeKafka writes a Kafka source: what it read and stored, its raw
+// table, and its lag per partition.
+func writeKafka(w io.Writer, s Source) {
+	fmt.Fprintf(w, "\nsource %s (%s: %s)\n", s.Name, s.Kind, strings.Join(s.Topics, ", "))
+	fmt.Fprintf(w, "  event-time watermark\t%s\n", fmtTime(s.EventTimeWatermark))
+	fmt.Fprintf(w, "  records read\t%d\n", s.Records)
+	fmt.Fprintf(w, "  rows\t%d\n", s.Rows)
+	fmt.Fprintf(w, "  duplicates dropped\t%d\n", s.Duplicates)
+	fmt.Fprintf(w, "  dead letters\t%d%s\n", s.DeadLetters, fmtReasons(s.DeadLettersByReason))
+	writeRaw(w, s.Raw)
+	fmt.Fprintf(w, "  lag\t%s\n", fmtInt(s.Lag))
+	if s.KafkaError != "" {
+		fmt.Fprintf(w, "  kafka\tunavailable: %s\n", s.KafkaError)
+	}
+	fmt.Fprintf(w, "  partition\tstored offset\tend offset\tlag\tmax event time\n")
+	for _, p := range s.Partitions {
+		fmt.Fprintf(w, "  %s/%d\t%s\t%s\t%s\t%s\n", p.Topic, p.Partition, fmtInt(p.StoredOffset), fmtInt(p.EndOffset),
+			fmtInt(p.Lag), fmtTime(p.MaxEventTime))
+	}
+}
+
+// writeAggregate writes an aggregate: its watermarks, queue, failing and
+// archived partitions, last verification and backfill, and its recent
+// partitions.
+func writeAggregate(w io.Writer, a Aggregate) {
+	fmt.Fprintf(w, "\naggregate %s (source %s, table %s, %s partitions, horizon %s, beyond horizon: %s)\n",
+		a.Name, a.Source, a.Table, a.Partition, a.Horizon, a.Policy)
+	wm := "xid " + a.LoadWatermark
+	if a.IngestedThrough != nil {
+		wm = "ingested through " + fmtTime(a.IngestedThrough)
+	}
+	fmt.Fprintf(w, "  load watermark\t%s (moved %s, last run %s)\n", wm, fmtTime(a.WatermarkMovedAt), fmtTime(a.LastRunAt))
+	fmt.Fprintf(w, "  event-time watermark\t%s\n", fmtTime(a.EventTimeWatermark))
+	fmt.Fprintf(w, "  queued partitions\t%d\n", a.Queued)
+	if a.FailingCount > 0 {
+		fmt.Fprintf(w, "  failing partitions\t%d\n", a.FailingCount)
+		for _, f := range a.Failing {
+			fmt.Fprintf(w, "    %s\t%s\n", f.Key, f.Text())
+		}
+		if more := a.FailingCount - int64(len(a.Failing)); more > 0 {
+			fmt.Fprintf(w, "    … and %d more\n", more)
+		}
+	}
+	if a.Archived > 0 {
+		fmt.Fprintf(w, "  archived partitions\t%d (retention dropped their raw rows; they are never rebuilt)\n", a.Archived)
+	}
+	if v := a.LastVerify; v != nil {
+		how := "by hand"
+		if v.Scheduled {
+			how = "scheduled"
+		}
+		result := fmt.Sprintf("%d partitions compared, %d differ, %d await the reconciler, %d archived", v.Partitions, v.Drifted, v.Pending, v.Archived)
+		if v.Error != "" {
+			result = "failed: " + strings.Join(strings.Fields(v.Error), " ")
+		}
+		fmt.Fprintf(w, "  last verify\t%s (%s): %s\n", fmtTime(v.FinishedAt), how, result)
+	}
+	if b := a.LastBackfill; b != nil {
+		fmt.Fprintf(w, "  last %s\trun %d, %s .. %s, --reprocess %s: %s, %d of %d chunks done, %d failed (started %s, finished %s)\n",
+			b.Kind, b.Run, fmtTime(&b.RangeStart), fmtTime(&b.RangeEnd), b.Reprocess, b.Status, b.ChunksDone, b.Chunks, b.ChunksFailed,
+			fmtTime(&b.StartedAt), fmtTime(b.FinishedAt))
+	}
+	fmt.Fprintf(w, "  partition\tstate\trows\tcompleteness\trebuilt at\tfinal at\n")
+	for _, p := range a.Partitions {
+		state := p.State
+		if p.Queued && state != "queued" {
+			state += " (queued)"
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Key, state, fmtInt(p.Rows), fmtRatio(p.Completeness),
+			fmtTime(p.RebuiltAt), p.FinalAt.UTC().Format(time.RFC3339))
+	}
 }
 
 // writeRaw writes what a source's raw table holds: its partitions from
