@@ -68,8 +68,7 @@ func Explain(err error) error {
 	if errors.As(err, &done) {
 		return err
 	}
-	var ce *pgconn.ConnectError
-	if reason := reason(err); reason != "" || errors.As(err, &ce) {
+	if reason := reason(err); reason != "" || pgerr.ConnectFailure(err) {
 		return &Error{Reason: reason, Err: err}
 	}
 	return err
