@@ -15,6 +15,7 @@ import (
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -261,14 +262,12 @@ func TestInterruptedRunResumes(t *testing.T) {
 	ctx, cancel := context.WithCancel(w.ctx)
 	go func() {
 		// Cancel once the second chunk sleeps in its trigger.
-		for ctx.Err() == nil {
+		_ = waitfor.Poll(waitfor.Timeout, func() bool {
 			var n int
 			_ = w.pool.QueryRow(w.ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()").Scan(&n)
-			if n > 0 {
-				cancel()
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return n > 0 || ctx.Err() != nil
+		})
+		cancel()
 	}()
 	_, err := backfill.Run(ctx, w.pool, w.d, dates(t, "2026-09-01", "2026-09-04"), backfill.Options{Now: func() time.Time { return w.now }})
 	cancel()

@@ -12,6 +12,7 @@ import (
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestProgress: a run reports each chunk it finishes, failed ones
@@ -62,10 +63,8 @@ func TestProgress(t *testing.T) {
 		ran <- result{rep, err}
 	}()
 	periodic := regexp.MustCompile(`msg="backfill progress" aggregate=daily_sales run=1 done=[1-5] total=6 unit=chunks rate="[0-9.]+ chunks/s" eta=\S+ elapsed=\S+\n`)
-	deadline := time.Now().Add(10 * time.Second)
-	for !periodic.MatchString(logs.String()) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// Whether a periodic line came while the last chunk was held is checked below.
+	_ = waitfor.Poll(10*time.Second, func() bool { return periodic.MatchString(logs.String()) })
 	unlock()
 	res := <-ran
 	if rep, err := res.rep, res.err; err != nil || rep.Done != 5 || len(rep.Failed) != 1 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -92,18 +93,10 @@ func TestWarehouseFailureIsNotThePartitions(t *testing.T) {
 			defer func() { _, _ = hold.Exec(ctx, "SELECT pg_advisory_unlock(4242)") }()
 			done := run()
 			var pid int32
-			deadline := time.Now().Add(time.Minute)
-			for pid == 0 {
-				err := b.pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted
-					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&pid)
-				switch {
-				case err == nil:
-				case time.Now().After(deadline):
-					t.Fatal("the rebuild did not reach the gate within a minute")
-				default:
-					time.Sleep(20 * time.Millisecond)
-				}
-			}
+			waitfor.Until(t, "the rebuild to reach the gate", func() bool {
+				return b.pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted
+					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&pid) == nil
+			})
 			var ok bool
 			if err := b.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 60000)", pid).Scan(&ok); err != nil || !ok {
 				t.Fatalf("terminate the reconciler's session %d: %v %v", pid, ok, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -121,8 +122,10 @@ func waitConsistent(t *testing.T, b *bundle, done <-chan error, timeout time.Dur
 			+ (SELECT count(*) FROM tidemark.ingest_ledger l
 			   WHERE l.load_xid >= coalesce((SELECT load_xid FROM tidemark.load_watermarks WHERE aggregate = 'daily_sales'), '0'::xid8))`
 	)
-	deadline := time.Now().Add(timeout)
-	for {
+	var exists bool
+	var g, w []string
+	var queued int
+	err := waitfor.Poll(timeout, func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("waiting for %s: the reconciler stopped: %v", what, err)
@@ -130,28 +133,24 @@ func waitConsistent(t *testing.T, b *bundle, done <-chan error, timeout time.Dur
 		}
 		// The reconciler creates daily_sales when it starts, which a
 		// loaded machine may not have reached yet.
-		var exists bool
 		if err := b.pool.QueryRow(context.Background(), "SELECT to_regclass('daily_sales') IS NOT NULL").Scan(&exists); err != nil {
 			t.Fatal(err)
 		}
-		var g, w []string
-		var queued int
-		if exists {
-			g, w = pgtest.Lines(t, b.pool, got), pgtest.Lines(t, b.pool, want)
-			if err := b.pool.QueryRow(context.Background(), pending).Scan(&queued); err != nil {
-				t.Fatal(err)
-			}
-			if queued == 0 && fmt.Sprint(g) == fmt.Sprint(w) {
-				return
-			}
+		if !exists {
+			return false
 		}
-		if time.Now().After(deadline) {
-			if !exists {
-				t.Fatalf("waiting for %s: daily_sales was not created within %s", what, timeout)
-			}
-			pgtest.Equal(t, "daily_sales against a rebuild", g, w)
-			t.Fatalf("waiting for %s: not consistent within %s (%d partitions queued or loads unclaimed)", what, timeout, queued)
+		g, w = pgtest.Lines(t, b.pool, got), pgtest.Lines(t, b.pool, want)
+		if err := b.pool.QueryRow(context.Background(), pending).Scan(&queued); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		return queued == 0 && fmt.Sprint(g) == fmt.Sprint(w)
+	})
+	if err == nil {
+		return
 	}
+	if !exists {
+		t.Fatalf("waiting for %s: daily_sales was not created within %s", what, timeout)
+	}
+	pgtest.Equal(t, "daily_sales against a rebuild", g, w)
+	t.Fatalf("waiting for %s: not consistent within %s (%d partitions queued or loads unclaimed)", what, timeout, queued)
 }

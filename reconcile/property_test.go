@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -19,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
@@ -234,57 +236,44 @@ aggregates:
 // (autovacuum analyzing the catalogs of a database just created, say)
 // holds back: the loads above it are the next run's, by design.
 func finalRun(ctx context.Context, r *reconcile.Reconciler, pool *pgxpool.Pool) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if _, err := r.RunOnce(ctx, "sales", true); err != nil {
-			return err
+	var behind int
+	var err error
+	if waitfor.Poll(time.Minute, func() bool {
+		if _, err = r.RunOnce(ctx, "sales", true); err != nil {
+			return true
 		}
-		var behind int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM tidemark.ingest_ledger l, tidemark.load_watermarks w
-			WHERE w.aggregate = 'sales' AND l.source = w.source AND l.load_xid >= w.load_xid`).Scan(&behind); err != nil {
-			return err
-		}
-		if behind == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("after a minute of runs, %d ledger rows are still above the load watermark", behind)
-		}
-		time.Sleep(20 * time.Millisecond)
+		err = pool.QueryRow(ctx, `SELECT count(*) FROM tidemark.ingest_ledger l, tidemark.load_watermarks w
+			WHERE w.aggregate = 'sales' AND l.source = w.source AND l.load_xid >= w.load_xid`).Scan(&behind)
+		return err != nil || behind == 0
+	}) != nil {
+		return fmt.Errorf("after a minute of runs, %d ledger rows are still above the load watermark", behind)
 	}
+	return err
 }
 
 // waitStored waits until the warehouse has stored offsets reaching end.
 func waitStored(ctx context.Context, pool *pgxpool.Pool, end map[int32]int64) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		rows, err := pool.Query(ctx, "SELECT partition, next_offset FROM tidemark.kafka_offsets WHERE topic = 'app-events'")
-		if err != nil {
-			return err
+	stored := map[int32]int64{}
+	var err error
+	if waitfor.Poll(time.Minute, func() bool {
+		clear(stored)
+		var rows pgx.Rows
+		if rows, err = pool.Query(ctx, "SELECT partition, next_offset FROM tidemark.kafka_offsets WHERE topic = 'app-events'"); err != nil {
+			return true
 		}
-		stored := map[int32]int64{}
-		for rows.Next() {
-			var p int32
-			var o int64
-			if err := rows.Scan(&p, &o); err != nil {
-				rows.Close()
-				return err
-			}
-			stored[p] = o
+		var p int32
+		var o int64
+		if _, err = pgx.ForEachRow(rows, []any{&p, &o}, func() error { stored[p] = o; return nil }); err != nil {
+			return true
 		}
-		rows.Close()
-		ok := true
 		for p, e := range end {
 			if stored[p] < e {
-				ok = false
+				return false
 			}
 		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("offsets %v did not reach %v", stored, end)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return true
+	}) != nil {
+		return fmt.Errorf("offsets %v did not reach %v", stored, end)
 	}
+	return err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
@@ -331,28 +332,19 @@ func TestClaimWhilePartitionIsRebuilt(t *testing.T) {
 }
 
 // waitFor polls a boolean query until it is true, or until one of stop
-// returns true, for up to 30 seconds.
+// returns true, for up to waitfor.Timeout.
 func (b *bundle) waitFor(what, sql string, stop ...func() bool) {
 	b.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	err := waitfor.Poll(waitfor.Timeout, func() bool {
 		var ok bool
 		if err := b.pool.QueryRow(context.Background(), sql).Scan(&ok); err != nil {
 			b.t.Fatalf("%s: %v", what, err)
 		}
-		if ok {
-			return
-		}
-		for _, f := range stop {
-			if f() {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			b.t.Logf("sessions: %q", b.rows(`SELECT application_name, state, coalesce(wait_event_type, '-'), coalesce(wait_event, '-'), left(query, 60)
-				FROM pg_stat_activity WHERE datname = current_database()`))
-			b.t.Fatalf("%s: not within 30s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return ok || slices.ContainsFunc(stop, func(f func() bool) bool { return f() })
+	})
+	if err != nil {
+		b.t.Logf("sessions: %q", b.rows(`SELECT application_name, state, coalesce(wait_event_type, '-'), coalesce(wait_event, '-'), left(query, 60)
+			FROM pg_stat_activity WHERE datname = current_database()`))
+		b.t.Fatalf("%s: not within %s", what, waitfor.Timeout)
 	}
 }
