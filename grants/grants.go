@@ -163,6 +163,7 @@ type MissingError struct {
 	Problems []string
 }
 
+// Error lists the problems, one a line.
 func (e *MissingError) Error() string {
 	return fmt.Sprintf("%d missing privilege(s):\n  %s", len(e.Problems), strings.Join(e.Problems, "\n  "))
 }
