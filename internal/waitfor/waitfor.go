@@ -17,7 +17,10 @@ import (
 // it.
 var Timeout = timeout()
 
-// interval is how often Until checks the condition.
+// interval is the pause between two checks of a condition. A check that
+// takes longer (a query over a whole table, a request to the service) is
+// followed by a pause as long as it took, so that waiting takes at most
+// half of a core from the code waited for.
 const interval = 10 * time.Millisecond
 
 func timeout() time.Duration {
@@ -34,8 +37,10 @@ func Until(tb testing.TB, what string, cond func() bool) {
 	Within(tb, Timeout, what, cond)
 }
 
-// Within is Until with a limit of its own, for a condition whose time is
-// part of what the test checks (a deadline the code must meet).
+// Within is Until with a limit of its own: for a condition whose time is
+// part of what the test checks (a deadline the code must meet), or for
+// one that the size of the work makes take longer than Timeout (a
+// benchmark's load, a backlog built up across crashes).
 func Within(tb testing.TB, limit time.Duration, what string, cond func() bool) {
 	tb.Helper()
 	if err := Poll(limit, cond); err != nil {
@@ -52,14 +57,19 @@ func (errTimeout) Error() string { return "the condition did not hold in time" }
 
 // Poll calls cond until it returns true and returns nil, or ErrTimeout
 // when limit passes first: for callers that cannot fail a test from where
-// they run (a property test's own failure function, a goroutine).
+// they run (a property test's own failure function, a goroutine), and for
+// those that say more on failure than what they waited for (the last
+// state seen, the output of the process under test).
 func Poll(limit time.Duration, cond func() bool) error {
 	deadline := time.Now().Add(limit)
-	for !cond() {
+	for {
+		began := time.Now()
+		if cond() {
+			return nil
+		}
 		if time.Now().After(deadline) {
 			return ErrTimeout
 		}
-		time.Sleep(interval)
+		time.Sleep(max(interval, time.Since(began)))
 	}
-	return nil
 }
