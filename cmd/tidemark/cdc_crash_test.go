@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestCDCCrashSafety is acceptance item 2 of the CDC issue: `tidemark run`
@@ -48,17 +49,10 @@ sources:
 	// before the slot exists are in the snapshot, not in the stream, so
 	// the writer starts once the snapshot is done.
 	first := startCommand(t, clock, "run", "--only", "cdc", "-c", cfg)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	waitfor.Until(t, "the snapshot to finish", func() bool {
 		var state string
-		if err := wh.QueryRow(ctx, "SELECT snapshot FROM tidemark.cdc_positions WHERE source = 'shop'").Scan(&state); err == nil && state == "done" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the snapshot did not finish:\n%s", first.output.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return wh.QueryRow(ctx, "SELECT snapshot FROM tidemark.cdc_positions WHERE source = 'shop'").Scan(&state) == nil && state == "done"
+	})
 
 	// The writer: transactions of 1 to 50 inserts, updates and deletes,
 	// counting every row change it commits.
@@ -141,32 +135,26 @@ sources:
 		<-p.exited
 	}()
 	const srcRows = `SELECT id, amount::text, note FROM %s ORDER BY id`
-	deadline = time.Now().Add(90 * time.Second)
-	for {
+	var equal bool
+	var rawRows int64
+	if err := waitfor.Poll(90*time.Second, func() bool {
 		want := strings.Join(pgtest.Rows(t, src, fmt.Sprintf(srcRows, "orders")), "\n")
 		got := strings.Join(pgtest.Rows(t, wh, fmt.Sprintf(srcRows, "dw_orders")), "\n")
-		var raw int64
-		_ = wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop").Scan(&raw)
-		if want == got && raw >= total {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no convergence: mirror equal %v, raw change rows %d of %d\n%s", want == got, raw, total, p.output.String())
-		}
-		time.Sleep(100 * time.Millisecond)
+		_ = wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop").Scan(&rawRows)
+		equal = want == got
+		return equal && rawRows >= total
+	}); err != nil {
+		t.Fatalf("no convergence within 90s: mirror equal %v, raw change rows %d of %d", equal, rawRows, total)
 	}
 	// The source did stream transactions (its statistics arrive late).
-	for deadline = time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	if waitfor.Poll(waitfor.Timeout, func() bool {
 		var streamed int64
 		if err := src.QueryRow(ctx, "SELECT coalesce(sum(stream_txns), 0) FROM pg_stat_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&streamed); err != nil {
 			t.Fatal(err)
 		}
-		if streamed > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the source streamed no transaction: the test does not cover streamed transactions")
-		}
+		return streamed > 0
+	}) != nil {
+		t.Fatal("the source streamed no transaction: the test does not cover streamed transactions")
 	}
 	var raw, distinct int64
 	if err := wh.QueryRow(ctx, "SELECT count(*), count(DISTINCT (commit_lsn, event_id)) FROM raw.shop").Scan(&raw, &distinct); err != nil {

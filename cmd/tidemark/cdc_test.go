@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // cdcConfig writes a configuration with one CDC source over the source
@@ -51,7 +52,8 @@ func TestCDCRunAndStatus(t *testing.T) {
 	cfg := cdcConfig(t, whDSN, srcDSN)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan int, 1)
-	var out, errb bytes.Buffer
+	var out bytes.Buffer
+	var errb syncbuf.Buffer // read while run writes it
 	go func() { done <- run(runCtx, []string{"run", "--only", "cdc", "-c", cfg}, &out, &errb) }()
 	defer func() {
 		cancel()
@@ -59,30 +61,21 @@ func TestCDCRunAndStatus(t *testing.T) {
 			t.Errorf("run exited %d:\n%s", code, errb.String())
 		}
 	}()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		// The snapshot's 100 rows, then a streamed change.
-		var n int64
-		if err := wh.QueryRow(ctx, "SELECT count(*) FROM dw_orders").Scan(&n); err == nil && n == 100 {
-			break
+	// The snapshot's 100 rows, then a streamed change.
+	rows := func(sql string, want int64) func() bool {
+		return func() bool {
+			var n int64
+			return wh.QueryRow(ctx, sql).Scan(&n) == nil && n == want
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the snapshot did not arrive:\n%s", errb.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	}
+	if waitfor.Poll(waitfor.Timeout, rows("SELECT count(*) FROM dw_orders", 100)) != nil {
+		t.Fatalf("the snapshot did not arrive:\n%s", errb.String())
 	}
 	if _, err := src.Exec(ctx, `UPDATE orders SET amount = 0 WHERE id <= 10`); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		var n int64
-		if err := wh.QueryRow(ctx, "SELECT count(*) FROM dw_orders WHERE amount = 0").Scan(&n); err == nil && n == 10 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the update did not arrive:\n%s", errb.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if waitfor.Poll(waitfor.Timeout, rows("SELECT count(*) FROM dw_orders WHERE amount = 0", 10)) != nil {
+		t.Fatalf("the update did not arrive:\n%s", errb.String())
 	}
 	code, stdout, stderr := invoke(t, "status", "-c", cfg)
 	flat := strings.Join(strings.Fields(stdout), " ")

@@ -28,6 +28,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // envChaos selects the size of TestChaos: unset, the bounded run of `make
@@ -563,19 +564,16 @@ func (c *chaos) writeSources(rng *rand.Rand) {
 func (c *chaos) waitQuiet(limit time.Duration, what string, cond func() (bool, error)) {
 	c.t.Helper()
 	began := time.Now()
-	deadline := began.Add(limit)
-	for {
-		ok, err := cond()
-		if ok && err == nil {
-			c.t.Logf("chaos %s: %s took %s", c.since(), what, time.Since(began).Round(100*time.Millisecond))
-			return
-		}
-		if time.Now().After(deadline) {
-			c.dumpStacks()
-			c.t.Fatalf("timed out after %s waiting for %s (last error %v):\n%s", limit, what, err, tail(c.primary.output.String(), 60))
-		}
-		time.Sleep(100 * time.Millisecond)
+	var err error
+	if waitfor.Poll(limit, func() bool {
+		var ok bool
+		ok, err = cond()
+		return ok && err == nil
+	}) != nil {
+		c.dumpStacks()
+		c.t.Fatalf("timed out after %s waiting for %s (last error %v):\n%s", limit, what, err, tail(c.primary.output.String(), 60))
 	}
+	c.t.Logf("chaos %s: %s took %s", c.since(), what, time.Since(began).Round(100*time.Millisecond))
 }
 
 // dumpStacks makes the running instances print their goroutines (Go does

@@ -19,6 +19,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // process is `tidemark run` started as a subprocess.
@@ -132,12 +133,9 @@ sources:
 		// Wait until this process writes (it has joined the group and been
 		// assigned partitions), then kill it at a random moment while it
 		// keeps writing.
-		for deadline := time.Now().Add(2 * time.Minute); storedTotal(t, pool, group, topic) == before; {
-			if time.Now().After(deadline) {
-				t.Fatalf("kill %d: the process stored nothing within 2 minutes", i+1)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitfor.Within(t, 2*time.Minute, fmt.Sprintf("kill %d: the process to store records", i+1), func() bool {
+			return storedTotal(t, pool, group, topic) != before
+		})
 		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
 		at := storedTotal(t, pool, group, topic)
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -159,12 +157,9 @@ sources:
 	final := startRun(t, cfgPath, now)
 	ingesttest.WaitStored(t, pool, group, topic, end, 5*time.Minute)
 	// SIGTERM must find the service running, not still starting up.
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(final.output.String(), "partitions assigned"); {
-		if time.Now().After(deadline) {
-			t.Fatal("the final tidemark run was never assigned partitions")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, "the final tidemark run to be assigned partitions", func() bool {
+		return strings.Contains(final.output.String(), "partitions assigned")
+	})
 	if err := final.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

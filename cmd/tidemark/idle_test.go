@@ -11,6 +11,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestIdleServiceWritesLittle runs `tidemark run` with a Kafka, a poll and
@@ -59,7 +60,7 @@ aggregates:
 	kafkatest.Produce(t, kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner())),
 		&kgo.Record{Topic: "events", Partition: 0, Value: []byte(`{"event_id":"a","event_time":"2026-12-01T10:00:00Z"}`)})
 	ingesttest.WaitStored(t, wh, "idle", "events", map[int32]int64{0: 1}, time.Minute)
-	waitFor(t, time.Minute, "the mirrors' first loads", func() bool {
+	waitfor.Until(t, "the mirrors' first loads", func() bool {
 		return ingesttest.Scalar(t, wh, `SELECT count(*) FROM dw_orders`) == 200 &&
 			ingesttest.Scalar(t, wh, `SELECT count(*) FROM dw_customers`) == 200
 	})

@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,6 +17,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/internal/testcert"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // tlsEnv is one PostgreSQL server with ssl on, whose pg_hba.conf accepts
@@ -122,7 +122,7 @@ func startRunning(t *testing.T, args ...string) *running {
 func (r *running) logged(t *testing.T, msg string) string {
 	t.Helper()
 	var got string
-	waitFor(t, 20*time.Second, "the log message "+msg, func() bool {
+	waitfor.Until(t, "the log message "+msg, func() bool {
 		for _, line := range strings.Split(r.out.String(), "\n") {
 			var rec struct{ Msg, Err string }
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == msg {
@@ -211,14 +211,9 @@ func (e *tlsEnv) loadOverTLS(t *testing.T, whDSN, pollDSN, cdcDSN string) []stri
 	}
 	wait := func(want string) {
 		t.Helper()
-		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			got := counts()
-			if got == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("rows loaded: %s\nwant %s", got, want)
-			}
+		var got string
+		if err := waitfor.Poll(waitfor.Timeout, func() bool { got = counts(); return got == want }); err != nil {
+			t.Fatalf("rows loaded: %s\nwant %s", got, want)
 		}
 	}
 	// The snapshot fills the CDC mirror only; changes streamed after it

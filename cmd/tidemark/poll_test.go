@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // pollSetup creates a source database with src_customers holding rows
@@ -116,7 +117,7 @@ func TestPollKilledBeforeCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startCommand(t, time.Date(2026, 10, 6, 0, 0, 0, 0, time.UTC), "poll", "--once", "-c", cfg, "--source", "customers", "--upper", "2026-10-06T00:00:00Z")
-	waitFor(t, 30*time.Second, "the poll run to block in its merge", func() bool {
+	waitfor.Until(t, "the poll run to block in its merge", func() bool {
 		return scalar(t, wh, `SELECT count(*)::text FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO "public"."dw_customers"%'`) == "1"
 	})
@@ -129,7 +130,7 @@ func TestPollKilledBeforeCommit(t *testing.T) {
 	}
 	// The killed run's backend finishes its statement, finds its client
 	// gone and rolls back.
-	waitFor(t, 30*time.Second, "the killed run's backend to end", func() bool {
+	waitfor.Until(t, "the killed run's backend to end", func() bool {
 		return scalar(t, wh, `SELECT count(*)::text FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = 'tidemark-poll'`) == "0"
 	})
@@ -153,17 +154,6 @@ func TestPollKilledBeforeCommit(t *testing.T) {
 		if got := scalar(t, wh, sql); got != fmt.Sprint(rows) {
 			t.Errorf("%s: %s, want %d", what, got, rows)
 		}
-	}
-}
-
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -340,9 +330,11 @@ func TestKeysGuardInRun(t *testing.T) {
 	var out, errOut syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"run", "--only", "poll", "-c", cfg}, &out, &errOut) }()
-	waitFor(t, 2*time.Minute, "the scheduled key reconciliation", func() bool {
+	if err := waitfor.Poll(2*time.Minute, func() bool {
 		return scalar(t, wh, "SELECT count(*)::text FROM tidemark.key_reconciliations") != "0"
-	})
+	}); err != nil {
+		t.Fatalf("no scheduled key reconciliation within 2 minutes:\n%s", errOut.String())
+	}
 	cancel()
 	select {
 	case code := <-done:

@@ -16,6 +16,8 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // privileges is a server whose tidemark roles log in with passwords over
@@ -195,7 +197,7 @@ func TestPrivilegeLeastRoles(t *testing.T) {
 	// Every component of `tidemark run`.
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan int, 1)
-	var runErr bytes.Buffer
+	var runErr syncbuf.Buffer // read while run writes it
 	go func() { done <- run(runCtx, []string{"run", "-c", p.runCfg}, &bytes.Buffer{}, &runErr) }()
 	stopped := false
 	stop := func() {
@@ -211,12 +213,9 @@ func TestPrivilegeLeastRoles(t *testing.T) {
 	defer stop()
 	wait := func(what, sql string, want int64) {
 		t.Helper()
-		deadline := time.Now().Add(90 * time.Second)
-		for p.count(t, sql) != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s (%s = %d, want %d):\n%s", what, sql, p.count(t, sql), want, runErr.String())
-			}
-			time.Sleep(50 * time.Millisecond)
+		var got int64
+		if waitfor.Poll(90*time.Second, func() bool { got = p.count(t, sql); return got == want }) != nil {
+			t.Fatalf("timed out waiting for %s (%s = %d, want %d):\n%s", what, sql, got, want, runErr.String())
 		}
 	}
 	wait("the Kafka events", "SELECT count(*) FROM raw.app_events", 3)

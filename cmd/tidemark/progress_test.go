@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestProgressOutput runs `tidemark poll --once` (a first load),
@@ -65,12 +66,8 @@ func TestProgressOutput(t *testing.T) {
 		if code := run(ctx, append(args, "-c", cfg), &out, tty); code != exitOK {
 			t.Fatalf("%v: exit %d\n%s\nterminal: %q", args, code, out.String(), screen.String())
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for !want.MatchString(screen.String()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%v: the terminal shows no %s:\n%q", args, want, screen.String())
-			}
-			time.Sleep(10 * time.Millisecond)
+		if waitfor.Poll(waitfor.Timeout, func() bool { return want.MatchString(screen.String()) }) != nil {
+			t.Fatalf("%v: the terminal shows no %s:\n%q", args, want, screen.String())
 		}
 	}
 	// A bar part way, with count/total, rate and [elapsed:left].
@@ -96,7 +93,8 @@ func TestProgressOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	// gated runs a command while the lock is held, and releases it once
-	// its standard error shows a line matching periodic (or after 10s).
+	// its standard error shows a line matching periodic (or after
+	// waitfor.Timeout, leaving the failure to the checks of its output).
 	gated := func(periodic *regexp.Regexp, args ...string) (int, string, string) {
 		t.Helper()
 		hold, err := wh.Acquire(ctx)
@@ -111,10 +109,7 @@ func TestProgressOutput(t *testing.T) {
 		var errOut syncbuf.Buffer
 		code := make(chan int, 1)
 		go func() { code <- run(ctx, args, &out, &errOut) }()
-		deadline := time.Now().Add(10 * time.Second)
-		for !periodic.MatchString(errOut.String()) && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		_ = waitfor.Poll(waitfor.Timeout, func() bool { return periodic.MatchString(errOut.String()) })
 		if _, err := hold.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
 			t.Error(err)
 		}

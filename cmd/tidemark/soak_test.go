@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // envSoak selects the size of TestSoak: unset, the bounded run of `make
@@ -319,19 +320,15 @@ func (s *soak) changeSources() {
 // every queued partition, then prunes as of the service clock.
 func (s *soak) settle() {
 	s.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		behind := ingesttest.Scalar(s.t, s.wh, `SELECT count(*) FROM tidemark.load_watermarks w
+	var behind, aggs int64
+	if waitfor.Poll(2*time.Minute, func() bool {
+		behind = ingesttest.Scalar(s.t, s.wh, `SELECT count(*) FROM tidemark.load_watermarks w
 			WHERE EXISTS (SELECT FROM tidemark.ingest_ledger l WHERE l.source = w.source AND l.load_xid >= w.load_xid)
 			   OR EXISTS (SELECT FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)`)
-		aggs := ingesttest.Scalar(s.t, s.wh, "SELECT count(*) FROM tidemark.load_watermarks")
-		if behind == 0 && aggs == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("the reconciler did not catch up at %s (%d aggregates behind):\n%s", s.now, behind, s.proc.output.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		aggs = ingesttest.Scalar(s.t, s.wh, "SELECT count(*) FROM tidemark.load_watermarks")
+		return behind == 0 && aggs == 2
+	}) != nil {
+		s.t.Fatalf("the reconciler did not catch up at %s (%d aggregates behind, %d of 2 known):\n%s", s.now, behind, aggs, s.proc.output.String())
 	}
 	s.prune(true)
 }
@@ -341,19 +338,15 @@ func (s *soak) settle() {
 // leave it to the service.
 func (s *soak) prune(wait bool) {
 	s.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		code, _, errOut := invoke(s.t, "prune", "-c", s.cfg)
-		if code == exitOK {
-			return
-		}
-		if !strings.Contains(errOut, "another tidemark process is pruning") || time.Now().After(deadline) {
-			s.t.Fatalf("prune at %s: exit %d: %s", s.now, code, errOut)
-		}
-		if !wait {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	var code int
+	var errOut string
+	busy := func() bool { return strings.Contains(errOut, "another tidemark process is pruning") }
+	_ = waitfor.Poll(waitfor.Timeout, func() bool {
+		code, _, errOut = invoke(s.t, "prune", "-c", s.cfg)
+		return code == exitOK || !busy() || !wait
+	})
+	if code != exitOK && (wait || !busy()) {
+		s.t.Fatalf("prune at %s: exit %d: %s", s.now, code, errOut)
 	}
 }
 
@@ -590,22 +583,18 @@ func (s *soak) checkRaw() {
 // source table's newest change and the CDC mirror equals its table.
 func (s *soak) waitSources() {
 	s.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	var polled int64
+	if waitfor.Poll(2*time.Minute, func() bool {
 		var newest time.Time
 		if err := s.src.QueryRow(s.ctx, "SELECT max(updated_at) FROM customers").Scan(&newest); err != nil {
 			s.t.Fatal(err)
 		}
-		polled := ingesttest.Scalar(s.t, s.wh, "SELECT count(*) FROM tidemark.poll_watermarks WHERE source = 'customers' AND high_watermark >= $1", newest)
+		polled = ingesttest.Scalar(s.t, s.wh, "SELECT count(*) FROM tidemark.poll_watermarks WHERE source = 'customers' AND high_watermark >= $1", newest)
 		orders := "SELECT order_id, customer_id, amount::text, status FROM %s ORDER BY 1"
-		if polled == 1 && strings.Join(pgtest.Lines(s.t, s.src, fmt.Sprintf(orders, "orders")), "\n") ==
-			strings.Join(pgtest.Lines(s.t, s.wh, fmt.Sprintf(orders, "dw_orders")), "\n") {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("the poll and CDC sources did not catch up (poll caught up: %v):\n%s", polled == 1, s.proc.output.String())
-		}
-		time.Sleep(100 * time.Millisecond)
+		return polled == 1 && strings.Join(pgtest.Lines(s.t, s.src, fmt.Sprintf(orders, "orders")), "\n") ==
+			strings.Join(pgtest.Lines(s.t, s.wh, fmt.Sprintf(orders, "dw_orders")), "\n")
+	}) != nil {
+		s.t.Fatalf("the poll and CDC sources did not catch up (poll caught up: %v):\n%s", polled == 1, s.proc.output.String())
 	}
 }
 
