@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +19,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestShutdownLimit: a `run` whose shutdown cannot finish within the
@@ -28,9 +32,10 @@ func TestShutdownLimit(t *testing.T) {
 	pool, dsn := pgtest.NewPool(t)
 	proxied, px := faulttest.Front(t, dsn)
 	kc := kafkatest.NewCluster(t, 1, topic)
+	addr := freeAddr(t)
 	cfgPath := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
 warehouse: {dsn: %q}
-http: {listen: "off"}
+http: {listen: %q}
 kafka: {brokers: [%q], group: %s, session_timeout: 1s, rebalance_timeout: 2s}
 ingest: {batch_max_age: 20ms}
 sources:
@@ -38,7 +43,7 @@ sources:
     kafka: {topics: [%s]}
     event_id: /event_id
     event_time: /event_time
-`, proxied, kc.ListenAddrs()[0], group, topic))
+`, proxied, addr, kc.ListenAddrs()[0], group, topic))
 	producer := kafkatest.Producer(t, kc)
 	record := func(id string) *kgo.Record {
 		return &kgo.Record{Topic: topic, Value: []byte(fmt.Sprintf(`{"event_id":%q,"event_time":"2026-10-05T10:00:00Z"}`, id))}
@@ -46,17 +51,15 @@ sources:
 	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
 	p := startWith(t, []string{envClock + "=" + now.Format(time.RFC3339), envShutdownLimit + "=2s"}, "run", "-c", cfgPath)
 	kafkatest.Produce(t, producer, record("before"))
-	deadline := time.Now().Add(time.Minute)
-	for storedTotal(t, pool, group, topic) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("nothing stored within a minute:\n%s", p.output.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Until(t, "the first record to be stored", func() bool { return storedTotal(t, pool, group, topic) >= 1 })
 
+	// Once the second record is in the batch, writing it hangs: at once,
+	// or when the shutdown writes the batch in flight.
 	px.Stall()
 	kafkatest.Produce(t, producer, record("during"))
-	time.Sleep(500 * time.Millisecond) // the batch is read and its write hangs
+	waitfor.Until(t, "the second record to be read", func() bool {
+		return metricValue(addr, `tidemark_ingest_records_consumed_total{source="app_events"}`) >= 2
+	})
 	sent := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -81,6 +84,29 @@ sources:
 		t.Errorf("exited %s after SIGTERM, want about the 2s limit", took.Round(100*time.Millisecond))
 	}
 	px.Resume()
+}
+
+// metricValue returns the value of series (a metric name with its labels,
+// as /metrics writes them) that the service at addr reports, or -1 when
+// it cannot be read.
+func metricValue(addr, series string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if value, ok := strings.CutPrefix(line, series+" "); ok {
+			if v, err := strconv.ParseFloat(value, 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
 }
 
 // TestRunCancelledBeforeStart: a SIGTERM that arrives while run checks
