@@ -64,19 +64,30 @@ aggregates:
 		return ingesttest.Scalar(t, wh, `SELECT count(*) FROM dw_orders`) == 200 &&
 			ingesttest.Scalar(t, wh, `SELECT count(*) FROM dw_customers`) == 200
 	})
-	time.Sleep(3 * time.Second) // the reconciler's first pass, the CDC reader's first idle record
-	// WAL, and the transactions of every database (statistics that
-	// backends report at most once a second).
+	// The start-up work ends with the reconciler's first pass (it has
+	// advanced the aggregate's load watermark and rebuilt what it queued)
+	// and the CDC reader's first idle record (the WAL end, recorded past
+	// the position it applied).
+	waitfor.Until(t, "the reconciler's first pass and the CDC reader's first idle record", func() bool {
+		return ingesttest.Scalar(t, wh, `SELECT count(*) FROM tidemark.load_watermarks w WHERE w.aggregate = 'daily_sales' AND w.runs > 0
+			AND NOT EXISTS (SELECT FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)`) == 1 &&
+			ingesttest.Scalar(t, wh, `SELECT count(*) FROM tidemark.cdc_positions WHERE source = 'shop' AND confirmed_lsn > applied_lsn`) == 1
+	})
+	// WAL, up to where it is inserted (the write position lags behind by
+	// what the WAL writer has not written yet, which can be the start-up's
+	// last commits), and the transactions of every database (statistics
+	// that backends report at most once a second, an idle one up to ten
+	// seconds late: the count can include some of the start-up's).
 	usage := func() (wal, xacts int64) {
 		t.Helper()
-		if err := wh.QueryRow(t.Context(), `SELECT pg_current_wal_lsn() - '0/0',
+		if err := wh.QueryRow(t.Context(), `SELECT pg_current_wal_insert_lsn() - '0/0',
 			(SELECT sum(xact_commit + xact_rollback)::int8 FROM pg_stat_database)`).Scan(&wal, &xacts); err != nil {
 			t.Fatal(err)
 		}
 		return wal, xacts
 	}
 	wal0, xacts0 := usage()
-	time.Sleep(10 * time.Second)
+	time.Sleep(10 * time.Second) // the idle time measured, not a wait for anything
 	wal1, xacts1 := usage()
 	written, xacts := wal1-wal0, xacts1-xacts0
 	t.Logf("idle for 10 s: %d bytes of WAL, %d transactions", written, xacts)
