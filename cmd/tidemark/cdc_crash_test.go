@@ -106,7 +106,7 @@ sources:
 				return
 			}
 			changes.Add(n)
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // the pace of the writer, not a wait
 		}
 	}()
 
@@ -116,7 +116,7 @@ sources:
 		if i > 0 {
 			p = startCommand(t, clock, "run", "--only", "cdc", "-c", cfg)
 		}
-		time.Sleep(time.Duration(400+rng.IntN(1200)) * time.Millisecond)
+		time.Sleep(time.Duration(400+rng.IntN(1200)) * time.Millisecond) // the random moment of the kill, not a wait
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}

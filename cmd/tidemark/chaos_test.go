@@ -245,7 +245,7 @@ func (c *chaos) run() {
 	phaseEnd := time.Now().Add(c.sc.duration)
 	hardEnd := time.Now().Add(3 * c.sc.duration)
 	for (time.Now().Before(phaseEnd) || c.faults() < c.sc.minFaults) && time.Now().Before(hardEnd) {
-		time.Sleep(time.Duration(rng.Int64N(int64(c.sc.gap))))
+		time.Sleep(time.Duration(rng.Int64N(int64(c.sc.gap)))) // the pause between two faults, not a wait
 		c.supervise()
 		c.inject(rng)
 		if err, _ := c.trafficErr.Load().(error); err != nil {
@@ -319,7 +319,7 @@ func (c *chaos) inject(rng *rand.Rand) {
 	// (see pgBlackHoleRelease).
 	release := func() {
 		if px.pg && pgBlackHoleRelease > 0 {
-			time.Sleep(pgBlackHoleRelease)
+			time.Sleep(pgBlackHoleRelease) // how long the black hole lasts, not a wait
 			px.p.Reset()
 		}
 	}
@@ -334,7 +334,7 @@ func (c *chaos) inject(rng *rand.Rand) {
 		}
 		<-(*p).exited
 		c.kills++
-		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // how long the instance stays down, not a wait
 		*p = c.start()
 		t.Logf("chaos %s: SIGKILL and restart", c.since())
 	case x < 24: // PostgreSQL restart, fast or crash-like
@@ -347,13 +347,13 @@ func (c *chaos) inject(rng *rand.Rand) {
 	case x < 36:
 		d := time.Duration(5+rng.IntN(150)) * time.Millisecond
 		px.p.SetLatency(d)
-		time.Sleep(time.Duration(1000+rng.IntN(3000)) * time.Millisecond)
+		time.Sleep(time.Duration(1000+rng.IntN(3000)) * time.Millisecond) // the fault's duration, not a wait
 		px.p.SetLatency(0)
 		c.latency++
 		t.Logf("chaos %s: %s latency %s", c.since(), px.name, d)
 	case x < 50:
 		px.p.Stall()
-		time.Sleep(time.Duration(500+rng.IntN(2500)) * time.Millisecond)
+		time.Sleep(time.Duration(500+rng.IntN(2500)) * time.Millisecond) // the fault's duration, not a wait
 		px.p.Resume()
 		release()
 		c.stalls++
@@ -369,7 +369,7 @@ func (c *chaos) inject(rng *rand.Rand) {
 		t.Logf("chaos %s: %s reset", c.since(), px.name)
 	case x < 88:
 		px.p.Refuse()
-		time.Sleep(time.Duration(300+rng.IntN(2000)) * time.Millisecond)
+		time.Sleep(time.Duration(300+rng.IntN(2000)) * time.Millisecond) // the fault's duration, not a wait
 		px.p.Resume()
 		c.refused++
 		t.Logf("chaos %s: %s refuse", c.since(), px.name)
@@ -476,7 +476,7 @@ func (c *chaos) produce(rng *rand.Rand) {
 			// Failed records are sent again even once the traffic stops:
 			// the topic may hold them already.
 			if len(values) > 0 {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // the producer's pause before it sends again, not a wait
 			}
 		}
 	}

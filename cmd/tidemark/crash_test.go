@@ -120,7 +120,7 @@ sources:
 				end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
 			}
 			mu.Unlock()
-			time.Sleep(250 * time.Millisecond)
+			time.Sleep(250 * time.Millisecond) // the pace of the stream, not a wait
 		}
 		streamed <- nil
 	}()
@@ -136,7 +136,7 @@ sources:
 		waitfor.Within(t, 2*time.Minute, fmt.Sprintf("kill %d: the process to store records", i+1), func() bool {
 			return storedTotal(t, pool, group, topic) != before
 		})
-		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond) // the random moment of the kill, not a wait
 		at := storedTotal(t, pool, group, topic)
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatalf("kill: %v", err)

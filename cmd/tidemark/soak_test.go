@@ -209,7 +209,7 @@ func (s *soak) run() {
 		if killAt[step] {
 			// Kill it while it loads, reconciles and prunes; the next one
 			// resumes from what the warehouse holds.
-			time.Sleep(time.Duration(s.rng.IntN(300)) * time.Millisecond)
+			time.Sleep(time.Duration(s.rng.IntN(300)) * time.Millisecond) // the random moment of the kill, not a wait
 			if err := s.proc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				s.t.Fatal(err)
 			}
