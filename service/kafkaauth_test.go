@@ -17,6 +17,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testcert"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/service"
 )
 
@@ -51,20 +52,19 @@ func TestReadyzNamesKafkaRefusal(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			addr := runKafkaOnly(t, kafkatest.NewClusterWith(t, 1, []string{"events"}, tt.cluster...), tt.kafkaYAML)
-			deadline := time.Now().Add(45 * time.Second)
-			for {
-				code, checks := readyz(t, addr)
-				if tt.want == "" && code == http.StatusOK && checks["kafka"] == "ok" {
-					return
+			var code int
+			var checks map[string]string
+			if waitfor.Poll(waitfor.Timeout, func() bool {
+				code, checks = readyz(t, addr)
+				if tt.want == "" {
+					return code == http.StatusOK && checks["kafka"] == "ok"
 				}
-				if tt.want != "" && code == http.StatusServiceUnavailable && strings.Contains(checks["kafka"], tt.want) {
-					t.Logf("/readyz kafka: %s", checks["kafka"])
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("/readyz = %d %v, want kafka %q", code, checks, tt.want)
-				}
-				time.Sleep(200 * time.Millisecond)
+				return code == http.StatusServiceUnavailable && strings.Contains(checks["kafka"], tt.want)
+			}) != nil {
+				t.Fatalf("/readyz = %d %v, want kafka %q", code, checks, tt.want)
+			}
+			if tt.want != "" {
+				t.Logf("/readyz kafka: %s", checks["kafka"])
 			}
 		})
 	}

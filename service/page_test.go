@@ -29,6 +29,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/history"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
@@ -380,19 +381,14 @@ func loadHistory(t *testing.T, ctx context.Context, cfg *config.Config, pool *pg
 // waitRows waits until the raw table holds n rows.
 func waitRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var got int
+	var got int
+	if waitfor.Poll(waitfor.Timeout, func() bool {
 		if err := pool.QueryRow(ctx, "SELECT coalesce(sum(rows_written), 0) FROM tidemark.kafka_offsets").Scan(&got); err != nil {
 			t.Fatal(err)
 		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d events ingested after 30s", got, n)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return got >= n
+	}) != nil {
+		t.Fatalf("%d of %d events ingested after %s", got, n, waitfor.Timeout)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/service"
 	"github.com/tidemark-dev/tidemark/status"
@@ -127,23 +128,22 @@ func (b *bundle) get(t *testing.T, path string) (int, string) {
 
 func (b *bundle) waitStatus(t *testing.T, cond func(*status.Report) bool) *status.Report {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		code, body := b.get(t, "/status")
-		if code == http.StatusOK {
-			var rep status.Report
-			if err := json.Unmarshal([]byte(body), &rep); err != nil {
-				t.Fatalf("/status is not JSON: %v\n%s", err, body)
-			}
-			if cond(&rep) {
-				return &rep
-			}
+	var code int
+	var body string
+	var rep status.Report
+	if waitfor.Poll(waitfor.Timeout, func() bool {
+		if code, body = b.get(t, "/status"); code != http.StatusOK {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/status never reached the expected state; last: %d %s", code, body)
+		rep = status.Report{}
+		if err := json.Unmarshal([]byte(body), &rep); err != nil {
+			t.Fatalf("/status is not JSON: %v\n%s", err, body)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return cond(&rep)
+	}) != nil {
+		t.Fatalf("/status never reached the expected state; last: %d %s", code, body)
 	}
+	return &rep
 }
 
 // TestEndpoints checks /healthz, /readyz, /status and /metrics of a running
@@ -255,16 +255,10 @@ func TestEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Ready again once the pool reconnects.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if code, _ := b.get(t, "/readyz"); code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz did not recover after the warehouse came back")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Until(t, "/readyz to recover after the warehouse came back", func() bool {
+		code, _ := b.get(t, "/readyz")
+		return code == http.StatusOK
+	})
 	b.stop()
 }
 
