@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // barPattern matches a drawn bar of a job counted in chunks: the count,
@@ -33,12 +34,8 @@ func TestLines(t *testing.T) {
 	for i := range 3 {
 		tr.Add(1)
 		periodic := regexp.MustCompile(`msg="backfill progress" done=` + strconv.Itoa(i+1) + ` total=4 `)
-		deadline := time.Now().Add(10 * time.Second)
-		for !periodic.MatchString(out.String()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("no line with done=%d within 10s:\n%s", i+1, out.String())
-			}
-			time.Sleep(5 * time.Millisecond)
+		if waitfor.Poll(waitfor.Timeout, func() bool { return periodic.MatchString(out.String()) }) != nil {
+			t.Fatalf("no line with done=%d within %s:\n%s", i+1, waitfor.Timeout, out.String())
 		}
 	}
 	tr.Add(1)
