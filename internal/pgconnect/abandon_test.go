@@ -9,6 +9,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -26,7 +27,9 @@ func TestAbandonedSessionsCloseSoon(t *testing.T) {
 		{"half-open", (*faultproxy.Proxy).HalfOpen},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dsn, px := faulttest.Front(t, pgtest.NewDatabase(t))
+			direct := pgtest.NewDatabase(t)
+			dsn, px := faulttest.Front(t, direct)
+			check := pgtest.Pool(t, direct)
 			ctx := context.Background()
 			pool, err := pgconnect.Pool(ctx, pgconnect.Settings{DSN: dsn, MaxConns: 3}, "tidemark-test")
 			if err != nil {
@@ -44,7 +47,16 @@ func TestAbandonedSessionsCloseSoon(t *testing.T) {
 					done <- err
 				}()
 			}
-			time.Sleep(500 * time.Millisecond)
+			// The server runs the three calls: the fault strikes them
+			// mid-call.
+			waitfor.Until(t, "the server to run the three calls", func() bool {
+				var n int
+				if err := check.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND query = 'SELECT pg_sleep(1.5)' AND state = 'active'`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n == 3
+			})
 			tc.fault(px)
 			for range 3 {
 				if err := <-done; err == nil {
@@ -79,19 +91,12 @@ func TestGivenUpCallCancelledOnServer(t *testing.T) {
 	if _, err := pool.Exec(qctx, "SELECT pg_sleep(60)"); err == nil {
 		t.Fatal("pg_sleep(60) returned within 300ms")
 	}
-	deadline := time.Now().Add(pgconnect.AbandonTimeout)
-	for {
+	waitfor.Within(t, pgconnect.AbandonTimeout, "the server to cancel the call the client gave up", func() bool {
 		var n int
 		if err := check.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND query = 'SELECT pg_sleep(60)' AND state = 'active'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server still runs the call %s after the client gave up", pgconnect.AbandonTimeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return n == 0
+	})
 }
