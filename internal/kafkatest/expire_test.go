@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestExpireSilentMembers reproduces the member kfake keeps for good: a
@@ -35,6 +37,11 @@ func TestExpireSilentMembers(t *testing.T) {
 		}
 		return nil, nil, false
 	})
+	admin, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
 	for attempt := 1; attempt <= 8; attempt++ {
 		group := fmt.Sprintf("g%d", attempt)
 		joined := make(chan struct{})
@@ -51,7 +58,9 @@ func TestExpireSilentMembers(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the victim's JoinGroup did not arrive")
 		}
-		time.Sleep(100 * time.Millisecond) // the coordinator holds it
+		// The coordinator holds it: the victim is a member of the group,
+		// waiting for the rebalance to complete.
+		waitfor.Until(t, "the coordinator to hold the victim's JoinGroup", func() bool { return isMember(t, admin, group, "victim-") })
 		victim.kill()
 		live := startMember(t, c, group, "live", time.Second)
 		n := live.waitAssigned(t, 1, 15*time.Second)
@@ -63,6 +72,26 @@ func TestExpireSilentMembers(t *testing.T) {
 		return
 	}
 	t.Skip("the live member never led the group in 8 attempts")
+}
+
+// isMember reports whether the coordinator lists a member of group whose
+// ID starts with prefix.
+func isMember(t *testing.T, admin *kgo.Client, group, prefix string) bool {
+	t.Helper()
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{group}
+	resp, err := req.RequestWith(t.Context(), admin)
+	if err != nil {
+		return false
+	}
+	for _, g := range resp.Groups {
+		for _, m := range g.Members {
+			if strings.HasPrefix(m.MemberID, prefix) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // member is a consumer-group member whose connections can be cut at once,
