@@ -178,7 +178,7 @@ func (in *catchUpInstance) drain(ctx context.Context) (int, error) {
 			return n, nil
 		}
 		if busy && len(rep.Rebuilt) == 0 {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the pause between passes, as a tick of `tidemark run`: not a wait
 		}
 	}
 }

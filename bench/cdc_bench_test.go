@@ -22,6 +22,7 @@ import (
 	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
@@ -282,16 +283,13 @@ func waitNoAutovacuum(b *testing.B, srv *pgserver.Server) {
 		b.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	waitfor.Within(b, 2*time.Minute, "no autovacuum worker to run", func() bool {
 		var n int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'`).Scan(&n); err != nil {
 			b.Fatal(err)
 		}
-		if n == 0 {
-			return
-		}
-	}
-	b.Fatal("autovacuum still runs after two minutes")
+		return n == 0
+	})
 }
 
 // decodeOnly runs pg_recvlogical on slot of srcDSN up to end
@@ -414,15 +412,10 @@ func waitDecodedPast(b *testing.B, src, wh *pgxpool.Pool) {
 	if _, err := src.Exec(ctx, cdcInsertSQL, id, id); err != nil {
 		b.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for time.Now().Before(deadline) {
+	waitfor.Within(b, 3*time.Minute, fmt.Sprintf("row %d to reach the mirror", id), func() bool {
 		var n int64
-		if err := wh.QueryRow(ctx, `SELECT count(*) FROM dw_orders WHERE id = $1`, id).Scan(&n); err == nil && n == 1 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	b.Fatalf("row %d did not reach the mirror within 3 minutes", id)
+		return wh.QueryRow(ctx, `SELECT count(*) FROM dw_orders WHERE id = $1`, id).Scan(&n) == nil && n == 1
+	})
 }
 
 // waitApplied waits until applied_lsn, the end of the last source
@@ -440,18 +433,16 @@ func (rr *runningReader) waitApplied(b *testing.B, wh *pgxpool.Pool, end string,
 // reader stopping or the limit passing fails the benchmark.
 func (rr *runningReader) waitFor(b *testing.B, wh *pgxpool.Pool, what string, limit time.Duration, query string, args ...any) {
 	b.Helper()
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
+	if waitfor.Poll(limit, func() bool {
 		select {
 		case err := <-rr.done:
 			b.Fatalf("the reader stopped while waiting for %s: %v", what, err)
 		default:
 		}
 		var done bool
-		if err := wh.QueryRow(context.Background(), query, args...).Scan(&done); err == nil && done {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+		return wh.QueryRow(context.Background(), query, args...).Scan(&done) == nil && done
+	}) == nil {
+		return
 	}
 	var applied, confirmed string
 	_ = wh.QueryRow(context.Background(), `SELECT applied_lsn::text, confirmed_lsn::text FROM tidemark.cdc_positions WHERE source = 'shop'`).Scan(&applied, &confirmed)
@@ -528,7 +519,7 @@ func steadyLag(b *testing.B, src, wh *pgxpool.Pool, perSecond int, d time.Durati
 				seen = append(seen, committed{m, time.Now()})
 				mu.Unlock()
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // how often the lag is sampled, not a wait
 		}
 	}()
 
@@ -562,19 +553,11 @@ func steadyLag(b *testing.B, src, wh *pgxpool.Pool, perSecond int, d time.Durati
 	tick.Stop()
 	took := time.Since(started)
 	last := sent[len(sent)-1].maxID
-	deadline := time.Now().Add(time.Minute)
-	for {
+	waitfor.Until(b, "the watcher to see the mirror catch up after the steady load", func() bool {
 		mu.Lock()
-		caught := len(seen) > 0 && seen[len(seen)-1].maxID >= last
-		mu.Unlock()
-		if caught {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("the mirror did not catch up within a minute of the steady load")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(seen) > 0 && seen[len(seen)-1].maxID >= last
+	})
 	stopWatch()
 	<-watched
 

@@ -27,6 +27,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -521,19 +522,15 @@ func BenchmarkDrainRSS(b *testing.B) {
 		if err := cmd.Start(); err != nil {
 			b.Fatal(err)
 		}
-		for {
+		if waitfor.Poll(30*time.Minute, func() bool {
 			var stored int64
 			if err := conn.QueryRow(context.Background(), `SELECT coalesce(sum(greatest(next_offset, 0)), 0)::bigint
 				FROM tidemark.kafka_offsets`).Scan(&stored); err != nil && !strings.Contains(err.Error(), "does not exist") {
 				b.Fatal(err)
 			}
-			if stored >= sumEnd(end) {
-				break
-			}
-			if time.Since(start) > 30*time.Minute {
-				b.Fatalf("backlog not drained in 30 minutes\n%s", out.String())
-			}
-			time.Sleep(50 * time.Millisecond)
+			return stored >= sumEnd(end)
+		}) != nil {
+			b.Fatalf("backlog not drained in 30 minutes\n%s", out.String())
 		}
 		elapsed := time.Since(start)
 		// VmHWM is the peak resident set of the process since it started

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/benchplot"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // quick is the development mode (TIDEMARK_BENCH_QUICK=1): every benchmark
@@ -218,13 +219,11 @@ func treeCPU(root int) uint64 { return treesCPU(root)[0] }
 // trees hold no zombie.
 func treesCPU(roots ...int) []uint64 {
 	var sums []uint64
-	for range 100 {
+	_ = waitfor.Poll(time.Second, func() bool {
 		var zombies int
-		if sums, zombies = readTreesCPU(roots); zombies == 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		sums, zombies = readTreesCPU(roots)
+		return zombies == 0
+	})
 	return sums
 }
 
