@@ -617,7 +617,7 @@ func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, 
 	cfg.Warehouse.DSN = whDSN
 	cfg.Warehouse.WriteTimeout = config.Duration(write)
 	idle := config.Duration(time.Second)
-	cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
+	cfg.Warehouse.IdleInTransactionSessionTimeout = idle
 	pool, err := pgconnect.Pool(e.ctx, cfg.Warehouse.Settings(), "tidemark-test")
 	if err != nil {
 		t.Fatal(err)

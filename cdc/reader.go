@@ -107,9 +107,9 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
 	}
 	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: raw.NewChangeTable(name, src.RawPartition),
-		step: cfg.Warehouse.Write()}
+		step: cfg.Warehouse.WriteTimeout.D()}
 	r.keep = r.step / 4
-	if idle := cfg.Warehouse.IdleInTransaction(); idle > 0 {
+	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.D(); idle > 0 {
 		r.keep = min(r.step, idle) / 4
 	}
 	if r.log == nil {

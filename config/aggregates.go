@@ -16,11 +16,11 @@ type Aggregate struct {
 	Table     string             `yaml:"table"`
 	Partition AggregatePartition `yaml:"partition"`
 	// LatenessHorizon bounds how long after its end a partition may still
-	// change; default 72h, at most MaxLatenessHorizon. 0 is allowed: every
-	// event ingested after its partition's end is beyond the horizon.
-	LatenessHorizon *Duration `yaml:"lateness_horizon"`
+	// change, at most a year. 0 is allowed: every event ingested after its
+	// partition's end is beyond the horizon.
+	LatenessHorizon Duration `yaml:"lateness_horizon"`
 	// BeyondHorizon is what happens to events later than the horizon:
-	// correction (default), arrival or rebuild.
+	// correction, arrival or rebuild.
 	BeyondHorizon string `yaml:"beyond_horizon"`
 	// SQL is a SELECT over {{events}} producing the rows of the partition
 	// {{partition}}. Besides {{events}} it may read reference tables of
@@ -28,11 +28,10 @@ type Aggregate struct {
 	// that).
 	SQL string `yaml:"sql"`
 	// VerifyEvery runs a verification of every partition (as `tidemark
-	// verify`) inside `tidemark run` at this interval; 0, the default, runs
-	// none.
+	// verify`) inside `tidemark run` at this interval; 0 runs none.
 	VerifyEvery Duration `yaml:"verify_every"`
 	// RefreshEvery runs a full refresh (as `tidemark refresh --full`)
-	// inside `tidemark run` at this interval; 0, the default, runs none.
+	// inside `tidemark run` at this interval; 0 runs none.
 	RefreshEvery Duration `yaml:"refresh_every"`
 
 	// Name is the key under aggregates.
@@ -43,7 +42,7 @@ type Aggregate struct {
 type AggregatePartition struct {
 	By       string `yaml:"by"`        // hour, day or month
 	Column   string `yaml:"column"`    // the target column holding the partition key
-	TimeZone string `yaml:"time_zone"` // IANA name; default UTC
+	TimeZone string `yaml:"time_zone"` // IANA name
 }
 
 // Location returns the partition time zone.
@@ -57,9 +56,9 @@ func (p AggregatePartition) Location() *time.Location {
 
 // Reconcile tunes the reconciler.
 type Reconcile struct {
-	Every               Duration `yaml:"every"`                  // default 1m
-	MaxPartitionsPerRun Int      `yaml:"max_partitions_per_run"` // default 100
-	RunTimeout          Duration `yaml:"run_timeout"`            // default 10m
+	Every               Duration `yaml:"every"`
+	MaxPartitionsPerRun Int      `yaml:"max_partitions_per_run"`
+	RunTimeout          Duration `yaml:"run_timeout"`
 }
 
 // TableSource is a raw table that another tool writes. The reconciler
@@ -71,19 +70,9 @@ type TableSource struct {
 	Key        []string `yaml:"key"`         // columns identifying a row
 	EventTime  string   `yaml:"event_time"`  // timestamptz column
 	IngestedAt string   `yaml:"ingested_at"` // timestamptz column set when the row is written
-	Lookback   Duration `yaml:"lookback"`    // longest expected commit delay; default 0
-	SafetyLag  Duration `yaml:"safety_lag"`  // default 0
+	Lookback   Duration `yaml:"lookback"`    // longest expected commit delay
+	SafetyLag  Duration `yaml:"safety_lag"`
 }
-
-// MaxLatenessHorizon is the longest lateness_horizon: a year of 366 days.
-// A partition is open until its horizon has passed, and the raw
-// partitions it reads are kept until then whatever
-// sources.<name>.retention.raw says, so a longer horizon would keep raw
-// data and open partitions for years; lateness beyond a year is better
-// met by beyond_horizon or a backfill. With the default retention.raw
-// (400d) every raw partition a horizon keeps is past its horizon before
-// its retention ends, even for month partitions.
-const MaxLatenessHorizon = 366 * 24 * time.Hour
 
 // Beyond-horizon policies.
 const (
@@ -122,7 +111,7 @@ func SplitTable(s string) (schema, name string) {
 	return "public", s
 }
 
-func validateTableSource(ix *index, p string, s *Source) {
+func (c *Config) validateTableSource(ix *index, p string, s *Source) {
 	t := s.Table
 	if !ValidTableName(t.Name) {
 		ix.add(p+".table.name", "must be a table name such as events or partner.events (lower-case identifiers), got %q", t.Name)
@@ -140,46 +129,12 @@ func validateTableSource(ix *index, p string, s *Source) {
 			ix.add(p+".table."+key, "must name a timestamptz column, got %q", col)
 		}
 	}
-	if t.Lookback < 0 {
-		ix.add(p+".table.lookback", "must not be negative")
-	}
-	if t.SafetyLag < 0 {
-		ix.add(p+".table.safety_lag", "must not be negative")
-	}
+	c.check(ix, "sources.<name>.table.lookback", s.Name)
+	c.check(ix, "sources.<name>.table.safety_lag", s.Name)
 	if s.EventID != "" || s.EventTime != "" {
 		ix.add(p, "event_id and event_time pointers apply to Kafka sources; a table source names columns under table")
 	}
-	if s.Watermark.OutOfOrderness < 0 {
-		ix.add(p+".watermark.out_of_orderness", "must not be negative")
-	}
-}
-
-func (c *Config) applyAggregateDefaults() {
-	if c.Reconcile.Every == 0 {
-		c.Reconcile.Every = Duration(time.Minute)
-	}
-	if c.Reconcile.MaxPartitionsPerRun == 0 {
-		c.Reconcile.MaxPartitionsPerRun = 100
-	}
-	if c.Reconcile.RunTimeout == 0 {
-		c.Reconcile.RunTimeout = Duration(10 * time.Minute)
-	}
-	for name, a := range c.Aggregates {
-		if a == nil {
-			continue
-		}
-		a.Name = name
-		if a.Partition.TimeZone == "" {
-			a.Partition.TimeZone = "UTC"
-		}
-		if a.LatenessHorizon == nil {
-			h := Duration(72 * time.Hour)
-			a.LatenessHorizon = &h
-		}
-		if a.BeyondHorizon == "" {
-			a.BeyondHorizon = PolicyCorrection
-		}
-	}
+	c.check(ix, "sources.<name>.watermark.out_of_orderness", s.Name)
 }
 
 // AggregateNames returns the aggregate names in sorted order.
@@ -193,14 +148,8 @@ func (c *Config) AggregateNames() []string {
 }
 
 func (c *Config) validateAggregates(ix *index) {
-	if c.Reconcile.Every.D() < time.Second {
-		ix.add("reconcile.every", "must be at least 1s")
-	}
-	if c.Reconcile.MaxPartitionsPerRun < 1 {
-		ix.add("reconcile.max_partitions_per_run", "must be at least 1")
-	}
-	if c.Reconcile.RunTimeout.D() < time.Second {
-		ix.add("reconcile.run_timeout", "must be at least 1s")
+	for _, key := range []string{"every", "max_partitions_per_run", "run_timeout"} {
+		c.check(ix, "reconcile."+key, "")
 	}
 	tables := map[string]string{}
 	for _, name := range c.AggregateNames() {
@@ -238,21 +187,15 @@ func (c *Config) validateAggregates(ix *index) {
 				ix.add(p+".table", "names ending in __shadow are kept for the shadow tables of `tidemark backfill --shadow`; choose another")
 			}
 		}
-		oneOf(ix, p+".partition.by", a.Partition.By, PartitionHour, PartitionDay, PartitionMonth)
+		c.check(ix, "aggregates.<name>.partition.by", name)
 		if !identRe.MatchString(a.Partition.Column) {
 			ix.add(p+".partition.column", "must name the target column holding the partition key, got %q", a.Partition.Column)
 		}
 		if _, err := time.LoadLocation(a.Partition.TimeZone); err != nil || a.Partition.TimeZone == "Local" {
 			ix.add(p+".partition.time_zone", "%q is not an IANA time zone such as UTC or America/New_York", a.Partition.TimeZone)
 		}
-		if h := *a.LatenessHorizon; h < 0 || h.D() > MaxLatenessHorizon {
-			ix.add(p+".lateness_horizon", "must be between 0 and %s, got %s", Duration(MaxLatenessHorizon), h)
-		}
-		oneOf(ix, p+".beyond_horizon", a.BeyondHorizon, PolicyCorrection, PolicyArrival, PolicyRebuild)
-		for key, every := range map[string]Duration{"verify_every": a.VerifyEvery, "refresh_every": a.RefreshEvery} {
-			if every != 0 && every.D() < time.Minute {
-				ix.add(p+"."+key, "must be at least 1m, or 0 to run none")
-			}
+		for _, key := range []string{"lateness_horizon", "beyond_horizon", "verify_every", "refresh_every"} {
+			c.check(ix, "aggregates.<name>."+key, name)
 		}
 		sql := strings.TrimSpace(a.SQL)
 		switch {

@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"regexp"
-	"time"
 )
 
 // CDCSource is a set of tables of another PostgreSQL database mirrored
@@ -13,30 +12,29 @@ type CDCSource struct {
 	DSN string `yaml:"dsn"` // source database; the role needs REPLICATION
 	// DSNFile names a file holding the DSN, instead of dsn.
 	DSNFile string `yaml:"dsn_file"`
-	// Publication and Slot default to tidemark_<source>; both are created
-	// when missing.
+	// Publication and Slot are created when missing.
 	Publication string `yaml:"publication"`
 	Slot        string `yaml:"slot"`
 	// Tables are "schema.table" or "table" (schema public).
 	Tables []string `yaml:"tables"`
-	// Snapshot is initial (default: copy the tables before streaming,
-	// when the slot is created) or never.
+	// Snapshot is initial (copy the tables before streaming, when the
+	// slot is created) or never.
 	Snapshot string `yaml:"snapshot"`
-	// SnapshotWorkers is how many key-range chunks are copied at once
-	// (default 2); SnapshotChunkRows is the rows of a chunk, as
-	// estimated from the table's statistics (default 250000).
+	// SnapshotWorkers is how many key-range chunks are copied at once;
+	// SnapshotChunkRows is the rows of a chunk, as estimated from the
+	// table's statistics.
 	SnapshotWorkers   int `yaml:"snapshot_workers"`
 	SnapshotChunkRows int `yaml:"snapshot_chunk_rows"`
-	// Truncate is apply (default: empty the mirror) or ignore.
+	// Truncate is apply (empty the mirror) or ignore.
 	Truncate string `yaml:"truncate"`
 	// HeartbeatEvery writes a logical message on the source at this
-	// interval so that the slot advances while the tables are quiet;
-	// default 1m, 0 disables.
-	HeartbeatEvery *Duration `yaml:"heartbeat_every"`
-	// StatusEvery is the interval of standby status updates; default 10s.
+	// interval so that the slot advances while the tables are quiet; 0
+	// disables it.
+	HeartbeatEvery Duration `yaml:"heartbeat_every"`
+	// StatusEvery is the interval of standby status updates.
 	StatusEvery Duration `yaml:"status_every"`
 	// MaxBufferBytes bounds the memory of a streamed in-progress
-	// transaction before it spills to disk; default 64MiB.
+	// transaction before it spills to disk.
 	MaxBufferBytes ByteSize `yaml:"max_buffer_bytes"`
 }
 
@@ -50,48 +48,7 @@ const (
 
 var slotRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
-func (c *Config) applyCDCDefaults(s *Source) {
-	p := s.CDC
-	if p == nil {
-		return
-	}
-	if p.Publication == "" {
-		p.Publication = "tidemark_" + s.Name
-	}
-	if p.Slot == "" {
-		p.Slot = "tidemark_" + s.Name
-	}
-	if p.Snapshot == "" {
-		p.Snapshot = SnapshotInitial
-	}
-	if p.SnapshotWorkers == 0 {
-		p.SnapshotWorkers = 2
-	}
-	if p.SnapshotChunkRows == 0 {
-		p.SnapshotChunkRows = 250000
-	}
-	if p.Truncate == "" {
-		p.Truncate = TruncateApply
-	}
-	if p.HeartbeatEvery == nil {
-		d := Duration(time.Minute)
-		p.HeartbeatEvery = &d
-	}
-	if p.StatusEvery == 0 {
-		p.StatusEvery = Duration(10 * time.Second)
-	}
-	if p.MaxBufferBytes == 0 {
-		p.MaxBufferBytes = 64 << 20
-	}
-	if s.RawPartition == "" {
-		s.RawPartition = PartitionMonth
-	}
-	if m := s.Mirror; m != nil && m.Schema == "" && m.Table == "" {
-		m.Schema = "public"
-	}
-}
-
-func validateCDCSource(ix *index, p string, s *Source) {
+func (cfg *Config) validateCDCSource(ix *index, p string, s *Source) {
 	c := s.CDC
 	if c.DSN == "" {
 		ix.add(p+".cdc.dsn", "is required: the source database's connection string")
@@ -117,22 +74,8 @@ func validateCDCSource(ix *index, p string, s *Source) {
 		}
 		seen[schema+"."+name] = true
 	}
-	oneOf(ix, p+".cdc.snapshot", c.Snapshot, SnapshotInitial, SnapshotNever)
-	oneOf(ix, p+".cdc.truncate", c.Truncate, TruncateApply, TruncateIgnore)
-	if c.SnapshotWorkers < 1 || c.SnapshotWorkers > 32 {
-		ix.add(p+".cdc.snapshot_workers", "must be between 1 and 32, got %d", c.SnapshotWorkers)
-	}
-	if c.SnapshotChunkRows < 1000 {
-		ix.add(p+".cdc.snapshot_chunk_rows", "must be at least 1000, got %d", c.SnapshotChunkRows)
-	}
-	if *c.HeartbeatEvery != 0 && c.HeartbeatEvery.D() < time.Second {
-		ix.add(p+".cdc.heartbeat_every", "must be 0 (off) or at least 1s")
-	}
-	if c.StatusEvery.D() < 100*time.Millisecond || c.StatusEvery.D() > time.Minute {
-		ix.add(p+".cdc.status_every", "must be between 100ms and 1m")
-	}
-	if c.MaxBufferBytes < 1<<20 {
-		ix.add(p+".cdc.max_buffer_bytes", "must be at least 1MiB")
+	for _, key := range []string{"snapshot", "truncate", "snapshot_workers", "snapshot_chunk_rows", "heartbeat_every", "status_every", "max_buffer_bytes"} {
+		cfg.check(ix, "sources.<name>.cdc."+key, s.Name)
 	}
 	if s.EventID != "" || s.EventTime != "" {
 		ix.add(p, "event_id and event_time pointers apply to Kafka sources; a CDC source's event time is the source commit time")

@@ -8,7 +8,11 @@
 // keys and wrong types first; once those are fixed, invalid values and
 // missing required keys.
 //
-// docs/configuration.md documents every key and its default.
+// Every key is declared once, in the table of keys.go (see Keys), with its
+// default and the values it accepts: Parse fills the defaults from it and
+// the validation checks its bounds, and docs/configuration.md, which
+// documents every key, shows the same defaults and bounds (its test
+// compares the two).
 package config
 
 import (
@@ -20,7 +24,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -53,20 +56,18 @@ type Config struct {
 type Warehouse struct {
 	DSN string `yaml:"dsn"`
 	// DSNFile names a file holding the DSN, instead of dsn.
-	DSNFile  string `yaml:"dsn_file"`
-	Migrate  *bool  `yaml:"migrate"`   // apply migrations at start; default true
-	MaxConns Int    `yaml:"max_conns"` // pool size; default 8
+	DSNFile string `yaml:"dsn_file"`
+	// Migrate applies the migrations when `tidemark run` starts.
+	Migrate  bool `yaml:"migrate"`
+	MaxConns Int  `yaml:"max_conns"` // pool size
 	// WarehouseLimits are the session settings and client deadlines.
 	WarehouseLimits `yaml:",inline"`
 }
 
-// MigrateOnStart reports whether `tidemark run` applies migrations.
-func (w Warehouse) MigrateOnStart() bool { return w.Migrate == nil || *w.Migrate }
-
 // HTTP is the operator endpoint: the status page /, /metrics, /healthz,
 // /readyz and /status.
 type HTTP struct {
-	Listen string `yaml:"listen"` // host:port; "off" disables; default 127.0.0.1:9187
+	Listen string `yaml:"listen"` // host:port; "off" disables
 	// Token, when set (or read from TokenFile), is the bearer token that
 	// the pages for people (/ and /status) require; the probes and
 	// /metrics stay open. It is a b64token (RFC 6750) of at least 16
@@ -127,15 +128,15 @@ func (h HTTP) validateToken(ix *index, t string) {
 
 // Log configures the process log.
 type Log struct {
-	Level  string `yaml:"level"`  // debug, info, warn, error; default info
-	Format string `yaml:"format"` // text or json; default text
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // text or json
 }
 
 // Ingest tunes how records are batched into warehouse transactions.
 type Ingest struct {
-	BatchMaxRows  Int      `yaml:"batch_max_rows"`  // default 50000
-	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"` // default 16MiB
-	BatchMaxAge   Duration `yaml:"batch_max_age"`   // default 1s
+	BatchMaxRows  Int      `yaml:"batch_max_rows"`
+	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"`
+	BatchMaxAge   Duration `yaml:"batch_max_age"`
 }
 
 // Source is one stream of events loaded into raw.<name>.
@@ -156,9 +157,9 @@ type Source struct {
 	EventTime         string   `yaml:"event_time"`          // JSON pointer
 	EventTimeFormat   string   `yaml:"event_time_format"`   // auto, rfc3339, unix_seconds, unix_millis
 	EventTimeFallback string   `yaml:"event_time_fallback"` // "" or record_timestamp
-	MaxAge            Duration `yaml:"max_age"`             // default 90d
-	MaxFutureSkew     Duration `yaml:"max_future_skew"`     // default 1h
-	RawPartition      string   `yaml:"raw_partition"`       // day or month; default day
+	MaxAge            Duration `yaml:"max_age"`
+	MaxFutureSkew     Duration `yaml:"max_future_skew"`
+	RawPartition      string   `yaml:"raw_partition"` // day or month
 
 	Watermark Watermark `yaml:"watermark"`
 	// Retention says how long the source's raw partitions and dead
@@ -176,8 +177,8 @@ type KafkaSource struct {
 
 // Watermark tunes the event-time watermark of a source.
 type Watermark struct {
-	OutOfOrderness Duration `yaml:"out_of_orderness"` // default 0
-	IdleTimeout    Duration `yaml:"idle_timeout"`     // default 5m
+	OutOfOrderness Duration `yaml:"out_of_orderness"`
+	IdleTimeout    Duration `yaml:"idle_timeout"`
 }
 
 // Fallback and format values.
@@ -233,7 +234,7 @@ func Parse(file string, data []byte, lookup func(string) (string, bool)) (*Confi
 	if len(ix.problems) > 0 {
 		return nil, ix.sorted()
 	}
-	cfg.applyDefaults(lookup)
+	cfg.applyDefaults(lookup, writtenIn(&root))
 	cfg.validate(ix)
 	if len(ix.problems) > 0 {
 		return nil, ix.sorted()
@@ -331,78 +332,26 @@ func unknownKeys(ix *index, data []byte) {
 	}
 }
 
-func (c *Config) applyDefaults(lookup func(string) (string, bool)) {
-	if c.Warehouse.DSN == "" {
-		if v, ok := lookup(EnvDatabaseURL); ok {
-			c.Warehouse.DSN = v
+// writtenIn returns whether the document sets the key at a path to
+// something other than null, merge keys and aliases followed.
+func writtenIn(root *yaml.Node) func(segs []string) bool {
+	var tree any
+	if err := root.Decode(&tree); err != nil {
+		return func([]string) bool { return false }
+	}
+	return func(segs []string) bool {
+		n := tree
+		for _, seg := range segs {
+			switch m := n.(type) {
+			case map[string]any:
+				n = m[seg]
+			case map[any]any:
+				n = m[seg]
+			default:
+				return false
+			}
 		}
-	}
-	if c.Warehouse.MaxConns == 0 {
-		c.Warehouse.MaxConns = 8
-	}
-	if c.HTTP.Listen == "" {
-		c.HTTP.Listen = "127.0.0.1:9187"
-	}
-	if c.Log.Level == "" {
-		c.Log.Level = "info"
-	}
-	if c.Log.Format == "" {
-		c.Log.Format = "text"
-	}
-	if c.Kafka.Group == "" {
-		c.Kafka.Group = "tidemark"
-	}
-	if c.Kafka.ClientID == "" {
-		c.Kafka.ClientID = "tidemark"
-	}
-	if c.Kafka.StartOffset == "" {
-		c.Kafka.StartOffset = "earliest"
-	}
-	if c.Kafka.SessionTimeout == 0 {
-		c.Kafka.SessionTimeout = Duration(45 * time.Second)
-	}
-	if c.Kafka.RebalanceTimeout == 0 {
-		c.Kafka.RebalanceTimeout = Duration(60 * time.Second)
-	}
-	if c.Kafka.FetchMaxBytes == 0 {
-		c.Kafka.FetchMaxBytes = 16 << 20
-	}
-	if c.Kafka.FetchMaxPartitionBytes == 0 {
-		c.Kafka.FetchMaxPartitionBytes = min(DefaultFetchMaxPartitionBytes, c.Kafka.FetchMaxBytes)
-	}
-	if c.Ingest.BatchMaxRows == 0 {
-		c.Ingest.BatchMaxRows = 50000
-	}
-	if c.Ingest.BatchMaxBytes == 0 {
-		c.Ingest.BatchMaxBytes = 16 << 20
-	}
-	if c.Ingest.BatchMaxAge == 0 {
-		c.Ingest.BatchMaxAge = Duration(time.Second)
-	}
-	c.applyAggregateDefaults()
-	c.applyRetentionDefaults()
-	for name, s := range c.Sources {
-		if s == nil {
-			continue
-		}
-		s.Name = name
-		c.applyPollDefaults(s)
-		c.applyCDCDefaults(s)
-		if s.EventTimeFormat == "" {
-			s.EventTimeFormat = TimeAuto
-		}
-		if s.MaxAge == 0 {
-			s.MaxAge = Duration(90 * 24 * time.Hour)
-		}
-		if s.MaxFutureSkew == 0 {
-			s.MaxFutureSkew = Duration(time.Hour)
-		}
-		if s.RawPartition == "" {
-			s.RawPartition = PartitionDay
-		}
-		if s.Watermark.IdleTimeout == 0 {
-			s.Watermark.IdleTimeout = Duration(5 * time.Minute)
-		}
+		return n != nil
 	}
 }
 
@@ -417,9 +366,7 @@ func (c *Config) validate(ix *index) {
 	} else if _, err := pgx.ParseConfig(c.Warehouse.DSN); err != nil {
 		ix.add("warehouse.dsn", "is not a valid PostgreSQL connection string: %s", redactErr(err))
 	}
-	if c.Warehouse.MaxConns < 2 || c.Warehouse.MaxConns > 1000 {
-		ix.add("warehouse.max_conns", "must be between 2 and 1000, got %d", c.Warehouse.MaxConns)
-	}
+	c.check(ix, "warehouse.max_conns", "")
 	if c.HTTP.Enabled() {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
 			ix.add("http.listen", "must be host:port or off, got %q", c.HTTP.Listen)
@@ -428,16 +375,8 @@ func (c *Config) validate(ix *index) {
 			c.HTTP.validateToken(ix, t)
 		}
 	}
-	oneOf(ix, "log.level", c.Log.Level, "debug", "info", "warn", "error")
-	oneOf(ix, "log.format", c.Log.Format, "text", "json")
-	if c.Ingest.BatchMaxRows < 1 || c.Ingest.BatchMaxRows > 1_000_000 {
-		ix.add("ingest.batch_max_rows", "must be between 1 and 1000000, got %d", c.Ingest.BatchMaxRows)
-	}
-	if c.Ingest.BatchMaxBytes < 1<<10 {
-		ix.add("ingest.batch_max_bytes", "must be at least 1KiB")
-	}
-	if c.Ingest.BatchMaxAge.D() < time.Millisecond {
-		ix.add("ingest.batch_max_age", "must be at least 1ms")
+	for _, key := range []string{"log.level", "log.format", "ingest.batch_max_rows", "ingest.batch_max_bytes", "ingest.batch_max_age"} {
+		c.check(ix, key, "")
 	}
 
 	if len(c.Sources) == 0 {
@@ -469,9 +408,9 @@ func (c *Config) validate(ix *index) {
 				if s.Mirror.Schema != "" {
 					ix.add(p+".mirror.schema", "applies to CDC sources; a poll source's mirror is mirror.table")
 				}
-				validateMirror(ix, p, s.Mirror, mirrors)
+				c.validateMirror(ix, p, s, mirrors)
 			case s.CDC != nil:
-				validateCDCMirror(ix, p, s, mirrors)
+				c.validateCDCMirror(ix, p, s, mirrors)
 			default:
 				ix.add(p+".mirror", "applies to poll and CDC sources only")
 			}
@@ -481,15 +420,15 @@ func (c *Config) validate(ix *index) {
 			ix.add(p, "has more than one of the kafka, table, poll and cdc blocks; a source reads one")
 			continue
 		case s.Table != nil:
-			validateTableSource(ix, p, s)
+			c.validateTableSource(ix, p, s)
 			continue
 		case s.Poll != nil:
-			validatePollSource(ix, p, s)
-			oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
+			c.validatePollSource(ix, p, s)
+			c.check(ix, "sources.<name>.raw_partition", name)
 			continue
 		case s.CDC != nil:
-			validateCDCSource(ix, p, s)
-			oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
+			c.validateCDCSource(ix, p, s)
+			c.check(ix, "sources.<name>.raw_partition", name)
 			// One reader per slot is enforced by a lock named after the
 			// slot: two sources naming one slot would wait on each other
 			// (or, on one server, share its changes).
@@ -518,23 +457,13 @@ func (c *Config) validate(ix *index) {
 				topics[t] = name
 			}
 		}
-		oneOf(ix, p+".event_id_fallback", s.EventIDFallback, "", FallbackCoordinates)
-		oneOf(ix, p+".event_time_fallback", s.EventTimeFallback, "", FallbackRecordTimestamp)
-		oneOf(ix, p+".event_time_format", s.EventTimeFormat, TimeAuto, TimeRFC3339, TimeUnixSeconds, TimeUnixMillis)
-		oneOf(ix, p+".raw_partition", s.RawPartition, PartitionDay, PartitionMonth)
+		for _, key := range []string{"event_id_fallback", "event_time_fallback", "event_time_format", "raw_partition"} {
+			c.check(ix, "sources.<name>."+key, name)
+		}
 		checkPointer(ix, p+".event_id", s.EventID, s.EventIDFallback != "")
 		checkPointer(ix, p+".event_time", s.EventTime, s.EventTimeFallback != "")
-		if s.MaxAge < 0 {
-			ix.add(p+".max_age", "must be positive")
-		}
-		if s.MaxFutureSkew < 0 {
-			ix.add(p+".max_future_skew", "must be positive")
-		}
-		if s.Watermark.OutOfOrderness < 0 {
-			ix.add(p+".watermark.out_of_orderness", "must not be negative")
-		}
-		if s.Watermark.IdleTimeout < 0 {
-			ix.add(p+".watermark.idle_timeout", "must be positive")
+		for _, key := range []string{"max_age", "max_future_skew", "watermark.out_of_orderness", "watermark.idle_timeout"} {
+			c.check(ix, "sources.<name>."+key, name)
 		}
 	}
 	if usesKafka {
@@ -565,10 +494,12 @@ func (c *Config) SourceNames() []string {
 
 func sortStrings(s []string) { sort.Strings(s) }
 
-func oneOf(ix *index, path, v string, allowed ...string) {
+// oneOf reports v at path unless it is one of allowed, and returns
+// whether it is.
+func oneOf(ix *index, path, v string, allowed ...string) bool {
 	for _, a := range allowed {
 		if v == a {
-			return
+			return true
 		}
 	}
 	var shown []string
@@ -578,6 +509,7 @@ func oneOf(ix *index, path, v string, allowed ...string) {
 		}
 	}
 	ix.add(path, "must be one of %s, got %q", strings.Join(shown, ", "), v)
+	return false
 }
 
 func checkPointer(ix *index, path, ptr string, optional bool) {

@@ -182,12 +182,12 @@ func TestParseFullFile(t *testing.T) {
 		"    event_time_fallback: record_timestamp",
 	)
 	cfg := mustParse(t, data, nil)
-	f := false
 	tr := true
 	want := &Config{
-		Warehouse: Warehouse{DSN: "postgres://tidemark@db.internal:5432/warehouse?sslmode=disable", Migrate: &f, MaxConns: 16},
-		HTTP:      HTTP{Listen: "0.0.0.0:9187"},
-		Log:       Log{Level: "debug", Format: "json"},
+		Warehouse: Warehouse{DSN: "postgres://tidemark@db.internal:5432/warehouse?sslmode=disable", Migrate: false, MaxConns: 16,
+			WarehouseLimits: defaultLimits},
+		HTTP: HTTP{Listen: "0.0.0.0:9187"},
+		Log:  Log{Level: "debug", Format: "json"},
 		Kafka: Kafka{
 			Brokers:                []string{"kafka-1:9092", "kafka-2:9092"},
 			Group:                  "loaders",
@@ -197,7 +197,7 @@ func TestParseFullFile(t *testing.T) {
 			RebalanceTimeout:       Duration(2 * time.Minute),
 			FetchMaxBytes:          32 << 20,
 			FetchMaxPartitionBytes: 1 << 20,
-			TLS:                    &TLS{CAFile: ca, ServerName: "kafka.internal", InsecureSkipVerify: tr},
+			TLS:                    &TLS{Enabled: true, CAFile: ca, ServerName: "kafka.internal", InsecureSkipVerify: tr},
 			SASL:                   &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret", AllowPlaintext: true},
 		},
 		Ingest:    Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
@@ -240,8 +240,8 @@ func TestParseFullFile(t *testing.T) {
 			t.Logf("source %s: %+v", n, cfg.Sources[n])
 		}
 	}
-	if cfg.Warehouse.MigrateOnStart() {
-		t.Error("MigrateOnStart() = true with migrate: false")
+	if cfg.Warehouse.Migrate {
+		t.Error("Migrate = true with migrate: false")
 	}
 	if !cfg.HTTP.Enabled() {
 		t.Error("HTTP.Enabled() = false")
@@ -254,19 +254,20 @@ func TestParseFullFile(t *testing.T) {
 	}
 }
 
-// The retention every configuration gets when it sets none.
+// The limits and retention every configuration gets when it sets none.
 var (
+	defaultLimits    = WarehouseLimits{IdleInTransactionSessionTimeout: Duration(5 * time.Minute), WriteTimeout: Duration(2 * time.Minute)}
 	defaultRetention = Retention{
-		Every: Duration(DefaultRetentionEvery), Ledger: Duration(DefaultRetentionLedger), Corrections: Duration(DefaultRetentionCorrections),
-		Arrivals: Duration(DefaultRetentionArrivals), Runs: Duration(DefaultRetentionRuns), LockTimeout: Duration(DefaultRetentionLockTimeout),
+		Every: Duration(time.Hour), Ledger: Duration(7 * 24 * time.Hour), Corrections: Duration(90 * 24 * time.Hour),
+		Arrivals: Duration(90 * 24 * time.Hour), Runs: Duration(90 * 24 * time.Hour), LockTimeout: Duration(2 * time.Second),
 	}
-	defaultSourceRetention = SourceRetention{Raw: Duration(DefaultRetentionRaw), DeadLetters: Duration(DefaultRetentionDeadLetters)}
+	defaultSourceRetention = SourceRetention{Raw: Duration(400 * 24 * time.Hour), DeadLetters: Duration(30 * 24 * time.Hour)}
 )
 
 func TestParseDefaults(t *testing.T) {
 	cfg := mustParse(t, base(), nil)
 	want := &Config{
-		Warehouse: Warehouse{DSN: "postgres://localhost/warehouse", MaxConns: 8},
+		Warehouse: Warehouse{DSN: "postgres://localhost/warehouse", Migrate: true, MaxConns: 8, WarehouseLimits: defaultLimits},
 		HTTP:      HTTP{Listen: "127.0.0.1:9187"},
 		Log:       Log{Level: "info", Format: "text"},
 		Kafka: Kafka{
@@ -301,8 +302,8 @@ func TestParseDefaults(t *testing.T) {
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("Parse:\n got %+v\nwant %+v\nsource: %+v", cfg, want, cfg.Sources["app_events"])
 	}
-	if !cfg.Warehouse.MigrateOnStart() {
-		t.Error("MigrateOnStart() = false by default")
+	if !cfg.Warehouse.Migrate {
+		t.Error("Migrate = false by default")
 	}
 	if cfg.Kafka.TLS.On() {
 		t.Error("TLS.On() = true without a tls block")
@@ -331,7 +332,7 @@ func TestParseSettings(t *testing.T) {
 		{"http off", func(*testing.T) string { return base("http:", "  listen: off") }, nil,
 			func(c *Config) bool { return c.HTTP.Listen == "off" && !c.HTTP.Enabled() }},
 		{"migrate true", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  migrate: true\n") }, nil,
-			func(c *Config) bool { return c.Warehouse.MigrateOnStart() }},
+			func(c *Config) bool { return c.Warehouse.Migrate }},
 		{"tls disabled", func(t *testing.T) string { return replace(t, "kafka:\n", "kafka:\n  tls:\n    enabled: false\n") }, nil,
 			func(c *Config) bool { return c.Kafka.TLS != nil && !c.Kafka.TLS.On() }},
 		{"plain byte size", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: 1048576") }, nil,
@@ -443,7 +444,7 @@ func TestParseEnvExpansion(t *testing.T) {
 		{"integer from a default", func(*testing.T) string { return base("ingest:", "  batch_max_rows: ${NOPE:-777}") },
 			func(c *Config) any { return c.Ingest.BatchMaxRows }, Int(777)},
 		{"bool", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  migrate: ${MIGRATE}\n") },
-			func(c *Config) any { return c.Warehouse.MigrateOnStart() }, false},
+			func(c *Config) any { return c.Warehouse.Migrate }, false},
 		{"duration", func(*testing.T) string { return base("    max_age: ${AGE}") },
 			func(c *Config) any { return c.Sources["app_events"].MaxAge.D() }, 45 * 24 * time.Hour},
 		{"size from a default", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: ${NOPE:-4MiB}") },
@@ -590,9 +591,9 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{12, "sources.app_events.watermark.idle_timeout", "invalid duration"}}},
 		{"bad duration in kafka", strings.Replace(base(), "kafka:\n", "kafka:\n  session_timeout: soon\n", 1), nil,
 			[]wantErr{{4, "kafka.session_timeout", "invalid duration"}}},
-		{"negative max_age", base("    max_age: -1h"), nil, []wantErr{{11, "sources.app_events.max_age", "must be positive"}}},
+		{"negative max_age", base("    max_age: -1h"), nil, []wantErr{{11, "sources.app_events.max_age", "must not be negative, got -1h"}}},
 		{"negative max_future_skew", base("    max_future_skew: -1s"), nil,
-			[]wantErr{{11, "sources.app_events.max_future_skew", "must be positive"}}},
+			[]wantErr{{11, "sources.app_events.max_future_skew", "must not be negative, got -1s"}}},
 		{"negative out_of_orderness", base("    watermark:", "      out_of_orderness: -1m"), nil,
 			[]wantErr{{12, "sources.app_events.watermark.out_of_orderness", "must not be negative"}}},
 		{"session_timeout too small", strings.Replace(base(), "kafka:\n", "kafka:\n  session_timeout: 50ms\n", 1), nil,
@@ -624,7 +625,7 @@ func TestParseErrors(t *testing.T) {
 		{"fetch_max_bytes too big", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: 2GiB\n", 1), nil,
 			[]wantErr{{4, "kafka.fetch_max_bytes", "must be between 1KiB and 1GiB"}}},
 		{"fetch_max_partition_bytes above fetch_max_bytes", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_partition_bytes: 32MiB\n", 1), nil,
-			[]wantErr{{4, "kafka.fetch_max_partition_bytes", "must be between 1KiB and kafka.fetch_max_bytes (16777216 bytes)"}}},
+			[]wantErr{{4, "kafka.fetch_max_partition_bytes", "must be between 1KiB and kafka.fetch_max_bytes (16MiB), got 32MiB"}}},
 		{"fetch_max_partition_bytes too small", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_partition_bytes: 100\n", 1), nil,
 			[]wantErr{{4, "kafka.fetch_max_partition_bytes", "must be between 1KiB"}}},
 		{"fetch_max_bytes too small", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: 1000\n", 1), nil,

@@ -9,21 +9,19 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"time"
 )
 
 // Kafka is the connection to the brokers shared by all Kafka sources.
 type Kafka struct {
 	Brokers          []string `yaml:"brokers"`
-	Group            string   `yaml:"group"`     // consumer group; default tidemark
-	ClientID         string   `yaml:"client_id"` // default tidemark
+	Group            string   `yaml:"group"` // consumer group
+	ClientID         string   `yaml:"client_id"`
 	StartOffset      string   `yaml:"start_offset"`
 	SessionTimeout   Duration `yaml:"session_timeout"`
 	RebalanceTimeout Duration `yaml:"rebalance_timeout"`
 	FetchMaxBytes    ByteSize `yaml:"fetch_max_bytes"`
 	// FetchMaxPartitionBytes is the most one partition contributes to a
-	// fetch (Kafka's max.partition.fetch.bytes); default the smaller of
-	// DefaultFetchMaxPartitionBytes and FetchMaxBytes.
+	// fetch (Kafka's max.partition.fetch.bytes).
 	FetchMaxPartitionBytes ByteSize `yaml:"fetch_max_partition_bytes"`
 	TLS                    *TLS     `yaml:"tls"`
 	SASL                   *SASL    `yaml:"sasl"`
@@ -31,7 +29,7 @@ type Kafka struct {
 
 // TLS configures encrypted connections to the brokers.
 type TLS struct {
-	Enabled            *bool  `yaml:"enabled"` // default true when the tls block is present
+	Enabled            bool   `yaml:"enabled"` // false turns the block off
 	CAFile             string `yaml:"ca_file"`
 	CertFile           string `yaml:"cert_file"`
 	KeyFile            string `yaml:"key_file"`
@@ -40,7 +38,7 @@ type TLS struct {
 }
 
 // On reports whether TLS is used.
-func (t *TLS) On() bool { return t != nil && (t.Enabled == nil || *t.Enabled) }
+func (t *TLS) On() bool { return t != nil && t.Enabled }
 
 // SASL mechanisms.
 const (
@@ -57,13 +55,6 @@ const (
 	EnvAWSSecretAccessKey = "AWS_SECRET_ACCESS_KEY"
 	EnvAWSSessionToken    = "AWS_SESSION_TOKEN"
 )
-
-// DefaultFetchMaxPartitionBytes is kafka.fetch_max_partition_bytes when
-// it is not set (and kafka.fetch_max_bytes is larger), as in Kafka.
-const DefaultFetchMaxPartitionBytes = 1 << 20
-
-// DefaultTokenCommandTimeout bounds one run of sasl.token_command.
-const DefaultTokenCommandTimeout = 10 * time.Second
 
 // SASL configures broker authentication. Which keys apply depends on the
 // mechanism: username with password or password_file for PLAIN and
@@ -84,7 +75,7 @@ type SASL struct {
 	// TokenCommand is run (without a shell) at each authentication; its
 	// standard output is the OAUTHBEARER token.
 	TokenCommand []string `yaml:"token_command"`
-	// TokenCommandTimeout bounds one run of TokenCommand; default 10s.
+	// TokenCommandTimeout bounds one run of TokenCommand.
 	TokenCommandTimeout Duration `yaml:"token_command_timeout"`
 	// Extensions are OAUTHBEARER SASL extensions (KIP-342).
 	Extensions map[string]string `yaml:"extensions"`
@@ -98,16 +89,8 @@ type SASL struct {
 
 	// AllowPlaintext accepts SASL on connections without TLS (Kafka's
 	// SASL_PLAINTEXT), where the credentials can be read or attacked on
-	// the network; default false. AWS_MSK_IAM always needs TLS.
+	// the network. AWS_MSK_IAM always needs TLS.
 	AllowPlaintext bool `yaml:"allow_plaintext"`
-}
-
-// CommandTimeout returns TokenCommandTimeout or its default.
-func (s *SASL) CommandTimeout() time.Duration {
-	if s.TokenCommandTimeout <= 0 {
-		return DefaultTokenCommandTimeout
-	}
-	return s.TokenCommandTimeout.D()
 }
 
 // ReadTokenFile reads a file holding a bearer token, surrounding white
@@ -134,17 +117,12 @@ func (c *Config) validateKafka(ix *index) {
 			ix.add(fmt.Sprintf("kafka.brokers[%d]", i), "must be host:port, got %q", b)
 		}
 	}
-	oneOf(ix, "kafka.start_offset", k.StartOffset, "earliest", "latest")
-	if k.SessionTimeout.D() < 100*time.Millisecond {
-		ix.add("kafka.session_timeout", "must be at least 100ms")
+	for _, key := range []string{"start_offset", "session_timeout", "rebalance_timeout"} {
+		c.check(ix, "kafka."+key, "")
 	}
-	if k.RebalanceTimeout.D() < 100*time.Millisecond {
-		ix.add("kafka.rebalance_timeout", "must be at least 100ms")
-	}
-	if k.FetchMaxBytes < 1<<10 || k.FetchMaxBytes > 1<<30 {
-		ix.add("kafka.fetch_max_bytes", "must be between 1KiB and 1GiB")
-	} else if k.FetchMaxPartitionBytes < 1<<10 || k.FetchMaxPartitionBytes > k.FetchMaxBytes {
-		ix.add("kafka.fetch_max_partition_bytes", "must be between 1KiB and kafka.fetch_max_bytes (%d bytes)", k.FetchMaxBytes)
+	// The partition's bound is the whole fetch's.
+	if c.check(ix, "kafka.fetch_max_bytes", "") {
+		c.check(ix, "kafka.fetch_max_partition_bytes", "")
 	}
 	if t := k.TLS; t.On() {
 		for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
@@ -160,7 +138,7 @@ func (c *Config) validateKafka(ix *index) {
 		}
 	}
 	if s := k.SASL; s != nil {
-		validateSASL(ix, s, k.TLS.On())
+		c.validateSASL(ix, s, k.TLS.On())
 	}
 }
 
@@ -186,9 +164,9 @@ var saslKeys = []struct {
 // extensionKeyRe is the key syntax of RFC 7628 section 3.1.
 var extensionKeyRe = regexp.MustCompile(`^[A-Za-z]+$`)
 
-func validateSASL(ix *index, s *SASL, tlsOn bool) {
-	known := []string{MechanismPlain, MechanismScram256, MechanismScram512, MechanismOAuthBearer, MechanismAWSMSKIAM}
-	oneOf(ix, "kafka.sasl.mechanism", s.Mechanism, known...)
+func (c *Config) validateSASL(ix *index, s *SASL, tlsOn bool) {
+	known := keyOf("kafka.sasl.mechanism").OneOf
+	c.check(ix, "kafka.sasl.mechanism", "")
 	for _, k := range saslKeys {
 		if !k.set(s) {
 			continue
@@ -204,7 +182,7 @@ func validateSASL(ix *index, s *SASL, tlsOn bool) {
 	}
 	switch s.Mechanism {
 	case MechanismOAuthBearer:
-		validateOAuth(ix, s)
+		c.validateOAuth(ix, s)
 	case MechanismAWSMSKIAM:
 		if s.AccessKey == "" && s.SecretKey != "" {
 			ix.add("kafka.sasl.access_key", "is required with secret_key")
@@ -240,7 +218,7 @@ func validateSASL(ix *index, s *SASL, tlsOn bool) {
 	}
 }
 
-func validateOAuth(ix *index, s *SASL) {
+func (c *Config) validateOAuth(ix *index, s *SASL) {
 	switch {
 	case s.TokenFile != "" && len(s.TokenCommand) > 0:
 		ix.add("kafka.sasl.token_command", "token_file and token_command are mutually exclusive")
@@ -257,9 +235,7 @@ func validateOAuth(ix *index, s *SASL) {
 	default:
 		ix.add("kafka.sasl.token_file", "OAUTHBEARER needs token_file or token_command")
 	}
-	if s.TokenCommandTimeout != 0 && s.TokenCommandTimeout.D() < 100*time.Millisecond {
-		ix.add("kafka.sasl.token_command_timeout", "must be at least 100ms")
-	}
+	c.check(ix, "kafka.sasl.token_command_timeout", "")
 	names := make([]string, 0, len(s.Extensions))
 	for name := range s.Extensions {
 		names = append(names, name)

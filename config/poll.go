@@ -28,19 +28,18 @@ type PollSource struct {
 	// updated_at column is written. Refused for timestamptz columns.
 	TimeZone string `yaml:"time_zone"`
 	// Lookback re-reads this much before the watermark on every run; set
-	// it above the longest write transaction of the source. Default 0.
+	// it above the longest write transaction of the source.
 	Lookback Duration `yaml:"lookback"`
 	// SafetyLag keeps the window's upper bound this far behind the
-	// source's clock. Default 0.
+	// source's clock.
 	SafetyLag Duration `yaml:"safety_lag"`
-	// Every is the interval between runs inside `tidemark run`; default 1m.
+	// Every is the interval between runs inside `tidemark run`.
 	Every Duration `yaml:"every"`
-	// ChunkRows is how many rows are fetched from the source at a time;
-	// default 10000.
+	// ChunkRows is how many rows are fetched from the source at a time.
 	ChunkRows Int `yaml:"chunk_rows"`
 	// MaxRowsPerRun bounds one run's transaction; a run that reaches it
 	// stops after the last row sharing the current updated_at, and the next
-	// run follows at once. Default 1000000.
+	// run follows at once.
 	MaxRowsPerRun Int `yaml:"max_rows_per_run"`
 	// SoftDelete optionally names the source's soft-delete column: a
 	// boolean (true means deleted) or a timestamp (set means deleted). Such
@@ -69,34 +68,32 @@ type Mirror struct {
 	// source's columns when missing.
 	Table string `yaml:"table"`
 	// Schema holds the mirrors of a CDC source, named like the source
-	// tables; default public (CDC sources only).
+	// tables (CDC sources only).
 	Schema string `yaml:"schema"`
 	// Deletes is what happens to a row found deleted at the source:
-	// soft (default) sets DeletedColumn and keeps the row; hard removes it.
+	// soft sets DeletedColumn and keeps the row; hard removes it.
 	Deletes string `yaml:"deletes"`
-	// DeletedColumn is the mirror column set when a row is found deleted;
-	// default deleted_at. It must not be a column of the source.
+	// DeletedColumn is the mirror column set when a row is found deleted.
+	// It must not be a column of the source.
 	DeletedColumn string `yaml:"deleted_column"`
 	// LoadedColumn is the mirror column holding when a row was last
-	// written; default loaded_at. It must not be a column of the source.
+	// written. It must not be a column of the source.
 	LoadedColumn string `yaml:"loaded_column"`
 	// KeyReconcileEvery schedules key reconciliation (hard-delete
-	// detection) inside `tidemark run`; 0 (default) leaves it to
-	// `tidemark keys`.
+	// detection) inside `tidemark run`; 0 leaves it to `tidemark keys`.
 	KeyReconcileEvery Duration `yaml:"key_reconcile_every"`
 	// KeyReconcileMaxDelete is the largest share of the mirror's live rows
 	// that one key reconciliation run may flag or remove (rounded up to a
 	// whole row). A run that finds more rows missing at the source applies
 	// nothing and is recorded as refused, until `tidemark keys --force`
 	// applies them: a source table emptied by mistake is not mirrored as
-	// emptied. Default 10% (DefaultKeyReconcileMaxDelete) for poll
-	// sources; 100% turns the limit off, 0% refuses every delete. Poll
-	// sources only.
+	// emptied. 100% turns the limit off, 0% refuses every delete. Poll
+	// sources only: nil for the others.
 	KeyReconcileMaxDelete *Percent `yaml:"key_reconcile_max_delete"`
 }
 
 // DefaultKeyReconcileMaxDelete is the default of
-// mirror.key_reconcile_max_delete: 10%.
+// mirror.key_reconcile_max_delete, 10%, as the table of keys gives it.
 const DefaultKeyReconcileMaxDelete Percent = 10 * PercentUnit
 
 // Percent is a share written as a percentage with at most two decimals:
@@ -166,41 +163,7 @@ const (
 	DeletesHard = "hard"
 )
 
-func (c *Config) applyPollDefaults(s *Source) {
-	if p := s.Poll; p != nil {
-		if p.Every == 0 {
-			p.Every = Duration(time.Minute)
-		}
-		if p.ChunkRows == 0 {
-			p.ChunkRows = 10000
-		}
-		if p.MaxRowsPerRun == 0 {
-			p.MaxRowsPerRun = 1_000_000
-		}
-		if s.RawPartition == "" {
-			// Rows of a table's history span years; day partitions would
-			// be many and small.
-			s.RawPartition = PartitionMonth
-		}
-	}
-	if m := s.Mirror; m != nil {
-		if s.Poll != nil && m.KeyReconcileMaxDelete == nil {
-			d := DefaultKeyReconcileMaxDelete
-			m.KeyReconcileMaxDelete = &d
-		}
-		if m.Deletes == "" {
-			m.Deletes = DeletesSoft
-		}
-		if m.DeletedColumn == "" {
-			m.DeletedColumn = "deleted_at"
-		}
-		if m.LoadedColumn == "" {
-			m.LoadedColumn = "loaded_at"
-		}
-	}
-}
-
-func validatePollSource(ix *index, p string, s *Source) {
+func (c *Config) validatePollSource(ix *index, p string, s *Source) {
 	t := s.Poll
 	if t.DSN == "" {
 		ix.add(p+".poll.dsn", "is required: the source database's connection string")
@@ -232,20 +195,8 @@ func validatePollSource(ix *index, p string, s *Source) {
 			ix.add(p+".poll.time_zone", "%q is not an IANA time zone such as UTC or Europe/Berlin", t.TimeZone)
 		}
 	}
-	if t.Lookback < 0 {
-		ix.add(p+".poll.lookback", "must not be negative")
-	}
-	if t.SafetyLag < 0 {
-		ix.add(p+".poll.safety_lag", "must not be negative")
-	}
-	if t.Every.D() < time.Second {
-		ix.add(p+".poll.every", "must be at least 1s")
-	}
-	if t.ChunkRows < 1 || t.ChunkRows > 1_000_000 {
-		ix.add(p+".poll.chunk_rows", "must be between 1 and 1000000, got %d", t.ChunkRows)
-	}
-	if t.MaxRowsPerRun < 1 {
-		ix.add(p+".poll.max_rows_per_run", "must be at least 1, got %d", t.MaxRowsPerRun)
+	for _, key := range []string{"lookback", "safety_lag", "every", "chunk_rows", "max_rows_per_run"} {
+		c.check(ix, "sources.<name>.poll."+key, s.Name)
 	}
 	if t.SoftDelete != "" && !identRe.MatchString(t.SoftDelete) {
 		ix.add(p+".poll.soft_delete", "must name a boolean or timestamp column, got %q", t.SoftDelete)
@@ -256,16 +207,14 @@ func validatePollSource(ix *index, p string, s *Source) {
 	if s.Mirror == nil {
 		ix.add(p+".mirror", "is required for a poll source: mirror: {table: NAME}")
 	}
-	if s.Watermark.OutOfOrderness < 0 {
-		ix.add(p+".watermark.out_of_orderness", "must not be negative")
-	}
+	c.check(ix, "sources.<name>.watermark.out_of_orderness", s.Name)
 }
 
 // validateCDCMirror checks the mirror keys of a CDC source; the mirror
 // tables themselves come from cdc.tables.
-func validateCDCMirror(ix *index, p string, s *Source, tables map[string]string) {
+func (c *Config) validateCDCMirror(ix *index, p string, s *Source, tables map[string]string) {
 	m := s.Mirror
-	oneOf(ix, p+".mirror.deletes", m.Deletes, DeletesSoft, DeletesHard)
+	c.check(ix, "sources.<name>.mirror.deletes", s.Name)
 	if !identRe.MatchString(m.DeletedColumn) {
 		ix.add(p+".mirror.deleted_column", "%q is not a column name", m.DeletedColumn)
 	}
@@ -292,7 +241,8 @@ func validateCDCMirror(ix *index, p string, s *Source, tables map[string]string)
 	}
 }
 
-func validateMirror(ix *index, p string, m *Mirror, tables map[string]string) {
+func (c *Config) validateMirror(ix *index, p string, s *Source, tables map[string]string) {
+	m := s.Mirror
 	switch {
 	case m.Table == "":
 		ix.add(p+".mirror.table", "is required: the warehouse table mirroring the source")
@@ -308,7 +258,7 @@ func validateMirror(ix *index, p string, m *Mirror, tables map[string]string) {
 		}
 		tables[full] = p
 	}
-	oneOf(ix, p+".mirror.deletes", m.Deletes, DeletesSoft, DeletesHard)
+	c.check(ix, "sources.<name>.mirror.deletes", s.Name)
 	if !identRe.MatchString(m.DeletedColumn) {
 		ix.add(p+".mirror.deleted_column", "%q is not a column name", m.DeletedColumn)
 	}
@@ -317,10 +267,6 @@ func validateMirror(ix *index, p string, m *Mirror, tables map[string]string) {
 	} else if m.LoadedColumn == m.DeletedColumn {
 		ix.add(p+".mirror.loaded_column", "must differ from mirror.deleted_column")
 	}
-	if m.KeyReconcileEvery != 0 && m.KeyReconcileEvery.D() < time.Minute {
-		ix.add(p+".mirror.key_reconcile_every", "must be 0 (off) or at least 1m")
-	}
-	if d := m.KeyReconcileMaxDelete; d != nil && *d > 100*PercentUnit {
-		ix.add(p+".mirror.key_reconcile_max_delete", "must be between 0%% and 100%% (100%% turns the limit off), got %s", *d)
-	}
+	c.check(ix, "sources.<name>.mirror.key_reconcile_every", s.Name)
+	c.check(ix, "sources.<name>.mirror.key_reconcile_max_delete", s.Name)
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -47,6 +48,7 @@ func (es Errors) Error() string {
 type index struct {
 	file     string
 	lineOf   map[string]int
+	valueOf  map[string]*yaml.Node
 	entries  []entry
 	problems Errors
 }
@@ -60,7 +62,7 @@ type entry struct {
 }
 
 func newIndex(file string, root *yaml.Node) *index {
-	ix := &index{file: file, lineOf: map[string]int{}}
+	ix := &index{file: file, lineOf: map[string]int{}, valueOf: map[string]*yaml.Node{}}
 	if root != nil && root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
 		ix.walk("", root.Content[0])
 	}
@@ -74,6 +76,7 @@ func (ix *index) walk(path string, n *yaml.Node) {
 			k, v := n.Content[i], n.Content[i+1]
 			p := join(path, k.Value)
 			ix.lineOf[p] = k.Line
+			ix.valueOf[p] = v
 			ix.entries = append(ix.entries, entry{path: p, key: k.Value, line: k.Line, value: v})
 			ix.walk(p, v)
 		}
@@ -118,6 +121,19 @@ func (ix *index) line(path string) int {
 		p = p[:i]
 	}
 	return 0
+}
+
+// text is the value at path as the file writes it, or else v formatted
+// as the file would write it.
+func (ix *index) text(path string, v reflect.Value) string {
+	n := ix.valueOf[path]
+	if n != nil && n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n != nil && n.Kind == yaml.ScalarNode {
+		return n.Value
+	}
+	return formatValue(v)
 }
 
 func (ix *index) add(path, format string, args ...any) {

@@ -41,7 +41,7 @@ func TestReconcileFaults(t *testing.T) {
 			w.DSN, px = faulttest.Front(t, b.dsn)
 			w.WriteTimeout = config.Duration(time.Second)
 			idle := config.Duration(time.Second)
-			w.IdleInTransactionSessionTimeout = &idle
+			w.IdleInTransactionSessionTimeout = idle
 			w.StatementTimeout = config.Duration(2 * time.Second)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

@@ -22,7 +22,7 @@ func prepareSchema(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, 
 	b := backoff.Backoff{First: time.Second, Max: 30 * time.Second, Jitter: 0.2}
 	for {
 		var err error
-		if cfg.Warehouse.MigrateOnStart() {
+		if cfg.Warehouse.Migrate {
 			var res migrate.Result
 			if res, err = migrate.Up(ctx, cfg.Warehouse.DSN, log); err == nil {
 				log.Info("warehouse schema ready", "version", res.Current, "applied", len(res.Applied))

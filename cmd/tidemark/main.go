@@ -435,7 +435,7 @@ func cmdReconcile(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return exitUsage
 	}
 	log := logger(cfg, stderr)
-	if cfg.Warehouse.MigrateOnStart() {
+	if cfg.Warehouse.Migrate {
 		if _, err := migrate.Up(ctx, cfg.Warehouse.DSN, log); err != nil {
 			fmt.Fprintf(stderr, "tidemark reconcile: %v\n", err)
 			return exitFailure
@@ -516,7 +516,7 @@ func pollSources(cfg *config.Config) []string {
 // prepareWarehouse applies or checks the migrations, opens the pool and
 // checks the privileges of the warehouse role and of the roles of sources.
 func prepareWarehouse(ctx context.Context, cfg *config.Config, app string, stderr io.Writer, sources ...string) (*pgxpool.Pool, bool) {
-	if cfg.Warehouse.MigrateOnStart() {
+	if cfg.Warehouse.Migrate {
 		if _, err := migrate.Up(ctx, cfg.Warehouse.DSN, logger(cfg, stderr)); err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", app, grants.Explain(err))
 			return nil, false

@@ -283,7 +283,7 @@ func (in *Ingester) prepare(ctx context.Context) error {
 func (in *Ingester) ensureTables(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.WriteTimeout.D())
 	defer cancel()
 	w, err := in.writerLocked(ctx)
 	if err != nil {
@@ -579,7 +579,7 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	// warehouse.write_timeout bounds one attempt, connecting included,
 	// so that a lock wait or a stalled server cannot hold the ingester
 	// (and its rebalance callbacks) indefinitely.
-	wctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.Write())
+	wctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.WriteTimeout.D())
 	defer cancel()
 	w, err := in.writerLocked(wctx)
 	if err != nil {
@@ -684,7 +684,7 @@ func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
 	// client's deadline, so that a session the client gave up on does
 	// not hold its row locks.
 	return pgconnect.Warehouse(ctx, in.cfg.Warehouse.Settings(), "tidemark-ingest",
-		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.Write().Milliseconds())})
+		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.WriteTimeout.D().Milliseconds())})
 }
 
 // precreateEvery is how often the ingester creates the raw partitions
@@ -698,7 +698,7 @@ func (in *Ingester) precreate(ctx context.Context) {
 	job := periodic.Job{
 		Name:    "creating upcoming raw partitions",
 		Every:   precreateEvery,
-		Timeout: in.cfg.Warehouse.Write(),
+		Timeout: in.cfg.Warehouse.WriteTimeout.D(),
 		Run:     in.precreateOnce,
 		Log:     in.log,
 	}

@@ -96,7 +96,7 @@ func TestPollFaults(t *testing.T) {
 func shortLimits(cfg *config.Config) {
 	cfg.Warehouse.WriteTimeout = config.Duration(time.Second)
 	idle := config.Duration(time.Second)
-	cfg.Warehouse.IdleInTransactionSessionTimeout = &idle
+	cfg.Warehouse.IdleInTransactionSessionTimeout = idle
 }
 
 // count is the number of rows of a warehouse table, -1 while it does

@@ -219,7 +219,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Po
 		return nil, err
 	}
 	p := &Poller{src: src, table: t, raw: raw.NewChangeTable(name, src.RawPartition), pool: pool,
-		log: opts.Logger, now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.Write()}
+		log: opts.Logger, now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.WriteTimeout.D()}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
