@@ -111,23 +111,23 @@ var keys = []Key{
 	{Path: "kafka.tls.insecure_skip_verify", Default: "false", Allowed: "`true` does not verify the broker certificates (testing only)"},
 
 	{Path: "kafka.sasl.mechanism", Note: "required", OneOf: []string{MechanismPlain, MechanismScram256, MechanismScram512, MechanismOAuthBearer, MechanismAWSMSKIAM}},
-	{Path: "kafka.sasl.username", Note: "required", Allowed: "`PLAIN`, `SCRAM-*`"},
-	{Path: "kafka.sasl.password", Note: "required, or `password_file`", Allowed: "`PLAIN`, `SCRAM-*`"},
-	{Path: "kafka.sasl.password_file", Allowed: "`PLAIN`, `SCRAM-*`: a file holding `password`"},
-	{Path: "kafka.sasl.token_file", Note: "`token_file` or `token_command`", Allowed: "`OAUTHBEARER`: a file holding the token"},
-	{Path: "kafka.sasl.token_command", Allowed: "`OAUTHBEARER`: a program and its arguments"},
-	{Path: "kafka.sasl.token_command_timeout", Default: "10s", Min: "100ms", Allowed: "`OAUTHBEARER`",
+	{Path: "kafka.sasl.username", Note: "required", Allowed: "with `PLAIN` and `SCRAM-*`"},
+	{Path: "kafka.sasl.password", Note: "required, or `password_file`", Allowed: "with `PLAIN` and `SCRAM-*`"},
+	{Path: "kafka.sasl.password_file", Allowed: "a file holding `password`; with `PLAIN` and `SCRAM-*`"},
+	{Path: "kafka.sasl.token_file", Note: "`token_file` or `token_command`", Allowed: "a file holding the token; with `OAUTHBEARER`"},
+	{Path: "kafka.sasl.token_command", Allowed: "a program and its arguments; with `OAUTHBEARER`"},
+	{Path: "kafka.sasl.token_command_timeout", Default: "10s", Min: "100ms", Allowed: "with `OAUTHBEARER`",
 		defaultIn: func(c *Config, _ *Source, def string) string {
 			if c.Kafka.SASL.Mechanism == MechanismOAuthBearer {
 				return def
 			}
 			return "" // set, it is another mechanism's mistake
 		}},
-	{Path: "kafka.sasl.extensions.<name>", Allowed: "`OAUTHBEARER`: the value of the extension `<name>` (letters only)"},
-	{Path: "kafka.sasl.access_key", Note: "`$AWS_ACCESS_KEY_ID`", Allowed: "`AWS_MSK_IAM`"},
-	{Path: "kafka.sasl.secret_key", Note: "`$AWS_SECRET_ACCESS_KEY`", Allowed: "`AWS_MSK_IAM`"},
-	{Path: "kafka.sasl.session_token", Note: "`$AWS_SESSION_TOKEN`", Allowed: "`AWS_MSK_IAM`"},
-	{Path: "kafka.sasl.allow_plaintext", Default: "false", Allowed: "`true` accepts SASL without TLS; not `AWS_MSK_IAM`"},
+	{Path: "kafka.sasl.extensions.<name>", Allowed: "the value of the extension `<name>` (letters only); with `OAUTHBEARER`"},
+	{Path: "kafka.sasl.access_key", Note: "`$AWS_ACCESS_KEY_ID`", Allowed: "with `AWS_MSK_IAM`"},
+	{Path: "kafka.sasl.secret_key", Note: "`$AWS_SECRET_ACCESS_KEY`", Allowed: "with `AWS_MSK_IAM`"},
+	{Path: "kafka.sasl.session_token", Note: "`$AWS_SESSION_TOKEN`", Allowed: "with `AWS_MSK_IAM`"},
+	{Path: "kafka.sasl.allow_plaintext", Default: "false", Allowed: "`true` accepts SASL without TLS; not with `AWS_MSK_IAM`"},
 
 	{Path: "ingest.batch_max_rows", Default: "50000", Min: "1", Max: "1000000"},
 	{Path: "ingest.batch_max_bytes", Default: "16MiB", Min: "1KiB"},

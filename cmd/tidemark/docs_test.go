@@ -998,8 +998,70 @@ var (
 
 // documentedKey is a key of a key table of docs/configuration.md.
 type documentedKey struct {
-	path string // absolute, placeholders written <name>
-	line int
+	path  string // absolute, placeholders written <name>
+	line  int
+	cells []string // Key, Type, Default, Allowed
+}
+
+// keyTableHeader is the header of every key table.
+var keyTableHeader = []string{"Key", "Type", "Default", "Allowed"}
+
+// keyCells are the Type, Default and Allowed cells of key k's row in a key
+// table. A default is written as in the file, in backticks (`72h`,
+// `400d`, `8`, `true`, `tidemark_<name>`), an environment variable as
+// `$NAME`, then the key's note in parentheses; a key without either has
+// an empty cell. Allowed gives the values (`day`, `month`) or the bounds
+// (1s or more, 2 to 1000, positive, 0 (off), or 1m or more), then the
+// key's own words, after a semicolon. 0 is shown as allowed only where
+// it is kept as written; elsewhere writing it selects the default.
+func keyCells(k config.Key) [3]string {
+	var def []string
+	switch {
+	case k.Env != "":
+		def = append(def, "`$"+k.Env+"`")
+	case k.Default != "":
+		def = append(def, "`"+k.Default+"`")
+	}
+	if k.Note != "" {
+		def = append(def, "("+k.Note+")")
+	}
+	var allowed []string
+	var values []string
+	for _, v := range k.OneOf {
+		if v != "" {
+			values = append(values, "`"+v+"`")
+		}
+	}
+	if len(values) > 0 {
+		allowed = append(allowed, strings.Join(values, ", "))
+	}
+	if k.Min != "" {
+		max := k.Max
+		if strings.Contains(max, ".") {
+			max = "`" + max + "`"
+		}
+		r := k.Min + " or more"
+		switch {
+		case max != "":
+			r = k.Min + " to " + max
+		case k.Min == "0" && !k.KeepZero && k.Default != "0":
+			r = "positive" // 0 selects the default
+		}
+		if k.Zero != "" {
+			r = "0 (" + k.Zero + "), or " + r
+		}
+		allowed = append(allowed, r)
+	}
+	if k.Allowed != "" {
+		allowed = append(allowed, k.Allowed)
+	}
+	return [3]string{k.Type, strings.Join(def, " "), strings.Join(allowed, "; ")}
+}
+
+// keyRow is the row of key k in a key table, the key written as key.
+func keyRow(key string, k config.Key) string {
+	c := keyCells(k)
+	return strings.TrimSpace(fmt.Sprintf("| `%s` | %s | %s | %s |", key, c[0], c[1], strings.ReplaceAll(c[2], "|", `\|`)))
 }
 
 // tableKeys reads the key tables of docs/configuration.md: tables whose
@@ -1028,6 +1090,9 @@ func tableKeys(t *testing.T, d *mdDoc, tree *keyNode) (keys []documentedKey, sec
 			}
 			continue
 		case "Key":
+			if !slices.Equal(tb.header, keyTableHeader) {
+				t.Errorf("%s:%d: a key table's columns are %s, not %s", d.file, tb.line, strings.Join(keyTableHeader, ", "), strings.Join(tb.header, ", "))
+			}
 		default:
 			continue
 		}
@@ -1056,7 +1121,7 @@ func tableKeys(t *testing.T, d *mdDoc, tree *keyNode) (keys []documentedKey, sec
 			case tree.resolve(tb.heading) != nil:
 				path = under
 			}
-			keys = append(keys, documentedKey{path: placeholderRe.ReplaceAllString(path, "<name>"), line: r.line})
+			keys = append(keys, documentedKey{path: placeholderRe.ReplaceAllString(path, "<name>"), line: r.line, cells: r.cells})
 		}
 	}
 	return keys, sections
@@ -1078,13 +1143,32 @@ func TestDocsConfigKeys(t *testing.T) {
 	if len(keys) == 0 {
 		t.Fatalf("%s: no key tables (tables whose first column is Key)", cfgFile)
 	}
+	table := map[string]config.Key{}
+	for _, k := range config.Keys() {
+		table[k.Path] = k
+	}
 	documented := map[string]int{}
 	for _, k := range keys {
 		if tree.resolve(k.path) == nil {
 			t.Errorf("%s:%d: the key %s does not exist in package config", cfgFile, k.line, k.path)
 		}
-		if documented[k.path] == 0 {
-			documented[k.path] = k.line
+		if documented[k.path] != 0 {
+			t.Errorf("%s:%d: the key %s is documented again (first at line %d)", cfgFile, k.line, k.path, documented[k.path])
+			continue
+		}
+		documented[k.path] = k.line
+		spec, ok := table[k.path]
+		if !ok {
+			t.Errorf("%s:%d: the key %s is not in the table of keys of package config (config.Keys)", cfgFile, k.line, k.path)
+			continue
+		}
+		// The row must say what the table of keys says, exactly.
+		want := keyCells(spec)
+		for i, col := range keyTableHeader[1:] {
+			if got := cellAt(k.cells, i+1); got != want[i] {
+				t.Errorf("%s:%d: the %s of %s is %q; package config (keys.go) says %q. The row:\n%s",
+					cfgFile, k.line, col, k.path, got, want[i], keyRow(firstCode(k.cells[0]), spec))
+			}
 		}
 	}
 	for _, leaf := range tree.leaves() {
@@ -1101,7 +1185,7 @@ func TestDocsConfigKeys(t *testing.T) {
 		if nearLine != 0 {
 			hint = fmt.Sprintf(" (keys under %s are documented near line %d)", near, nearLine)
 		}
-		t.Errorf("%s: the key %s (%s) is in no key table%s", cfgFile, leaf.path, leaf.goName, hint)
+		t.Errorf("%s: the key %s (%s) is in no key table%s; its row:\n%s", cfgFile, leaf.path, leaf.goName, hint, keyRow(leaf.path, table[leaf.path]))
 	}
 	listed := map[string]bool{}
 	for _, s := range sections {
@@ -1149,6 +1233,22 @@ func TestDocsConfigKeys(t *testing.T) {
 		checkYAMLSnippets(t, file, doc, tree)
 	}
 	checkConfigMap(t, root, "deploy/kubernetes/configmap.yaml", tree)
+}
+
+// cellAt is the i-th cell of a row, "" when the row is short.
+func cellAt(cells []string, i int) string {
+	if i < len(cells) {
+		return strings.ReplaceAll(cells[i], `\|`, "|")
+	}
+	return ""
+}
+
+// firstCode is the first code span of a cell.
+func firstCode(cell string) string {
+	if sp := codeSpans(cell); len(sp) > 0 {
+		return sp[0].text
+	}
+	return cell
 }
 
 func commonPrefix(a, b string) string {
