@@ -3,8 +3,10 @@ package main
 // The tests in this file keep the documentation in step with the binary:
 // the commands and flags that README.md, docs/*.md, deploy/ and the usage
 // text mention against the commands of this package (docs/commands.md
-// has a section per command), the configuration keys of
-// docs/configuration.md against the structs of package config, the
+// has a section per command), with the flag defaults the docs state and
+// each command's exit statuses, the configuration keys of
+// docs/configuration.md, with their types, defaults and allowed values,
+// against package config's table of keys (config.Keys), the
 // metric names of the docs and the alerting rules against the metrics the
 // binary's packages define (docs/metrics.md lists them all), the alerting
 // rules against the sections of docs/runbook.md, the fuzz targets and
@@ -35,6 +37,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -384,8 +387,9 @@ func codeSpans(text string) []span {
 
 // cli is what the binary defines: its commands and each one's flags.
 type cli struct {
-	flags   map[string][]string // command -> flag names; nil for commands that parse no flags
-	aliases map[string][]string // flag -> every name of that flag (the shared -c/--config)
+	flags    map[string][]string          // command -> flag names; nil for commands that parse no flags
+	aliases  map[string][]string          // flag -> every name of that flag (the shared -c/--config)
+	defaults map[string]map[string]string // command -> flag -> its default as -h prints it; absent when -h prints none
 }
 
 // binaryCLI reads each command's flags from the flag package's own
@@ -394,7 +398,7 @@ type cli struct {
 // aliases (-c and --config) share one value.
 func binaryCLI(t *testing.T) cli {
 	t.Helper()
-	c := cli{flags: map[string][]string{}, aliases: map[string][]string{}}
+	c := cli{flags: map[string][]string{}, aliases: map[string][]string{}, defaults: map[string]map[string]string{}}
 	shared, _ := flags("probe", io.Discard)
 	byValue := map[flag.Value][]string{}
 	shared.VisitAll(func(f *flag.Flag) { byValue[f.Value] = append(byValue[f.Value], f.Name) })
@@ -414,11 +418,36 @@ func binaryCLI(t *testing.T) cli {
 			continue
 		}
 		c.flags[name] = []string{}
-		for _, m := range flagLine.FindAllStringSubmatch(stdout.String(), -1) {
-			c.flags[name] = append(c.flags[name], m[1])
+		c.defaults[name] = map[string]string{}
+		out := stdout.String()
+		starts := flagLine.FindAllStringSubmatchIndex(out, -1)
+		for i, m := range starts {
+			flagName := strings.Fields(out[m[2]:m[3]])[0]
+			c.flags[name] = append(c.flags[name], flagName)
+			end := len(out)
+			if i+1 < len(starts) {
+				end = starts[i+1][0]
+			}
+			if d := flagDefaultRe.FindStringSubmatch(strings.TrimSpace(out[m[0]:end])); d != nil {
+				if v, err := strconv.Unquote(d[1]); err == nil {
+					d[1] = v
+				}
+				c.defaults[name][flagName] = d[1]
+			}
 		}
 	}
 	return c
+}
+
+// anyDefault reports whether the flag f of cmd (of any command, when cmd
+// is not one) has a default the flag package prints.
+func (c cli) anyDefault(cmd, f string) bool {
+	for n, defs := range c.defaults {
+		if _, ok := defs[strings.TrimLeft(f, "-")]; ok && (n == cmd || !c.isCommand(cmd)) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c cli) isCommand(name string) bool {
@@ -478,6 +507,10 @@ func (c cli) groups(cmd string) [][]string {
 	}
 	return out
 }
+
+// flagDefaultRe is how the flag package prints a flag's default, at the
+// end of its usage: (default "1d"), (default 1), (default 10m0s).
+var flagDefaultRe = regexp.MustCompile(`\(default (.*)\)$`)
 
 var (
 	// invocationRe finds "tidemark <word>", also as bin/tidemark or
@@ -878,6 +911,261 @@ func TestDocsCommandsDocumented(t *testing.T) {
 	for _, cmd := range c.commandNames() {
 		if _, exempt := noSection[cmd]; !sections[cmd] && !exempt {
 			t.Errorf("%s: no section \"## %s\" describes tidemark %s", opsFile, cmd, cmd)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------
+// Exit statuses and flag defaults.
+
+// exitStatuses reads the source of package main: the exit status
+// constants (exitOK, ...) with their values, and for each command of the
+// commands table the statuses it can return, that is the constants its
+// function, or any function of package main it calls or names, directly
+// or through others, refers to.
+func exitStatuses(t *testing.T, root string) (consts map[string]int, byCommand map[string][]int) {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(root, "cmd", "tidemark", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	consts = map[string]int{}
+	funcs := map[string]*ast.FuncDecl{}
+	var table *ast.CompositeLit
+	for _, f := range files {
+		for _, decl := range f.Decls {
+			switch d := decl.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil {
+					funcs[d.Name.Name] = d
+				}
+			case *ast.GenDecl:
+				for _, spec := range d.Specs {
+					vs, ok := spec.(*ast.ValueSpec)
+					if !ok {
+						continue
+					}
+					for i, n := range vs.Names {
+						switch {
+						case d.Tok == token.CONST && strings.HasPrefix(n.Name, "exit") && i < len(vs.Values):
+							if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.INT {
+								v, _ := strconv.Atoi(lit.Value)
+								consts[n.Name] = v
+							}
+						case d.Tok == token.VAR && n.Name == "commands" && i < len(vs.Values):
+							table, _ = vs.Values[i].(*ast.CompositeLit)
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(consts) == 0 || table == nil {
+		t.Fatal("cmd/tidemark: no exit status constants (exit...) or no commands table")
+	}
+	var reach func(n ast.Node, seen map[string]bool, found map[int]bool)
+	reach = func(n ast.Node, seen map[string]bool, found map[int]bool) {
+		ast.Inspect(n, func(n ast.Node) bool {
+			id, ok := n.(*ast.Ident)
+			if !ok {
+				return true
+			}
+			if v, ok := consts[id.Name]; ok {
+				found[v] = true
+			}
+			if fn := funcs[id.Name]; fn != nil && !seen[id.Name] {
+				seen[id.Name] = true
+				reach(fn.Body, seen, found)
+			}
+			return true
+		})
+	}
+	byCommand = map[string][]int{}
+	for _, elt := range table.Elts {
+		kv := elt.(*ast.KeyValueExpr)
+		name, err := strconv.Unquote(kv.Key.(*ast.BasicLit).Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := map[int]bool{}
+		reach(kv.Value, map[string]bool{}, found)
+		byCommand[name] = slices.Sorted(maps.Keys(found))
+	}
+	return consts, byCommand
+}
+
+// statusParaRe finds the paragraph of a command's section of
+// docs/commands.md that lists its exit statuses: "Status 0: ...; 1: ...;
+// 2: ...".
+var (
+	statusParaRe = regexp.MustCompile(`^Status \d+:`)
+	statusItemRe = regexp.MustCompile(`(?:^Status |[;.]\s+(?:Status )?)(\d+):`)
+)
+
+// TestDocsExitStatuses checks the exit statuses of docs/commands.md
+// against the code: the statuses of the "Exit codes" table are the exit
+// status constants of package main, and each command's section ends with
+// a paragraph "Status 0: ...; 1: ...; 2: ..." that lists exactly the
+// statuses its function can return (see exitStatuses).
+func TestDocsExitStatuses(t *testing.T) {
+	root := repoRoot(t)
+	consts, byCommand := exitStatuses(t, root)
+	d := parseMarkdown(t, root, commandsFile)
+	var values []int
+	for _, v := range consts {
+		values = append(values, v)
+	}
+	slices.Sort(values)
+	var table []int
+	tableLine := 0
+	for _, tb := range d.tables {
+		if tb.h2 != "Exit codes" || len(tb.header) == 0 || tb.header[0] != "Status" {
+			continue
+		}
+		tableLine = tb.line
+		for _, r := range tb.rows {
+			v, err := strconv.Atoi(r.cells[0])
+			if err != nil {
+				t.Errorf("%s:%d: the exit code table's status %q is not a number", commandsFile, r.line, r.cells[0])
+			}
+			table = append(table, v)
+		}
+	}
+	switch {
+	case tableLine == 0:
+		t.Errorf("%s: no table under \"## Exit codes\" whose first column is Status", commandsFile)
+	case !slices.Equal(table, values):
+		t.Errorf("%s:%d: the exit code table lists the statuses %v; the commands exit with %v (the exit constants of cmd/tidemark)",
+			commandsFile, tableLine, table, values)
+	}
+	documented := map[string][]int{}
+	paraLine := map[string]int{}
+	for _, p := range d.prose {
+		if _, isCmd := byCommand[p.h2]; !isCmd || !statusParaRe.MatchString(p.text) {
+			continue
+		}
+		if paraLine[p.h2] != 0 {
+			t.Errorf("%s:%d: the section of tidemark %s lists its exit statuses twice (also at line %d)", commandsFile, p.line, p.h2, paraLine[p.h2])
+			continue
+		}
+		paraLine[p.h2] = p.line
+		for _, m := range statusItemRe.FindAllStringSubmatch(p.text, -1) {
+			v, _ := strconv.Atoi(m[1])
+			documented[p.h2] = append(documented[p.h2], v)
+		}
+	}
+	for _, cmd := range sortedKeys(byCommand) {
+		if _, exempt := noSection[cmd]; exempt {
+			continue
+		}
+		got := slices.Sorted(slices.Values(documented[cmd]))
+		switch {
+		case paraLine[cmd] == 0:
+			t.Errorf("%s: the section of tidemark %s has no paragraph \"Status 0: ...; 1: ...\"; its statuses are %v", commandsFile, cmd, byCommand[cmd])
+		case !slices.Equal(got, byCommand[cmd]):
+			t.Errorf("%s:%d: tidemark %s is documented to exit with %v; its code exits with %v", commandsFile, paraLine[cmd], cmd, got, byCommand[cmd])
+		}
+	}
+}
+
+// flagDefaultDocRe finds a flag's default in the docs: `--chunk` (default
+// `1d`), `--timeout D` (default `10m`).
+var (
+	flagDefaultDocRe = regexp.MustCompile("`(--?[a-z][a-z0-9-]*)(?: [^`]*)?`\\s+\\(default\\b\\s*([^)]*)\\)")
+	codeValueRe      = regexp.MustCompile("^`([^`]*)`")
+)
+
+// TestDocsFlagDefaults checks the defaults of flags that the docs state,
+// written "`--flag` (default `value`)", against the binary's: in a
+// command's section of docs/commands.md, that command's flag; elsewhere,
+// every command with that flag. A duration matches however it is written.
+// A flag whose default is computed at run time, and which the flag
+// package therefore does not print, may have it described in words
+// ("(default: now)"). The default column of a flag table ("| Flag |
+// Default | ...") is checked the same way.
+func TestDocsFlagDefaults(t *testing.T) {
+	root := repoRoot(t)
+	c := binaryCLI(t)
+	check := func(where, cmd, f, doc string) {
+		t.Helper()
+		name := strings.TrimLeft(f, "-")
+		cmds := []string{cmd}
+		if !c.isCommand(cmd) {
+			cmds = nil
+			for _, n := range c.commandNames() {
+				if c.hasFlag(n, f) {
+					cmds = append(cmds, n)
+				}
+			}
+		}
+		if len(cmds) == 0 || !c.hasFlag(cmds[0], f) {
+			t.Errorf("%s: no command here has the flag %s", where, f)
+			return
+		}
+		for _, n := range cmds {
+			want, ok := c.defaults[n][name]
+			if !ok {
+				t.Errorf("%s: %s of tidemark %s has no default, the docs say %q", where, f, n, doc)
+				continue
+			}
+			dw, errW := time.ParseDuration(want)
+			dd, errD := time.ParseDuration(doc)
+			if doc != want && !(errW == nil && errD == nil && dw == dd) {
+				t.Errorf("%s: the default of %s of tidemark %s is %q, the docs say %q", where, f, n, want, doc)
+			}
+		}
+	}
+	for _, file := range docFiles(t, root) {
+		d := parseMarkdown(t, root, file)
+		for _, p := range d.prose {
+			for _, m := range flagDefaultDocRe.FindAllStringSubmatchIndex(p.text, -1) {
+				where := fmt.Sprintf("%s:%d", file, p.line+strings.Count(p.text[:m[0]], "\n"))
+				f, rest := p.text[m[2]:m[3]], strings.ReplaceAll(p.text[m[4]:m[5]], "\n", " ")
+				cmd := ""
+				if file == commandsFile {
+					cmd = p.h2
+				}
+				v := codeValueRe.FindStringSubmatch(rest)
+				switch {
+				case v != nil:
+					check(where, cmd, f, v[1])
+				case c.anyDefault(cmd, f):
+					t.Errorf("%s: write the default of %s as (default `value`), not (default %s)", where, f, rest)
+				}
+			}
+		}
+		for _, tb := range d.tables {
+			if len(tb.header) < 2 || tb.header[0] != "Flag" || tb.header[1] != "Default" {
+				continue
+			}
+			for _, r := range tb.rows {
+				f := strings.Fields(firstCode(r.cells[0]))[0]
+				cmd := ""
+				if file == commandsFile {
+					cmd = tb.h2
+				}
+				if _, has := c.defaults[cmd][strings.TrimLeft(f, "-")]; !has {
+					continue // a default computed at run time, described in words
+				}
+				v := codeValueRe.FindStringSubmatch(r.cells[1])
+				if v == nil {
+					t.Errorf("%s:%d: write the default of %s as `value`", file, r.line, f)
+					continue
+				}
+				check(fmt.Sprintf("%s:%d", file, r.line), cmd, f, v[1])
+			}
 		}
 	}
 }
