@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -249,8 +250,14 @@ func init() {
 }
 
 // Keys returns every key of the configuration file, in the order of the
-// reference.
-func Keys() []Key { return append([]Key(nil), keys...) }
+// reference: a copy, which the caller may change.
+func Keys() []Key {
+	out := append([]Key(nil), keys...)
+	for i := range out {
+		out[i].OneOf = slices.Clone(out[i].OneOf)
+	}
+	return out
+}
 
 // keyOf returns the key at path, which must be in the table.
 func keyOf(path string) *Key {
