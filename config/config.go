@@ -443,28 +443,7 @@ func (c *Config) validate(ix *index) {
 			continue
 		}
 		usesKafka = true
-		if len(s.Kafka.Topics) == 0 {
-			ix.add(p+".kafka.topics", "at least one topic is required")
-		}
-		for i, t := range s.Kafka.Topics {
-			tp := fmt.Sprintf("%s.kafka.topics[%d]", p, i)
-			switch {
-			case !topicRe.MatchString(t):
-				ix.add(tp, "%q is not a valid Kafka topic name", t)
-			case topics[t] != "":
-				ix.add(tp, "topic %q is already read by source %s", t, topics[t])
-			default:
-				topics[t] = name
-			}
-		}
-		for _, key := range []string{"event_id_fallback", "event_time_fallback", "event_time_format", "raw_partition"} {
-			c.check(ix, "sources.<name>."+key, name)
-		}
-		checkPointer(ix, p+".event_id", s.EventID, s.EventIDFallback != "")
-		checkPointer(ix, p+".event_time", s.EventTime, s.EventTimeFallback != "")
-		for _, key := range []string{"max_age", "max_future_skew", "watermark.out_of_orderness", "watermark.idle_timeout"} {
-			c.check(ix, "sources.<name>."+key, name)
-		}
+		c.validateKafkaSource(ix, name, s, topics)
 	}
 	if usesKafka {
 		c.validateKafka(ix)
@@ -479,6 +458,35 @@ func (c *Config) validate(ix *index) {
 				ix.add("aggregates."+name+".table", "table %s.%s is the mirror of %s", schema, t, m)
 			}
 		}
+	}
+}
+
+// validateKafkaSource checks source name, a Kafka source: its topics
+// (each read by one source; topics maps them to their sources) and how its
+// events are decoded.
+func (c *Config) validateKafkaSource(ix *index, name string, s *Source, topics map[string]string) {
+	p := "sources." + name
+	if len(s.Kafka.Topics) == 0 {
+		ix.add(p+".kafka.topics", "at least one topic is required")
+	}
+	for i, t := range s.Kafka.Topics {
+		tp := fmt.Sprintf("%s.kafka.topics[%d]", p, i)
+		switch {
+		case !topicRe.MatchString(t):
+			ix.add(tp, "%q is not a valid Kafka topic name", t)
+		case topics[t] != "":
+			ix.add(tp, "topic %q is already read by source %s", t, topics[t])
+		default:
+			topics[t] = name
+		}
+	}
+	for _, key := range []string{"event_id_fallback", "event_time_fallback", "event_time_format", "raw_partition"} {
+		c.check(ix, "sources.<name>."+key, name)
+	}
+	checkPointer(ix, p+".event_id", s.EventID, s.EventIDFallback != "")
+	checkPointer(ix, p+".event_time", s.EventTime, s.EventTimeFallback != "")
+	for _, key := range []string{"max_age", "max_future_skew", "watermark.out_of_orderness", "watermark.idle_timeout"} {
+		c.check(ix, "sources.<name>."+key, name)
 	}
 }
 
