@@ -58,37 +58,104 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	}
 	fmt.Fprintln(out, "tidemark demo: an embedded Kafka broker, a throwaway PostgreSQL, and the service in between.")
 	fmt.Fprintln(out)
-
-	bin, err := pgserver.FindBinDir()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "starting PostgreSQL from %s ... ", bin)
-	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	pg, kc, err := startServers(ctx, out)
 	if err != nil {
 		return err
 	}
 	defer pg.Stop()
-	fmt.Fprintf(out, "listening on %s:%d\n", pg.Host, pg.Port)
-
-	fmt.Fprint(out, "starting Kafka (kfake) ... ")
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
-	if err != nil {
-		return fmt.Errorf("start kfake: %w", err)
-	}
 	defer kc.Close()
-	broker := kc.ListenAddrs()[0]
-	fmt.Fprintf(out, "listening on %s, topic %s with 2 partitions\n\n", broker, topic)
-
-	admin, err := pgxpool.New(ctx, pg.URL("postgres"))
+	cfg, err := demoConfig(out, pg, kc.ListenAddrs()[0])
 	if err != nil {
 		return err
 	}
-	_, err = admin.Exec(ctx, "CREATE DATABASE app")
-	admin.Close()
-	if err != nil {
-		return fmt.Errorf("create the source database: %w", err)
+
+	clk := clock.New(historyFrom)
+	svcCtx, stopSvc := context.WithCancel(ctx)
+	defer stopSvc()
+	addrCh := make(chan string, 1)
+	svcErr := make(chan error, 1)
+	go func() {
+		// The demo runs the reconciler itself, once per step, to show
+		// what each run does; `tidemark run` would run it on a timer.
+		svcErr <- service.Run(svcCtx, cfg, service.Options{Logger: log, Now: clk.Now, Only: []string{service.ComponentIngest},
+			Listening: func(a string) { addrCh <- a }})
+	}()
+	var addr string
+	select {
+	case addr = <-addrCh:
+	case err := <-svcErr:
+		return fmt.Errorf("service: %w", err)
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("service did not start within 60s")
 	}
+
+	pool, err := pgxpool.New(ctx, pg.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()[0]), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return err
+	}
+	defer prod.Close()
+	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: clk.Now})
+	if err != nil {
+		return err
+	}
+	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec, log: log}
+	if err := d.parts(cfg, pg.URL("app"), addr); err != nil {
+		return err
+	}
+	if opts.Serve {
+		fmt.Fprintf(out, "\nstatus page: http://%s/ (the partition grid, the lateness of app_events and the arrival curve of\n", addr)
+		fmt.Fprintln(out, "daily_sales, at the demo's clock); press Ctrl-C to stop.")
+		<-ctx.Done()
+	} else {
+		fmt.Fprintln(out, "\n`tidemark demo --serve` keeps the service running at the end, with its status page at /, until Ctrl-C.")
+	}
+	stopSvc()
+	if err := <-svcErr; err != nil {
+		return fmt.Errorf("service: %w", err)
+	}
+	fmt.Fprintln(out, "\ndone: the service committed its last batch, left the consumer group and stopped.")
+	return nil
+}
+
+// startServers starts PostgreSQL, with the source database app, and the
+// Kafka broker with the demo's topic; the caller stops them.
+func startServers(ctx context.Context, out io.Writer) (*pgserver.Server, *kfake.Cluster, error) {
+	bin, err := pgserver.FindBinDir()
+	if err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(out, "starting PostgreSQL from %s ... ", bin)
+	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(out, "listening on %s:%d\n", pg.Host, pg.Port)
+	admin, err := pgxpool.New(ctx, pg.URL("postgres"))
+	if err == nil {
+		_, err = admin.Exec(ctx, "CREATE DATABASE app")
+		admin.Close()
+	}
+	if err != nil {
+		_ = pg.Stop()
+		return nil, nil, fmt.Errorf("create the source database: %w", err)
+	}
+	fmt.Fprint(out, "starting Kafka (kfake) ... ")
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		_ = pg.Stop()
+		return nil, nil, fmt.Errorf("start kfake: %w", err)
+	}
+	fmt.Fprintf(out, "listening on %s, topic %s with 2 partitions\n\n", kc.ListenAddrs()[0], topic)
+	return pg, kc, nil
+}
+
+// demoConfig is the demo's configuration, printed as it is read.
+func demoConfig(out io.Writer, pg *pgserver.Server, broker string) (*config.Config, error) {
 	yaml := fmt.Sprintf(`
 warehouse: {dsn: %q}
 http: {listen: "127.0.0.1:0"}
@@ -123,56 +190,55 @@ aggregates:
 `, pg.URL("postgres"), broker, topic, pg.URL("app"), pg.URL("app"))
 	cfg, err := config.Parse("demo.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Fprintln(out, "configuration (demo.yaml):")
 	for _, line := range strings.Split(strings.TrimSpace(yaml), "\n") {
 		fmt.Fprintln(out, "  "+line)
 	}
 	fmt.Fprintln(out)
+	return cfg, nil
+}
 
-	clk := clock.New(historyFrom)
-	svcCtx, stopSvc := context.WithCancel(ctx)
-	defer stopSvc()
-	addrCh := make(chan string, 1)
-	svcErr := make(chan error, 1)
-	go func() {
-		// The demo runs the reconciler itself, once per step, to show
-		// what each run does; `tidemark run` would run it on a timer.
-		svcErr <- service.Run(svcCtx, cfg, service.Options{Logger: log, Now: clk.Now, Only: []string{service.ComponentIngest},
-			Listening: func(a string) { addrCh <- a }})
-	}()
-	var addr string
-	select {
-	case addr = <-addrCh:
-	case err := <-svcErr:
-		return fmt.Errorf("service: %w", err)
-	case <-time.After(60 * time.Second):
-		return fmt.Errorf("service did not start within 60s")
-	}
-
-	pool, err := pgxpool.New(ctx, pg.URL("postgres"))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	prod, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		return err
-	}
-	defer prod.Close()
-
-	rec, err := reconcile.New(cfg, pool, reconcile.Options{Logger: log, Now: clk.Now})
-	if err != nil {
-		return err
-	}
-	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec, log: log}
+// parts runs the demo's parts in order: the history and the worked
+// example, what they left in the warehouse, the polled table, the CDC
+// source, `tidemark status` and a few series of /metrics at addr.
+func (d *run) parts(cfg *config.Config, srcURL, addr string) error {
 	if err := d.history(); err != nil {
 		return err
 	}
-	clk.Set(at("2026-10-04 22:01"))
-	fmt.Fprintln(out, "The service clock follows the ingestion times of the worked example (UTC); after each step the")
-	fmt.Fprintln(out, "reconciler runs once and rebuilds the daily_sales partitions that the new rows touched:")
+	if err := d.workedExample(); err != nil {
+		return err
+	}
+	if err := d.show(); err != nil {
+		return err
+	}
+	if err := d.completeness(cfg); err != nil {
+		return err
+	}
+	src, err := pgxpool.New(d.ctx, srcURL)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	if err := d.pollPart(cfg, src); err != nil {
+		return err
+	}
+	if err := d.cdcPart(cfg, src); err != nil {
+		return err
+	}
+	if err := d.status(cfg); err != nil {
+		return err
+	}
+	return d.metrics(addr)
+}
+
+// workedExample replays the lesson's worked example, the service clock at
+// each event's ingestion time, with a reconcile run after each step.
+func (d *run) workedExample() error {
+	d.clk.Set(at("2026-10-04 22:01"))
+	fmt.Fprintln(d.out, "The service clock follows the ingestion times of the worked example (UTC); after each step the")
+	fmt.Fprintln(d.out, "reconciler runs once and rebuilds the daily_sales partitions that the new rows touched:")
 	steps := []struct {
 		clock string
 		what  string
@@ -193,8 +259,8 @@ aggregates:
 		{"2026-10-05 10:00", "nothing new arrives; the reconciler runs again", nil},
 	}
 	for _, s := range steps {
-		clk.Set(at(s.clock))
-		fmt.Fprintf(out, "  [%s] %s\n", s.clock, s.what)
+		d.clk.Set(at(s.clock))
+		fmt.Fprintf(d.out, "  [%s] %s\n", s.clock, s.what)
 		if err := d.produceAndWait(s.recs); err != nil {
 			return err
 		}
@@ -202,53 +268,25 @@ aggregates:
 			return err
 		}
 	}
-	fmt.Fprintln(out)
+	fmt.Fprintln(d.out)
+	return nil
+}
 
-	if err := d.show(); err != nil {
-		return err
-	}
-	if err := d.completeness(cfg); err != nil {
-		return err
-	}
-	src, err := pgxpool.New(ctx, pg.URL("app"))
+// status prints `tidemark status` as it reads now.
+func (d *run) status(cfg *config.Config) error {
+	rep, err := status.Gather(d.ctx, d.pool, cfg, kadm.NewClient(d.prod), d.clk.Now())
 	if err != nil {
 		return err
 	}
-	defer src.Close()
-	if err := d.pollPart(cfg, src); err != nil {
-		return err
-	}
-	if err := d.cdcPart(cfg, src); err != nil {
-		return err
-	}
-	rep, err := status.Gather(ctx, pool, cfg, kadm.NewClient(prod), clk.Now())
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "`tidemark status`:")
+	fmt.Fprintln(d.out, "`tidemark status`:")
 	var text strings.Builder
 	if err := rep.WriteText(&text); err != nil {
 		return err
 	}
 	for _, line := range strings.Split(strings.TrimRight(text.String(), "\n"), "\n") {
-		fmt.Fprintln(out, "  "+line)
+		fmt.Fprintln(d.out, "  "+line)
 	}
-	fmt.Fprintln(out)
-	if err := d.metrics(addr); err != nil {
-		return err
-	}
-	if opts.Serve {
-		fmt.Fprintf(out, "\nstatus page: http://%s/ (the partition grid, the lateness of app_events and the arrival curve of\n", addr)
-		fmt.Fprintln(out, "daily_sales, at the demo's clock); press Ctrl-C to stop.")
-		<-ctx.Done()
-	} else {
-		fmt.Fprintln(out, "\n`tidemark demo --serve` keeps the service running at the end, with its status page at /, until Ctrl-C.")
-	}
-	stopSvc()
-	if err := <-svcErr; err != nil {
-		return fmt.Errorf("service: %w", err)
-	}
-	fmt.Fprintln(out, "\ndone: the service committed its last batch, left the consumer group and stopped.")
+	fmt.Fprintln(d.out)
 	return nil
 }
 
