@@ -23,6 +23,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/clock"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/testenv"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -449,17 +450,17 @@ func TestKeyReconcileCollations(t *testing.T) {
 			var err error
 			if tc.srcICU {
 				if srcDSN, err = databaseWith(t, icu); err != nil {
-					t.Skipf("the server cannot create an ICU database: %v", err)
+					testenv.Missing(t, "ICU", "the server cannot create an ICU database: "+err.Error())
 				}
 			}
 			if tc.whICU {
 				if whDSN, err = databaseWith(t, icu); err != nil {
-					t.Skipf("the server cannot create an ICU database: %v", err)
+					testenv.Missing(t, "ICU", "the server cannot create an ICU database: "+err.Error())
 				}
 			}
 			e := newKeyEnv(t, srcDSN, whDSN)
 			if tc.column != "" && e.int(e.src, `SELECT count(*) FROM pg_collation WHERE collname = 'und-x-icu'`) == 0 {
-				t.Skip("the server has no ICU collations")
+				testenv.Missing(t, "ICU", "the server has no ICU collations")
 			}
 			e.srcExec(`CREATE TABLE src_sites (region text ` + tc.column + ` NOT NULL, id integer NOT NULL,
 				name text NOT NULL, updated_at timestamptz NOT NULL, PRIMARY KEY (` + cmp.Or(tc.pk, "region, id") + `))`)

@@ -29,6 +29,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/history"
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testenv"
 	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -405,10 +406,7 @@ func findChromium(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv("TIDEMARK_REQUIRE_CHROMIUM") != "" {
-		t.Fatal("no chromium on the PATH and TIDEMARK_REQUIRE_CHROMIUM is set (apt-get install chromium)")
-	}
-	t.Skip("no chromium on the PATH (apt-get install chromium)")
+	testenv.Missing(t, "CHROMIUM", "no chromium on the PATH (apt-get install chromium)")
 	return ""
 }
 

@@ -19,6 +19,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tidemark-dev/tidemark/internal/testenv"
 )
 
 // promQuery is a PromQL query of the dashboard or the rules, and where it
@@ -477,7 +479,7 @@ func checkSyntax(t *testing.T, queries []promQuery) {
 		t.Fatal(err)
 	}
 	if promtool == "" {
-		t.Skip("promtool not found: the queries' syntax is not checked (make lint and CI install it)")
+		testenv.Missing(t, "PROMTOOL", "promtool not found: the queries' syntax is not checked (make lint and CI install it)")
 	}
 	values := map[string]string{"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
 	var b strings.Builder

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testenv"
 )
 
 // TestKcatInterop is acceptance item 5: records produced by kcat, an
@@ -20,10 +20,7 @@ import (
 func TestKcatInterop(t *testing.T) {
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
-		if os.Getenv("TIDEMARK_REQUIRE_KCAT") != "" {
-			t.Fatal("kcat is required (TIDEMARK_REQUIRE_KCAT is set) but not installed: apt-get install kcat")
-		}
-		t.Skip("kcat not installed (apt-get install kcat); skipping the interoperability test")
+		testenv.Missing(t, "KCAT", "kcat is not installed (apt-get install kcat)")
 	}
 	b := setup(t, 2)
 	want := map[string]bool{}
