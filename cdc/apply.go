@@ -196,7 +196,7 @@ type group struct {
 	inflight *writing
 	staged   map[string]bool  // stages this group has used
 	ops      map[string]int64 // the group's changes by operation
-	buckets  map[time.Time]*bucket
+	ledger   raw.Ledger
 	// savepoints counts the savepoints of fresh rows this group has set:
 	// each may hold a subtransaction ID until the group ends.
 	savepoints int
@@ -215,11 +215,6 @@ type group struct {
 	done        chan struct{}
 	err         error
 	committedAt time.Time
-}
-
-type bucket struct {
-	rows     int64
-	min, max time.Time
 }
 
 // open reports whether a group is open.
@@ -274,7 +269,7 @@ func (a *applier) begin(ctx context.Context) error {
 	}
 	a.g = &group{conn: conn, tx: tx, ctx: gctx, release: func() { stop(); cancel() }, prev: a.last, done: make(chan struct{}),
 		pending: make([]change, 0, room),
-		staged:  map[string]bool{}, ops: map[string]int64{}, buckets: map[time.Time]*bucket{}, ingestedAt: ingestedAt}
+		staged:  map[string]bool{}, ops: map[string]int64{}, ingestedAt: ingestedAt}
 	a.last = a.g
 	return nil
 }
@@ -574,14 +569,7 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 		return err
 	}
 	for _, c := range changes {
-		h := c.commitTime.UTC().Truncate(time.Hour)
-		b := g.buckets[h]
-		if b == nil {
-			b = &bucket{min: c.commitTime, max: c.commitTime}
-			g.buckets[h] = b
-		}
-		b.rows++
-		b.min, b.max = minTime(b.min, c.commitTime), maxTime(b.max, c.commitTime)
+		g.ledger.Add(a.source, c.commitTime)
 	}
 	if err := a.waitPrev(ctx, g); err != nil {
 		return err
@@ -1210,23 +1198,7 @@ func (a *applier) ensurePartitions(ctx context.Context, changes []change) error 
 
 // ledger writes the group's ledger rows, one per UTC hour of commit time.
 func (a *applier) ledger(ctx context.Context, g *group) error {
-	if len(g.buckets) == 0 {
-		return nil
-	}
-	var (
-		sources     []string
-		hours       []time.Time
-		counts      []int64
-		mins, maxes []time.Time
-	)
-	for h, b := range g.buckets {
-		sources, hours, counts = append(sources, a.source), append(hours, h), append(counts, b.rows)
-		mins, maxes = append(mins, b.min), append(maxes, b.max)
-	}
-	if _, err := g.tx.Exec(ctx, raw.InsertLedgerSQL, g.ingestedAt, sources, hours, counts, mins, maxes); err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	return nil
+	return g.ledger.Write(ctx, g.tx, g.ingestedAt)
 }
 
 // close releases the applier's connections.
@@ -1242,16 +1214,3 @@ func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-func maxTime(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}

@@ -51,37 +51,21 @@ type deadLetter struct {
 	rec *kgo.Record
 }
 
-// sourceHour is one source's UTC hour of event time (unixHour).
-type sourceHour struct {
-	src  *source
-	hour int64
-}
-
-// hourRows tallies a batch's rows of one source and hour: what its ledger
-// row holds.
-type hourRows struct {
-	rows     int64
-	min, max time.Time
-}
-
 // batch is the unit of one warehouse transaction.
 type batch struct {
 	rows  []row
 	dead  []deadLetter
 	parts map[topicPartition]*partBatch
-	// hours tallies rows by source and hour as they are added, so that
+	// ledger counts rows by source and hour as they are added, so that
 	// the write finds the raw partitions and ledger rows it needs
-	// without a pass over the rows; last is the entry of the row added
-	// last (rows come in runs of one hour).
-	hours    map[sourceHour]*hourRows
-	last     sourceHour
-	lastRows *hourRows
-	bytes    int
-	started  time.Time
+	// without a pass over the rows.
+	ledger  raw.Ledger
+	bytes   int
+	started time.Time
 }
 
 func newBatch() *batch {
-	return &batch{parts: map[topicPartition]*partBatch{}, hours: map[sourceHour]*hourRows{}}
+	return &batch{parts: map[topicPartition]*partBatch{}}
 }
 
 func (b *batch) len() int { return len(b.rows) + len(b.dead) }
@@ -113,27 +97,7 @@ func (b *batch) add(src *source, r *kgo.Record, ev decode.Event, rej *decode.Rej
 		pb.maxEventTime = ev.Time
 	}
 	b.rows = append(b.rows, row{src: src, ev: ev, rec: r})
-	b.tally(src, ev.Time)
-}
-
-// tally counts one row of src at t in b.hours.
-func (b *batch) tally(src *source, t time.Time) {
-	k := sourceHour{src, raw.UnixHour(t)}
-	h := b.lastRows
-	if h == nil || k != b.last {
-		if h = b.hours[k]; h == nil {
-			h = &hourRows{min: t, max: t}
-			b.hours[k] = h
-		}
-		b.last, b.lastRows = k, h
-	}
-	h.rows++
-	if t.Before(h.min) {
-		h.min = t
-	}
-	if t.After(h.max) {
-		h.max = t
-	}
+	b.ledger.Add(src.name, ev.Time)
 }
 
 // drop removes every record of the given partitions from the batch.
@@ -161,11 +125,10 @@ func (b *batch) drop(tps map[topicPartition]bool) {
 		delete(b.parts, tp)
 	}
 	b.bytes = 0
-	clear(b.hours)
-	b.lastRows = nil
+	b.ledger.Reset()
 	for _, r := range b.rows {
 		b.bytes += recordBytes(r.rec)
-		b.tally(r.src, r.ev.Time)
+		b.ledger.Add(r.src.name, r.ev.Time)
 	}
 	for _, d := range b.dead {
 		b.bytes += recordBytes(d.rec)

@@ -199,11 +199,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		}
 		return res, err
 	}
-	inserted, hours := written(b, fresh)
+	inserted, ledger := written(b, fresh)
 	if err := w.copyDeadLetters(ctx, tx, append(append([]deadLetter(nil), b.dead...), rejected...), ingestedAt); err != nil {
 		return res, err
 	}
-	if err := w.storeLedgerAndOffsets(ctx, tx, b, hours, ingestedAt, inserted, rejected); err != nil {
+	if err := w.storeLedgerAndOffsets(ctx, tx, b, ledger, ingestedAt, inserted, rejected); err != nil {
 		return res, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -214,15 +214,17 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 }
 
 // ensurePartitions creates the raw partitions the batch's rows need.
-// Partitions begin on a UTC hour, so the start of each source's hours
-// stands for the rows in it.
+// Partitions begin on a UTC hour, so the start of each of a source's hours
+// in the batch's ledger stands for the rows in it.
 func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
-	bySource := map[*source][]time.Time{}
-	for k := range b.hours {
-		bySource[k.src] = append(bySource[k.src], time.Unix(k.hour*3600, 0).UTC())
-	}
-	for src, times := range bySource {
-		if err := src.raw.EnsurePartitions(ctx, w.conn, src.raw.Missing(times)); err != nil {
+	done := map[*source]bool{}
+	for _, pb := range b.parts {
+		src := pb.source
+		if done[src] {
+			continue
+		}
+		done[src] = true
+		if err := src.raw.EnsurePartitions(ctx, w.conn, src.raw.Missing(b.ledger.Hours(src.name))); err != nil {
 			return err
 		}
 	}
@@ -485,32 +487,32 @@ func classifyRowError(err error, src *source) error {
 // written counts the rows a write stored, fresh of batch b: per Kafka
 // partition, and per source and hour for the ledger. When every row was
 // stored these are the counts the batch kept as rows were added.
-func written(b *batch, fresh []*row) (map[topicPartition]int, map[sourceHour]*hourRows) {
+func written(b *batch, fresh []*row) (map[topicPartition]int, *raw.Ledger) {
 	inserted := map[topicPartition]int{}
 	if len(fresh) == len(b.rows) {
 		for tp, pb := range b.parts {
 			inserted[tp] = pb.good
 		}
-		return inserted, b.hours
+		return inserted, &b.ledger
 	}
-	tally := newBatch()
+	ledger := &raw.Ledger{}
 	for _, r := range fresh {
 		inserted[topicPartition{r.rec.Topic, r.rec.Partition}]++
-		tally.tally(r.src, r.ev.Time)
+		ledger.Add(r.src.name, r.ev.Time)
 	}
-	return inserted, tally.hours
+	return inserted, ledger
 }
 
-// storeLedgerAndOffsets writes the ledger rows (hours, as written counts
-// them) and the partitions' new positions, in one round trip.
-func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch, hours map[sourceHour]*hourRows, ingestedAt time.Time,
+// storeLedgerAndOffsets writes the ledger rows (as written counts them)
+// and the partitions' new positions, in one round trip.
+func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch, ledger *raw.Ledger, ingestedAt time.Time,
 	inserted map[topicPartition]int, rejected []deadLetter) error {
 	qb := &pgx.Batch{}
-	ledger := queueLedger(qb, hours, ingestedAt)
+	queued := ledger.Queue(qb, ingestedAt)
 	parts := w.queueOffsets(qb, b, ingestedAt, inserted, rejected)
 	br := tx.SendBatch(ctx, qb)
 	defer br.Close()
-	if ledger {
+	if queued {
 		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("write ledger: %w", err)
 		}
@@ -523,28 +525,6 @@ func (w *writer) storeLedgerAndOffsets(ctx context.Context, tx pgx.Tx, b *batch,
 		return fmt.Errorf("store offsets: %d of %d partitions' rows found; were rows of tidemark.kafka_offsets deleted while ingesting?", tag.RowsAffected(), parts)
 	}
 	return br.Close()
-}
-
-// queueLedger queues the ledger rows of the new rows, one per source and
-// UTC hour of event time (hours, as batch.tally counts them), and reports
-// whether there were any.
-func queueLedger(qb *pgx.Batch, hours map[sourceHour]*hourRows, ingestedAt time.Time) bool {
-	if len(hours) == 0 {
-		return false
-	}
-	var (
-		sources []string
-		starts  []time.Time
-		counts  []int64
-		mins    []time.Time
-		maxs    []time.Time
-	)
-	for k, h := range hours {
-		sources, starts, counts = append(sources, k.src.name), append(starts, time.Unix(k.hour*3600, 0).UTC()), append(counts, h.rows)
-		mins, maxs = append(mins, h.min), append(maxs, h.max)
-	}
-	qb.Queue(raw.InsertLedgerSQL, ingestedAt, sources, starts, counts, mins, maxs)
-	return true
 }
 
 func (w *writer) copyDeadLetters(ctx context.Context, tx pgx.Tx, dead []deadLetter, ingestedAt time.Time) error {

@@ -636,7 +636,7 @@ func (p *Poller) loadWindow(ctx context.Context, tx, stx pgx.Tx, hw pgtype.Times
 		maxRead    time.Time
 		fresh      int64      // rows newer than the stored watermark
 		cut        *time.Time // set once max_rows_per_run is reached
-		buckets    = ledgerBuckets{}
+		ledger     raw.Ledger
 		load, stmt = p.mergeChunk, p.mergeSQL()
 	)
 	if rep.Copied {
@@ -676,7 +676,7 @@ func (p *Poller) loadWindow(ctx context.Context, tx, stx pgx.Tx, hw pgtype.Times
 			rep.Chunks++
 			rep.Read += int64(len(chunk))
 			maxRead = chunk[len(chunk)-1].time
-			if err := load(ctx, tx, stmt, chunk, ingestedAt, rep, buckets); err != nil {
+			if err := load(ctx, tx, stmt, chunk, ingestedAt, rep, &ledger); err != nil {
 				return maxRead, err
 			}
 			p.wd.Touch()
@@ -690,7 +690,7 @@ func (p *Poller) loadWindow(ctx context.Context, tx, stx pgx.Tx, hw pgtype.Times
 	if rep.More {
 		rep.Upper = *cut
 	}
-	return maxRead, insertLedgerBuckets(ctx, tx, p.src.Name, buckets, ingestedAt)
+	return maxRead, ledger.Write(ctx, tx, ingestedAt)
 }
 
 // advance moves the watermark to maxRead, the newest updated_at read (if
@@ -935,7 +935,7 @@ var pollStageColumns = []string{"tidemark_key", "tidemark_time", "tidemark_delet
 // mergeChunk stages one chunk and merges it, creating the raw partitions
 // its event times need first (on another connection: DDL must not run in
 // the load transaction).
-func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *Report, buckets ledgerBuckets) error {
+func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *Report, ledger *raw.Ledger) error {
 	if err := p.ensurePartitions(ctx, chunk); err != nil {
 		return err
 	}
@@ -975,7 +975,7 @@ func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk [
 		case "delete":
 			rep.Deleted += n
 		}
-		buckets.add(bucket.Time, n, min.Time, max.Time)
+		ledger.AddHour(p.src.Name, bucket.Time, n, min.Time, max.Time)
 	}
 	if err := rows.Err(); err != nil {
 		return p.mergeError(err)
@@ -1021,7 +1021,7 @@ func (p *Poller) copySQL() string {
 // merge would write. A row already there (not possible while this poller
 // is the tables' only writer and the source key is unique) fails the run
 // with errCopyConflict, and it is repeated with the merge.
-func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *Report, buckets ledgerBuckets) error {
+func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []pollRow, ingestedAt time.Time, rep *Report, ledger *raw.Ledger) error {
 	if err := p.ensurePartitions(ctx, chunk); err != nil {
 		return err
 	}
@@ -1057,7 +1057,7 @@ func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []
 		} else {
 			rep.Inserted++
 		}
-		buckets.add(r.time.UTC().Truncate(time.Hour), 1, r.time, r.time)
+		ledger.Add(p.src.Name, r.time)
 	}
 	rep.Merged += int64(len(chunk))
 	return nil
@@ -1089,49 +1089,6 @@ func (p *Poller) mergeError(err error) error {
 		return fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
 	}
 	return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
-}
-
-// ledgerBuckets gathers a load's ledger rows by UTC hour of event time.
-type ledgerBuckets map[time.Time]*ledgerBucket
-
-type ledgerBucket struct {
-	rows     int64
-	min, max time.Time
-}
-
-func (b ledgerBuckets) add(hour time.Time, n int64, min, max time.Time) {
-	lb := b[hour]
-	if lb == nil {
-		b[hour] = &ledgerBucket{rows: n, min: min, max: max}
-		return
-	}
-	lb.rows += n
-	if min.Before(lb.min) {
-		lb.min = min
-	}
-	if max.After(lb.max) {
-		lb.max = max
-	}
-}
-
-func insertLedgerBuckets(ctx context.Context, tx pgx.Tx, source string, b ledgerBuckets, ingestedAt time.Time) error {
-	if len(b) == 0 {
-		return nil
-	}
-	var (
-		sources     []string
-		hours       []time.Time
-		counts      []int64
-		mins, maxes []time.Time
-	)
-	for h, lb := range b {
-		sources, hours, counts = append(sources, source), append(hours, h), append(counts, lb.rows)
-		mins, maxes = append(mins, lb.min), append(maxes, lb.max)
-	}
-	if _, err := tx.Exec(ctx, raw.InsertLedgerSQL, ingestedAt, sources, hours, counts, mins, maxes); err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	return nil
 }
 
 // Run polls on the source's interval until ctx ends, and returns nil. A
