@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
 )
 
 // Dead-letter reasons. They are stable: metrics, the dead_letters table and
@@ -47,8 +48,8 @@ type Rejection struct {
 
 // Decoder turns Kafka records of one source into events.
 type Decoder struct {
-	ptrs          []Pointer // the configured pointers, scanned in one pass
-	idIdx, tsIdx  int       // index of each pointer in ptrs, -1 when not configured
+	ptrs          []pgjson.Pointer // the configured pointers, scanned in one pass
+	idIdx, tsIdx  int              // index of each pointer in ptrs, -1 when not configured
 	idFallback    bool
 	timeFallback  bool
 	format        string
@@ -72,7 +73,7 @@ func NewDecoder(src *config.Source) (*Decoder, error) {
 		if f.text == "" {
 			continue
 		}
-		p, err := ParsePointer(f.text)
+		p, err := pgjson.ParsePointer(f.text)
 		if err != nil {
 			return nil, err
 		}
@@ -89,7 +90,7 @@ func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
 		return Event{}, &Rejection{ReasonInvalidJSON, "empty value"}
 	}
 	var found [2][]byte
-	if err := scanJSON(r.Value, d.ptrs, found[:len(d.ptrs)]); err != nil {
+	if err := pgjson.Scan(r.Value, d.ptrs, found[:len(d.ptrs)]); err != nil {
 		return Event{}, &Rejection{ReasonInvalidJSON, err.Error()}
 	}
 	ev := Event{Payload: r.Value}
@@ -147,7 +148,7 @@ func eventID(raw []byte) (string, error) {
 	var id string
 	switch c := raw[0]; {
 	case c == '"':
-		s, err := unquote(raw)
+		s, err := pgjson.Unquote(raw)
 		if err != nil {
 			return "", fmt.Errorf("event id: %w", err)
 		}
@@ -177,7 +178,7 @@ func parseTime(raw []byte, format string) (time.Time, error) {
 		if format == config.TimeUnixSeconds || format == config.TimeUnixMillis {
 			return time.Time{}, fmt.Errorf("event time %s is a string; event_time_format %s expects a number", truncate(raw, 40), format)
 		}
-		s, err := unquote(raw)
+		s, err := pgjson.Unquote(raw)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("event time: %w", err)
 		}

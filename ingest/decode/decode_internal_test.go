@@ -3,6 +3,7 @@ package decode
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,7 +102,7 @@ func TestDecode(t *testing.T) {
 		{name: "u0000", val: `{"id":"a","ts":"2026-10-05T09:00:00Z","x":"\u0000"}`, reason: ReasonInvalidJSON},
 		{name: "lone surrogate", val: `{"id":"a","ts":"2026-10-05T09:00:00Z","x":"\ud800"}`, reason: ReasonInvalidJSON},
 		{name: "invalid UTF-8", val: "{\"id\":\"a\xff\",\"ts\":\"2026-10-05T09:00:00Z\"}", reason: ReasonInvalidJSON},
-		{name: "too deep", val: `{"id":"a","ts":"2026-10-05T09:00:00Z","x":` + nest(300, "") + `}`, reason: ReasonInvalidJSON},
+		{name: "too deep", val: `{"id":"a","ts":"2026-10-05T09:00:00Z","x":` + strings.Repeat("[", 300) + strings.Repeat("]", 300) + `}`, reason: ReasonInvalidJSON},
 		{name: "invalid JSON wins over missing id", val: `{"x":`, reason: ReasonInvalidJSON},
 		{name: "invalid JSON with fallbacks", val: `{`, reason: ReasonInvalidJSON,
 			src: func(s *config.Source) {
@@ -491,7 +492,7 @@ func TestNewDecoder(t *testing.T) {
 			for _, p := range d.ptrs {
 				got = append(got, p.String())
 			}
-			if !equalSlices(got, tt.ptrs) {
+			if !slices.Equal(got, tt.ptrs) {
 				t.Errorf("pointers = %q, want %q", got, tt.ptrs)
 			}
 		})

@@ -1,4 +1,4 @@
-package decode
+package pgjson
 
 import (
 	"bytes"
@@ -11,18 +11,8 @@ import (
 	"unicode/utf8"
 )
 
-// maxDepth bounds object and array nesting.
-const maxDepth = 256
-
-// Limits of PostgreSQL's numeric type, which jsonb uses for numbers: at
-// most 131072 decimal digits before the point (weight below 131072) and
-// 16383 after it (display scale).
-const (
-	maxNumericWeight = 131071
-	maxNumericScale  = 16383
-	// maxExponent bounds exponents before any arithmetic on them.
-	maxExponent = 1 << 20
-)
+// MaxDepth bounds the object and array nesting that Scan takes.
+const MaxDepth = 256
 
 // Pointer is a compiled JSON pointer (RFC 6901).
 type Pointer struct {
@@ -73,28 +63,33 @@ func isArrayIndex(tok string) bool {
 // String returns the pointer text.
 func (p Pointer) String() string { return p.text }
 
-// errJSON marks a document that is not valid JSON or that jsonb would
+// ErrInvalid marks a document that is not valid JSON or that jsonb would
 // reject.
-var errJSON = errors.New("invalid JSON")
+var ErrInvalid = errors.New("invalid JSON")
 
-// scanJSON checks that doc is one JSON value that PostgreSQL's jsonb
+// Scan checks that doc is one JSON value that PostgreSQL's jsonb
 // accepts (valid UTF-8, no \u0000, paired surrogates, bounded nesting and
 // exponents) and stores in out[k] the raw bytes of the value that ptrs[k]
 // names, or nil when the document has no such value. Like jsonb, it lets
 // the last of duplicate object keys win. One pass, no allocation on the
 // common path.
-func scanJSON(doc []byte, ptrs []Pointer, out [][]byte) error {
+func Scan(doc []byte, ptrs []Pointer, out [][]byte) error {
 	if len(ptrs) > 64 {
-		return errors.New("scanJSON: too many pointers")
+		return errors.New("pgjson.Scan: too many pointers")
 	}
 	for k := range out {
 		out[k] = nil
 	}
-	s := scanner{b: doc, ptrs: ptrs, out: out}
+	s := scanner{b: doc, ptrs: ptrs, out: out, maxDepth: MaxDepth}
 	var alive uint64
 	for k := range ptrs {
 		alive |= 1 << k
 	}
+	return s.document(alive)
+}
+
+// document scans the whole of s.b as one JSON value.
+func (s *scanner) document(alive uint64) error {
 	if err := s.value(0, alive); err != nil {
 		return err
 	}
@@ -109,12 +104,14 @@ type scanner struct {
 	b     []byte
 	i     int
 	depth int
-	ptrs  []Pointer
-	out   [][]byte
+	// maxDepth bounds the nesting; below zero it is not bounded.
+	maxDepth int
+	ptrs     []Pointer
+	out      [][]byte
 }
 
 func (s *scanner) fail(format string, args ...any) error {
-	return fmt.Errorf("%w at byte %d: %s", errJSON, s.i, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w at byte %d: %s", ErrInvalid, s.i, fmt.Sprintf(format, args...))
 }
 
 func (s *scanner) ws() {
@@ -171,8 +168,8 @@ func (s *scanner) value(level int, alive uint64) error {
 
 func (s *scanner) enter() error {
 	s.depth++
-	if s.depth > maxDepth {
-		return s.fail("nesting deeper than %d", maxDepth)
+	if s.maxDepth >= 0 && s.depth > s.maxDepth {
+		return s.fail("nesting deeper than %d", s.maxDepth)
 	}
 	s.i++
 	return nil
@@ -424,32 +421,50 @@ func (s *scanner) number() error {
 		if s.digits() == 0 {
 			return s.fail("invalid number: digits must follow the exponent")
 		}
-		for _, c := range s.b[start:s.i] {
-			exp = exp*10 + int(c-'0')
-			if exp > maxExponent {
-				return s.fail("number out of range for PostgreSQL")
-			}
+		for start < s.i-1 && s.b[start] == '0' {
+			start++
 		}
+		if s.i-start > 10 {
+			return s.fail("number out of range for PostgreSQL")
+		}
+		e := 0
+		for _, c := range s.b[start:s.i] {
+			e = e*10 + int(c-'0')
+		}
+		if e >= maxExponent {
+			return s.fail("number out of range for PostgreSQL")
+		}
+		exp = e
 		if neg {
-			exp = -exp
+			exp = -e
 		}
 	}
-	if len(fracPart)-exp > maxNumericScale {
+	if len(fracPart)-exp > maxDscale {
 		return s.fail("number has more digits after the point than PostgreSQL can store")
 	}
-	// Weight of the first significant digit: its power of ten.
-	weight, zero := 0, true
+	// The decimal exponent of the first digit that is not zero gives the
+	// weight, in base-10000 digits; zero has weight 0 whatever its
+	// exponent.
+	pos, zero := 0, true
 	if intPart[0] != '0' {
-		weight, zero = len(intPart)-1, false
+		pos, zero = len(intPart)-1, false
 	} else {
 		for i, c := range fracPart {
 			if c != '0' {
-				weight, zero = -(i + 1), false
+				pos, zero = -(i + 1), false
 				break
 			}
 		}
 	}
-	if !zero && weight+exp > maxNumericWeight {
+	if zero {
+		return nil
+	}
+	pos += exp
+	weight := pos / 4
+	if pos < 0 && pos%4 != 0 {
+		weight--
+	}
+	if weight > maxWeight || weight < minWeight {
 		return s.fail("number too large for PostgreSQL")
 	}
 	return nil
@@ -476,8 +491,9 @@ func keyEquals(raw []byte, escaped bool, token string) bool {
 	return k == token
 }
 
-// unquote returns the text of a raw JSON string token.
-func unquote(raw []byte) (string, error) {
+// Unquote returns the text of a raw JSON string token, such as a value
+// Scan found.
+func Unquote(raw []byte) (string, error) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
 		return "", errors.New("not a string")
 	}

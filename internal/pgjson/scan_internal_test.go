@@ -1,4 +1,4 @@
-package decode
+package pgjson
 
 import (
 	"bytes"
@@ -38,7 +38,7 @@ func mustPointers(t testing.TB, texts ...string) []Pointer {
 	return ptrs
 }
 
-// scan runs scanJSON with the given pointers, starting from an out slice
+// scan runs Scan with the given pointers, starting from an out slice
 // full of stale bytes so that a value left over from earlier use shows up.
 func scan(t testing.TB, doc string, texts ...string) ([][]byte, error) {
 	t.Helper()
@@ -47,11 +47,11 @@ func scan(t testing.TB, doc string, texts ...string) ([][]byte, error) {
 	for k := range out {
 		out[k] = []byte("stale")
 	}
-	err := scanJSON([]byte(doc), ptrs, out)
+	err := Scan([]byte(doc), ptrs, out)
 	return out, err
 }
 
-func TestScanJSONValidity(t *testing.T) {
+func TestScanValidity(t *testing.T) {
 	tests := []struct {
 		name string
 		doc  string
@@ -243,30 +243,30 @@ func TestScanJSONValidity(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := scanJSON([]byte(tt.doc), nil, nil)
+			err := Scan([]byte(tt.doc), nil, nil)
 			switch {
 			case tt.ok && err != nil:
-				t.Errorf("scanJSON(%.60q) = %v, want nil", tt.doc, err)
+				t.Errorf("Scan(%.60q) = %v, want nil", tt.doc, err)
 			case !tt.ok && err == nil:
-				t.Errorf("scanJSON(%.60q) = nil, want an error", tt.doc)
-			case !tt.ok && !errors.Is(err, errJSON):
-				t.Errorf("scanJSON(%.60q) = %v, want an error wrapping errJSON", tt.doc, err)
+				t.Errorf("Scan(%.60q) = nil, want an error", tt.doc)
+			case !tt.ok && !errors.Is(err, ErrInvalid):
+				t.Errorf("Scan(%.60q) = %v, want an error wrapping ErrInvalid", tt.doc, err)
 			}
 			// With or without pointers the verdict is the same.
-			err2 := scanJSON([]byte(tt.doc), mustPointers(t, "/a", "/0/0"), make([][]byte, 2))
+			err2 := Scan([]byte(tt.doc), mustPointers(t, "/a", "/0/0"), make([][]byte, 2))
 			if (err == nil) != (err2 == nil) {
-				t.Errorf("scanJSON(%.60q): %v without pointers but %v with pointers", tt.doc, err, err2)
+				t.Errorf("Scan(%.60q): %v without pointers but %v with pointers", tt.doc, err, err2)
 			}
 		})
 	}
 }
 
-// TestScanJSONNumberRange checks numbers that are valid JSON but that
+// TestScanNumberRange checks numbers that are valid JSON but that
 // PostgreSQL's numeric type, and therefore jsonb, cannot hold: jsonb
 // accepts at most 131072 digits before the decimal point and a display
 // scale of at most 16383 (digits after the point, less the exponent).
 // The verdicts were checked against PostgreSQL 15 ('…'::jsonb).
-func TestScanJSONNumberRange(t *testing.T) {
+func TestScanNumberRange(t *testing.T) {
 	tests := []struct {
 		name string
 		doc  string
@@ -285,23 +285,26 @@ func TestScanJSONNumberRange(t *testing.T) {
 		{"largest weight", `9.9e131071`, true},
 		{"weight beyond the limit", `10e131071`, false},
 		{"zero with a huge exponent", `0e200000`, true},
+		{"zero with an exponent just inside numeric's limit", `0e1073741822`, true},
+		{"an exponent at numeric's limit", `0e1073741823`, false},
+		{"an exponent written with leading zeros", `1e-0000000000000000000001`, true},
 		{"leading fraction zeros lower the weight", `0.0001e131074`, true},
 		{"fraction shifted into range", `0.05e-16381`, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := scanJSON([]byte(tt.doc), nil, nil)
+			err := Scan([]byte(tt.doc), nil, nil)
 			if tt.ok && err != nil {
-				t.Errorf("scanJSON(%.40q…) = %v, want nil", tt.doc, err)
+				t.Errorf("Scan(%.40q…) = %v, want nil", tt.doc, err)
 			}
 			if !tt.ok && err == nil {
-				t.Errorf("scanJSON(%.40q…) = nil, want an error: jsonb rejects it (value overflows numeric format)", tt.doc)
+				t.Errorf("Scan(%.40q…) = nil, want an error: jsonb rejects it (value overflows numeric format)", tt.doc)
 			}
 		})
 	}
 }
 
-func TestScanJSONPointers(t *testing.T) {
+func TestScanPointers(t *testing.T) {
 	tests := []struct {
 		name string
 		doc  string
@@ -415,7 +418,7 @@ func TestScanJSONPointers(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			out, err := scan(t, tt.doc, tt.ptrs...)
 			if err != nil {
-				t.Fatalf("scanJSON(%.60q): %v", tt.doc, err)
+				t.Fatalf("Scan(%.60q): %v", tt.doc, err)
 			}
 			for k, want := range tt.want {
 				got := absent
@@ -423,25 +426,25 @@ func TestScanJSONPointers(t *testing.T) {
 					got = string(out[k])
 				}
 				if got != want {
-					t.Errorf("scanJSON(%.60q) pointer %q = %.60q, want %.60q", tt.doc, tt.ptrs[k], got, want)
+					t.Errorf("Scan(%.60q) pointer %q = %.60q, want %.60q", tt.doc, tt.ptrs[k], got, want)
 				}
 			}
 		})
 	}
 }
 
-// TestScanJSONResetsOut checks that results from an earlier document do not
+// TestScanResetsOut checks that results from an earlier document do not
 // survive into the next one.
-func TestScanJSONResetsOut(t *testing.T) {
+func TestScanResetsOut(t *testing.T) {
 	ptrs := mustPointers(t, "/a", "/b")
 	out := make([][]byte, 2)
-	if err := scanJSON([]byte(`{"a":1,"b":2}`), ptrs, out); err != nil {
+	if err := Scan([]byte(`{"a":1,"b":2}`), ptrs, out); err != nil {
 		t.Fatal(err)
 	}
 	if string(out[0]) != "1" || string(out[1]) != "2" {
 		t.Fatalf("first scan: got %q, %q", out[0], out[1])
 	}
-	if err := scanJSON([]byte(`{"c":3}`), ptrs, out); err != nil {
+	if err := Scan([]byte(`{"c":3}`), ptrs, out); err != nil {
 		t.Fatal(err)
 	}
 	if out[0] != nil || out[1] != nil {
@@ -449,7 +452,7 @@ func TestScanJSONResetsOut(t *testing.T) {
 	}
 }
 
-func TestScanJSONPointerCount(t *testing.T) {
+func TestScanPointerCount(t *testing.T) {
 	texts := make([]string, 65)
 	doc := make([]string, 65)
 	for i := range texts {
@@ -461,7 +464,7 @@ func TestScanJSONPointerCount(t *testing.T) {
 	// 64 pointers: all extracted, the last one too.
 	ptrs := mustPointers(t, texts[:64]...)
 	out := make([][]byte, 64)
-	if err := scanJSON(body, ptrs, out); err != nil {
+	if err := Scan(body, ptrs, out); err != nil {
 		t.Fatalf("64 pointers: %v", err)
 	}
 	for i, v := range out {
@@ -472,7 +475,7 @@ func TestScanJSONPointerCount(t *testing.T) {
 
 	// 65 pointers: refused.
 	ptrs = mustPointers(t, texts...)
-	if err := scanJSON(body, ptrs, make([][]byte, 65)); err == nil {
+	if err := Scan(body, ptrs, make([][]byte, 65)); err == nil {
 		t.Errorf("65 pointers: got nil error")
 	}
 }
@@ -590,22 +593,22 @@ func TestUnquote(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.raw, func(t *testing.T) {
-			got, err := unquote([]byte(tt.raw))
+			got, err := Unquote([]byte(tt.raw))
 			if tt.bad {
 				if err == nil {
-					t.Errorf("unquote(%q) = %q, want an error", tt.raw, got)
+					t.Errorf("Unquote(%q) = %q, want an error", tt.raw, got)
 				}
 				return
 			}
 			if err != nil || got != tt.want {
-				t.Errorf("unquote(%q) = %q, %v, want %q", tt.raw, got, err, tt.want)
+				t.Errorf("Unquote(%q) = %q, %v, want %q", tt.raw, got, err, tt.want)
 			}
 		})
 	}
 }
 
 // jsonbSafe reports whether a document that encoding/json accepts must
-// also be accepted by scanJSON: valid UTF-8, no \u0000, no unpaired
+// also be accepted by Scan: valid UTF-8, no \u0000, no unpaired
 // surrogate escape, nesting of at most maxDepth and numbers well inside
 // what PostgreSQL's numeric holds (short, with small exponents). doc must
 // already be valid JSON.
@@ -618,7 +621,7 @@ func jsonbSafe(doc []byte) bool {
 		switch c := doc[i]; {
 		case c == '[' || c == '{':
 			depth++
-			if depth > maxDepth {
+			if depth > MaxDepth {
 				return false
 			}
 			i++
@@ -748,11 +751,11 @@ func compact(t *testing.T, raw []byte) string {
 	return b.String()
 }
 
-// FuzzScanJSON checks the scanner that reads event ids and times out of
+// FuzzScan checks the scanner that reads event ids and times out of
 // Kafka message values: it accepts exactly the documents encoding/json
-// accepts (and jsonb can store), refuses the others with errJSON, and
+// accepts (and jsonb can store), refuses the others with ErrInvalid, and
 // finds at a pointer what a full decode finds there.
-func FuzzScanJSON(f *testing.F) {
+func FuzzScan(f *testing.F) {
 	seeds := []struct {
 		doc        string
 		key1, key2 string
@@ -792,38 +795,38 @@ func FuzzScanJSON(f *testing.F) {
 		p2 := p1 + "/" + escapeToken(key2)
 		ptrs := mustPointers(t, p1, p2)
 		out := make([][]byte, 2)
-		err := scanJSON(doc, ptrs, out)
+		err := Scan(doc, ptrs, out)
 		valid := json.Valid(doc)
 
 		if err == nil && !valid {
-			t.Fatalf("scanJSON accepts %q but encoding/json does not", doc)
+			t.Fatalf("Scan accepts %q but encoding/json does not", doc)
 		}
 		if err != nil {
-			if !errors.Is(err, errJSON) {
-				t.Fatalf("scanJSON(%q) = %v, want an errJSON error", doc, err)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Scan(%q) = %v, want an ErrInvalid error", doc, err)
 			}
 			if valid && jsonbSafe(doc) {
-				t.Fatalf("scanJSON rejects %q, valid JSON that jsonb accepts: %v", doc, err)
+				t.Fatalf("Scan rejects %q, valid JSON that jsonb accepts: %v", doc, err)
 			}
 			return
 		}
 		// Accepted documents obey the jsonb rules (numbers aside).
 		if !utf8.Valid(doc) {
-			t.Fatalf("scanJSON accepts invalid UTF-8 in %q", doc)
+			t.Fatalf("Scan accepts invalid UTF-8 in %q", doc)
 		}
 		if !jsonbSafe(doc) && !hasBigNumber(doc) {
-			t.Fatalf("scanJSON accepts %q, which jsonb would reject", doc)
+			t.Fatalf("Scan accepts %q, which jsonb would reject", doc)
 		}
 
 		for k, tokens := range [][]string{{key1}, {key1, key2}} {
 			want, ok := lookupJSON(doc, tokens)
 			switch {
 			case !ok && out[k] != nil:
-				t.Fatalf("scanJSON(%q) %s = %q, encoding/json finds nothing", doc, ptrs[k], out[k])
+				t.Fatalf("Scan(%q) %s = %q, encoding/json finds nothing", doc, ptrs[k], out[k])
 			case ok && out[k] == nil:
-				t.Fatalf("scanJSON(%q) %s = nothing, encoding/json finds %q", doc, ptrs[k], want)
+				t.Fatalf("Scan(%q) %s = nothing, encoding/json finds %q", doc, ptrs[k], want)
 			case ok && compact(t, out[k]) != compact(t, want):
-				t.Fatalf("scanJSON(%q) %s = %q, encoding/json finds %q", doc, ptrs[k], out[k], want)
+				t.Fatalf("Scan(%q) %s = %q, encoding/json finds %q", doc, ptrs[k], out[k], want)
 			}
 		}
 	})
