@@ -133,7 +133,7 @@ WHERE id = $1`
 // early, chunks not finished stay pending and the run is recorded as
 // interrupted. d must be prepared (aggregate.Prepare).
 func Run(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r Range, opts Options) (*Report, error) {
-	opts = withDefaults(opts)
+	opts = opts.withDefaults()
 	if !d.Prepared() {
 		return nil, fmt.Errorf("backfill %s: %w", d.Name, aggregate.ErrNotPrepared)
 	}
@@ -427,7 +427,8 @@ func rebuildChunk(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definiti
 	return rows, checks, nil
 }
 
-func withDefaults(o Options) Options {
+// withDefaults fills the options left empty.
+func (o Options) withDefaults() Options {
 	if o.Kind == "" {
 		o.Kind = "backfill"
 	}

@@ -1213,4 +1213,3 @@ func (a *applier) close(ctx context.Context) {
 func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-

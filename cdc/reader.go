@@ -100,35 +100,40 @@ type Reader struct {
 	keep time.Duration
 }
 
+// withDefaults fills the options left empty.
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.GroupChanges <= 0 {
+		o.GroupChanges = 10000
+	}
+	if o.GroupAge <= 0 {
+		o.GroupAge = 100 * time.Millisecond
+	}
+	if o.ChunkChanges <= 0 {
+		o.ChunkChanges = 10000
+	}
+	return o
+}
+
 // New returns the reader of the CDC source called name.
 func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Reader, error) {
 	src := cfg.Sources[name]
 	if src == nil || src.CDC == nil {
 		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
 	}
-	r := &Reader{src: src, pool: pool, log: opts.Logger, now: opts.Now, opts: opts, raw: raw.NewChangeTable(name, src.RawPartition),
+	opts = opts.withDefaults()
+	r := &Reader{src: src, pool: pool, log: opts.Logger.With("source", name), now: opts.Now, opts: opts, raw: raw.NewChangeTable(name, src.RawPartition),
 		step: cfg.Warehouse.WriteTimeout.D()}
 	r.keep = r.step / 4
 	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.D(); idle > 0 {
 		r.keep = min(r.step, idle) / 4
 	}
-	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
-	}
-	r.log = r.log.With("source", name)
 	r.raw.Log = r.log
-	if r.now == nil {
-		r.now = time.Now
-	}
-	if r.opts.GroupChanges <= 0 {
-		r.opts.GroupChanges = 10000
-	}
-	if r.opts.GroupAge <= 0 {
-		r.opts.GroupAge = 100 * time.Millisecond
-	}
-	if r.opts.ChunkChanges <= 0 {
-		r.opts.ChunkChanges = 10000
-	}
 	for _, t := range src.CDC.Tables {
 		s, n := config.SplitTable(t)
 		r.specs = append(r.specs, pgx.Identifier{s, n})

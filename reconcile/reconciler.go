@@ -48,17 +48,22 @@ type Reconciler struct {
 	exported map[string]map[string]bool // completeness series per aggregate
 }
 
+// withDefaults fills the options left empty.
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
 // New builds a Reconciler for every aggregate of cfg.
 func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Reconciler, error) {
-	r := &Reconciler{cfg: cfg, pool: pool, log: opts.Logger, now: opts.Now, defs: map[string]*aggregate.Definition{},
+	opts = opts.withDefaults()
+	r := &Reconciler{cfg: cfg, pool: pool, log: opts.Logger.With("component", "reconcile"), now: opts.Now, defs: map[string]*aggregate.Definition{},
 		after: opts.AfterClaim, exported: map[string]map[string]bool{}, prepared: map[string]bool{}}
-	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
-	}
-	r.log = r.log.With("component", "reconcile")
-	if r.now == nil {
-		r.now = time.Now
-	}
 	policies := map[string]string{}
 	for _, name := range cfg.AggregateNames() {
 		d, err := aggregate.FromConfig(cfg, name)

@@ -106,14 +106,8 @@ func (p *Pruner) view(ctx context.Context, conn *pgx.Conn) (view, error) {
 
 // New returns the pruner of cfg.
 func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Pruner, error) {
-	p := &Pruner{cfg: cfg, pool: pool, log: opts.Logger, now: opts.Now, aggs: map[string]*aggregate.Definition{}}
-	if p.log == nil {
-		p.log = slog.New(slog.DiscardHandler)
-	}
-	p.log = p.log.With("component", "prune")
-	if p.now == nil {
-		p.now = time.Now
-	}
+	opts = opts.withDefaults()
+	p := &Pruner{cfg: cfg, pool: pool, log: opts.Logger.With("component", "prune"), now: opts.Now, aggs: map[string]*aggregate.Definition{}}
 	for _, name := range cfg.AggregateNames() {
 		d, err := aggregate.FromConfig(cfg, name)
 		if err != nil {
@@ -121,12 +115,22 @@ func New(cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Pruner, error) 
 		}
 		p.aggs[name] = d
 	}
-	reg := opts.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	p.m = newMetrics(reg)
+	p.m = newMetrics(opts.Registerer)
 	return p, nil
+}
+
+// withDefaults fills the options left empty.
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer == nil {
+		o.Registerer = prometheus.NewRegistry()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
 }
 
 // Report is what a run removed, or with DryRun would remove.

@@ -90,9 +90,24 @@ type Ingester struct {
 	commits *committer
 }
 
+// withDefaults fills the options left empty.
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.ShutdownGrace == 0 {
+		o.ShutdownGrace = 30 * time.Second
+	}
+	return o
+}
+
 // New builds an Ingester for the Kafka sources of cfg. It does not connect
 // to anything until Run.
 func New(cfg *config.Config, opts Options) (*Ingester, error) {
+	opts = opts.withDefaults()
 	in := &Ingester{
 		cfg:       cfg,
 		log:       opts.Logger,
@@ -106,17 +121,8 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		afterSeek: opts.afterSeek,
 		retry:     backoff.Backoff{First: retryFirst, Max: retryMax, Jitter: 0.5},
 	}
-	if in.log == nil {
-		in.log = slog.New(slog.DiscardHandler)
-	}
 	in.klog = newKafkaLog(in.log.With("component", "kafka"), opts.kafkaLogEvery)
 	in.log = in.log.With("component", "ingest")
-	if in.now == nil {
-		in.now = time.Now
-	}
-	if in.grace == 0 {
-		in.grace = 30 * time.Second
-	}
 	var topics, names []string
 	for _, name := range cfg.SourceNames() {
 		sc := cfg.Sources[name]

@@ -218,20 +218,11 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Po
 	if err != nil {
 		return nil, err
 	}
+	opts = opts.withDefaults()
 	p := &Poller{src: src, table: t, raw: raw.NewChangeTable(name, src.RawPartition), pool: pool,
-		log: opts.Logger, now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.WriteTimeout.D()}
-	if p.log == nil {
-		p.log = slog.New(slog.DiscardHandler)
-	}
-	p.raw.Log = p.log
-	if p.now == nil {
-		p.now = time.Now
-	}
-	p.log = p.log.With("source", name)
-	p.progress = opts.Progress
-	if p.progress == nil {
-		p.progress = progress.Service(progress.DefaultEvery)
-	}
+		log: opts.Logger.With("source", name), now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.WriteTimeout.D(),
+		progress: opts.Progress}
+	p.raw.Log = opts.Logger
 	p.m.register(name, p.now)
 	return p, nil
 }
@@ -1089,6 +1080,20 @@ func (p *Poller) mergeError(err error) error {
 		return fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
 	}
 	return fmt.Errorf("merge into %s: %w", p.table.Target.Sanitize(), err)
+}
+
+// withDefaults fills the options left empty.
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Progress == nil {
+		o.Progress = progress.Service(progress.DefaultEvery)
+	}
+	return o
 }
 
 // Run polls on the source's interval until ctx ends, and returns nil. A
