@@ -1,0 +1,158 @@
+package main
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// module is the import path of this module.
+const module = "github.com/tidemark-dev/tidemark"
+
+// goFile is one non-test Go file of the module, parsed.
+type goFile struct {
+	dir  string // relative to the module root, slash-separated
+	path string
+	ast  *ast.File
+}
+
+// moduleFiles parses every non-test Go file of the module.
+func moduleFiles(t *testing.T) []goFile {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var files []goFile
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		files = append(files, goFile{dir: filepath.ToSlash(rel), path: path, ast: f})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 50 {
+		t.Fatalf("found %d Go files under %s: not the module root", len(files), root)
+	}
+	return files
+}
+
+// imports lists the module's own packages that f imports, relative to the
+// module root ("raw", "internal/pgerr").
+func (f goFile) imports() []string {
+	var out []string
+	for _, imp := range f.ast.Imports {
+		p, _ := strconv.Unquote(imp.Path.Value)
+		if rel, ok := strings.CutPrefix(p, module+"/"); ok {
+			out = append(out, rel)
+		}
+	}
+	return out
+}
+
+func under(dir, prefix string) bool { return dir == prefix || strings.HasPrefix(dir, prefix+"/") }
+
+// layoutRules are the import rules of the package layout: a package in
+// dir (or below it) must not import a package that forbidden reports.
+var layoutRules = []struct {
+	dir       string
+	why       string
+	forbidden func(imp string) bool
+}{
+	{"internal", "internal/ holds leaf libraries and test harnesses only",
+		func(imp string) bool { return !under(imp, "internal") }},
+	{"ingest/decode", "a decoder knows nothing of how records arrive",
+		func(imp string) bool { return under(imp, "ingest") && imp != "ingest/decode" }},
+	{"ingest/kafka", "each way in is a package of its own",
+		func(imp string) bool { return under(imp, "ingest/poll") }},
+	{"ingest/poll", "each way in is a package of its own",
+		func(imp string) bool { return under(imp, "ingest/kafka") || under(imp, "ingest/decode") }},
+	{"raw", "the raw-table API lives apart from the ways in",
+		func(imp string) bool { return under(imp, "ingest") || under(imp, "cdc") }},
+	{"reconcile", "reconcile holds aggregates only; key reconciliation is in mirror",
+		func(imp string) bool { return imp == "mirror" }},
+	{"mirror", "mirrors know nothing of aggregates",
+		func(imp string) bool { return imp == "reconcile" || imp == "aggregate" }},
+}
+
+// TestPackageLayout: the package layout's import rules hold.
+func TestPackageLayout(t *testing.T) {
+	for _, f := range moduleFiles(t) {
+		for _, rule := range layoutRules {
+			if !under(f.dir, rule.dir) {
+				continue
+			}
+			for _, imp := range f.imports() {
+				if rule.forbidden(imp) {
+					t.Errorf("%s imports %s: %s", f.path, imp, rule.why)
+				}
+			}
+		}
+	}
+}
+
+// TestSQLSTATEThroughClassifier: outside internal/pgerr, no code compares
+// an error's SQLSTATE (a .Code field) with a string literal; the
+// classifier's named constants say what a code means.
+func TestSQLSTATEThroughClassifier(t *testing.T) {
+	isCode := func(e ast.Expr) bool {
+		s, ok := e.(*ast.SelectorExpr)
+		return ok && s.Sel.Name == "Code"
+	}
+	isString := func(e ast.Expr) bool {
+		l, ok := e.(*ast.BasicLit)
+		return ok && l.Kind == token.STRING
+	}
+	for _, f := range moduleFiles(t) {
+		if under(f.dir, "internal/pgerr") {
+			continue
+		}
+		ast.Inspect(f.ast, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.BinaryExpr:
+				if (n.Op == token.EQL || n.Op == token.NEQ) &&
+					(isCode(n.X) && isString(n.Y) || isString(n.X) && isCode(n.Y)) {
+					t.Errorf("%s: an error code compared with a literal; use internal/pgerr", f.path)
+				}
+			case *ast.SwitchStmt:
+				if n.Tag == nil || !isCode(n.Tag) {
+					return true
+				}
+				for _, c := range n.Body.List {
+					for _, v := range c.(*ast.CaseClause).List {
+						if isString(v) {
+							t.Errorf("%s: a switch on an error code has a literal case; use internal/pgerr", f.path)
+						}
+					}
+				}
+			}
+			return true
+		})
+	}
+}
