@@ -2321,3 +2321,110 @@ func TestDocsLinks(t *testing.T) {
 		}
 	}
 }
+
+// ---------------------------------------------------------------------
+// The deploy example.
+
+// commentedKeyRe matches a commented-out key or list item of
+// deploy/tidemark.example.yaml: the "#" stands where the key would be
+// indented, one space follows it.
+var commentedKeyRe = regexp.MustCompile(`^(\s*)# ?(\s*(?:- |[a-z_][a-z0-9_]*:(?:\s|$)).*)$`)
+
+// TestDeployExampleNamesEveryKey checks that deploy/tidemark.example.yaml
+// shows every key of config.Keys, set or commented out, that it names no
+// other key, and that a key with a default shows it: as its value or as
+// "default X" in its comment, at one place at least. That the file
+// parses as it stands is checked by config's
+// TestDocumentedExamplesParse; here it is parsed with config.Parse too,
+// with every secret from the environment.
+func TestDeployExampleNamesEveryKey(t *testing.T) {
+	root := repoRoot(t)
+	const file = "deploy/tidemark.example.yaml"
+	b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(file)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(name string) (string, bool) {
+		if strings.HasSuffix(name, "DATABASE_URL") {
+			return "postgres://tidemark@db.example.com/warehouse", true
+		}
+		return "secret", true
+	}
+	if _, err := config.Parse(file, b, env); err != nil {
+		t.Errorf("%s: %v", file, err)
+	}
+	// Uncomment the commented-out keys, keeping the line numbers.
+	raw := strings.Split(string(b), "\n")
+	lines := slices.Clone(raw)
+	for i, l := range lines {
+		if m := commentedKeyRe.FindStringSubmatch(l); m != nil {
+			lines[i] = m[1] + m[2]
+		}
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(strings.Join(lines, "\n")), &doc); err != nil {
+		t.Fatalf("%s, its commented-out keys uncommented: %v", file, err)
+	}
+	keys := config.Keys()
+	// match is the pattern of config.Keys that the path segs is, or
+	// begins, with <name> matching any map key.
+	match := func(segs []string, whole bool) string {
+		for _, k := range keys {
+			p := strings.Split(k.Path, ".")
+			if len(p) < len(segs) || whole && len(p) != len(segs) {
+				continue
+			}
+			ok := true
+			for i, s := range segs {
+				ok = ok && (p[i] == s || p[i] == "<name>")
+			}
+			if ok {
+				return strings.Join(p[:len(segs)], ".")
+			}
+		}
+		return ""
+	}
+	shown := map[string][]int{} // pattern → lines
+	var walk func(n *yaml.Node, segs []string)
+	walk = func(n *yaml.Node, segs []string) {
+		if n.Kind != yaml.MappingNode {
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			path := append(segs[:len(segs):len(segs)], k.Value)
+			p := match(path, false)
+			if p == "" {
+				t.Errorf("%s:%d: %s is not a configuration key", file, k.Line, strings.Join(path, "."))
+				continue
+			}
+			if whole := match(path, true); whole != "" {
+				shown[whole] = append(shown[whole], k.Line)
+				continue
+			}
+			walk(v, path)
+		}
+	}
+	walk(doc.Content[0], nil)
+	for _, k := range keys {
+		at, ok := shown[k.Path]
+		if !ok {
+			t.Errorf("%s: the key %s is not shown; its row:\n%s", file, k.Path, keyRow(k.Path, k))
+			continue
+		}
+		if k.Default == "" {
+			continue
+		}
+		found := false
+		for _, l := range at {
+			text := raw[l-1]
+			_, value, _ := strings.Cut(text, ":")
+			value, comment, _ := strings.Cut(value, "#")
+			found = found || strings.TrimSpace(value) == k.Default || strings.Contains(comment, "default "+k.Default)
+		}
+		if !found {
+			t.Errorf("%s:%d: the key %s does not show its default: give it the value %s or say \"default %s\" in its comment",
+				file, at[0], k.Path, k.Default, k.Default)
+		}
+	}
+}
