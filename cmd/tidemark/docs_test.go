@@ -1419,9 +1419,9 @@ func tableKeys(t *testing.T, d *mdDoc, tree *keyNode) (keys []documentedKey, sec
 // docs/configuration.md exists, that every key the configuration structs
 // define is in one of those tables, that key-like references in the docs
 // (`mirror.key_reconcile_max_delete`) and the keys of YAML snippets are
-// real keys, and that no sentence says a key is not implemented. That the
-// complete example and deploy/tidemark.example.yaml parse is checked by
-// config's TestDocumentedExamplesParse.
+// real keys, and that no sentence says a key is not implemented.
+// deploy/tidemark.example.yaml is checked by
+// TestDeployExampleNamesEveryKey.
 func TestDocsConfigKeys(t *testing.T) {
 	root := repoRoot(t)
 	tree := keyTree(reflect.TypeFor[config.Config](), "", "Config")
@@ -1585,18 +1585,13 @@ func notImplementedSentences(text string) []sentence {
 
 // checkYAMLSnippets checks the keys of the YAML blocks of a document
 // that look like configuration: a top-level key of the configuration
-// among their top-level keys. The complete example of
-// docs/configuration.md is left to config's TestDocumentedExamplesParse,
-// which parses it whole.
+// among their top-level keys.
 func checkYAMLSnippets(t *testing.T, file string, d *mdDoc, tree *keyNode) {
 	t.Helper()
 	blocks := map[int][]snippet{}
 	var order []int
 	for _, s := range d.code {
 		if s.lang != "yaml" && s.lang != "yml" {
-			continue
-		}
-		if file == "docs/configuration.md" && s.h2 == "Complete example" {
 			continue
 		}
 		if blocks[s.block] == nil {
@@ -2333,10 +2328,8 @@ var commentedKeyRe = regexp.MustCompile(`^(\s*)# ?(\s*(?:- |[a-z_][a-z0-9_]*:(?:
 // TestDeployExampleNamesEveryKey checks that deploy/tidemark.example.yaml
 // shows every key of config.Keys, set or commented out, that it names no
 // other key, and that a key with a default shows it: as its value or as
-// "default X" in its comment, at one place at least. That the file
-// parses as it stands is checked by config's
-// TestDocumentedExamplesParse; here it is parsed with config.Parse too,
-// with every secret from the environment.
+// "default X" in its comment, at one place at least; and that it loads
+// with config.Parse as it stands, every secret from the environment.
 func TestDeployExampleNamesEveryKey(t *testing.T) {
 	root := repoRoot(t)
 	const file = "deploy/tidemark.example.yaml"
