@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // Scalar runs a query returning one integer.
@@ -46,25 +48,21 @@ func StoredOffsets(tb testing.TB, pool *pgxpool.Pool, group, topic string) map[i
 	return out
 }
 
-// WaitStored waits until the stored offsets reach end for every partition.
+// WaitStored waits up to timeout until the stored offsets reach end for
+// every partition.
 func WaitStored(tb testing.TB, pool *pgxpool.Pool, group, topic string, end map[int32]int64, timeout time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		stored := StoredOffsets(tb, pool, group, topic)
-		done := true
+	var stored map[int32]int64
+	if err := waitfor.Poll(timeout, func() bool {
+		stored = StoredOffsets(tb, pool, group, topic)
 		for p, e := range end {
 			if stored[p] < e {
-				done = false
+				return false
 			}
 		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("stored offsets %v did not reach %v within %s", stored, end, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return true
+	}); err != nil {
+		tb.Fatalf("stored offsets %v did not reach %v within %s", stored, end, timeout)
 	}
 }
 
