@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // Fault is a network fault injected mid-work: Inject starts it, and the
@@ -67,9 +68,8 @@ func CheckNoLeaks(tb testing.TB) {
 		// starts, runs until TestMain ends.
 		goleak.IgnoreAnyFunction("github.com/tidemark-dev/tidemark/internal/pgserver.(*Server).start.func1")}
 	tb.Cleanup(func() {
-		for deadline := time.Now().Add(leakPatience); goleak.Find(opts...) != nil && time.Now().Before(deadline); {
-			time.Sleep(100 * time.Millisecond)
-		}
+		// VerifyNone names the goroutines left after the patience.
+		_ = waitfor.Poll(leakPatience, func() bool { return goleak.Find(opts...) == nil })
 		goleak.VerifyNone(tb, opts...)
 	})
 }
