@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -112,13 +114,15 @@ func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 	e.waitStreaming(done)
 }
 
-// run starts a reader with opts (its logger set here, and a registry of
-// its own unless opts has one) and returns the channel its Run ends on and
+// run starts a reader with opts (the test's logger and a registry of its
+// own unless opts has them) and returns the channel its Run ends on and
 // the function that stops it.
 func (e *cdcEnv) run(cfg *config.Config, opts cdc.Options) (chan error, context.CancelFunc) {
 	e.t.Helper()
 	e.waitSlotFree()
-	opts.Logger = testLogger(e.t)
+	if opts.Logger == nil {
+		opts.Logger = testLogger(e.t)
+	}
 	if opts.Registerer == nil {
 		opts.Registerer = prometheus.NewRegistry()
 	}
@@ -156,21 +160,14 @@ func (e *cdcEnv) stopped(done chan error, want ...string) {
 // which waitStreaming would take for the next reader streaming.
 func (e *cdcEnv) waitSlotFree() {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.Until(e.t, "the slot to be free of an earlier reader", func() bool {
 		var active bool
 		err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'), false)").Scan(&active)
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		if !active {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatal("the slot stayed in use by an earlier reader")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return !active
+	})
 }
 
 // waitStreaming waits until the reader whose Run ends on done streams:
@@ -179,12 +176,11 @@ func (e *cdcEnv) waitSlotFree() {
 // also be past its snapshot. A reader stopping meanwhile fails the test.
 func (e *cdcEnv) waitStreaming(done chan error) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.Until(e.t, "the reader to stream", func() bool {
 		var active bool
 		err := e.src.QueryRow(e.ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&active)
 		if err == nil && active && e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot <> 'pending'") == 1 {
-			return
+			return true
 		}
 		select {
 		case err := <-done:
@@ -192,11 +188,8 @@ func (e *cdcEnv) waitStreaming(done chan error) {
 			e.t.Fatalf("reader stopped: %v", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatal("the reader did not start streaming")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 // slotPID is the process id of the walsender that holds the slot, 0 when
@@ -220,10 +213,9 @@ const (
 // waitMirrored waits until both mirrors equal their source tables.
 func (e *cdcEnv) waitMirrored(liveFilter string) {
 	e.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var diff string
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
 		same := true
-		var diff string
 		for _, q := range []struct{ sql, src, dst string }{{customerRows, "customers", "mirror.customers"}, {orderRows, "orders", "mirror.orders"}} {
 			want := pgtest.Rows(e.t, e.src, fmt.Sprintf(q.sql, q.src, ""))
 			got := pgtest.Rows(e.t, e.wh, fmt.Sprintf(q.sql, q.dst, liveFilter))
@@ -232,24 +224,17 @@ func (e *cdcEnv) waitMirrored(liveFilter string) {
 				diff = fmt.Sprintf("%s: source %d rows, mirror %d rows", q.src, len(want), len(got))
 			}
 		}
-		if same {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("mirrors did not converge: %s", diff)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return same
+	}); err != nil {
+		e.t.Fatalf("mirrors did not converge in %s: %s", waitfor.Timeout, diff)
 	}
 }
 
 // wantCount checks that the warehouse query sql counts want rows, after
-// waiting up to 30 s for the count to reach want.
+// waiting for the count to reach want.
 func (e *cdcEnv) wantCount(what string, want int64, sql string) {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count(sql) < want && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	_ = waitfor.Poll(waitfor.Timeout, func() bool { return e.count(sql) >= want })
 	if n := e.count(sql); n != want {
 		e.t.Errorf("%s: %d, want %d", what, n, want)
 	}
@@ -293,16 +278,15 @@ func TestMirrorsFollowTheSource(t *testing.T) {
 			e.exec(`UPDATE orders SET amount = amount + 1 WHERE id BETWEEN 1000 AND 1999`)
 			e.waitMirrored(live)
 			// The status page reads the slot as the reader last saw it.
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				r, ok := cdc.SlotReadings(e.reg)["shop"]
-				if ok && r.Streaming && r.WALStatus == "reserved" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("SlotReadings has %+v (found %v) for shop, want streaming with wal_status reserved", r, ok)
-				}
-				time.Sleep(50 * time.Millisecond)
+			var (
+				r  cdc.SlotReading
+				ok bool
+			)
+			if err := waitfor.Poll(waitfor.Timeout, func() bool {
+				r, ok = cdc.SlotReadings(e.reg)["shop"]
+				return ok && r.Streaming && r.WALStatus == "reserved"
+			}); err != nil {
+				t.Fatalf("SlotReadings has %+v (found %v) for shop, want streaming with wal_status reserved", r, ok)
 			}
 			if _, ok := cdc.SlotReadings(e.reg)["elsewhere"]; ok {
 				t.Error("SlotReadings has a source no reader of this process streams")
@@ -396,25 +380,19 @@ func TestGroupsCommitInOrder(t *testing.T) {
 			COMMIT;
 		END LOOP;
 	END $$`)
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM poison_hits") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the poison row was never applied")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, "the poison row to be applied", func() bool {
+		return e.count("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM poison_hits") > 0
+	})
 	if n := e.count("SELECT count(*) FROM raw.shop WHERE commit_lsn > (SELECT commit_lsn FROM raw.shop WHERE op = 'insert' AND payload->>'customer_id' = '150')"); n > 0 {
 		t.Errorf("%d raw change rows of transactions after the poisoned group were committed while it failed", n)
 	}
 	wh(`DELETE FROM poison_on`)
 	// The mirror equals the source (the poison row) whenever a key's run
 	// is complete: wait for every change to be applied first.
-	deadline = time.Now().Add(30 * time.Second)
-	for e.count("SELECT count(*) FROM raw.shop") < 311 || e.metric("tidemark_cdc_changes_applied_total") < 311 {
-		if time.Now().After(deadline) {
-			t.Fatalf("after the poison was lifted, %d raw change rows were applied, want 311", e.count("SELECT count(*) FROM raw.shop"))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
+		return e.count("SELECT count(*) FROM raw.shop") >= 311 && e.metric("tidemark_cdc_changes_applied_total") >= 311
+	}); err != nil {
+		t.Fatalf("after the poison was lifted, %d raw change rows were applied, want 311", e.count("SELECT count(*) FROM raw.shop"))
 	}
 	e.waitMirrored("")
 	if n := e.count("SELECT count(*) FROM raw.shop"); n != 311 {
@@ -484,16 +462,13 @@ func TestFreshRowsAreCopied(t *testing.T) {
 	// group's commit is confirmed, just after its rows are visible.
 	wantRows := map[string]float64{"copied": 324, "merged": 84, "deleted": 1}
 	gotRows := map[string]float64{}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
 		for how := range wantRows {
 			gotRows[how] = e.metricWhere("tidemark_cdc_mirror_rows_total", "how", how)
 		}
-		if fmt.Sprint(gotRows) == fmt.Sprint(wantRows) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tidemark_cdc_mirror_rows_total by how is %v, want %v", gotRows, wantRows)
-		}
+		return fmt.Sprint(gotRows) == fmt.Sprint(wantRows)
+	}); err != nil {
+		t.Fatalf("tidemark_cdc_mirror_rows_total by how is %v, want %v", gotRows, wantRows)
 	}
 }
 
@@ -547,18 +522,11 @@ func TestToastSchemaAndIdle(t *testing.T) {
 
 	e.exec(`ALTER TABLE orders ADD COLUMN channel text`)
 	e.exec(`INSERT INTO orders VALUES (1, 1, 9.50, '2026-10-05 09:00+00', 'app'), (2, 1, 1.00, '2026-10-05 09:05+00', NULL)`)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitfor.Until(t, "the mirror to gain the new column's value", func() bool {
 		var n int64
 		err := e.wh.QueryRow(e.ctx, "SELECT count(*) FROM mirror.orders WHERE channel = 'app'").Scan(&n)
-		if err == nil && n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the mirror did not gain the new column's value")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && n == 1
+	})
 
 	// Only an untracked table changes: the slot must still advance.
 	before := e.confirmed()
@@ -569,19 +537,14 @@ func TestToastSchemaAndIdle(t *testing.T) {
 	if err := e.src.QueryRow(e.ctx, "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(30 * time.Second)
-	for {
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
 		var passed bool
 		if err := e.src.QueryRow(e.ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'`, end).Scan(&passed); err != nil {
 			t.Fatal(err)
 		}
-		if passed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the slot's confirmed position stayed at %s (was %s before the untracked writes); WAL end %s", e.confirmed(), before, end)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return passed
+	}); err != nil {
+		t.Fatalf("the slot's confirmed position stayed at %s (was %s before the untracked writes); WAL end %s", e.confirmed(), before, end)
 	}
 }
 
@@ -595,7 +558,6 @@ func TestIdleRecordsAtStatusPace(t *testing.T) {
 	e.start(e.config("snapshot: never\nheartbeat_every: 0s", "deletes: soft"))
 	e.exec(`INSERT INTO customers VALUES (1, 'ana', 'free', NULL, NULL)`)
 	e.waitMirrored("WHERE deleted_at IS NULL")
-	time.Sleep(time.Second)
 	walAndRecorded := func() (wal, recorded int64) {
 		t.Helper()
 		if err := e.wh.QueryRow(e.ctx, `SELECT pg_current_wal_lsn() - '0/0', confirmed_lsn - '0/0'
@@ -604,8 +566,15 @@ func TestIdleRecordsAtStatusPace(t *testing.T) {
 		}
 		return wal, recorded
 	}
+	// Idle: the reader records a position past the WAL of the insert's
+	// group.
+	applied, _ := walAndRecorded()
+	waitfor.Until(t, "the idle reader to record a position past the insert", func() bool {
+		_, rec := walAndRecorded()
+		return rec >= applied
+	})
 	wal0, rec0 := walAndRecorded()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the idle time measured, not a wait for a state
 	wal1, rec1 := walAndRecorded()
 	t.Logf("idle for 3 s: %d bytes of WAL, the recorded position %d bytes further", wal1-wal0, rec1-rec0)
 	// 15 records of about 230 bytes at status_every 200ms, with room for
@@ -639,6 +608,7 @@ func TestInitialSnapshot(t *testing.T) {
 	e.exec(`INSERT INTO orders SELECT i, 1 + i % 1000, i % 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second' FROM generate_series(1, 1000000) AS i`)
 	stop := make(chan struct{})
 	wrote := make(chan int)
+	var written atomic.Int64
 	go func() {
 		n := 0
 		defer func() { wrote <- n }()
@@ -667,11 +637,15 @@ func TestInitialSnapshot(t *testing.T) {
 				return
 			}
 			n++
+			written.Store(int64(n))
 		}
 	}()
 	e.exec(`ANALYZE orders`)
 	e.start(e.config("snapshot: initial\nsnapshot_workers: 3\nsnapshot_chunk_rows: 100000", "deletes: hard"))
-	time.Sleep(300 * time.Millisecond)
+	// Writes go on while the snapshot is copied: twenty transactions
+	// after the slot exists.
+	began := written.Load()
+	waitfor.Until(t, "twenty write transactions after the slot's creation", func() bool { return written.Load() >= began+20 })
 	close(stop)
 	n := <-wrote
 	e.waitMirrored("")
@@ -708,13 +682,9 @@ sources:
 		t.Fatal(err)
 	}
 	e.start(cfg)
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot = 'done'") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the snapshot did not finish")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, "the snapshot to finish", func() bool {
+		return e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot = 'done'") > 0
+	})
 	const q = `SELECT order_id, line, qty FROM %s ORDER BY 1, 2`
 	want, got := pgtest.Rows(t, e.src, fmt.Sprintf(q, "lines")), pgtest.Rows(t, e.wh, fmt.Sprintf(q, "mirror_lines"))
 	if strings.Join(want, "\n") != strings.Join(got, "\n") {
@@ -739,8 +709,10 @@ sources:
 func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 	e := newCDCEnv(t)
 	cfg := e.config("snapshot: never\nheartbeat_every: 0s", "deletes: hard")
+	var reg *prometheus.Registry
 	run := func() (context.CancelFunc, chan error) {
-		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t)})
+		reg = prometheus.NewRegistry()
+		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -750,14 +722,11 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 		return cancel, done
 	}
 	cancel, done := run()
-	deadline := time.Now().Add(30 * time.Second)
-	for e.confirmed() == "" || e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE confirmed_lsn > '0/0'") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the reader did not confirm the idle slot")
-		}
+	// Untracked writes move the WAL end that an idle reader confirms.
+	waitfor.Until(t, "the reader to confirm the idle slot", func() bool {
 		e.exec(`INSERT INTO untracked (note) VALUES ('x')`)
-		time.Sleep(100 * time.Millisecond)
-	}
+		return e.confirmed() != "" && e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE confirmed_lsn > '0/0'") > 0
+	})
 
 	// The warehouse stalls on cdc_positions while only untracked tables
 	// change; then the reader stops.
@@ -769,12 +738,24 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A status update that recorded its position before the lock may
-	// still be on its way to the source.
-	time.Sleep(500 * time.Millisecond)
+	// still be on its way to the source: wait until the reader's next
+	// record waits for the lock, and the slot stands where the reader
+	// last confirmed it.
+	sent := func() string {
+		v, err := promreg.Sum(reg, "tidemark_cdc_confirmed_lsn")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pglogrepl.LSN(uint64(v)).String()
+	}
+	waitfor.Until(t, "the reader's record to wait for the lock and its last status update to reach the source", func() bool {
+		e.exec(`INSERT INTO untracked (note) VALUES ('x')`)
+		return e.lockWaiters("cdc_positions") > 0 && e.confirmed() == sent()
+	})
 	before := e.confirmed()
 	for range 10 {
 		e.exec(`INSERT INTO untracked (note) SELECT repeat('x', 100) FROM generate_series(1, 100)`)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the writer's pace: a second in which the slot must not move
 	}
 	if after := e.confirmed(); after != before {
 		t.Errorf("the slot was confirmed from %s to %s while the warehouse could not record it", before, after)
@@ -835,27 +816,21 @@ func TestIdleConfirmInsideOpenTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := pglogrepl.ParseLSN(e.confirmed()); err == nil && c > start {
-			t.Logf("slot confirmed at %s, inside the open transaction that began at %s", c, began)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the slot stayed confirmed at %s, not past the open transaction's start %s", e.confirmed(), began)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
+		c, err := pglogrepl.ParseLSN(e.confirmed())
+		return err == nil && c > start
+	}); err != nil {
+		t.Fatalf("the slot stayed confirmed at %s, not past the open transaction's start %s", e.confirmed(), began)
 	}
+	t.Logf("slot confirmed at %s, inside the open transaction that began at %s", e.confirmed(), began)
 
 	// A new replication session starts from the confirmed position.
 	pid := e.slotPID()
 	e.exec(`SELECT pg_terminate_backend($1)`, pid)
-	for p := e.slotPID(); p == 0 || p == pid; p = e.slotPID() {
-		if time.Now().After(deadline) {
-			t.Fatal("the reader did not take the slot again")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, "the reader to take the slot again", func() bool {
+		p := e.slotPID()
+		return p != 0 && p != pid
+	})
 	if err := tx.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -891,24 +866,10 @@ func TestHeartbeatReconnects(t *testing.T) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for heartbeats() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no heartbeat connection")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Until(t, "a heartbeat connection", func() bool { return heartbeats() > 0 })
 	e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tidemark-cdc-heartbeat' AND datname = current_database()`)
-	for heartbeats() != 0 {
-		time.Sleep(20 * time.Millisecond)
-	}
-	deadline = time.Now().Add(20 * time.Second)
-	for heartbeats() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the heartbeat did not reconnect after its connection was ended")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitfor.Until(t, "the heartbeat connection to end", func() bool { return heartbeats() == 0 })
+	waitfor.Until(t, "the heartbeat to reconnect after its connection was ended", func() bool { return heartbeats() > 0 })
 }
 
 // TestColumnTypeChangeStops: a source column whose type changes while the
@@ -1047,20 +1008,21 @@ func TestStreamedTransactions(t *testing.T) {
 		"SELECT count(*) FROM information_schema.columns WHERE table_schema = 'mirror' AND table_name = 'customers' AND column_name = 'ghost'")
 	// The test is about streamed transactions: the source must have
 	// streamed and spilled (the statistics arrive with a delay).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var streamed int64
-		if err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'tidemark_shop'), 0)").Scan(&streamed); err != nil {
-			t.Fatal(err)
-		}
-		if streamed >= 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the source streamed %d transactions, want at least 3", streamed)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var streamed int64
+	if err := waitfor.Poll(waitfor.Timeout, func() bool { streamed = e.streamedTxns(); return streamed >= 3 }); err != nil {
+		t.Fatalf("the source streamed %d transactions, want at least 3", streamed)
 	}
+}
+
+// streamedTxns is how many in-progress transactions the source has
+// streamed from the slot.
+func (e *cdcEnv) streamedTxns() int64 {
+	e.t.Helper()
+	var n int64
+	if err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'tidemark_shop'), 0)").Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
 }
 
 // TestSlowWarehouseKeepsSession: while the warehouse waits for a lock on a
@@ -1083,7 +1045,8 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 	for i := 2; i <= 40; i++ {
 		e.exec(`INSERT INTO orders VALUES ($1, 1, 1, '2026-10-05 09:00+00')`, i)
 	}
-	time.Sleep(5 * time.Second) // more than twice wal_sender_timeout
+	e.waitLockWaiter("orders")
+	time.Sleep(5 * time.Second) // the warehouse's stall, more than twice wal_sender_timeout: not a wait
 	unlock()
 	e.waitMirrored("")
 	if after := pid(); after != before {
@@ -1095,10 +1058,11 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 	// which waits for the lock.
 	unlock = e.lockMirror("orders")
 	e.exec(`INSERT INTO orders VALUES (41, 1, 1, '2026-10-05 09:00+00')`)
-	time.Sleep(300 * time.Millisecond)
+	e.waitLockWaiter("orders")
 	e.exec(`ALTER TABLE orders ADD COLUMN channel text`)
 	e.exec(`INSERT INTO orders VALUES (42, 1, 1, '2026-10-05 09:00+00', 'app')`)
-	time.Sleep(5 * time.Second)
+	e.waitSent()
+	time.Sleep(5 * time.Second) // the warehouse's stall, more than twice wal_sender_timeout: not a wait
 	unlock()
 	e.wantCount("mirror columns named channel", 1,
 		"SELECT count(*) FROM information_schema.columns WHERE table_schema = 'mirror' AND table_name = 'orders' AND column_name = 'channel'")
@@ -1137,11 +1101,11 @@ func TestTypeChangeStopCommitsWhatCameBefore(t *testing.T) {
 		e, _, done := seeded(t, "", 20*time.Millisecond)
 		lock := e.lockMirror("customers")
 		e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL, NULL)`)
-		time.Sleep(500 * time.Millisecond) // its group commits, waiting for the lock
+		e.waitLockWaiter("customers") // its group commits, waiting for the lock
 		e.exec(`ALTER TABLE orders ALTER COLUMN amount TYPE text USING amount::text`)
 		e.exec(`BEGIN; INSERT INTO customers VALUES (3, 'cy', NULL, NULL, NULL);
 			INSERT INTO orders VALUES (5, 1, 'none', '2026-10-05 09:07+00'); COMMIT`)
-		time.Sleep(time.Second)
+		e.waitSent() // the type change reaches the reader while the group commits
 		lock()
 		e.stopped(done, "changed type at the source")
 		e.wantCount("mirrored customers (ana and ben, not cy)", 2, "SELECT count(*) FROM mirror.customers")
@@ -1172,12 +1136,12 @@ func TestTypeChangeStopCommitsWhatCameBefore(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(time.Second) // streamed while in progress
+		e.waitSent() // streamed while in progress
 		e.exec(`INSERT INTO customers VALUES (2, 'ben', NULL, NULL, NULL)`)
 		if err := x.Commit(e.ctx); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Second)
+		e.waitSent()
 		lock()
 		e.stopped(done, "changed type at the source")
 		if _, err := e.wh.Exec(e.ctx, `ALTER TABLE mirror.orders ALTER COLUMN amount TYPE text`); err != nil {
@@ -1201,7 +1165,7 @@ func TestStopWhileChunkWaits(t *testing.T) {
 	lock := e.lockMirror("customers")
 	defer lock()
 	e.exec(`INSERT INTO customers SELECT i, 'x', NULL, NULL, NULL FROM generate_series(1, 25000) AS i`)
-	time.Sleep(3 * time.Second)
+	e.waitLockWaiter("customers")
 	start := time.Now()
 	cancel()
 	select {
@@ -1215,6 +1179,47 @@ func TestStopWhileChunkWaits(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the reader did not stop")
 	}
+}
+
+// lockWaiters is how many warehouse sessions wait for a lock in a
+// statement that names table.
+func (e *cdcEnv) lockWaiters(table string) int64 {
+	e.t.Helper()
+	var n int64
+	if err := e.wh.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		AND backend_type = 'client backend' AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, table).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// waitLockWaiter waits until a warehouse session waits for a lock in a
+// statement that names table: a reader's write held up by lockMirror.
+func (e *cdcEnv) waitLockWaiter(table string) {
+	e.t.Helper()
+	waitfor.Until(e.t, "a warehouse statement on "+table+" to wait for its lock", func() bool { return e.lockWaiters(table) > 0 })
+}
+
+// waitSent waits until the walsender of the slot has sent everything the
+// source has written so far, also of transactions still open. A walsender
+// reads no further than the WAL flushed, and the last page of an open
+// transaction may wait for a flush: the commit of an empty transaction
+// (which pgoutput does not send) flushes it.
+func (e *cdcEnv) waitSent() {
+	e.t.Helper()
+	e.exec("SELECT pg_current_xact_id()")
+	var end string
+	if err := e.src.QueryRow(e.ctx, "SELECT pg_current_wal_flush_lsn()::text").Scan(&end); err != nil {
+		e.t.Fatal(err)
+	}
+	waitfor.Until(e.t, "the walsender to send the source's WAL up to "+end, func() bool {
+		var sent bool
+		if err := e.src.QueryRow(e.ctx, `SELECT coalesce((SELECT r.sent_lsn >= $1::pg_lsn FROM pg_stat_replication r
+			JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = 'tidemark_shop'), false)`, end).Scan(&sent); err != nil {
+			e.t.Fatal(err)
+		}
+		return sent
+	})
 }
 
 // lockMirror takes an ACCESS EXCLUSIVE lock on a mirror table and returns
@@ -1316,7 +1321,7 @@ func TestOneReaderPerSlot(t *testing.T) {
 
 	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 10:00+00')`)
 	e.wantCount("orders mirrored by the first reader", 1, "SELECT count(*) FROM mirror.orders")
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the second reader's chance to take the slot, which it must not: not a wait
 	var sessions int
 	if err := e.src.QueryRow(e.ctx, "SELECT count(*) FROM pg_stat_replication").Scan(&sessions); err != nil {
 		t.Fatal(err)
@@ -1404,7 +1409,15 @@ func TestStartWaitsForBusySlot(t *testing.T) {
 	ctx, cancel := context.WithCancel(e.ctx)
 	second := make(chan error, 1)
 	go func() { second <- r.Run(ctx) }()
-	time.Sleep(1500 * time.Millisecond)
+	// The reader's walsender has been asked to stream the held slot.
+	waitfor.Until(t, "the reader to ask for the slot another connection holds", func() bool {
+		var n int
+		if err := e.src.QueryRow(e.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE backend_type = 'walsender' AND query LIKE 'START_REPLICATION SLOT%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n >= 2
+	})
 	holder.Close(e.ctx)
 	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 10:00+00')`)
 	e.wantCount("orders mirrored once the slot is free", 1, "SELECT count(*) FROM mirror.orders")
