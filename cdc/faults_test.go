@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // netFault is a network fault injected while changes stream: inject
@@ -68,7 +69,7 @@ func stallWhileStarting(p *faultproxy.Proxy, e *cdcEnv) {
 	p.Reset()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) && !slices.ContainsFunc(sessions(), func(pid int64) bool { return !slices.Contains(old, pid) }) {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // finer than waitfor's pause: the stall must strike in the start's first moments
 	}
 	p.Stall()
 }
@@ -78,6 +79,20 @@ func stallWhileStarting(p *faultproxy.Proxy, e *cdcEnv) {
 // here), the 1 s client deadline and session limits, the connect timeout
 // and the restart backoff, with room for a slow machine.
 const faultRecovery = 30 * time.Second
+
+// waitCaughtUp waits until, within faultRecovery of healed, the raw change
+// table holds changes rows, the mirrors equal the source and the slot is
+// confirmed past the last change.
+func (e *cdcEnv) waitCaughtUp(healed time.Time, changes int) {
+	e.t.Helper()
+	if err := waitfor.Poll(time.Until(healed.Add(faultRecovery)), func() bool {
+		return e.count("SELECT count(*) FROM raw.shop") >= int64(changes) && e.mirrored() &&
+			e.confirmedPast("SELECT max(commit_lsn)::text FROM raw.shop")
+	}); err != nil {
+		e.t.Fatalf("not caught up %s after the fault healed: %d raw change rows of %d, mirrored %v, slot confirmed at %s",
+			faultRecovery, e.count("SELECT count(*) FROM raw.shop"), changes, e.mirrored(), e.confirmed())
+	}
+}
 
 // faultSettings make a stalled or silent connection short-lived on both
 // ends: the source's walsender ends a session it does not hear from within
@@ -226,12 +241,12 @@ func TestCDCFaults(t *testing.T) {
 				// Faults strike while transactions stream.
 				stop := make(chan struct{})
 				writing := w.run(e.ctx, stop, 50*time.Millisecond)
-				time.Sleep(500 * time.Millisecond)
+				time.Sleep(500 * time.Millisecond) // the stream's run before the fault, not a wait
 				f.inject(px, e)
-				time.Sleep(3 * time.Second)
+				time.Sleep(3 * time.Second) // the fault's duration, not a wait
 				f.heal(px)
 				healed := time.Now()
-				time.Sleep(time.Second)
+				time.Sleep(time.Second) // the writes after the fault heals, not a wait
 				close(stop)
 				if err := <-writing; err != nil {
 					t.Fatal(err)
@@ -240,15 +255,7 @@ func TestCDCFaults(t *testing.T) {
 
 				// Caught up: one raw row per change, the mirrors equal to the
 				// source, the slot confirmed past the last change.
-				deadline := healed.Add(faultRecovery)
-				for e.count("SELECT count(*) FROM raw.shop") < int64(len(want)) || !e.mirrored() ||
-					!e.confirmedPast("SELECT max(commit_lsn)::text FROM raw.shop") {
-					if time.Now().After(deadline) {
-						t.Fatalf("not caught up %s after the fault healed: %d raw change rows of %d, mirrored %v, slot confirmed at %s",
-							faultRecovery, e.count("SELECT count(*) FROM raw.shop"), len(want), e.mirrored(), e.confirmed())
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
+				e.waitCaughtUp(healed, len(want))
 				t.Logf("%d transactions, %d changes; caught up %s after the fault healed; proxy %+v",
 					w.n, len(want), time.Since(healed).Round(time.Millisecond), px.Stats())
 				e.waitMirrored("")
@@ -373,18 +380,14 @@ const snapshotRows = 50000
 func stallWhileCopying(run *setupRun) {
 	run.t.Helper()
 	run.px.SetLatency(5 * time.Millisecond)
-	deadline := time.Now().Add(20 * time.Second)
-	for run.e.metric("tidemark_cdc_snapshot_chunks_copied") < 3 {
-		if time.Now().After(deadline) {
-			run.t.Fatal("the snapshot copied no chunks")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitfor.Until(run.t, "the snapshot to copy three chunks", func() bool {
+		return run.e.metric("tidemark_cdc_snapshot_chunks_copied") >= 3
+	})
 	if n := run.e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot = 'done'"); n != 0 {
 		run.t.Fatal("the snapshot was done before the stall: the test did not exercise it")
 	}
 	run.px.Stall()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the stall's duration, not a wait
 	run.px.SetLatency(0)
 	run.px.Resume()
 	run.healed = time.Now()
@@ -426,8 +429,8 @@ func holdTransaction(run *setupRun) (pid int64, commit func()) {
 // CREATE_REPLICATION_SLOT), and returns its pid.
 func creatingWalsender(run *setupRun, not ...int64) int64 {
 	run.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var pid int64
+	waitfor.Until(run.t, "a walsender of the reader to wait to create the slot", func() bool {
 		var pids []int64
 		if err := run.e.src.QueryRow(run.e.ctx, `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
 			WHERE application_name = 'tidemark-cdc' AND backend_type = 'walsender' AND wait_event_type = 'Lock'`).Scan(&pids); err != nil {
@@ -435,14 +438,13 @@ func creatingWalsender(run *setupRun, not ...int64) int64 {
 		}
 		for _, p := range pids {
 			if !slices.Contains(not, p) {
-				return p
+				pid = p
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			run.t.Fatal("no walsender of the reader waited to create the slot")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
+	return pid
 }
 
 // alive reports whether a backend of pid runs on the source.
@@ -458,13 +460,9 @@ func alive(run *setupRun, pid int64) bool {
 // waitLogged waits up to d until the reader has logged text.
 func waitLogged(run *setupRun, text string, d time.Duration) {
 	run.t.Helper()
-	deadline := time.Now().Add(d)
-	for !strings.Contains(run.logs.String(), text) {
-		if time.Now().After(deadline) {
-			run.t.Fatalf("the reader did not log %q within %s", text, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Within(run.t, d, fmt.Sprintf("the reader to log %q", text), func() bool {
+		return strings.Contains(run.logs.String(), text)
+	})
 }
 
 // stallWhileCreatingSlot holds a transaction open on the source so that
@@ -478,7 +476,7 @@ func stallWhileCreatingSlot(run *setupRun) {
 	run.t.Helper()
 	_, commit := holdTransaction(run)
 	first := creatingWalsender(run)
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // the creation's wait, longer than write_timeout: not a wait
 	if strings.Contains(run.logs.String(), "restarting") {
 		run.t.Fatalf("a slot creation waiting for a transaction was given up:\n%s", run.logs.String())
 	}
@@ -489,17 +487,13 @@ func stallWhileCreatingSlot(run *setupRun) {
 	if !alive(run, first) {
 		run.t.Fatal("the walsender that was creating the slot ended by itself: the test does not show that the reader ends it")
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the rest of the stall, not a wait
 	run.px.Resume()
 	run.healed = time.Now()
 	second := creatingWalsender(run, first)
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(run, first) {
-		if time.Now().After(deadline) {
-			run.t.Fatalf("the walsender %d left creating the slot was not ended", first)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Within(run.t, 10*time.Second, fmt.Sprintf("the walsender %d left creating the slot to be ended", first), func() bool {
+		return !alive(run, first)
+	})
 	run.t.Logf("walsender %d, left creating the slot, was ended; %d creates it now", first, second)
 	commit()
 }
@@ -511,7 +505,7 @@ func waitWhileCreatingSlot(run *setupRun) {
 	run.t.Helper()
 	holder, commit := holdTransaction(run)
 	creatingWalsender(run)
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond) // the transaction's time, more than twice write_timeout: not a wait
 	commit()
 	waitLogged(run, fmt.Sprintf("oldest_pid=%d", holder), 10*time.Second)
 }
@@ -548,15 +542,7 @@ func TestCDCSetupFaults(t *testing.T) {
 				}
 			}
 			want := w.made()
-			deadline := run.healed.Add(faultRecovery)
-			for e.count("SELECT count(*) FROM raw.shop") < int64(len(want)) || !e.mirrored() ||
-				!e.confirmedPast("SELECT max(commit_lsn)::text FROM raw.shop") {
-				if time.Now().After(deadline) {
-					t.Fatalf("not caught up %s after the fault healed: %d raw change rows of %d, mirrored %v, slot confirmed at %s",
-						faultRecovery, e.count("SELECT count(*) FROM raw.shop"), len(want), e.mirrored(), e.confirmed())
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			e.waitCaughtUp(run.healed, len(want))
 			t.Logf("caught up %s after the fault healed; proxy %+v", time.Since(run.healed).Round(time.Millisecond), px.Stats())
 			missing, extra := multisetDiff(want, pgtest.Rows(t, e.wh, `SELECT op || ' ' || source_table || ' ' || row_key FROM raw.shop`))
 			if len(missing) > 0 || len(extra) > 0 {
