@@ -10,6 +10,7 @@ import (
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
@@ -65,19 +66,14 @@ func confirmThenCrash(t *testing.T, change string) {
 	if err := e.src.QueryRow(e.ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
 		var past bool
 		if err := e.src.QueryRow(e.ctx, "SELECT coalesce((SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'), false)", lsn).Scan(&past); err != nil {
 			t.Fatal(err)
 		}
-		if past {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the slot was not confirmed past the change (%s); it stands at %s", lsn, e.confirmed())
-		}
-		time.Sleep(10 * time.Millisecond)
+		return past
+	}); err != nil {
+		t.Fatalf("the slot was not confirmed past the change (%s); it stands at %s", lsn, e.confirmed())
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -3,9 +3,9 @@ package cdc_test
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // jsonValues are values of a json column: some jsonb takes, some it
@@ -51,10 +51,7 @@ func TestJSONColumnsJSONBRefuses(t *testing.T) {
 	// Two changes per value on the streamed rows, one on the snapshot
 	// rows, and a delete of every streamed row.
 	want := int64(4 * len(jsonValues))
-	deadline := time.Now().Add(30 * time.Second)
-	for e.count("SELECT count(*) FROM raw.shop") < want && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	_ = waitfor.Poll(waitfor.Timeout, func() bool { return e.count("SELECT count(*) FROM raw.shop") >= want })
 	if n := e.count("SELECT count(*) FROM raw.shop"); n != want {
 		t.Fatalf("raw change rows: %d, want %d (the stream is stuck)", n, want)
 	}

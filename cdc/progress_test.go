@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestSnapshotProgress: the initial snapshot, run by a reader as inside
@@ -38,12 +39,8 @@ func TestSnapshotProgress(t *testing.T) {
 			t.Errorf("reader: %v", err)
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(logs.String(), `msg="snapshot copied"`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the snapshot did not finish:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitfor.Poll(waitfor.Timeout, func() bool { return strings.Contains(logs.String(), `msg="snapshot copied"`) }); err != nil {
+		t.Fatalf("the snapshot did not finish:\n%s", logs.String())
 	}
 	text := logs.String()
 	planned := regexp.MustCompile(`msg="snapshot planned" .*chunks=(\d+)`).FindStringSubmatch(text)

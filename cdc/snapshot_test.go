@@ -134,7 +134,7 @@ sources:
 							stalled <- time.Now()
 							return
 						}
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // finer than waitfor's pause: the stall must strike in the COPY's middle
 					}
 					stalled <- time.Time{}
 				}()
