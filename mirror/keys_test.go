@@ -24,6 +24,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/syncbuf"
 	"github.com/tidemark-dev/tidemark/internal/testenv"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -340,13 +341,9 @@ func TestKeyReconcileReinserted(t *testing.T) {
 		done <- result{rep, err}
 	}()
 	// Wait until the run waits for the lock, then restore the row.
-	deadline := time.Now().Add(30 * time.Second)
-	for e.int(e.wh, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the run never waited for the poll state lock")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, "the run to wait for the poll state lock", func() bool {
+		return e.int(e.wh, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) > 0
+	})
 	e.srcExec(`INSERT INTO src_customers VALUES (2, 'b@example.com', 'pro', '2026-10-06 11:00+00')`)
 	if err := lock.Commit(e.ctx); err != nil {
 		t.Fatal(err)
