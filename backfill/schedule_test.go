@@ -18,11 +18,13 @@ import (
 
 // clock is a service clock the test moves.
 type clock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu    sync.Mutex
+	t     time.Time
+	calls int // how often now was read: a schedule's tick reads it once
 }
 
-func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); c.calls++; return c.t }
+func (c *clock) reads() int          { c.mu.Lock(); defer c.mu.Unlock(); return c.calls }
 func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 // schedule runs s until the test ends.
@@ -73,8 +75,12 @@ func TestScheduledVerifyAndRefresh(t *testing.T) {
 	if got, _ := promreg.Sum(reg, "tidemark_verify_drifted_partitions"); got != 1 {
 		t.Errorf("tidemark_verify_drifted_partitions = %v, want 1", got)
 	}
-	// Not due again within the interval.
-	time.Sleep(200 * time.Millisecond)
+	// Not due again within the interval: the schedule looks again and
+	// runs nothing. The verification may read the clock once more after
+	// its record; then each tick reads it once, at its start: three reads
+	// on, a whole tick has passed since the verification ended.
+	read := c.reads()
+	waitfor.Until(t, "the schedule to check again after its verification", func() bool { return c.reads() >= read+3 })
 	w.waitRows("before the interval", runs, "3 compared, 1 drifted")
 
 	w.schedule(&backfill.Schedule{RefreshEvery: 7 * 24 * time.Hour, Now: c.now, Registerer: reg})
