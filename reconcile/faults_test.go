@@ -88,7 +88,7 @@ func TestReconcileFaults(t *testing.T) {
 
 			f.Inject(px)
 			b.ingestAt("2026-10-05 10:00", events(30)...)
-			time.Sleep(2 * time.Second)
+			time.Sleep(2 * time.Second) // the fault's duration, not a wait
 			b.ingestAt("2026-10-05 10:00", events(30)...)
 			f.Heal(px)
 			healed := time.Now()

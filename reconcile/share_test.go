@@ -117,7 +117,7 @@ func TestInstancesShareQueuedPartitions(t *testing.T) {
 					return
 				}
 				if busy && len(rep.Rebuilt) == 0 {
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // the pause between ticks of `tidemark run`, not a wait
 				}
 			}
 			errs[i] = rctx.Err()

@@ -74,7 +74,7 @@ func TestPollFaults(t *testing.T) {
 				waitfor.Until(t, "first rows mirrored", func() bool { return count(t, e, "dw_customers") >= 100 })
 				f.Inject(px)
 				insert(100, 150)
-				time.Sleep(2 * time.Second)
+				time.Sleep(2 * time.Second) // the fault's duration, not a wait
 				f.Heal(px)
 				healed := time.Now()
 				insert(150, 200)
