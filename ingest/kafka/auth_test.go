@@ -25,6 +25,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testcert"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // serverTLS is the kfake TLS option for a broker certificate of ca;
@@ -68,20 +69,15 @@ func refused(t *testing.T, b *bundle, want string, opts kafka.Options) (*kafkate
 	rec := kafkatest.NewLogRecorder(slog.LevelWarn)
 	opts.Logger = slog.New(rec)
 	r := b.startWith(t, opts)
-	deadline := time.Now().Add(30 * time.Second)
 	var last error
-	for {
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
 		last = r.in.Ping(ctx)
-		cancel()
 		var ae *kafka.AuthError
-		if errors.As(last, &ae) && strings.Contains(last.Error(), want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Ping did not report %q within 30s; last error: %v", want, last)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return errors.As(last, &ae) && strings.Contains(last.Error(), want)
+	}); err != nil {
+		t.Fatalf("Ping did not report %q within %s; last error: %v", want, waitfor.Timeout, last)
 	}
 	t.Logf("Ping: %v", last)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -236,12 +232,9 @@ func TestSASLWrongCredentials(t *testing.T) {
 			want := fmt.Sprintf("SASL authentication failed for user %q (%s)", tt.user, tt.mechanism)
 			rec, _ := refused(t, b, want, kafka.Options{})
 			// Let the client retry a few times: the log must not grow with it.
-			before, deadline := attempts.Load(), time.Now().Add(30*time.Second)
-			for attempts.Load() < before+3 {
-				if time.Now().After(deadline) {
-					t.Fatalf("the client stopped retrying after %d attempts", attempts.Load())
-				}
-				time.Sleep(50 * time.Millisecond)
+			before := attempts.Load()
+			if err := waitfor.Poll(waitfor.Timeout, func() bool { return attempts.Load() >= before+3 }); err != nil {
+				t.Fatalf("the client stopped retrying after %d attempts", attempts.Load())
 			}
 			var lines int
 			for _, l := range rec.Lines() {

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestCommitterNeverBlocksTheWriter adds offsets while the client cannot
@@ -42,24 +44,13 @@ func TestCommitterNeverBlocksTheWriter(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("add %d did not return within 5s", i)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for testutil.ToFloat64(failed) < float64(i+1) {
-			if time.Now().After(deadline) {
-				t.Fatalf("commit %d: %v failures counted, want %d", i, testutil.ToFloat64(failed), i+1)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := waitfor.Poll(waitfor.Timeout, func() bool { return testutil.ToFloat64(failed) >= float64(i+1) }); err != nil {
+			t.Fatalf("commit %d: %v failures counted, want %d", i, testutil.ToFloat64(failed), i+1)
 		}
-		for {
+		waitfor.Until(t, fmt.Sprintf("commit %d to be no longer in flight", i), func() bool {
 			com.mu.Lock()
-			idle := !com.inFlight
-			com.mu.Unlock()
-			if idle {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("commit %d still in flight", i)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			defer com.mu.Unlock()
+			return !com.inFlight
+		})
 	}
 }

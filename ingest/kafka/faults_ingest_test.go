@@ -61,7 +61,7 @@ func TestIngestFaults(t *testing.T) {
 				stream := b.produceStream(p, w.Records, 100, 100*time.Millisecond)
 				b.waitProgress(t, 300, 15*time.Second)
 				f.Inject(px)
-				time.Sleep(2 * time.Second)
+				time.Sleep(2 * time.Second) // the fault's duration, not a wait
 				f.Heal(px)
 				healed := time.Now()
 				select {

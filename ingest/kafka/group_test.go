@@ -14,6 +14,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // TestRebalance is acceptance item 3: a second ingester joins mid-stream,
@@ -125,7 +126,7 @@ func TestFencedWhileDecodingAhead(t *testing.T) {
 func TestFencedWhilePollingAhead(t *testing.T) {
 	const n = 5000 // the harness's batch_max_rows
 	var opts kafka.Options
-	kafka.SetAfterSeek(&opts, func() { time.Sleep(500 * time.Millisecond) })
+	kafka.SetAfterSeek(&opts, func() { time.Sleep(500 * time.Millisecond) }) // the window for a stray poll, not a wait
 	// 200 ms: the extra records are polled and the next poll waits.
 	runFenced(t, n+1000, n+500, opts, 200*time.Millisecond)
 }
@@ -158,15 +159,12 @@ func runFenced(t *testing.T, records, fenced int, opts kafka.Options, settle tim
 		t.Fatal(err)
 	}
 	r := b.startWith(t, opts)
-	deadline := time.Now().Add(time.Minute)
-	for ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_stat_activity
-		WHERE application_name = 'tidemark-ingest' AND wait_event_type = 'Lock'`) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the ingester's write never waited for the offsets row")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(settle)
+	waitfor.Until(t, "the ingester's write to wait for the offsets row", func() bool {
+		return ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'tidemark-ingest' AND wait_event_type = 'Lock'`) > 0
+	})
+	// The ingester reports no poll ahead: settle is the time given to it.
+	time.Sleep(settle) // the time polling ahead is given, not a wait for a state it reports
 	// Another member stores fenced: the waiting batch is stale.
 	if _, err := tx.Exec(ctx, `UPDATE tidemark.kafka_offsets SET next_offset = $2 WHERE consumer_group = $1`, group, fenced); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
@@ -220,7 +221,7 @@ func (b *bundle) produceStream(p *produced, recs []*kgo.Record, chunk int, pause
 				p.end[r.Record.Partition] = max(p.end[r.Record.Partition], r.Record.Offset+1)
 			}
 			p.mu.Unlock()
-			time.Sleep(pause)
+			time.Sleep(pause) // the producer's pace, not a wait
 		}
 		done <- nil
 	}()
@@ -240,12 +241,8 @@ func (b *bundle) storedTotal(t *testing.T) int64 {
 // waitProgress waits until at least n records are stored.
 func (b *bundle) waitProgress(t *testing.T, n int64, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for b.storedTotal(t) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d records stored after %s (have %d)", n, timeout, b.storedTotal(t))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitfor.Poll(timeout, func() bool { return b.storedTotal(t) >= n }); err != nil {
+		t.Fatalf("fewer than %d records stored after %s (have %d)", n, timeout, b.storedTotal(t))
 	}
 }
 

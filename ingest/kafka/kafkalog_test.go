@@ -87,7 +87,7 @@ func TestKafkaClientErrorsLogged(t *testing.T) {
 			}
 			t.Logf("first line %s after the failure: %s", first.Time.Sub(failed).Round(time.Millisecond), first)
 
-			time.Sleep(time.Until(failed.Add(observe)))
+			time.Sleep(time.Until(failed.Add(observe))) // the period whose log lines are counted, not a wait
 			r.stop(t)
 
 			// Warnings of one kind, of the client or of the ingester, are

@@ -30,6 +30,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testcert"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 )
 
 // oauthBroker teaches a kfake cluster OAUTHBEARER (RFC 7628, KIP-255),
@@ -217,12 +218,8 @@ func TestOAuthBearer(t *testing.T) {
 		dialsAtRotation := dials.Load()
 		// Sessions last 3s: within a few lifetimes every connection has
 		// re-authenticated with the new token.
-		deadline := time.Now().Add(20 * time.Second)
-		for o.count("token-b") <= int(dials.Load()-dialsAtRotation) {
-			if time.Now().After(deadline) {
-				t.Fatalf("token-b presented %d times for %d new connections: no re-authentication", o.count("token-b"), dials.Load()-dialsAtRotation)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err := waitfor.Poll(waitfor.Timeout, func() bool { return o.count("token-b") > int(dials.Load()-dialsAtRotation) }); err != nil {
+			t.Fatalf("token-b presented %d times for %d new connections: no re-authentication", o.count("token-b"), dials.Load()-dialsAtRotation)
 		}
 		b.produce(t, p, eventRecords(b, "after", 10))
 		b.waitStored(t, p.end, time.Minute)
@@ -446,12 +443,8 @@ func TestAWSMSKIAM(t *testing.T) {
 		check(t, m.last(), "AKIAFIRST", "")
 		t.Setenv("AWS_ACCESS_KEY_ID", "AKIASECOND")
 		t.Setenv("AWS_SESSION_TOKEN", "sess-2")
-		deadline := time.Now().Add(20 * time.Second)
-		for m.last()["x-amz-credential"] == "" || !strings.HasPrefix(m.last()["x-amz-credential"], "AKIASECOND/") {
-			if time.Now().After(deadline) {
-				t.Fatalf("no re-authentication with the new environment; last payload %v", m.last())
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err := waitfor.Poll(waitfor.Timeout, func() bool { return strings.HasPrefix(m.last()["x-amz-credential"], "AKIASECOND/") }); err != nil {
+			t.Fatalf("no re-authentication with the new environment; last payload %v", m.last())
 		}
 		check(t, m.last(), "AKIASECOND", "sess-2")
 		r.stop(t)

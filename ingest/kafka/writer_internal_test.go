@@ -14,6 +14,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/waitfor"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -160,6 +161,28 @@ func TestWriterFencesStalePartitions(t *testing.T) {
 	}
 }
 
+// waitLockWaiter waits until a session of the database at dsn waits for
+// a lock: the writer's COPY waiting for another transaction's row. It
+// returns an error rather than failing the test, for the goroutine that
+// must end the other transaction either way.
+func waitLockWaiter(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var qerr error
+	if err := waitfor.Poll(waitfor.Timeout, func() bool {
+		var n int64
+		qerr = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return qerr != nil || n > 0
+	}); err != nil {
+		return fmt.Errorf("no session waited for a lock: %w", err)
+	}
+	return qerr
+}
+
 // TestWriterConcurrentInsert: an event stored by another transaction after
 // the batch probed for it makes the COPY fail on the primary key; the
 // write reports it as retryable, and the retry counts it as a duplicate.
@@ -187,8 +210,8 @@ func TestWriterConcurrentInsert(t *testing.T) {
 	// Commit the other insert while the writer's COPY waits on it.
 	committed := make(chan error, 1)
 	go func() {
-		time.Sleep(300 * time.Millisecond)
-		committed <- tx.Commit(ctx)
+		waited := waitLockWaiter(ctx, h.dsn)
+		committed <- errors.Join(waited, tx.Commit(ctx))
 	}()
 	b := h.batchOf(0, "a", "b", "c")
 	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, false)
@@ -285,8 +308,8 @@ func TestRefusedRowThenConflict(t *testing.T) {
 	}
 	committed := make(chan error, 1)
 	go func() {
-		time.Sleep(300 * time.Millisecond)
-		committed <- tx.Commit(ctx)
+		waited := waitLockWaiter(ctx, h.dsn)
+		committed <- errors.Join(waited, tx.Commit(ctx))
 	}()
 	b := h.batchOf(0, "bad", "b", "c")
 	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, true)
