@@ -755,7 +755,7 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 	before := e.confirmed()
 	for range 10 {
 		e.exec(`INSERT INTO untracked (note) SELECT repeat('x', 100) FROM generate_series(1, 100)`)
-		time.Sleep(100 * time.Millisecond) // the writer's pace: a second in which the slot must not move
+		time.Sleep(100 * time.Millisecond) // the writer's pace over a second in which the slot must not move, not a wait
 	}
 	if after := e.confirmed(); after != before {
 		t.Errorf("the slot was confirmed from %s to %s while the warehouse could not record it", before, after)
