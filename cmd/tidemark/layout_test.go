@@ -19,6 +19,7 @@ type goFile struct {
 	dir  string // relative to the module root, slash-separated
 	path string
 	ast  *ast.File
+	fset *token.FileSet
 }
 
 // moduleFiles parses every non-test Go file of the module.
@@ -51,7 +52,7 @@ func moduleFiles(t *testing.T) []goFile {
 		if err != nil {
 			return err
 		}
-		files = append(files, goFile{dir: filepath.ToSlash(rel), path: path, ast: f})
+		files = append(files, goFile{dir: filepath.ToSlash(rel), path: path, ast: f, fset: fset})
 		return nil
 	})
 	if err != nil {
@@ -154,5 +155,38 @@ func TestSQLSTATEThroughClassifier(t *testing.T) {
 			}
 			return true
 		})
+	}
+}
+
+// Function length limits: a function longer than maxFuncLines does more
+// than one thing, and the service's Run is a list of components.
+const (
+	maxFuncLines       = 120
+	maxServiceRunLines = 80
+)
+
+// TestFunctionLength: no non-test function is longer than maxFuncLines
+// lines, and service.Run no longer than maxServiceRunLines.
+func TestFunctionLength(t *testing.T) {
+	runs := 0
+	for _, f := range moduleFiles(t) {
+		for _, d := range f.ast.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			lines := f.fset.Position(fd.End()).Line - f.fset.Position(fd.Pos()).Line + 1
+			limit := maxFuncLines
+			if f.dir == "service" && fd.Recv == nil && fd.Name.Name == "Run" {
+				limit = maxServiceRunLines
+				runs++
+			}
+			if lines > limit {
+				t.Errorf("%s: %s is %d lines, more than %d: split it into named steps", f.path, fd.Name.Name, lines, limit)
+			}
+		}
+	}
+	if runs != 1 {
+		t.Errorf("found %d functions service.Run, want 1", runs)
 	}
 }
