@@ -36,7 +36,12 @@ type cdcEnv struct {
 	srcDSN string
 	wh     *pgxpool.Pool
 	whDSN  string
-	reg    *prometheus.Registry
+	// readers is the warehouse pool readers write through, apart from
+	// wh: a reader may hold a connection for each group committing and
+	// the open one, all waiting for a lock the test holds through wh,
+	// and the test must still be able to look.
+	readers *pgxpool.Pool
+	reg     *prometheus.Registry
 }
 
 const shopDDL = `
@@ -49,6 +54,7 @@ func newCDCEnv(t *testing.T) *cdcEnv {
 	e := &cdcEnv{t: t, ctx: context.Background(), reg: prometheus.NewRegistry()}
 	e.src, e.srcDSN = pgtest.NewPool(t)
 	e.wh, e.whDSN = pgtest.NewPool(t)
+	e.readers = pgtest.Pool(t, e.whDSN)
 	if _, err := migrate.Up(e.ctx, e.whDSN, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +132,7 @@ func (e *cdcEnv) run(cfg *config.Config, opts cdc.Options) (chan error, context.
 	if opts.Registerer == nil {
 		opts.Registerer = prometheus.NewRegistry()
 	}
-	r, err := cdc.New(cfg, "shop", e.wh, opts)
+	r, err := cdc.New(cfg, "shop", e.readers, opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -729,7 +735,7 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 	var reg *prometheus.Registry
 	run := func() (context.CancelFunc, chan error) {
 		reg = prometheus.NewRegistry()
-		r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: reg})
+		r, err := cdc.New(cfg, "shop", e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1214,7 +1220,14 @@ func (e *cdcEnv) lockWaiters(table string) int64 {
 // statement that names table: a reader's write held up by lockMirror.
 func (e *cdcEnv) waitLockWaiter(table string) {
 	e.t.Helper()
-	waitfor.Until(e.t, "a warehouse statement on "+table+" to wait for its lock", func() bool { return e.lockWaiters(table) > 0 })
+	if err := waitfor.Poll(waitfor.Timeout, func() bool { return e.lockWaiters(table) > 0 }); err != nil {
+		for _, r := range pgtest.Rows(e.t, e.wh, `SELECT concat_ws(' | ', pid, backend_type, state, wait_event_type, wait_event,
+			to_char(query_start, 'HH24:MI:SS.MS'), to_char(state_change, 'HH24:MI:SS.MS'), left(query, 120))
+			FROM pg_stat_activity WHERE datname = current_database() ORDER BY pid`) {
+			e.t.Log("warehouse session: " + r)
+		}
+		e.t.Fatalf("waited %s for a warehouse statement on %s to wait for its lock", waitfor.Timeout, table)
+	}
 }
 
 // waitSent waits until the walsender of the slot has sent everything the
@@ -1251,7 +1264,9 @@ func (e *cdcEnv) lockMirror(table string) func() {
 		e.t.Fatal(err)
 	}
 	var once sync.Once
-	return func() { once.Do(func() { _ = tx.Rollback(e.ctx) }) }
+	unlock := func() { once.Do(func() { _ = tx.Rollback(e.ctx) }) }
+	e.t.Cleanup(unlock) // a test that fails holding the lock must not hang the pool's Close
+	return unlock
 }
 
 // TestSlotIdentityRefused: the reader refuses to go on silently when the
@@ -1322,7 +1337,7 @@ func TestOneReaderPerSlot(t *testing.T) {
 	activePID := e.slotPID
 	streaming := activePID()
 	// Not e.run: it waits for the slot to be free.
-	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
+	r, err := cdc.New(cfg, "shop", e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1418,7 +1433,7 @@ func TestStartWaitsForBusySlot(t *testing.T) {
 	}
 
 	var logs syncbuf.Buffer
-	r, err := cdc.New(cfg, "shop", e.wh, cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: prometheus.NewRegistry(),
+	r, err := cdc.New(cfg, "shop", e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: prometheus.NewRegistry(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
