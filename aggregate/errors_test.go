@@ -12,7 +12,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
 // rebuildErr wraps err as Rebuild and the callers wrap what the warehouse

@@ -11,8 +11,8 @@ import (
 
 	"github.com/tidemark-dev/tidemark/backfill"
 	"github.com/tidemark-dev/tidemark/internal/progress"
-	"github.com/tidemark-dev/tidemark/internal/syncbuf"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestProgress: a run reports each chunk it finishes, failed ones

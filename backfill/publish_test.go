@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tidemark-dev/tidemark/backfill"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 

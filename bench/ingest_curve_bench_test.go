@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/internal/benchplot"
+	"github.com/tidemark-dev/tidemark/internal/testkit/benchplot"
 )
 
 // BenchmarkIngestScaling measures tidemark's Kafka ingest against the

@@ -17,9 +17,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark-dev/tidemark/internal/benchplot"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/benchplot"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // quick is the development mode (TIDEMARK_BENCH_QUICK=1): every benchmark

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 

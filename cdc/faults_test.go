@@ -15,12 +15,12 @@ import (
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/internal/faultproxy"
-	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/syncbuf"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faulttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // netFault is a network fault injected while changes stream: inject

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 

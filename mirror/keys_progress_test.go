@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tidemark-dev/tidemark/internal/progress"
-	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/status"
 )
 

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 

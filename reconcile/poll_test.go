@@ -9,7 +9,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/internal/clock"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
 

@@ -20,7 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/tidemark-dev/tidemark/internal/testenv"
+	"github.com/tidemark-dev/tidemark/internal/testkit/testenv"
 )
 
 // promQuery is a PromQL query of the dashboard or the rules, and where it

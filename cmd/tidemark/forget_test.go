@@ -8,8 +8,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/internal/kafkatest"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
 // TestForgetReleasesRetention: an aggregate removed from the

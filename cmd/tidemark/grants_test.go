@@ -17,8 +17,8 @@ import (
 
 	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
 )
 
 // TestPreflightVerdict: `tidemark run` stops for missing privileges, but

@@ -86,7 +86,7 @@ var layoutRules = []struct {
 	why       string
 	forbidden func(imp string) bool
 }{
-	{"internal", "internal/ holds leaf libraries and test harnesses only",
+	{"internal", "internal/ holds leaf libraries, and test harnesses under internal/testkit, only",
 		func(imp string) bool { return !under(imp, "internal") }},
 	{"ingest/decode", "a decoder knows nothing of how records arrive",
 		func(imp string) bool { return under(imp, "ingest") && imp != "ingest/decode" }},
@@ -102,9 +102,20 @@ var layoutRules = []struct {
 		func(imp string) bool { return imp == "reconcile" || imp == "aggregate" }},
 }
 
+// testkit holds the test harnesses: only tests and other harnesses import
+// them, so none is linked into the binary.
+const testkit = "internal/testkit"
+
 // TestPackageLayout: the package layout's import rules hold.
 func TestPackageLayout(t *testing.T) {
 	for _, f := range moduleFiles(t) {
+		if !under(f.dir, testkit) {
+			for _, imp := range f.imports() {
+				if under(imp, testkit) {
+					t.Errorf("%s imports %s: test harnesses are for tests only", f.path, imp)
+				}
+			}
+		}
 		for _, rule := range layoutRules {
 			if !under(f.dir, rule.dir) {
 				continue

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
 // envMain makes the test binary act as the tidemark command, so that tests

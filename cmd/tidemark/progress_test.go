@@ -12,8 +12,8 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/tidemark-dev/tidemark/internal/progress"
-	"github.com/tidemark-dev/tidemark/internal/syncbuf"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestProgressOutput runs `tidemark poll --once` (a first load),

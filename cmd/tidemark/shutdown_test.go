@@ -16,10 +16,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/internal/faulttest"
-	"github.com/tidemark-dev/tidemark/internal/kafkatest"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faulttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestShutdownLimit: a `run` whose shutdown cannot finish within the

@@ -21,11 +21,11 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
-	"github.com/tidemark-dev/tidemark/internal/ingesttest"
-	"github.com/tidemark-dev/tidemark/internal/kafkatest"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/testcert"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/testcert"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // serverTLS is the kfake TLS option for a broker certificate of ca;

@@ -8,11 +8,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
-	"github.com/tidemark-dev/tidemark/internal/faultproxy"
-	"github.com/tidemark-dev/tidemark/internal/faulttest"
-	"github.com/tidemark-dev/tidemark/internal/ingesttest"
-	"github.com/tidemark-dev/tidemark/internal/kafkatest"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faulttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
 // recoveryBound is how soon after a fault heals the ingester must have

@@ -11,10 +11,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
-	"github.com/tidemark-dev/tidemark/internal/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestRebalance is acceptance item 3: a second ingester joins mid-stream,

@@ -6,7 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 )
 
 // TestExactlyTheGoodEvents is acceptance item 1: 200k records over four

@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/tidemark-dev/tidemark/internal/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
 )
 
 // testKafkaLog is a kafkaLog on a settable clock, recording at info.

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/internal/ingesttest"
-	"github.com/tidemark-dev/tidemark/internal/testenv"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/testenv"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestKcatInterop is acceptance item 5: records produced by kcat, an

@@ -27,10 +27,10 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/oauth"
 
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
-	"github.com/tidemark-dev/tidemark/internal/kafkatest"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/testcert"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/testcert"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // oauthBroker teaches a kfake cluster OAUTHBEARER (RFC 7628, KIP-255),

@@ -12,7 +12,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
 // rawRowsSQL renders a raw table's rows; %s is the table.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/internal/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 )
 
 // poisonTriggerSQL makes the warehouse refuse rows whose payload has a

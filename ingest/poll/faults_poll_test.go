@@ -8,11 +8,11 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/poll"
-	"github.com/tidemark-dev/tidemark/internal/faultproxy"
-	"github.com/tidemark-dev/tidemark/internal/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
-	"github.com/tidemark-dev/tidemark/internal/pgtest"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faulttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // recoveryBound is how soon after a fault heals the component must have

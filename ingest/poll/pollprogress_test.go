@@ -13,7 +13,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/internal/progress"
-	"github.com/tidemark-dev/tidemark/internal/syncbuf"
+	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
 )
 
 // TestPollFirstLoadProgress: a poll source's first load (no watermark

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tidemark-dev/tidemark/internal/benchplot"
+	"github.com/tidemark-dev/tidemark/internal/testkit/benchplot"
 )
 
 func TestTableAndFigure(t *testing.T) {

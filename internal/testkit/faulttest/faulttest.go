@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tidemark-dev/tidemark/internal/faultproxy"
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // Fault is a network fault injected mid-work: Inject starts it, and the

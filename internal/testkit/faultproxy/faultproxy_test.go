@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
-	"github.com/tidemark-dev/tidemark/internal/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
 )
 
 // echoServer answers every line with the same line and reports when a

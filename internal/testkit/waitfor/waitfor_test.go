@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark-dev/tidemark/internal/waitfor"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestPollHolds: Poll returns nil as soon as the condition holds, also
