@@ -15,10 +15,10 @@ import (
 )
 
 // TestDeadLettersCommand: records too old for max_age become dead
-// letters; after max_age is widened, `dead-letters replay` loads them
-// (a dry run first writes nothing), `reconcile --once` counts them in the
-// aggregate, and `dead-letters list` shows them replayed. Bad flags and
-// sources exit 2, naming the flag.
+// letters; after max_age is widened, `dead-letters replay` loads them (a
+// dry run first writes nothing), `dead-letters list` and `status` show
+// them replayed, and `reconcile --once` counts them in the aggregate. Bad
+// flags and sources exit 2, naming the flag.
 func TestDeadLettersCommand(t *testing.T) {
 	pool, dsn := pgtest.NewPool(t)
 	kc := kafkatest.NewCluster(t, 1, "events")
@@ -88,6 +88,7 @@ aggregates:
 			`app_events: read 1 dead letters not yet replayed\n +loaded +0\n`},
 		{"list after", []string{"dead-letters", "list", "-c", wide, "--source", "app_events"}, exitOK,
 			`app_events +time_out_of_range +0 +4 `},
+		{"status", []string{"status", "-c", wide}, exitOK, `dead letters +5 \(missing_id 1, time_out_of_range 4\), 1 not replayed\n`},
 		{"reconcile", []string{"reconcile", "--once", "-c", wide}, exitOK, "daily: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
