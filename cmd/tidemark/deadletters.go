@@ -76,7 +76,7 @@ func deadLettersList(ctx context.Context, f deadLetterFlags, stdout, stderr io.W
 		return exitUsage
 	}
 	if *f.source != "" && cfg.Sources[*f.source] == nil {
-		fmt.Fprintf(stderr, "%s: --source: %s is not a configured source%s\n", app, *f.source, configured("sources", cfg.SourceNames()))
+		fmt.Fprintf(stderr, "%s: --source: %q is not a configured source%s\n", app, *f.source, configured("sources", cfg.SourceNames()))
 		return exitUsage
 	}
 	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
@@ -149,11 +149,8 @@ func replayOptions(cfg *config.Config, f deadLetterFlags) (kafka.ReplayOptions, 
 	switch {
 	case opts.Source == "":
 		return opts, "--source is required"
-	case cfg.Sources[opts.Source] == nil:
-		return opts, fmt.Sprintf("--source: %s is not a configured source%s", opts.Source, configured("Kafka sources", kafkaSources))
-	case cfg.Sources[opts.Source].Kafka == nil:
-		return opts, fmt.Sprintf("--source: %s is not a Kafka source; only Kafka sources have dead letters to replay%s",
-			opts.Source, configured("Kafka sources", kafkaSources))
+	case cfg.Sources[opts.Source] == nil || cfg.Sources[opts.Source].Kafka == nil:
+		return opts, fmt.Sprintf("--source: %q is not a Kafka source%s", opts.Source, configured("Kafka sources", kafkaSources))
 	case opts.Reason != "" && !slices.Contains(decode.Reasons, opts.Reason):
 		return opts, fmt.Sprintf("--reason: %q is not a dead-letter reason (%s)", opts.Reason, strings.Join(decode.Reasons, ", "))
 	}
