@@ -210,9 +210,12 @@ type Source struct {
 	Duplicates          int64            `json:"duplicates"`
 	DeadLetters         int64            `json:"dead_letters"`
 	DeadLettersByReason map[string]int64 `json:"dead_letters_by_reason"`
-	Lag                 *int64           `json:"lag"`
-	KafkaError          string           `json:"kafka_error,omitempty"`
-	Partitions          []Partition      `json:"partitions"`
+	// DeadLettersNotReplayed counts the rows of DeadLettersByReason not
+	// yet loaded by a replay.
+	DeadLettersNotReplayed int64       `json:"dead_letters_not_replayed"`
+	Lag                    *int64      `json:"lag"`
+	KafkaError             string      `json:"kafka_error,omitempty"`
+	Partitions             []Partition `json:"partitions"`
 	// Poll is the state of a poll source.
 	Poll *Poll `json:"poll,omitempty"`
 	// CDC is the state of a CDC source.
@@ -393,7 +396,7 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 	if st.parts, err = raw.PartitionStates(ctx, q, cfg.Kafka.Group); err != nil {
 		return nil, err
 	}
-	if st.reasons, err = deadLetterReasons(ctx, q); err != nil {
+	if st.reasons, st.notReplayed, err = deadLetterReasons(ctx, q, v); err != nil {
 		return nil, err
 	}
 	st.ends, st.starts, st.kafkaErr = listOffsets(ctx, adm, cfg)
@@ -425,6 +428,7 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 type streams struct {
 	parts        []raw.PartitionState
 	reasons      map[string]map[string]int64
+	notReplayed  map[string]int64 // dead letters not replayed, by source
 	ends, starts kadm.ListedOffsets
 	kafkaErr     error
 }
@@ -471,7 +475,7 @@ func gatherSource(ctx context.Context, q Querier, name string, sc *config.Source
 	case sc.CDC != nil:
 		kind = "cdc"
 	}
-	s := Source{Name: name, Kind: kind, DeadLettersByReason: st.reasons[name]}
+	s := Source{Name: name, Kind: kind, DeadLettersByReason: st.reasons[name], DeadLettersNotReplayed: st.notReplayed[name]}
 	if s.DeadLettersByReason == nil {
 		s.DeadLettersByReason = map[string]int64{}
 	}
@@ -754,27 +758,41 @@ func utc(t *time.Time) *time.Time {
 	return &u
 }
 
-const deadLetterReasonsSQL = `SELECT source, reason, count(*) FROM tidemark.dead_letters GROUP BY source, reason`
+// deadLetterReasonsSQL counts dead letters by source and reason, and
+// those not replayed; deadLetterReasonsV11SQL is the same for a schema
+// before version 12, which had no replays.
+const (
+	deadLetterReasonsSQL = `SELECT source, reason, count(*), count(*) FILTER (WHERE replayed_at IS NULL)
+FROM tidemark.dead_letters GROUP BY source, reason`
+	deadLetterReasonsV11SQL = `SELECT source, reason, count(*), count(*) FROM tidemark.dead_letters GROUP BY source, reason`
+)
 
-func deadLetterReasons(ctx context.Context, q Querier) (map[string]map[string]int64, error) {
-	rows, err := q.Query(ctx, deadLetterReasonsSQL)
+// deadLetterReasons reads the dead letters by source and reason, and by
+// source those not replayed; v is the schema version.
+func deadLetterReasons(ctx context.Context, q Querier, v int) (map[string]map[string]int64, map[string]int64, error) {
+	query := deadLetterReasonsSQL
+	if v < 12 {
+		query = deadLetterReasonsV11SQL
+	}
+	rows, err := q.Query(ctx, query)
 	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w", err)
+		return nil, nil, fmt.Errorf("read dead letters: %w", err)
 	}
 	defer rows.Close()
-	out := map[string]map[string]int64{}
+	out, open := map[string]map[string]int64{}, map[string]int64{}
 	for rows.Next() {
 		var src, reason string
-		var n int64
-		if err := rows.Scan(&src, &reason, &n); err != nil {
-			return nil, fmt.Errorf("read dead letters: %w", err)
+		var n, notReplayed int64
+		if err := rows.Scan(&src, &reason, &n, &notReplayed); err != nil {
+			return nil, nil, fmt.Errorf("read dead letters: %w", err)
 		}
 		if out[src] == nil {
 			out[src] = map[string]int64{}
 		}
 		out[src][reason] = n
+		open[src] += notReplayed
 	}
-	return out, rows.Err()
+	return out, open, rows.Err()
 }
 
 // WriteJSON writes the report as indented JSON.
@@ -871,7 +889,7 @@ func writeKafka(w io.Writer, s Source) {
 	fmt.Fprintf(w, "  records read\t%d\n", s.Records)
 	fmt.Fprintf(w, "  rows\t%d\n", s.Rows)
 	fmt.Fprintf(w, "  duplicates dropped\t%d\n", s.Duplicates)
-	fmt.Fprintf(w, "  dead letters\t%d%s\n", s.DeadLetters, fmtReasons(s.DeadLettersByReason))
+	fmt.Fprintf(w, "  dead letters\t%d%s%s\n", s.DeadLetters, fmtReasons(s.DeadLettersByReason), fmtNotReplayed(s))
 	writeRaw(w, s.Raw)
 	fmt.Fprintf(w, "  lag\t%s\n", fmtInt(s.Lag))
 	if s.KafkaError != "" {
@@ -882,6 +900,19 @@ func writeKafka(w io.Writer, s Source) {
 		fmt.Fprintf(w, "  %s/%d\t%s\t%s\t%s\t%s\n", p.Topic, p.Partition, fmtInt(p.StoredOffset), fmtInt(p.EndOffset),
 			fmtInt(p.Lag), fmtTime(p.MaxEventTime))
 	}
+}
+
+// fmtNotReplayed says how many stored dead letters are not replayed, when
+// some are replayed.
+func fmtNotReplayed(s Source) string {
+	var stored int64
+	for _, n := range s.DeadLettersByReason {
+		stored += n
+	}
+	if stored == s.DeadLettersNotReplayed {
+		return ""
+	}
+	return fmt.Sprintf(", %d not replayed", s.DeadLettersNotReplayed)
 }
 
 // writeAggregate writes an aggregate: its watermarks, queue, failing and

@@ -13,6 +13,8 @@
 //	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run] [--force]
 //	tidemark prune     [-c tidemark.yaml] [--dry-run]
 //	tidemark forget    --aggregate NAME [-c tidemark.yaml] [--dry-run]
+//	tidemark dead-letters list [-c tidemark.yaml] [--source NAME]
+//	tidemark dead-letters replay --source NAME [-c tidemark.yaml] [--reason R] [--since T] [--dry-run]
 //	tidemark status    [-c tidemark.yaml] [--json]
 //	tidemark lateness  --source NAME [-c tidemark.yaml] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
 //	tidemark grants    [-c tidemark.yaml] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
@@ -111,6 +113,9 @@ Usage:
   tidemark prune     [-c FILE] [--dry-run]                remove what retention no longer keeps
   tidemark forget    --aggregate NAME [-c FILE] [--dry-run]
                                                           remove the state of an aggregate no longer configured
+  tidemark dead-letters list [-c FILE] [--source NAME]    count dead letters by source and reason
+  tidemark dead-letters replay --source NAME [-c FILE] [--reason R] [--since T] [--dry-run]
+                                                          load the dead letters that decode with the configuration now
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
   tidemark lateness  --source NAME [-c FILE] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
                                                           how late events arrive; the horizon that keeps a target share
@@ -149,20 +154,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // commands are the commands by name; run dispatches through this table.
 var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) int{
-	"run":       cmdRun,
-	"migrate":   cmdMigrate,
-	"status":    cmdStatus,
-	"lateness":  cmdLateness,
-	"reconcile": cmdReconcile,
-	"backfill":  cmdBackfill,
-	"verify":    cmdVerify,
-	"refresh":   cmdRefresh,
-	"poll":      cmdPoll,
-	"keys":      cmdKeys,
-	"prune":     cmdPrune,
-	"forget":    cmdForget,
-	"grants":    cmdGrants,
-	"demo":      cmdDemo,
+	"run":          cmdRun,
+	"migrate":      cmdMigrate,
+	"status":       cmdStatus,
+	"lateness":     cmdLateness,
+	"reconcile":    cmdReconcile,
+	"backfill":     cmdBackfill,
+	"verify":       cmdVerify,
+	"refresh":      cmdRefresh,
+	"poll":         cmdPoll,
+	"keys":         cmdKeys,
+	"prune":        cmdPrune,
+	"forget":       cmdForget,
+	"dead-letters": cmdDeadLetters,
+	"grants":       cmdGrants,
+	"demo":         cmdDemo,
 	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) int {
 		fmt.Fprintf(stdout, "tidemark %s (%s)\n", service.VersionString(), runtime.Version())
 		return exitOK

@@ -239,7 +239,13 @@ func TestPrivilegeLeastRoles(t *testing.T) {
 		}
 	}
 
-	// The commands, as the runtime role.
+	// The commands, as the runtime role. A dead letter that decodes now
+	// (the warehouse once refused it) is there for replay to load.
+	if _, err := p.admin.Exec(ctx, `INSERT INTO tidemark.dead_letters (source, reason, detail, topic, partition, "offset", record_value, ingested_at)
+		VALUES ('app_events', 'rejected', 'refused once', 'events', 0, 99, convert_to($1, 'UTF8'), now())`,
+		fmt.Sprintf(`{"event_id":"e4","event_time":%q,"amount":1}`, e2.Format(time.RFC3339))); err != nil {
+		t.Fatal(err)
+	}
 	from, to := day(e1), day(e2)
 	for _, c := range []struct {
 		args []string
@@ -259,6 +265,8 @@ func TestPrivilegeLeastRoles(t *testing.T) {
 		{[]string{"status"}, exitOK, "source shop"},
 		{[]string{"lateness", "--source", "app_events"}, exitOK, "lateness of source app_events"},
 		{[]string{"lateness", "--source", "shop"}, exitOK, "lateness of source shop"},
+		{[]string{"dead-letters", "list"}, exitOK, "app_events"},
+		{[]string{"dead-letters", "replay", "--source", "app_events"}, exitOK, "loaded          1"},
 	} {
 		code, out, errOut := invoke(t, append(c.args, "-c", p.runCfg)...)
 		if code != c.code || !strings.Contains(out+errOut, c.want) {

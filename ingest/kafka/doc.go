@@ -44,4 +44,12 @@
 // batch is decoded, so the client's fetch buffers (one of at most
 // kafka.fetch_max_bytes per broker) and two batches bound its memory, and
 // it retries with backoff.
+//
+// # Replaying dead letters
+//
+// Replay decodes a source's stored dead letters again with the current
+// configuration and loads those that now decode through the writer's own
+// steps (probe, COPY, ledger), marking them replayed in the same
+// transaction, one chunk of dead letters (locked FOR UPDATE SKIP LOCKED)
+// per transaction: a crash loses nothing and loads nothing twice.
 package kafka

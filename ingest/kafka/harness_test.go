@@ -52,6 +52,7 @@ type bundle struct {
 	brokers          string // kafka.brokers[0]; default the cluster's address
 	rebalanceTimeout string // default 5s
 	batchMaxAge      string // default 50ms
+	maxAge           string // sources.app_events.max_age; default 30d
 }
 
 // setup gives a test a migrated warehouse database and a kfake cluster
@@ -107,9 +108,9 @@ sources:
     kafka: {topics: [%s]}
     event_id: /event_id
     event_time: /event_time
-    max_age: 30d
+    max_age: %s
 %s`, b.dsn, b.warehouseYAML, or(b.brokers, b.kafka.ListenAddrs()[0]), group, or(b.rebalanceTimeout, "5s"), b.kafkaYAML,
-		or(b.batchMaxAge, "50ms"), b.topic, b.yaml)
+		or(b.batchMaxAge, "50ms"), b.topic, or(b.maxAge, "30d"), b.yaml)
 }
 
 func (b *bundle) config(t *testing.T) *config.Config {
