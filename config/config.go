@@ -194,6 +194,11 @@ const (
 	DedupeEventID = "event_id"
 )
 
+// MaxDedupeWindow is the largest dedupe.window (366d in the table of
+// keys): retention keeps the ids of a source that no configuration it
+// reads dedupes for as long, as another instance may.
+const MaxDedupeWindow = 366 * 24 * time.Hour
+
 // DedupeWindow is how long an event id loaded by the source drops later
 // events with that id; zero when the source does not dedupe by id.
 func (s *Source) DedupeWindow() time.Duration {
