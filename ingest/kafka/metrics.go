@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		}, []string{"source"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_duplicates_total",
-			Help: "Good records dropped because their (event_id, event_time) was already stored.",
+			Help: "Good records dropped because their (event_id, event_time) was already stored, or came earlier in the batch, or their id did (dedupe.by: event_id).",
 		}, []string{"source"}),
 		duplicateIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_duplicate_ids_total",
