@@ -48,6 +48,8 @@ type env struct {
 	kc   *kfake.Cluster
 	last string // the previous measurement's database
 	cpu  cpuUse // what the last measureCopyIn or measureGroup used
+	// sourceKeys are extra keys of the source measureGroup loads.
+	sourceKeys string
 }
 
 // settle drops the previous measurement's database and checkpoints.
@@ -147,7 +149,9 @@ func (e *env) produce(b *testing.B, recs []*kgo.Record) map[int32]int64 {
 	return end
 }
 
-func configFor(dsn, broker, group string) string {
+// configFor is the benchmarks' configuration; sourceKeys are added to
+// the source's keys, each line indented by four spaces.
+func configFor(dsn, broker, group, sourceKeys string) string {
 	return fmt.Sprintf(`
 warehouse: {dsn: %q}
 http: {listen: "off"}
@@ -161,7 +165,8 @@ sources:
     event_time: /event_time
     max_age: 30d
 %s
-`, dsn, broker, group, batchRowsYAML(), source, topic, os.Getenv("TIDEMARK_BENCH_EXTRA"))
+%s
+`, dsn, broker, group, batchRowsYAML(), source, topic, sourceKeys, os.Getenv("TIDEMARK_BENCH_EXTRA"))
 }
 
 // batchRowsYAML sets ingest.batch_max_rows when TIDEMARK_BENCH_BATCH_ROWS
@@ -177,7 +182,7 @@ func batchRowsYAML() string {
 // of tidemark's transactions.
 func batchRows(b *testing.B) int {
 	b.Helper()
-	cfg, err := config.Parse("bench.yaml", []byte(configFor("postgres://localhost/x", "localhost:9092", "g")),
+	cfg, err := config.Parse("bench.yaml", []byte(configFor("postgres://localhost/x", "localhost:9092", "g", "")),
 		func(string) (string, bool) { return "", false })
 	if err != nil {
 		b.Fatal(err)
@@ -363,7 +368,7 @@ func (e *env) measureTidemark(b *testing.B, end map[int32]int64, n int) (float64
 func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, group string) (float64, time.Duration) {
 	b.Helper()
 	dsn, conn := e.database(b)
-	cfg, err := config.Parse("bench.yaml", []byte(configFor(dsn, e.kc.ListenAddrs()[0], group)), func(string) (string, bool) { return "", false })
+	cfg, err := config.Parse("bench.yaml", []byte(configFor(dsn, e.kc.ListenAddrs()[0], group, e.sourceKeys)), func(string) (string, bool) { return "", false })
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -512,7 +517,7 @@ func BenchmarkDrainRSS(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		dsn, conn := e.database(b)
 		cfgPath := filepath.Join(b.TempDir(), "tidemark.yaml")
-		if err := os.WriteFile(cfgPath, []byte(configFor(dsn, e.kc.ListenAddrs()[0], "bench-rss")), 0o600); err != nil {
+		if err := os.WriteFile(cfgPath, []byte(configFor(dsn, e.kc.ListenAddrs()[0], "bench-rss", "")), 0o600); err != nil {
 			b.Fatal(err)
 		}
 		cmd := exec.Command(bin, "run", "-c", cfgPath)

@@ -24,6 +24,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -165,6 +166,8 @@ type Source struct {
 	// Retention says how long the source's raw partitions and dead
 	// letters are kept.
 	Retention SourceRetention `yaml:"retention"`
+	// Dedupe drops events whose id was loaded before (Kafka sources).
+	Dedupe *Dedupe `yaml:"dedupe"`
 
 	// Name is the key under sources.
 	Name string `yaml:"-"`
@@ -173,6 +176,36 @@ type Source struct {
 // KafkaSource is a source fed by Kafka topics.
 type KafkaSource struct {
 	Topics []string `yaml:"topics"`
+}
+
+// Dedupe says which events of a Kafka source are duplicates beyond the
+// raw table's key (event_id, event_time).
+type Dedupe struct {
+	// By is DedupeNone or DedupeEventID: an event whose id was loaded
+	// within Window is dropped whatever its time.
+	By string `yaml:"by"`
+	// Window is how long a loaded id drops later events with that id.
+	Window Duration `yaml:"window"`
+}
+
+// Dedupe values.
+const (
+	DedupeNone    = "none"
+	DedupeEventID = "event_id"
+)
+
+// MaxDedupeWindow is the largest dedupe.window (366d in the table of
+// keys): retention keeps the ids of a source that no configuration it
+// reads dedupes for as long, as another instance may.
+const MaxDedupeWindow = 366 * 24 * time.Hour
+
+// DedupeWindow is how long an event id loaded by the source drops later
+// events with that id; zero when the source does not dedupe by id.
+func (s *Source) DedupeWindow() time.Duration {
+	if s.Dedupe == nil || s.Dedupe.By != DedupeEventID {
+		return 0
+	}
+	return s.Dedupe.Window.D()
 }
 
 // Watermark tunes the event-time watermark of a source.
@@ -396,6 +429,9 @@ func (c *Config) validate(ix *index) {
 			ix.add(p, "is empty")
 			continue
 		}
+		if s.Dedupe != nil && (s.Kafka == nil || s.Table != nil || s.Poll != nil || s.CDC != nil) {
+			ix.add(p+".dedupe", "applies to Kafka sources only")
+		}
 		kinds := 0
 		for _, set := range []bool{s.Kafka != nil, s.Table != nil, s.Poll != nil, s.CDC != nil} {
 			if set {
@@ -487,6 +523,14 @@ func (c *Config) validateKafkaSource(ix *index, name string, s *Source, topics m
 	checkPointer(ix, p+".event_time", s.EventTime, s.EventTimeFallback != "")
 	for _, key := range []string{"max_age", "max_future_skew", "watermark.out_of_orderness", "watermark.idle_timeout"} {
 		c.check(ix, "sources.<name>."+key, name)
+	}
+	if d := s.Dedupe; d != nil && c.check(ix, "sources.<name>.dedupe.by", name) {
+		switch {
+		case d.By == DedupeEventID && d.Window == 0:
+			ix.add(p+".dedupe.window", "is required with dedupe.by: %s", DedupeEventID)
+		case d.Window != 0:
+			c.check(ix, "sources.<name>.dedupe.window", name)
+		}
 	}
 }
 

@@ -148,6 +148,12 @@ var keys = []Key{
 	{Path: "sources.<name>.watermark.idle_timeout", Default: "5m", Min: "0"},
 	{Path: "sources.<name>.retention.raw", Default: "400d", Min: "1d", Why: " (raw partitions are dropped whole)", Allowed: "not on table sources"},
 	{Path: "sources.<name>.retention.dead_letters", Default: "30d", Min: "0", Allowed: "not on table sources"},
+	{Path: "sources.<name>.dedupe.by", Default: DedupeNone, OneOf: []string{DedupeNone, DedupeEventID}, Allowed: "Kafka sources only"},
+	// Ids are kept for the window: a shorter one would miss most
+	// producer retries, a longer one keeps ids past any raw retention
+	// that matters for lateness (the largest lateness horizon is 366d).
+	{Path: "sources.<name>.dedupe.window", Note: "required with `by: event_id`", Min: "1h", Max: "366d",
+		Why: " (ids are kept for the window: at least an hour to catch retries, at most the longest lateness horizon)"},
 
 	{Path: "sources.<name>.cdc.dsn", Note: "required", Allowed: "a PostgreSQL connection string; the role needs `REPLICATION` and `SELECT` on the tables"},
 	{Path: "sources.<name>.cdc.dsn_file", Allowed: "a file holding `dsn` ([secrets in files](#secrets-in-files))"},

@@ -25,6 +25,7 @@ sources:
     kafka: {topics: [events]}
     event_id: /id
     event_time: /ts
+    dedupe: {by: event_id, window: 7d}
   partner:
     table: {name: partner.sales, key: [id], event_time: occurred_at, ingested_at: loaded_at}
   customers:

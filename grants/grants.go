@@ -48,7 +48,7 @@ import (
 // migrated schema).
 var StateTables = []string{
 	"backfill_chunks", "backfill_runs", "cdc_positions", "corrections", "dead_letters",
-	"ingest_ledger", "kafka_offsets", "key_reconciliations", "load_watermarks", "partition_arrivals",
+	"event_ids", "ingest_ledger", "kafka_offsets", "key_reconciliations", "load_watermarks", "partition_arrivals",
 	"partitions", "pending_partitions", "poll_watermarks", "raw_retention", "shadow_builds", "source_watermarks",
 	"verify_runs",
 }

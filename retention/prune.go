@@ -348,6 +348,10 @@ const (
 	deadLetterWhere  = `t.source = $1 AND t.ingested_at < $2`
 	correctionsWhere = `t.aggregate = $1 AND t.recorded_at < $2 AND (t.policy <> 'arrival' OR t.arrival_partition_start < $3)`
 	arrivalsWhere    = `t.aggregate = $1 AND t.partition_start < $2`
+	eventIDsWhere    = `t.source = $1 AND t.loaded_at < $2`
+	// Ids of sources this configuration does not dedupe by id (another
+	// instance's, or one whose dedupe was turned off).
+	otherEventIDsWhere = `t.source <> ALL($1::text[]) AND t.loaded_at < $2`
 
 	// Finished runs older than the cutoff, except the latest of each kind.
 	backfillRunsWhere = `t.status <> 'running' AND t.finished_at < $1
@@ -380,11 +384,16 @@ SELECT min(partition_start) FROM (
 // rules lists what this run removes from the state tables.
 func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Time) ([]rule, error) {
 	ret := p.cfg.Retention
-	var ledger, dead, corrections, arrivals []rule
+	var ledger, dead, corrections, arrivals, ids []rule
+	deduped := []string{}
 	for _, name := range p.cfg.SourceNames() {
 		src := p.cfg.Sources[name]
 		if src.Table != nil {
 			continue
+		}
+		if w := src.DedupeWindow(); w > 0 {
+			deduped = append(deduped, name)
+			ids = append(ids, rule{"tidemark.event_ids", eventIDsWhere, []any{name, now.Add(-w)}})
 		}
 		below, err := p.readBy(ctx, conn, v, name)
 		if err != nil {
@@ -424,7 +433,8 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Tim
 		}
 	}
 	runs := now.Add(-ret.Runs.D())
-	out := append(append(append(ledger, dead...), corrections...), arrivals...)
+	ids = append(ids, rule{"tidemark.event_ids", otherEventIDsWhere, []any{deduped, now.Add(-config.MaxDedupeWindow)}})
+	out := append(append(append(append(ledger, dead...), ids...), corrections...), arrivals...)
 	return append(out,
 		rule{"tidemark.backfill_chunks", backfillChunksWhere, []any{runs}},
 		rule{"tidemark.backfill_runs", backfillRunsWhere, []any{runs}},

@@ -18,7 +18,9 @@
 // duplicates by (event_id, event_time); the rest is written with a binary
 // COPY that the writer encodes itself (rawCopy);
 // repeats are looked for, and stored events probed for in the raw
-// partitions the batch touches, only once a COPY has failed on one), one
+// partitions the batch touches, only once a COPY has failed on one; for a
+// source with dedupe.by: event_id, the ids of tidemark.event_ids loaded
+// within the window too, see dedupeIDs), one
 // ingest-ledger row per source and UTC hour of event time that the new rows
 // touch, the dead letters, and for each Kafka partition the next offset,
 // its leader epoch, the largest event time seen and running totals. Every row carries the transaction id (xid8) that wrote it, so the

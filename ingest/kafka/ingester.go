@@ -44,6 +44,9 @@ type source struct {
 	name string
 	dec  *decode.Decoder
 	raw  *raw.Table
+	// dedupeWindow is how long a loaded event id drops later events with
+	// the id (dedupe.by: event_id); zero: only (event_id, event_time).
+	dedupeWindow time.Duration
 }
 
 // Ingester consumes the configured Kafka sources as one member of the
@@ -133,7 +136,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		if err != nil {
 			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
 		}
-		src := &source{name: name, dec: dec, raw: raw.NewTable(name, sc.RawPartition)}
+		src := &source{name: name, dec: dec, raw: raw.NewTable(name, sc.RawPartition), dedupeWindow: sc.DedupeWindow()}
 		src.raw.Log = in.log
 		in.sources = append(in.sources, src)
 		names = append(names, name)
@@ -627,6 +630,9 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 		for src, n := range written {
 			in.m.written.WithLabelValues(src.name).Add(float64(n))
 			in.m.duplicates.WithLabelValues(src.name).Add(float64(dups[src]))
+		}
+		for src, n := range res.idDuplicates {
+			in.m.duplicateIDs.WithLabelValues(src.name).Add(float64(n))
 		}
 		for _, d := range append(append([]deadLetter(nil), b.dead...), res.rejected...) {
 			in.m.deadLetters.WithLabelValues(d.src.name, d.rej.Reason).Inc()

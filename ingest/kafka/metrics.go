@@ -14,6 +14,7 @@ type metrics struct {
 	consumed      *prometheus.CounterVec
 	written       *prometheus.CounterVec
 	duplicates    *prometheus.CounterVec
+	duplicateIDs  *prometheus.CounterVec
 	deadLetters   *prometheus.CounterVec
 	batchRows     prometheus.Histogram
 	commitSeconds prometheus.Histogram
@@ -39,7 +40,11 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		}, []string{"source"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_duplicates_total",
-			Help: "Good records dropped because their (event_id, event_time) was already stored.",
+			Help: "Good records dropped because their (event_id, event_time) was already stored, or came earlier in the batch, or their id did (dedupe.by: event_id).",
+		}, []string{"source"}),
+		duplicateIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tidemark_ingest_duplicate_ids_total",
+			Help: "Good records of sources with dedupe.by: event_id dropped because their id was loaded within the window or came earlier in the batch; counted among the duplicates too.",
 		}, []string{"source"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_dead_letters_total",
@@ -80,6 +85,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		m.consumed = promreg.Shared(reg, m.consumed)
 		m.written = promreg.Shared(reg, m.written)
 		m.duplicates = promreg.Shared(reg, m.duplicates)
+		m.duplicateIDs = promreg.Shared(reg, m.duplicateIDs)
 		m.deadLetters = promreg.Shared(reg, m.deadLetters)
 		m.batchRows = promreg.Shared(reg, m.batchRows)
 		m.commitSeconds = promreg.Shared(reg, m.commitSeconds)
@@ -93,6 +99,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		m.consumed.WithLabelValues(s)
 		m.written.WithLabelValues(s)
 		m.duplicates.WithLabelValues(s)
+		m.duplicateIDs.WithLabelValues(s)
 		for _, r := range decode.Reasons {
 			m.deadLetters.WithLabelValues(s, r)
 		}

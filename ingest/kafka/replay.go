@@ -96,8 +96,9 @@ type ReplayReport struct {
 	// dry run); their dead letters are marked replayed.
 	Loaded int
 	// AlreadyStored counts dead letters whose event raw.<source> held
-	// already (or that repeat one loaded before them); they are marked
-	// replayed too.
+	// already, that repeat one loaded before them, or, on a source with
+	// dedupe.by: event_id, whose id was loaded within the window; they
+	// are marked replayed too.
 	AlreadyStored int
 	// Failing counts, by reason, the dead letters that still cannot be
 	// loaded; they are left as they were.
@@ -394,6 +395,12 @@ func (r *replayer) probe(ctx context.Context, tx pgx.Tx, b *batch, res chunkResu
 			res.loaded = append(res.loaded, row)
 		}
 	}
+	// A source that dedupes by id drops events whose id was loaded within
+	// its window. The claim this makes is rolled back with the dry run's
+	// transaction.
+	if res.loaded, _, err = r.w.dedupeIDs(ctx, tx, res.loaded, r.opts.Now()); err != nil {
+		return res, err
+	}
 	res.stored = len(b.rows) - len(res.loaded)
 	return res, nil
 }
@@ -408,9 +415,15 @@ func (w *writer) storeReplayed(ctx context.Context, tx pgx.Tx, b *batch, ingeste
 	if err != nil {
 		return nil, nil, err
 	}
+	if fresh, _, err = w.dedupeIDs(ctx, tx, fresh, ingestedAt); err != nil {
+		return nil, nil, err
+	}
 	var rejected []deadLetter
 	if checkRows {
-		fresh, rejected, err = w.insertCheckingRows(ctx, tx, fresh, ingestedAt)
+		claimed := fresh
+		if fresh, rejected, err = w.insertCheckingRows(ctx, tx, fresh, ingestedAt); err == nil {
+			err = w.releaseIDs(ctx, tx, missing(claimed, fresh))
+		}
 	} else {
 		err = w.copyRows(ctx, tx, fresh, ingestedAt)
 	}

@@ -89,6 +89,10 @@ type writeResult struct {
 	rejected []deadLetter
 	// committed is false when nothing was left to write.
 	committed bool
+	// idDuplicates counts, per source with dedupe.by: event_id, the rows
+	// dropped because their id was loaded within the window or came
+	// earlier in the batch; they are among the duplicates too.
+	idDuplicates map[*source]int
 }
 
 // writer writes batches on one dedicated connection.
@@ -183,14 +187,21 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err != nil {
 		return res, err
 	}
+	if fresh, res.idDuplicates, err = w.dedupeIDs(ctx, tx, fresh, ingestedAt); err != nil {
+		return res, err
+	}
 	var rejected []deadLetter
 	if checkRows {
+		claimed := fresh
 		if fresh, rejected, err = w.insertCheckingRows(ctx, tx, fresh, ingestedAt); err != nil {
+			return res, err
+		}
+		if err := w.releaseIDs(ctx, tx, missing(claimed, fresh)); err != nil {
 			return res, err
 		}
 	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
 		if !probe && errors.Is(err, errRetryNow) && pgerr.UniqueViolation(err) {
-			if !dedupe && len(firstOfEach(b)) < len(b.rows) {
+			if !dedupe && repeats(fresh) {
 				w.dedupeLeft = probeAfterDuplicate
 			} else {
 				w.probeLeft = probeAfterDuplicate
