@@ -49,6 +49,16 @@ type source struct {
 	dedupeWindow time.Duration
 }
 
+// newSource is the source named name as configured by sc, for the
+// ingester and for a replay of its dead letters alike.
+func newSource(name string, sc *config.Source) (*source, error) {
+	dec, err := decode.NewDecoder(sc)
+	if err != nil {
+		return nil, err
+	}
+	return &source{name: name, dec: dec, raw: raw.NewTable(name, sc.RawPartition), dedupeWindow: sc.DedupeWindow()}, nil
+}
+
 // Ingester consumes the configured Kafka sources as one member of the
 // consumer group and writes them to the warehouse. See the package
 // documentation for its guarantees.
@@ -132,11 +142,10 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		if sc.Kafka == nil {
 			continue
 		}
-		dec, err := decode.NewDecoder(sc)
+		src, err := newSource(name, sc)
 		if err != nil {
 			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
 		}
-		src := &source{name: name, dec: dec, raw: raw.NewTable(name, sc.RawPartition), dedupeWindow: sc.DedupeWindow()}
 		src.raw.Log = in.log
 		in.sources = append(in.sources, src)
 		names = append(names, name)

@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -147,13 +146,13 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	dec, err := decode.NewDecoder(sc)
+	src, err := newSource(opts.Source, sc)
 	if err != nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 	}
 	r := &replayer{
 		opts: opts,
-		src:  &source{name: opts.Source, dec: dec, raw: raw.NewTable(opts.Source, sc.RawPartition)},
+		src:  src,
 		w:    &writer{group: cfg.Kafka.Group, conn: conn},
 		wait: cfg.Warehouse.WriteTimeout.D(),
 		rep:  ReplayReport{Source: opts.Source, DryRun: opts.DryRun, Failing: map[string]int{}},

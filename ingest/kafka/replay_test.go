@@ -239,6 +239,32 @@ func TestReplayAlreadyStored(t *testing.T) {
 	checkReport(t, "second replay", again, 0, 0, map[string]int{})
 }
 
+// TestReplayDedupeByID: on a source with dedupe.by: event_id, a dead
+// letter whose id was loaded since (with another event time) is counted as
+// already stored and not loaded, in the dry run too; one whose id was not
+// loads.
+func TestReplayDedupeByID(t *testing.T) {
+	b := setup(t, 1)
+	b.yaml = "    dedupe: {by: event_id, window: 7d}\n"
+	b.maxAge = "1d"
+	b.ingestAll(t, []*kgo.Record{
+		event(b.topic, "resent", rfc3339(testNow.Add(-72*time.Hour))),
+		event(b.topic, "only-dead", rfc3339(testNow.Add(-72*time.Hour))),
+	})
+	b.ingestAll(t, []*kgo.Record{event(b.topic, "resent", rfc3339(testNow))})
+	assertRawIDs(t, b, map[string]bool{"resent": true})
+	b.maxAge = "30d"
+
+	dry := b.replay(t, kafka.ReplayOptions{DryRun: true})
+	checkReport(t, "dry run", dry, 1, 1, map[string]int{})
+	rep := b.replay(t, kafka.ReplayOptions{})
+	checkReport(t, "replay", rep, 1, 1, map[string]int{})
+	if ids := rawIDs(t, b); ids["resent"] != 1 || ids["only-dead"] != 1 {
+		t.Errorf("raw events by id %v, want resent and only-dead once each", ids)
+	}
+	ingesttest.AssertLedger(t, b.pool, "app_events")
+}
+
 // TestReplaySelection: --reason and --since limit what a replay reads.
 func TestReplaySelection(t *testing.T) {
 	b := setup(t, 1)
