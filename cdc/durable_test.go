@@ -43,6 +43,7 @@ func confirmThenCrash(t *testing.T, change string) {
 	e.src, e.srcDSN = pgtest.NewPool(t)
 	e.whDSN = pgtest.NewDatabaseOn(t, srv)
 	e.wh = pgtest.Pool(t, e.whDSN)
+	e.readers = pgtest.Pool(t, e.whDSN)
 	if _, err := migrate.Up(e.ctx, e.whDSN, nil); err != nil {
 		t.Fatal(err)
 	}
