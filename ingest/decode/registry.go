@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -75,8 +76,9 @@ type schemaEntry struct {
 // keeps their codecs by schema id, at most MaxCachedSchemas of them. It is
 // safe for concurrent use.
 type Registry struct {
-	cl      *sr.Client
-	timeout time.Duration
+	cl       *sr.Client
+	timeout  time.Duration
+	answered atomic.Int64 // requests the registry answered
 
 	mu    sync.Mutex
 	lru   *list.List // of *schemaEntry, most recent first
@@ -140,6 +142,11 @@ func NewRegistry(c config.SchemaRegistry) (*Registry, error) {
 	return &Registry{cl: cl, timeout: timeout, lru: list.New(), byID: map[int]*list.Element{}, limit: MaxCachedSchemas}, nil
 }
 
+// Answered counts the requests the registry answered, with a schema or
+// with Confluent's word that it does not exist: a caller tells from it
+// that the registry is reachable again.
+func (g *Registry) Answered() int64 { return g.answered.Load() }
+
 // Len is the number of schemas cached.
 func (g *Registry) Len() int {
 	g.mu.Lock()
@@ -202,6 +209,9 @@ func (g *Registry) fetch(ctx context.Context, id int) (*schemaEntry, error) {
 	rctx, cancel := context.WithTimeout(ctx, g.timeout)
 	s, err := g.cl.SchemaByID(rctx, id)
 	cancel()
+	if err == nil || registryCode(err) == codeSchemaNotFound {
+		g.answered.Add(1)
+	}
 	if err != nil {
 		if registryCode(err) == codeSchemaNotFound {
 			e.rej = &Rejection{ReasonUnknownSchema, fmt.Sprintf("schema id %d does not exist in the registry", id)}
@@ -248,6 +258,9 @@ func (g *Registry) references(ctx context.Context, refs []sr.SchemaReference, se
 		rctx, cancel := context.WithTimeout(ctx, g.timeout)
 		s, err := g.cl.SchemaByVersion(rctx, ref.Subject, ref.Version)
 		cancel()
+		if code := registryCode(err); err == nil || code == codeSubjectNotFound || code == codeVersionNotFound || code == codeSchemaNotFound {
+			g.answered.Add(1)
+		}
 		if code := registryCode(err); code == codeSubjectNotFound || code == codeVersionNotFound || code == codeSchemaNotFound {
 			return fmt.Sprintf("the reference %s (subject %s, version %d) does not exist in the registry", ref.Name, ref.Subject, ref.Version), nil
 		}
