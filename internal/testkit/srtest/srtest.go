@@ -67,6 +67,16 @@ func (g *Registry) Register(subject string, s sr.Schema) int {
 	return id
 }
 
+// RegisterAs is Register with the id given; later ids of Register come
+// after it.
+func (g *Registry) RegisterAs(subject string, id int, s sr.Schema) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.nextID = max(g.nextID, id+1)
+	g.subjects[subject] = append(g.subjects[subject], id)
+	g.byID[id] = sr.SubjectSchema{Subject: subject, Version: len(g.subjects[subject]), ID: id, Schema: s}
+}
+
 // Fail makes every request answer with status and body until Heal; a
 // body of "" answers without one.
 func (g *Registry) Fail(status int, body string) {
