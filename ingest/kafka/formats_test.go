@@ -175,7 +175,9 @@ func TestAvroDeadLetters(t *testing.T) {
 	badID := g.Register("bad-value", sr.Schema{Schema: `{"type":"record","name":"B","fields":[{"name":"x","type":"Unknown"}]}`})
 	enc := srtest.AvroEncoder(t, id, schema)
 	ts := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
-	good := func(name string) []byte { return enc(map[string]any{"event_id": name, "event_time": ts, "v": int32(1)}) }
+	good := func(name string) []byte {
+		return enc(map[string]any{"event_id": name, "event_time": ts, "v": int32(1)})
+	}
 	withID := func(v []byte, id int) []byte {
 		v = append([]byte{}, v...)
 		v[1], v[2], v[3], v[4] = byte(id>>24), byte(id>>16), byte(id>>8), byte(id)
@@ -247,9 +249,9 @@ func TestAvroRegistryOutage(t *testing.T) {
 	ts := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
 	p := &produced{end: map[int32]int64{}}
 	total := 0
-	// batch produces n records on each partition with enc, and returns
-	// the encoder of a new schema (a new schema id, unknown to the
-	// ingester's cache) for the next.
+	// batch produces n records on each partition with enc; newSchema
+	// registers a new schema (an id unknown to the ingester's cache) and
+	// makes enc its encoder.
 	var enc func(any) []byte
 	batch := func(phase string, n int) {
 		var recs []*kgo.Record

@@ -46,20 +46,19 @@ func (h *registryHealth) wait() bool {
 
 // failed records an attempt that the registry could not answer, and
 // returns the wait before the next.
-func (h *registryHealth) failed(err error) (time.Duration, bool) {
+func (h *registryHealth) failed(err error) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	first := h.downSince.IsZero()
-	if first {
+	if h.downSince.IsZero() {
 		h.downSince = time.Now()
 	}
 	d := h.retry.Next()
 	h.retryAt, h.lastErr = time.Now().Add(d), err
-	return d, first
+	return d
 }
 
-// answered records that the registry answered; it returns how long it
-// was unavailable before, zero if it was not.
+// up records that the registry answered; it returns how long it was
+// unavailable before, zero if it was not.
 func (h *registryHealth) up() time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -141,7 +140,7 @@ func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition,
 		return s, first, errRegistryWait
 	}
 	in.m.registryErrors.WithLabelValues(src.name).Inc()
-	wait, _ := in.health.failed(err)
+	wait := in.health.failed(err)
 	in.rlog.emit(slog.LevelWarn, "unavailable", "schema registry unavailable; the records waiting for a schema are read again after a backoff",
 		"source", src.name, "topic", tp.Topic, "partition", tp.Partition, "offset", recs[first].Offset, "retry_in", wait.Round(time.Millisecond), "err", err)
 	return s, first, err
