@@ -312,6 +312,9 @@ func TestAvroRegistryOutage(t *testing.T) {
 			t.Errorf("%s: RegistryError() = %v after the outage", o.name, err)
 		}
 	}
+	if n := counterSum(t, r, "tidemark_schema_registry_cached_schemas"); n != 1+float64(len(outages)) {
+		t.Errorf("%v schemas cached, want %d", n, 1+len(outages))
+	}
 	r.stop(t)
 	if n := ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM raw.app_events"); n != int64(total) {
 		t.Errorf("%d rows, want %d", n, total)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,8 +87,22 @@ func (h *registryHealth) err() error {
 	if h.downSince.IsZero() {
 		return nil
 	}
-	return fmt.Errorf("schema registry unreachable since %s: %w", h.downSince.UTC().Format(time.RFC3339), h.lastErr)
+	return &registryDownError{since: h.downSince, err: h.lastErr}
 }
+
+// registryDownError says since when the registry is unavailable; it wraps
+// the last failure (an ErrRegistryUnavailable).
+type registryDownError struct {
+	since time.Time
+	err   error
+}
+
+func (e *registryDownError) Error() string {
+	why := strings.TrimPrefix(e.err.Error(), decode.ErrRegistryUnavailable.Error()+": ")
+	return fmt.Sprintf("schema registry unreachable since %s: %s", e.since.UTC().Format(time.RFC3339), why)
+}
+
+func (e *registryDownError) Unwrap() error { return e.err }
 
 // UsesRegistry reports whether a source of the ingester reads the schema
 // registry.
