@@ -133,6 +133,17 @@ func (d *Decoder) UsesRegistry() bool { return d.reg != nil }
 // Schemas.Has) are to be decoded later, never dead-lettered. A JSON
 // decoder resolves nothing.
 func (d *Decoder) Resolve(ctx context.Context, recs []*kgo.Record) (Schemas, error) {
+	return d.ResolveUntil(ctx, recs, time.Time{})
+}
+
+// ErrResolveTime means that Resolve stopped because its time was up
+// (ResolveUntil): the schemas left are for a later call.
+var ErrResolveTime = errors.New("no time left to ask the schema registry")
+
+// ResolveUntil is Resolve that asks the registry nothing after until
+// (zero: no limit), returning ErrResolveTime then; the schemas in the
+// cache are taken whatever the time.
+func (d *Decoder) ResolveUntil(ctx context.Context, recs []*kgo.Record, until time.Time) (Schemas, error) {
 	if d.reg == nil {
 		return nil, nil
 	}
@@ -141,6 +152,13 @@ func (d *Decoder) Resolve(ctx context.Context, recs []*kgo.Record) (Schemas, err
 		id, _, ok := wireID(r.Value)
 		if !ok || s[id] != nil {
 			continue
+		}
+		if e := d.reg.cached(id); e != nil {
+			s[id] = e
+			continue
+		}
+		if !until.IsZero() && !time.Now().Before(until) {
+			return s, ErrResolveTime
 		}
 		e, err := d.reg.schema(ctx, id)
 		if err != nil {

@@ -126,3 +126,24 @@ func TestRegistryDecode(t *testing.T) {
 		})
 	}
 }
+
+// TestResolveUntil checks that a resolution whose time is up takes what
+// the cache holds and asks the registry nothing more.
+func TestResolveUntil(t *testing.T) {
+	g := srtest.New(t)
+	first := g.Register("a-value", sr.Schema{Schema: orderSchema})
+	second := g.Register("b-value", sr.Schema{Schema: orderSchema})
+	d := registryDecoder(t, g, config.FormatAvro)
+	rec := func(id int) *kgo.Record {
+		return &kgo.Record{Value: srtest.AvroEncoder(t, id, orderSchema)(map[string]any{"id": "x", "ts": regNow})}
+	}
+	a, b := rec(first), rec(second)
+	if _, err := d.Resolve(context.Background(), []*kgo.Record{a}); err != nil {
+		t.Fatal(err)
+	}
+	asked := g.Requests()
+	s, err := d.ResolveUntil(context.Background(), []*kgo.Record{a, b}, time.Now().Add(-time.Second))
+	if !errors.Is(err, decode.ErrResolveTime) || !s.Has(a) || s.Has(b) || g.Requests() != asked {
+		t.Errorf("ResolveUntil past its time: %v, has the cached schema %v, the other %v, %d requests", err, s.Has(a), s.Has(b), g.Requests()-asked)
+	}
+}

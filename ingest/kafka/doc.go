@@ -18,8 +18,9 @@
 // records are decoded. When the registry cannot answer, the partition is
 // moved back (SetOffsets) to the first record without a schema and paused
 // until a backoff ends: the records before it are loaded, nothing after it
-// enters a batch, and the poll loop returns within one request timeout,
-// so that a rebalance it holds (BlockRebalanceOnPoll) is not held longer.
+// enters a batch. No request for one fetch's schemas starts after one
+// request timeout, so the poll loop returns within two, and a rebalance it
+// holds (BlockRebalanceOnPoll) is not held longer.
 // RegistryError reports the outage for readiness and the status page.
 //
 // # One transaction per batch

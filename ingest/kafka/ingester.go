@@ -541,6 +541,11 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 			"topic", topic, "partition", partition, "err", err)
 	})
 	now := in.now()
+	// No request for the schemas of one fetch starts after one registry
+	// timeout, so that resolving them takes two at most: a poll holds
+	// rebalances until its records are decoded. The partitions left
+	// waiting are read again at the next poll.
+	until := time.Now().Add(in.cfg.SchemaRegistry.Timeout.D())
 	var parts []decodedPart
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
@@ -549,10 +554,10 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 			var schemas decode.Schemas
 			if d.src.dec.UsesRegistry() && len(p.Records) > 0 {
 				var n int
-				var err error
-				schemas, n, err = in.resolve(ctx, d.src, d.tp, p.Records)
+				var pause bool
+				schemas, n, pause = in.resolve(ctx, d.src, d.tp, p.Records, until)
 				if n < len(p.Records) {
-					d.wait = &pendingPart{offset: p.Records[n].Offset, pause: !errors.Is(err, context.Canceled) && ctx.Err() == nil}
+					d.wait = &pendingPart{offset: p.Records[n].Offset, pause: pause}
 					d.recs = p.Records[:n]
 				}
 			}

@@ -22,10 +22,6 @@ const (
 	registryRetryMax   = 15 * time.Second
 )
 
-// errRegistryWait marks the records of a partition not decoded because
-// the registry is unavailable and its next attempt is not due yet.
-var errRegistryWait = errors.New("waiting for the schema registry")
-
 // registryHealth is what the ingester knows of the schema registry: while
 // it is unavailable, the partitions whose records wait for a schema are
 // rewound to the first of them and paused until the next attempt is due.
@@ -117,12 +113,14 @@ func (in *Ingester) RegistryError() error {
 	return in.health.err()
 }
 
-// resolve gets the schemas of a partition's records. It returns them and
-// the index of the first record whose schema is missing (len(recs) when
-// none is), with the reason: an outage, errRegistryWait, or ctx's end.
-// Once an attempt fails, the other partitions of the fetch take only what
-// the cache holds until the next attempt is due.
-func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition, recs []*kgo.Record) (decode.Schemas, int, error) {
+// resolve gets the schemas of a partition's records, asking the registry
+// nothing after until. It returns them and the index of the first record
+// whose schema is missing (len(recs) when none is), and whether that
+// record waits for the registry (its partition is then paused until the
+// next attempt is due) rather than for time or ctx, which ended. Once an attempt fails, the other
+// partitions take only what the cache holds until the next attempt is
+// due.
+func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition, recs []*kgo.Record, until time.Time) (decode.Schemas, int, bool) {
 	rctx := ctx
 	waiting := in.health.wait()
 	if waiting {
@@ -131,7 +129,7 @@ func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition,
 		rctx = c
 	}
 	before := in.reg.Answered()
-	s, err := src.dec.Resolve(rctx, recs)
+	s, err := src.dec.ResolveUntil(rctx, recs, until)
 	if in.reg.Answered() > before {
 		if down := in.health.up(); down > 0 {
 			in.log.Info("schema registry reachable again", "unreachable_for", down.Round(time.Millisecond))
@@ -139,7 +137,7 @@ func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition,
 	}
 	in.m.registryCache.Set(float64(in.reg.Len()))
 	if err == nil {
-		return s, len(recs), nil
+		return s, len(recs), false
 	}
 	first := len(recs)
 	for i, r := range recs {
@@ -149,16 +147,16 @@ func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition,
 		}
 	}
 	switch {
-	case ctx.Err() != nil:
-		return s, first, ctx.Err()
+	case ctx.Err() != nil || errors.Is(err, decode.ErrResolveTime):
+		return s, first, false // read again at the next poll
 	case waiting:
-		return s, first, errRegistryWait
+		return s, first, true
 	}
 	in.m.registryErrors.WithLabelValues(src.name).Inc()
 	wait := in.health.failed(err)
 	in.rlog.emit(slog.LevelWarn, "unavailable", "schema registry unavailable; the records waiting for a schema are read again after a backoff",
 		"source", src.name, "topic", tp.Topic, "partition", tp.Partition, "offset", recs[first].Offset, "retry_in", wait.Round(time.Millisecond), "err", err)
-	return s, first, err
+	return s, first, true
 }
 
 // rewindLocked moves the partitions whose records wait for a schema back
