@@ -70,7 +70,12 @@ func (t RegistryTLS) set() bool { return t != RegistryTLS{} }
 // first source whose format needs the registry ("" when none does).
 func (c *Config) validateRegistry(ix *index, needed string) {
 	r := c.SchemaRegistry
-	c.check(ix, "schema_registry.timeout", "")
+	// A poll waits for the registry up to two timeouts while it holds a
+	// rebalance (see the ingester).
+	if c.check(ix, "schema_registry.timeout", "") && needed != "" && 2*r.Timeout.D() >= c.Kafka.RebalanceTimeout.D() && c.Kafka.RebalanceTimeout > 0 {
+		ix.add("schema_registry.timeout", "must be less than half of kafka.rebalance_timeout (%s), got %s: a poll waits up to two timeouts for the registry while it holds a rebalance",
+			c.Kafka.RebalanceTimeout, r.Timeout)
+	}
 	if r.URL == "" {
 		if needed != "" {
 			ix.add("schema_registry.url", "is required by sources.%s.format: %s", needed, c.Sources[needed].Format)

@@ -84,6 +84,8 @@ func TestSchemaRegistryKeys(t *testing.T) {
 			[]wantErr{{14, "schema_registry.tls.ca_file", "cannot read"}}},
 		{"timeout too long", doc(FormatAvro, "  url: https://registry", "  timeout: 2m"),
 			[]wantErr{{14, "schema_registry.timeout", "between 100ms and 1m"}}},
+		{"timeout against the rebalance", doc(FormatAvro, "  url: https://registry", "  timeout: 30s"),
+			[]wantErr{{14, "schema_registry.timeout", "must be less than half of kafka.rebalance_timeout (1m0s)"}}},
 	}
 	for _, tt := range invalid {
 		t.Run(tt.name, func(t *testing.T) {
