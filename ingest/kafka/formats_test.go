@@ -335,3 +335,58 @@ func TestAvroRegistryOutage(t *testing.T) {
 		}
 	}
 }
+
+// TestAvroRegistryOutageUnderLoad produces a stream of records on four
+// partitions, with a new schema every 250 records, while the registry
+// goes down for a while in the middle and comes back. Loading is delayed,
+// never wrong: every record is stored once, no dead letter, every offset
+// stored.
+func TestAvroRegistryOutageUnderLoad(t *testing.T) {
+	g := srtest.New(t)
+	b := avroBundle(t, 4, g)
+	opts := kafka.Options{}
+	kafka.SetRegistryRetry(&opts, 20*time.Millisecond, 200*time.Millisecond)
+	r := b.startWith(t, opts)
+	ts := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
+	const total, perSchema = 4000, 250
+	var recs []*kgo.Record
+	var enc func(any) []byte
+	for i := range total {
+		if i%perSchema == 0 {
+			schema := eventSchema(fmt.Sprintf("S%d", i/perSchema), `"int"`)
+			enc = srtest.AvroEncoder(t, g.Register("events-value", sr.Schema{Schema: schema}), schema)
+		}
+		recs = append(recs, &kgo.Record{Topic: b.topic, Partition: int32(i % 4),
+			Value: enc(map[string]any{"event_id": fmt.Sprintf("e-%d", i), "event_time": ts, "v": int32(i)})})
+	}
+	p := &produced{end: map[int32]int64{}}
+	done := b.produceStream(p, recs, 100, 5*time.Millisecond)
+	b.waitProgress(t, 500, time.Minute)
+	g.Fail(http.StatusServiceUnavailable, "")
+	waitfor.Until(t, "attempts at the registry fail", func() bool {
+		return counterSum(t, r, "tidemark_schema_registry_errors_total") >= 8
+	})
+	during := b.storedTotal(t)
+	g.Heal()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b.waitStored(t, p.end, time.Minute)
+	r.stop(t)
+	t.Logf("%d of %d records stored when the registry came back", during, total)
+	if n := ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM raw.app_events"); n != total {
+		t.Errorf("%d rows, want %d", n, total)
+	}
+	if n := ingesttest.Scalar(t, b.pool, "SELECT count(DISTINCT event_id) FROM raw.app_events"); n != total {
+		t.Errorf("%d distinct ids, want %d", n, total)
+	}
+	if n := ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM tidemark.dead_letters"); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+	stored := ingesttest.StoredOffsets(t, b.pool, group, b.topic)
+	for part, end := range p.end {
+		if stored[part] != end {
+			t.Errorf("partition %d stored at %d, want %d", part, stored[part], end)
+		}
+	}
+}
