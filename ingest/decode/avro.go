@@ -436,20 +436,21 @@ func (r *avroReader) blocks(out []byte, n *avroNode, depth int) ([]byte, error) 
 				out = append(out, ',')
 			}
 			first = false
-			step := strconv.Itoa(idx)
+			var key []byte // a map's key, the path step of its value
 			if n.kind == avroMap {
-				k, err := r.lengthPrefixed()
-				if err != nil {
-					return nil, in(err, step)
+				if key, err = r.lengthPrefixed(); err == nil {
+					out, err = appendUTF8(out, key)
 				}
-				if out, err = appendUTF8(out, k); err != nil {
-					return nil, in(err, step)
+				if err != nil {
+					return nil, in(err, strconv.Itoa(idx))
 				}
 				out = append(out, ':')
-				step = string(k)
 			}
 			if out, err = r.value(out, n.items, depth+1); err != nil {
-				return nil, in(err, step)
+				if key != nil {
+					return nil, in(err, string(key))
+				}
+				return nil, in(err, strconv.Itoa(idx))
 			}
 			idx++
 		}
@@ -512,15 +513,34 @@ func (r *avroReader) logical(out []byte, n *avroNode) ([]byte, error) {
 // appendDecimal appends the two's-complement big-endian unscaled value b
 // with scale fractional digits, as a JSON number.
 func appendDecimal(out, b []byte, scale int) []byte {
-	v := new(big.Int).SetBytes(b)
-	if len(b) > 0 && b[0]&0x80 != 0 {
-		v.Sub(v, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+	var digits string
+	if len(b) <= 8 {
+		// The common case, without big.Int: sign-extend into an int64.
+		var v int64
+		if len(b) > 0 && b[0]&0x80 != 0 {
+			v = -1
+		}
+		for _, c := range b {
+			v = v<<8 | int64(c)
+		}
+		u := uint64(v)
+		if v < 0 {
+			out = append(out, '-')
+			u = -u
+		}
+		var buf [20]byte
+		digits = string(strconv.AppendUint(buf[:0], u, 10))
+	} else {
+		v := new(big.Int).SetBytes(b)
+		if b[0]&0x80 != 0 {
+			v.Sub(v, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+		}
+		if v.Sign() < 0 {
+			out = append(out, '-')
+			v.Neg(v)
+		}
+		digits = v.String()
 	}
-	if v.Sign() < 0 {
-		out = append(out, '-')
-		v.Neg(v)
-	}
-	digits := v.String()
 	if scale <= 0 {
 		return append(out, digits...)
 	}
