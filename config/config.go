@@ -36,12 +36,15 @@ const EnvDatabaseURL = "TIDEMARK_DATABASE_URL"
 
 // Config is the whole configuration.
 type Config struct {
-	Warehouse Warehouse          `yaml:"warehouse"`
-	HTTP      HTTP               `yaml:"http"`
-	Log       Log                `yaml:"log"`
-	Kafka     Kafka              `yaml:"kafka"`
-	Ingest    Ingest             `yaml:"ingest"`
-	Sources   map[string]*Source `yaml:"sources"`
+	Warehouse Warehouse `yaml:"warehouse"`
+	HTTP      HTTP      `yaml:"http"`
+	Log       Log       `yaml:"log"`
+	Kafka     Kafka     `yaml:"kafka"`
+	// SchemaRegistry is where the sources of a registry format read
+	// their schemas.
+	SchemaRegistry SchemaRegistry     `yaml:"schema_registry"`
+	Ingest         Ingest             `yaml:"ingest"`
+	Sources        map[string]*Source `yaml:"sources"`
 	// Aggregates are event-date aggregates kept by the reconciler.
 	Aggregates map[string]*Aggregate `yaml:"aggregates"`
 	Reconcile  Reconcile             `yaml:"reconcile"`
@@ -152,6 +155,10 @@ type Source struct {
 	CDC *CDCSource `yaml:"cdc"`
 	// Mirror is the warehouse copy of a poll or CDC source's tables.
 	Mirror *Mirror `yaml:"mirror"`
+
+	// Format is how a Kafka source's record values are encoded: one of
+	// the Format constants.
+	Format string `yaml:"format"`
 
 	EventID           string   `yaml:"event_id"`            // JSON pointer
 	EventIDFallback   string   `yaml:"event_id_fallback"`   // "" or coordinates
@@ -418,7 +425,7 @@ func (c *Config) validate(ix *index) {
 	topics := map[string]string{}
 	mirrors := map[string]string{}
 	slots := map[string]string{}
-	usesKafka := false
+	usesKafka, registryFor := false, ""
 	for _, name := range c.SourceNames() {
 		s := c.Sources[name]
 		p := "sources." + name
@@ -428,6 +435,9 @@ func (c *Config) validate(ix *index) {
 		if s == nil {
 			ix.add(p, "is empty")
 			continue
+		}
+		if c.validateFormat(ix, name, s) && registryFor == "" {
+			registryFor = name
 		}
 		if s.Dedupe != nil && (s.Kafka == nil || s.Table != nil || s.Poll != nil || s.CDC != nil) {
 			ix.add(p+".dedupe", "applies to Kafka sources only")
@@ -484,6 +494,7 @@ func (c *Config) validate(ix *index) {
 	if usesKafka {
 		c.validateKafka(ix)
 	}
+	c.validateRegistry(ix, registryFor)
 	c.validateAggregates(ix)
 	c.validateRetention(ix)
 	c.validateLimits(ix)

@@ -522,6 +522,10 @@ func TestDecodeReasonNames(t *testing.T) {
 		ReasonInvalidTime:     "invalid_time",
 		ReasonTimeOutOfRange:  "time_out_of_range",
 		ReasonRejectedByStore: "rejected",
+		ReasonWrongFormat:     "wrong_format",
+		ReasonUnknownSchema:   "unknown_schema",
+		ReasonInvalidSchema:   "invalid_schema",
+		ReasonSchemaMismatch:  "schema_mismatch",
 	}
 	if len(Reasons) != len(want) {
 		t.Errorf("Reasons has %d entries, want %d", len(Reasons), len(want))
