@@ -131,7 +131,16 @@ func (c *protoCodec) toJSON(payload []byte) ([]byte, error) {
 // unmarshalProto decodes b as a message of type md. Fields the descriptor
 // does not know (written by a newer or older schema) are kept aside by the
 // decoder and never written out.
-func unmarshalProto(md protoreflect.MessageDescriptor, b []byte) (protoreflect.Message, error) {
+//
+// The decoder panics on some malformed map entries (a key field repeated
+// with another wire type, google.golang.org/protobuf v1.36.12); the bytes
+// are untrusted, so a panic in it is a malformed message.
+func unmarshalProto(md protoreflect.MessageDescriptor, b []byte) (_ protoreflect.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: malformed message (the decoder failed: %v)", md.FullName(), r)
+		}
+	}()
 	m := dynamicpb.NewMessage(md)
 	// Each message level is at least one level of JSON nesting, so a
 	// message deeper than jsonb takes is refused while decoding.

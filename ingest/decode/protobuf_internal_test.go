@@ -416,6 +416,10 @@ func TestProtobufMalformed(t *testing.T) {
 		{"length beyond the message", framed(t, []int{0}, []byte{0x72, 0x05, 'a'}), "shop.v1.All"},
 		{"invalid UTF-8 in a proto3 string", framed(t, []int{0}, []byte{0x72, 0x01, 0xff}), "UTF-8"},
 		{"field number 0", framed(t, []int{0}, append(append([]byte{}, good...), 0x00)), "shop.v1.All"},
+		// Field 18 (counts), one entry: key "a", then field 1 again as a
+		// varint. google.golang.org/protobuf v1.36.12 panics on it.
+		{"map key repeated with another wire type", []byte{0x00, 0x92, 0x01, 0x05, 0x0a, 0x01, 'a', 0x08, 0x00},
+			"shop.v1.All: malformed message"},
 		{"truncated fixed32 in a nested message", framed(t, []int{0}, []byte{0xa2, 0x01, 0x02, 0x0d, 0x00}), "shop.v1.All"},
 	}
 	for _, tc := range cases {
