@@ -3,6 +3,7 @@ package decode
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/big"
 	"reflect"
 	"strings"
@@ -701,4 +702,45 @@ func FuzzProtobuf(f *testing.F) {
 			t.Fatalf("output %q: %v", got, err)
 		}
 	})
+}
+
+// TestCodecsConcurrent: one compiled codec serves many goroutines (run
+// with -race).
+func TestCodecsConcurrent(t *testing.T) {
+	pc := mustCompileProtobuf(t, allTypesProto)
+	pbPayload := framed(t, []int{0}, marshalProto(t, protoMessage(t, pc, "shop.v1.All",
+		`{"s":"x","counts":{"a":1,"b":2},"any":{"@type":"type.googleapis.com/shop.v1.Second","id":"s"},"dur":"2s"}`, nil)))
+	jc, err := compileJSONSchema(orderSchema, nil)
+	if err != nil {
+		t.Fatalf("compileJSONSchema: %v", err)
+	}
+	jsPayload := []byte(`{"id":"o1","qty":2,"items":[{"sku":"AB-1"}]}`)
+	want, err := pc.toJSON(pbPayload)
+	if err != nil {
+		t.Fatalf("toJSON: %v", err)
+	}
+	errs := make(chan error, 8)
+	for range cap(errs) {
+		go func() {
+			for range 50 {
+				got, err := pc.toJSON(pbPayload)
+				if err == nil && !bytes.Equal(got, want) {
+					err = fmt.Errorf("protobuf: got %s, want %s", got, want)
+				}
+				if err == nil {
+					_, err = jc.toJSON(jsPayload)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
 }
