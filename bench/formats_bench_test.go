@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 )
@@ -34,9 +36,48 @@ const workloadAvro = `{"type":"record","name":"Event","namespace":"bench","field
 	{"name":"amount","type":{"type":"bytes","logicalType":"decimal","precision":12,"scale":2}},
 	{"name":"pad","type":"string"}]}`
 
+// workloadProto is the Protobuf schema of the workload's events: the
+// time a google.protobuf.Timestamp, the amount a double (Protobuf has no
+// decimal: 12.30 is stored as 12.3, the same number in jsonb).
+const workloadProto = `syntax = "proto3";
+package bench;
+import "google/protobuf/timestamp.proto";
+message Event {
+  string event_id = 1;
+  google.protobuf.Timestamp event_time = 2;
+  string user = 3;
+  double amount = 4;
+  string pad = 5;
+}`
+
+// workloadJSONSchema is the JSON Schema of the workload's events; the
+// values are the JSON workload's, as they are.
+const workloadJSONSchema = `{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object",
+	"properties":{"event_id":{"type":"string","minLength":1},"event_time":{"type":"string","format":"date-time"},
+		"user":{"type":"string"},"amount":{"type":"number","minimum":0},"pad":{"type":"string"}},
+	"required":["event_id","event_time","user","amount","pad"],"additionalProperties":false}`
+
+// workloadEvent is a JSON event of the workload, read back.
+type workloadEvent struct {
+	EventID   string      `json:"event_id"`
+	EventTime time.Time   `json:"event_time"`
+	User      string      `json:"user"`
+	Amount    json.Number `json:"amount"`
+	Pad       string      `json:"pad"`
+}
+
+func parseEvent(b *testing.B, v []byte) workloadEvent {
+	var e workloadEvent
+	d := json.NewDecoder(bytes.NewReader(v))
+	d.UseNumber()
+	if err := d.Decode(&e); err != nil {
+		b.Fatal(err)
+	}
+	return e
+}
+
 // formatCases are the formats BenchmarkIngestFormats compares; JSON is
-// the baseline and comes first. Protobuf and JSON Schema are cases to
-// add here.
+// the baseline and comes first.
 var formatCases = []formatCase{
 	{format: "json", encode: func(*testing.B, *srtest.Registry) func([]byte) []byte {
 		return func(v []byte) []byte { return v }
@@ -44,24 +85,39 @@ var formatCases = []formatCase{
 	{format: "avro", encode: func(b *testing.B, g *srtest.Registry) func([]byte) []byte {
 		enc := srtest.AvroEncoder(b, g.Register(topic+"-value", sr.Schema{Schema: workloadAvro}), workloadAvro)
 		return func(v []byte) []byte {
-			var e struct {
-				EventID   string      `json:"event_id"`
-				EventTime time.Time   `json:"event_time"`
-				User      string      `json:"user"`
-				Amount    json.Number `json:"amount"`
-				Pad       string      `json:"pad"`
-			}
-			d := json.NewDecoder(bytes.NewReader(v))
-			d.UseNumber()
-			if err := d.Decode(&e); err != nil {
-				b.Fatal(err)
-			}
+			e := parseEvent(b, v)
 			amount, ok := new(big.Rat).SetString(e.Amount.String())
 			if !ok {
 				b.Fatalf("amount %s", e.Amount)
 			}
 			return enc(map[string]any{"event_id": e.EventID, "event_time": e.EventTime, "user": e.User, "amount": amount, "pad": e.Pad})
 		}
+	}},
+	{format: "protobuf", encode: func(b *testing.B, g *srtest.Registry) func([]byte) []byte {
+		f := srtest.CompileProto(b, workloadProto, nil)
+		md := f.Message(b, "bench.Event")
+		enc := srtest.ProtobufEncoder(b, g.Register(topic+"-proto-value", sr.Schema{Schema: workloadProto, Type: sr.TypeProtobuf}), 0)
+		fields := md.Fields()
+		id, ts, user, amount, pad := fields.ByName("event_id"), fields.ByName("event_time"), fields.ByName("user"), fields.ByName("amount"), fields.ByName("pad")
+		return func(v []byte) []byte {
+			e := parseEvent(b, v)
+			a, err := e.Amount.Float64()
+			if err != nil {
+				b.Fatalf("amount %s: %v", e.Amount, err)
+			}
+			m := dynamicpb.NewMessage(md)
+			m.Set(id, protoreflect.ValueOfString(e.EventID))
+			t := m.Mutable(ts).Message()
+			t.Set(t.Descriptor().Fields().ByName("seconds"), protoreflect.ValueOfInt64(e.EventTime.Unix()))
+			t.Set(t.Descriptor().Fields().ByName("nanos"), protoreflect.ValueOfInt32(int32(e.EventTime.Nanosecond())))
+			m.Set(user, protoreflect.ValueOfString(e.User))
+			m.Set(amount, protoreflect.ValueOfFloat64(a))
+			m.Set(pad, protoreflect.ValueOfString(e.Pad))
+			return enc(m)
+		}
+	}},
+	{format: "json_schema", encode: func(b *testing.B, g *srtest.Registry) func([]byte) []byte {
+		return srtest.JSONSchemaEncoder(b, g.Register(topic+"-json-value", sr.Schema{Schema: workloadJSONSchema, Type: sr.TypeJSON}))
 	}},
 }
 
