@@ -3,7 +3,12 @@ package kafka_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,8 +19,10 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // registryBundle is a bundle whose source app_events reads format through
@@ -288,7 +295,8 @@ message Envelope {
 }`
 
 // TestProtobufMessageIndexes loads records of one schema whose message
-// indexes pick a top-level message (Confluent's single 0 byte), a nested
+// indexes pick a top-level message (Confluent's single 0 byte, or a
+// count of 1 and the index 0), a nested
 // one after a map field, and one nested two levels deep; their event ids
 // are a string, an int64 beyond a double's precision and a uint64.
 func TestProtobufMessageIndexes(t *testing.T) {
@@ -321,6 +329,15 @@ func TestProtobufMessageIndexes(t *testing.T) {
 		recs = append(recs, &kgo.Record{Topic: b.topic, Value: srtest.ProtobufEncoder(t, id, c.index...)(m)})
 		want[c.id] = c.json
 	}
+	// The first message's indexes written in full (a count of 1, then 0),
+	// as some serializers do, instead of Confluent's single 0 byte.
+	full := f.New(t, f.Message(t, "test.Other"), `{"event_id":"other-2","event_time":"2026-10-05T10:00:03Z"}`)
+	v := srtest.ProtobufEncoder(t, id, 0)(full)
+	if v[5] != 0 {
+		t.Fatalf("franz-go's serde frames index [0] as % x, not as the single byte 0", v[5:6])
+	}
+	recs = append(recs, &kgo.Record{Topic: b.topic, Value: append(append(v[:5:5], 0x02, 0x00), v[6:]...)})
+	want["other-2"] = `{"event_id":"other-2","event_time":"2026-10-05T10:00:03Z","other":""}`
 	b.loadAll(t, recs)
 	checkPayloads(t, b, want)
 	if n := ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM raw.app_events WHERE event_id = '18446744073709551615' AND event_time = '2026-10-05T10:00:02.5Z'"); n != 1 {
@@ -485,6 +502,67 @@ message Order { string event_id = 1; google.protobuf.Timestamp event_time = 2; r
 	b.loadAll(t, []*kgo.Record{{Topic: b.topic, Value: srtest.ProtobufEncoder(t, id, 0)(m)}})
 	checkPayloads(t, b, map[string]string{"o-1": `{"event_id":"o-1","event_time":"2026-10-05T10:00:00Z",` +
 		`"lines":[{"sku":"a","price":{"currency_code":"NOK","units":12,"nanos":300000000}}]}`})
+	if n := ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM tidemark.dead_letters"); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
+
+// TestProtobufReferenceOutage loads Protobuf records whose schema's id
+// the registry answers while the requests for its reference fail (503):
+// the records wait, neither loaded nor dead-lettered as invalid_schema,
+// and load once the registry answers them.
+func TestProtobufReferenceOutage(t *testing.T) {
+	g := srtest.New(t)
+	var failing atomic.Bool
+	target, err := url.Parse(g.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if failing.Load() && strings.HasPrefix(r.URL.Path, "/subjects/") {
+			http.Error(w, `{"error_code":50301,"message":"unavailable"}`, http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	b := registryBundle(t, 1, g, config.FormatProtobuf)
+	b.kafkaYAML = fmt.Sprintf("schema_registry: {url: %q, timeout: 300ms}\n", front.URL)
+	refs, imports := protoReferences(g)
+	schema := protoEventSchema("common.Money", "")
+	id := g.Register("events-value", sr.Schema{Schema: schema, Type: sr.TypeProtobuf, References: refs})
+	f := srtest.CompileProto(t, schema, imports)
+	enc := srtest.ProtobufEncoder(t, id, 0)
+	var recs []*kgo.Record
+	want := map[string]string{}
+	for i := range 5 {
+		name := fmt.Sprintf("r-%d", i)
+		recs = append(recs, &kgo.Record{Topic: b.topic, Value: enc(f.New(t, f.Message(t, "test.Event"),
+			fmt.Sprintf(`{"event_id":%q,"event_time":"2026-10-05T10:00:00Z","v":{"units":"%d"}}`, name, i)))})
+		want[name] = fmt.Sprintf(`{"event_id":%q,"event_time":"2026-10-05T10:00:00Z","v":{"currency_code":"","units":%d,"nanos":0}}`, name, i)
+	}
+	failing.Store(true)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, recs)
+	opts := kafka.Options{}
+	kafka.SetRegistryRetry(&opts, 20*time.Millisecond, 200*time.Millisecond)
+	r := b.startWith(t, opts)
+	// Nothing written is no offset stored: rows, dead letters and offsets
+	// commit together.
+	waitfor.Until(t, "attempts at the reference fail (or records are written)", func() bool {
+		return counterSum(t, r, "tidemark_schema_registry_errors_total") >= 3 || b.storedTotal(t) > 0
+	})
+	if n := b.storedTotal(t); n != 0 {
+		t.Errorf("%d records loaded or dead-lettered while the reference could not be fetched, want none", n)
+	}
+	if err := r.in.RegistryError(); err == nil {
+		t.Errorf("RegistryError() = nil while the reference could not be fetched")
+	}
+	failing.Store(false)
+	b.waitStored(t, p.end, time.Minute)
+	r.stop(t)
+	checkPayloads(t, b, want)
 	if n := ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM tidemark.dead_letters"); n != 0 {
 		t.Errorf("%d dead letters", n)
 	}
