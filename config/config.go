@@ -150,8 +150,12 @@ type Source struct {
 	// CDC is a set of tables of another PostgreSQL database read through
 	// logical replication into mirrors.
 	CDC *CDCSource `yaml:"cdc"`
-	// Mirror is the warehouse copy of a poll or CDC source's tables.
+	// Mirror is the warehouse copy of a poll or CDC source's tables, or
+	// of the table a Debezium topic carries.
 	Mirror *Mirror `yaml:"mirror"`
+	// Format is how a Kafka source's record values are read: plain JSON
+	// events, or Debezium change events (FormatDebezium).
+	Format string `yaml:"format"`
 
 	EventID           string   `yaml:"event_id"`            // JSON pointer
 	EventIDFallback   string   `yaml:"event_id_fallback"`   // "" or coordinates
@@ -432,6 +436,9 @@ func (c *Config) validate(ix *index) {
 		if s.Dedupe != nil && (s.Kafka == nil || s.Table != nil || s.Poll != nil || s.CDC != nil) {
 			ix.add(p+".dedupe", "applies to Kafka sources only")
 		}
+		if s.Format != "" && s.Kafka == nil {
+			ix.add(p+".format", "applies to Kafka sources only")
+		}
 		kinds := 0
 		for _, set := range []bool{s.Kafka != nil, s.Table != nil, s.Poll != nil, s.CDC != nil} {
 			if set {
@@ -440,6 +447,8 @@ func (c *Config) validate(ix *index) {
 		}
 		if s.Mirror != nil {
 			switch {
+			case s.Debezium():
+				c.validateDebeziumMirror(ix, p, s, mirrors)
 			case s.Poll != nil:
 				if s.Mirror.Schema != "" {
 					ix.add(p+".mirror.schema", "applies to CDC sources; a poll source's mirror is mirror.table")
@@ -448,7 +457,10 @@ func (c *Config) validate(ix *index) {
 			case s.CDC != nil:
 				c.validateCDCMirror(ix, p, s, mirrors)
 			default:
-				ix.add(p+".mirror", "applies to poll and CDC sources only")
+				ix.add(p+".mirror", "applies to poll, CDC and Debezium sources only")
+			}
+			if s.Mirror.PositionColumn != "" && !s.Debezium() {
+				ix.add(p+".mirror.position_column", "applies to Debezium sources (format: debezium) only")
 			}
 		}
 		switch {
@@ -515,6 +527,16 @@ func (c *Config) validateKafkaSource(ix *index, name string, s *Source, topics m
 		default:
 			topics[t] = name
 		}
+	}
+	if !c.check(ix, "sources.<name>.format", name) {
+		return
+	}
+	if s.Debezium() {
+		c.validateDebeziumSource(ix, p, s)
+		for _, key := range []string{"raw_partition", "watermark.out_of_orderness", "watermark.idle_timeout"} {
+			c.check(ix, "sources.<name>."+key, name)
+		}
+		return
 	}
 	for _, key := range []string{"event_id_fallback", "event_time_fallback", "event_time_format", "raw_partition"} {
 		c.check(ix, "sources.<name>."+key, name)

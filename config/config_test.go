@@ -206,6 +206,7 @@ func TestParseFullFile(t *testing.T) {
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:             &KafkaSource{Topics: []string{"app.events", "app.events.v2"}},
+				Format:            "json",
 				EventID:           "/meta/id",
 				EventTime:         "/meta/ts",
 				EventTimeFormat:   TimeRFC3339,
@@ -220,6 +221,7 @@ func TestParseFullFile(t *testing.T) {
 			},
 			"billing": {
 				Kafka:             &KafkaSource{Topics: []string{"billing"}},
+				Format:            "json",
 				EventIDFallback:   FallbackCoordinates,
 				EventTime:         "/ts",
 				EventTimeFormat:   TimeUnixMillis,
@@ -286,6 +288,7 @@ func TestParseDefaults(t *testing.T) {
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:           &KafkaSource{Topics: []string{"app.events"}},
+				Format:          "json",
 				EventID:         "/event_id",
 				EventTime:       "/event_time",
 				EventTimeFormat: TimeAuto,

@@ -237,7 +237,7 @@ func DataTables(cfg *config.Config) []DataTable {
 	for _, name := range cfg.SourceNames() {
 		s := cfg.Sources[name]
 		switch {
-		case s.Poll != nil && s.Mirror != nil:
+		case (s.Poll != nil || s.Debezium()) && s.Mirror != nil:
 			schema, table := config.SplitTable(s.Mirror.Table)
 			out = append(out, DataTable{Schema: schema, Name: table, Mirror: true, Key: "sources." + name + ".mirror.table"})
 		case s.CDC != nil:
