@@ -28,7 +28,7 @@ const (
 
 // Reasons lists every dead-letter reason.
 var Reasons = []string{ReasonInvalidJSON, ReasonMissingID, ReasonInvalidID, ReasonMissingTime,
-	ReasonInvalidTime, ReasonTimeOutOfRange, ReasonRejectedByStore}
+	ReasonInvalidTime, ReasonTimeOutOfRange, ReasonRejectedByStore, ReasonInvalidEnvelope, ReasonMissingKey}
 
 // MaxIDBytes bounds event ids so they always fit a btree index entry.
 const MaxIDBytes = 512
@@ -38,6 +38,13 @@ type Event struct {
 	ID      string
 	Time    time.Time
 	Payload []byte
+	// Change is the row change of a Debezium source's record; nil for
+	// other sources.
+	Change *Change
+	// Skip, when not empty, says why the record holds nothing to load
+	// (SkipTombstone): it is counted, and neither stored nor a dead
+	// letter.
+	Skip string
 }
 
 // Rejection is why a record cannot be loaded.
@@ -54,6 +61,7 @@ type Decoder struct {
 	timeFallback  bool
 	format        string
 	maxAge, maxTS time.Duration
+	dbz           *debezium // set for a Debezium source
 }
 
 // NewDecoder builds the decoder for a validated source configuration.
@@ -66,6 +74,10 @@ func NewDecoder(src *config.Source) (*Decoder, error) {
 		maxTS:        src.MaxFutureSkew.D(),
 	}
 	d.idIdx, d.tsIdx = -1, -1
+	if src.Debezium() {
+		d.dbz = &debezium{}
+		return d, nil
+	}
 	for _, f := range []struct {
 		text string
 		idx  *int
@@ -86,6 +98,10 @@ func NewDecoder(src *config.Source) (*Decoder, error) {
 // Decode extracts the event from r, or says why it cannot be loaded. now is
 // the service clock's time, for the event-time range check.
 func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
+	if d.dbz != nil {
+		// A change's event time is its commit time, however old.
+		return d.decodeDebezium(r)
+	}
 	if len(r.Value) == 0 {
 		return Event{}, &Rejection{ReasonInvalidJSON, "empty value"}
 	}

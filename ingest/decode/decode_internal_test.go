@@ -522,6 +522,8 @@ func TestDecodeReasonNames(t *testing.T) {
 		ReasonInvalidTime:     "invalid_time",
 		ReasonTimeOutOfRange:  "time_out_of_range",
 		ReasonRejectedByStore: "rejected",
+		ReasonInvalidEnvelope: "invalid_envelope",
+		ReasonMissingKey:      "missing_key",
 	}
 	if len(Reasons) != len(want) {
 		t.Errorf("Reasons has %d entries, want %d", len(Reasons), len(want))
