@@ -119,13 +119,13 @@ func TestDebeziumEnvelopes(t *testing.T) {
 		if c.Op != OpInsert || c.Snapshot || c.Table != "public.customers" || c.LSN != "0/16E9058" {
 			t.Errorf("change = %+v", c)
 		}
-		if want := []int64{24023119, phaseStream, 24023128}; !slices.Equal(c.Position, want) {
+		if want := []int64{phaseStream, 24023119, 24023128}; !slices.Equal(c.Position, want) {
 			t.Errorf("position = %v, want %v", c.Position, want)
 		}
 		if want := time.UnixMilli(1559033904863).UTC(); !ev.Time.Equal(want) {
 			t.Errorf("time = %s, want %s", ev.Time, want)
 		}
-		if ev.ID != "24023119.1.24023128/insert/public.customers/1" || c.RowKey != "1" {
+		if ev.ID != "1.24023119.24023128/insert/public.customers/1" || c.RowKey != "1" {
 			t.Errorf("id = %q, row key %q", ev.ID, c.RowKey)
 		}
 		jsonEqual(t, "row", c.Row, `{"id": 1, "first_name": "Anne", "last_name": "Kretchmar", "email": "annek@noanswer.org"}`)
@@ -170,7 +170,7 @@ func TestDebeziumEnvelopes(t *testing.T) {
 		if rej != nil {
 			t.Fatalf("rejected: %+v", rej)
 		}
-		if ev.Change.Op != OpTruncate || ev.ID != "24099000.1.24100000/truncate/public.customers" || string(ev.Payload) != "{}" {
+		if ev.Change.Op != OpTruncate || ev.ID != "1.24099000.24100000/truncate/public.customers" || string(ev.Payload) != "{}" {
 			t.Errorf("event = %q %+v", ev.ID, ev.Change)
 		}
 	})
@@ -181,7 +181,7 @@ func TestDebeziumEnvelopes(t *testing.T) {
 		if rej != nil {
 			t.Fatalf("rejected: %+v", rej)
 		}
-		if ev.Change.Op != OpDelete || !slices.Equal(ev.Change.Position, []int64{24200000, phaseStream, 24200000}) {
+		if ev.Change.Op != OpDelete || !slices.Equal(ev.Change.Position, []int64{phaseStream, 24200000, 24200000}) {
 			t.Errorf("change = %+v", ev.Change)
 		}
 	})
@@ -192,7 +192,7 @@ func TestDebeziumEnvelopes(t *testing.T) {
 			t.Fatalf("rejected: %+v", rej)
 		}
 		c := ev.Change
-		if c.Op != OpDelete || c.Table != "shop.items" || !slices.Equal(c.Position, []int64{5000, phaseStream, 5000}) {
+		if c.Op != OpDelete || c.Table != "shop.items" || !slices.Equal(c.Position, []int64{phaseStream, 5000, 5000}) {
 			t.Errorf("change = %+v", c)
 		}
 		jsonEqual(t, "row", c.Row, `{"id": 7, "name": "x"}`)

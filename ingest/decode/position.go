@@ -19,11 +19,15 @@ const (
 // orders the changes of one source database, compared element by element
 // (as PostgreSQL compares bigint[]), with lsnText the PostgreSQL LSN.
 //
-//   - PostgreSQL: [L, 0, 0] for a snapshot read, where L is source.lsn;
-//     [C, 1, L] for a streamed change, where C is the last committed LSN
+//   - PostgreSQL: [0, L, 0] for a snapshot read, where L is source.lsn;
+//     [1, C, L] for a streamed change, where C is the last committed LSN
 //     before the change's transaction (the first of source.sequence;
 //     source.lsn when the sequence lacks it). Transactions are streamed in
-//     commit order, and each one's changes in LSN order.
+//     commit order, and each one's changes in LSN order. Every streamed
+//     change orders after every snapshot read: a read's LSN cannot be
+//     ordered against a transaction that was in progress when the
+//     snapshot was taken and committed after it, whose changes are
+//     streamed.
 //   - MySQL: [F, P, 0, R] for a snapshot read and [F, P, 1, R] for a
 //     streamed change, where F is the number of the binlog file (the
 //     digits of source.file's extension), P source.pos and R source.row.
@@ -54,9 +58,9 @@ func position(src []field, snapshot bool) ([]int64, string, error) {
 		}
 		text := fmt.Sprintf("%X/%X", uint64(lsn)>>32, uint32(lsn))
 		if snapshot {
-			return []int64{lsn, phase, 0}, text, nil
+			return []int64{phase, lsn, 0}, text, nil
 		}
-		return []int64{lastCommit(src, lsn), phase, lsn}, text, nil
+		return []int64{phase, lastCommit(src, lsn), lsn}, text, nil
 	case "mysql":
 		var file string
 		if err := json.Unmarshal(get(src, "file"), &file); err != nil || file == "" {

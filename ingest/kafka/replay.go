@@ -65,6 +65,11 @@ const replayAttempts = 6
 // source of the configuration.
 var ErrNotKafkaSource = errors.New("not a Kafka source of the configuration")
 
+// ErrReplayDebezium means a replay named a Debezium source: its dead
+// letters are not replayed (a change replayed out of order could only be
+// applied by position, which the replay does not do yet).
+var ErrReplayDebezium = errors.New("dead letters of Debezium sources are not replayed")
+
 // ReplayOptions selects the dead letters Replay loads again.
 type ReplayOptions struct {
 	// Source is the Kafka source whose dead letters are replayed.
@@ -136,6 +141,9 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 	sc := cfg.Sources[opts.Source]
 	if sc == nil || sc.Kafka == nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrNotKafkaSource)
+	}
+	if sc.Debezium() {
+		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrReplayDebezium)
 	}
 	if opts.ChunkSize <= 0 {
 		opts.ChunkSize = DefaultReplayChunk

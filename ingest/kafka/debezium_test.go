@@ -1,0 +1,249 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
+	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
+)
+
+// debeziumYAML is a configuration with one Debezium source, customers,
+// reading the bundle's topic into dw.customers.
+func (b *bundle) debeziumYAML(batchRows int) string {
+	return fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+kafka:
+  brokers: [%q]
+  group: %s
+  session_timeout: 1s
+  rebalance_timeout: 5s
+ingest: {batch_max_rows: %d, batch_max_age: 50ms}
+sources:
+  customers:
+    kafka: {topics: [%s]}
+    format: debezium
+    mirror: {table: dw.customers}
+`, b.dsn, b.kafka.ListenAddrs()[0], group, batchRows, b.topic)
+}
+
+// startDebezium runs an ingester of the Debezium source until the test
+// ends or stop is called.
+func (b *bundle) startDebezium(t *testing.T, batchRows int) *running {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(b.debeziumYAML(batchRows)), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	in, err := kafka.New(cfg, kafka.Options{Now: b.clock.Now, Logger: log})
+	if err != nil {
+		t.Fatalf("kafka.New: %v", err)
+	}
+	return b.run(t, in)
+}
+
+// run runs in until the test ends or stop is called.
+func (b *bundle) run(t *testing.T, in *kafka.Ingester) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{in: in, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- in.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+// createMirror creates dw.customers as a user would for a connector
+// without schemas.enable.
+func createMirror(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `CREATE SCHEMA dw;
+CREATE TABLE dw.customers (id integer PRIMARY KEY, name text, bio text, balance numeric(12,2))`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// assertMirror checks that dw.customers is the stream's expected table:
+// every row, live or flagged deleted, with its values and deletion time.
+func assertMirror(t *testing.T, pool *pgxpool.Pool, s *debeziumtest.Stream) {
+	t.Helper()
+	born := "NULL::text"
+	if s.Schemas {
+		born = "born::text"
+	}
+	rows, err := pool.Query(context.Background(), fmt.Sprintf(`
+SELECT id, name, bio, balance::text, %s, deleted_at, source_position IS NOT NULL FROM dw.customers ORDER BY id`, born))
+	if err != nil {
+		t.Fatalf("read the mirror: %v", err)
+	}
+	got := map[int64]*debeziumtest.Row{}
+	for rows.Next() {
+		var id int64
+		var r debeziumtest.Row
+		var deleted *time.Time
+		var positioned bool
+		if err := rows.Scan(&id, &r.Name, &r.Bio, &r.Balance, &r.Born, &deleted, &positioned); err != nil {
+			t.Fatal(err)
+		}
+		if deleted != nil {
+			r.DeletedAt = deleted.UTC()
+		}
+		if !positioned {
+			t.Errorf("row %d has no source position", id)
+		}
+		got[id] = &r
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	show := func(r *debeziumtest.Row) string {
+		if r == nil {
+			return "no row"
+		}
+		str := func(p *string) string {
+			if p == nil {
+				return "NULL"
+			}
+			return fmt.Sprintf("%.20q", *p)
+		}
+		return fmt.Sprintf("name %s bio %s balance %s born %s deleted %s", str(r.Name), str(r.Bio), str(r.Balance), str(r.Born), r.DeletedAt.Format(time.RFC3339Nano))
+	}
+	bad := 0
+	for id, want := range s.Want {
+		if g := show(got[id]); g != show(want) {
+			bad++
+			if bad <= 5 {
+				t.Errorf("mirror row %d:\n got  %s\n want %s", id, g, show(want))
+			}
+		}
+	}
+	for id := range got {
+		if s.Want[id] == nil {
+			t.Errorf("mirror row %d should not exist: %s", id, show(got[id]))
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d mirror rows differ", bad, len(s.Want))
+	}
+}
+
+// assertChanges checks that raw.customers holds one change row per
+// change of the stream, and the ledger counts them.
+func assertChanges(t *testing.T, pool *pgxpool.Pool, s *debeziumtest.Stream) {
+	t.Helper()
+	if n := ingesttest.Scalar(t, pool, `SELECT count(*) FROM raw.customers`); n != int64(s.Changes) {
+		t.Errorf("raw.customers holds %d change rows, want %d", n, s.Changes)
+	}
+	if n := ingesttest.Scalar(t, pool, `SELECT count(*) FROM raw.customers WHERE op = 'truncate'`); n != 1 {
+		t.Errorf("raw.customers holds %d truncates, want 1", n)
+	}
+	if n := ingesttest.Scalar(t, pool, `SELECT coalesce(sum(rows), 0) FROM tidemark.ingest_ledger WHERE source = 'customers'`); n != int64(s.Changes) {
+		t.Errorf("the ledger counts %d rows, want %d", n, s.Changes)
+	}
+	if n := ingesttest.Scalar(t, pool, `SELECT count(*) FROM tidemark.dead_letters`); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
+// TestDebeziumStream loads streams of the PostgreSQL and MySQL connectors,
+// with and without schemas, in large and small batches: the mirror is the
+// expected table and there is one raw change row per change; the same
+// stream produced again at new offsets, as a restarted connector sends
+// it, changes nothing.
+func TestDebeziumStream(t *testing.T) {
+	tests := []struct {
+		connector string
+		schemas   bool
+		batchRows int
+	}{
+		{debeziumtest.PostgreSQL, true, 5000},
+		{debeziumtest.PostgreSQL, true, 7},
+		{debeziumtest.PostgreSQL, false, 5000},
+		{debeziumtest.MySQL, true, 5000},
+		{debeziumtest.MySQL, false, 11},
+	}
+	for i, tt := range tests {
+		t.Run(fmt.Sprintf("%s/schemas=%v/batch=%d", tt.connector, tt.schemas, tt.batchRows), func(t *testing.T) {
+			b := setup(t, 2)
+			if !tt.schemas {
+				createMirror(t, b.pool)
+			}
+			s := debeziumtest.Random(tt.connector, tt.schemas, b.topic, 2, testNow.Add(-48*time.Hour), uint64(10+i), 40, 80)
+			p := &produced{end: map[int32]int64{}}
+			b.produce(t, p, s.Records)
+			r := b.startDebezium(t, tt.batchRows)
+			b.waitStored(t, p.end, time.Minute)
+			assertMirror(t, b.pool, s)
+			assertChanges(t, b.pool, s)
+
+			b.produce(t, p, s.Again())
+			b.waitStored(t, p.end, time.Minute)
+			r.stop(t)
+			assertMirror(t, b.pool, s)
+			assertChanges(t, b.pool, s)
+			ingesttest.AssertLedger(t, b.pool, "customers")
+		})
+	}
+}
+
+// TestDebeziumBadRecords: records that are no change tidemark can apply are
+// dead letters with their reason; tombstones are skipped and counted.
+func TestDebeziumBadRecords(t *testing.T) {
+	b := setup(t, 1)
+	createMirror(t, b.pool)
+	s := debeziumtest.New(debeziumtest.PostgreSQL, false, b.topic, 1, testNow)
+	s.Insert(1, debeziumtest.Values{Name: "a", Bio: "b", Balance: 100})
+	s.Delete(1)
+	s.Commit()
+	recs := append(s.Records,
+		&kgo.Record{Topic: b.topic, Key: []byte(`{"id": 2}`), Value: []byte(`{"op": "c", "after": {"id": 2}, "source": {"connector": "oracle", "ts_ms": 1}}`)},
+		&kgo.Record{Topic: b.topic, Value: []byte(`{"op": "c", "after": {"id": 3}, "source": {"connector": "postgresql", "ts_ms": 1, "lsn": 5}}`)},
+		&kgo.Record{Topic: b.topic, Key: []byte(`{"id": 4}`), Value: []byte(`not json`)},
+	)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, recs)
+	b.startDebezium(t, 100)
+	b.waitStored(t, p.end, time.Minute)
+	want := map[string]int64{"invalid_envelope": 1, "missing_key": 1, "invalid_json": 1}
+	for reason, n := range want {
+		if got := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM tidemark.dead_letters WHERE source = 'customers' AND reason = $1`, reason); got != n {
+			t.Errorf("%d dead letters %s, want %d", got, reason, n)
+		}
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM raw.customers`); n != 2 {
+		t.Errorf("%d change rows, want 2 (the insert and the delete; the tombstone is skipped)", n)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT records - rows_written - dead_letters FROM tidemark.kafka_offsets WHERE topic = $1`, b.topic); n != 1 {
+		t.Errorf("records neither written nor dead letters: %d, want 1 (the tombstone)", n)
+	}
+}
+
+// TestDebeziumNoMirror: without schemas and without the mirror, the
+// ingester says what to create, and loads once it exists.
+func TestDebeziumNoMirror(t *testing.T) {
+	b := setup(t, 1)
+	s := debeziumtest.New(debeziumtest.MySQL, false, b.topic, 1, testNow)
+	s.Insert(1, debeziumtest.Values{Name: "a", Bio: "b", Balance: 100})
+	s.Commit()
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, s.Records)
+	r := b.startDebezium(t, 100)
+	waitfor.Until(t, "the ingester to report the missing mirror", func() bool {
+		err := r.in.LastError()
+		return err != nil && strings.Contains(err.Error(), "create it with the source table's columns")
+	})
+	createMirror(t, b.pool)
+	b.waitStored(t, p.end, time.Minute)
+	assertMirror(t, b.pool, s)
+}
