@@ -74,88 +74,6 @@ CREATE TABLE dw.customers (id integer PRIMARY KEY, name text, bio text, balance 
 	}
 }
 
-// assertMirror checks that dw.customers is the stream's expected table:
-// every row, live or flagged deleted, with its values and deletion time.
-func assertMirror(t *testing.T, pool *pgxpool.Pool, s *debeziumtest.Stream) {
-	t.Helper()
-	born := "NULL::text"
-	if s.Schemas {
-		born = "born::text"
-	}
-	rows, err := pool.Query(context.Background(), fmt.Sprintf(`
-SELECT id, name, bio, balance::text, %s, deleted_at, source_position IS NOT NULL FROM dw.customers ORDER BY id`, born))
-	if err != nil {
-		t.Fatalf("read the mirror: %v", err)
-	}
-	got := map[int64]*debeziumtest.Row{}
-	for rows.Next() {
-		var id int64
-		var r debeziumtest.Row
-		var deleted *time.Time
-		var positioned bool
-		if err := rows.Scan(&id, &r.Name, &r.Bio, &r.Balance, &r.Born, &deleted, &positioned); err != nil {
-			t.Fatal(err)
-		}
-		if deleted != nil {
-			r.DeletedAt = deleted.UTC()
-		}
-		if !positioned {
-			t.Errorf("row %d has no source position", id)
-		}
-		got[id] = &r
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	show := func(r *debeziumtest.Row) string {
-		if r == nil {
-			return "no row"
-		}
-		str := func(p *string) string {
-			if p == nil {
-				return "NULL"
-			}
-			return fmt.Sprintf("%.20q", *p)
-		}
-		return fmt.Sprintf("name %s bio %s balance %s born %s deleted %s", str(r.Name), str(r.Bio), str(r.Balance), str(r.Born), r.DeletedAt.Format(time.RFC3339Nano))
-	}
-	bad := 0
-	for id, want := range s.Want {
-		if g := show(got[id]); g != show(want) {
-			bad++
-			if bad <= 5 {
-				t.Errorf("mirror row %d:\n got  %s\n want %s", id, g, show(want))
-			}
-		}
-	}
-	for id := range got {
-		if s.Want[id] == nil {
-			t.Errorf("mirror row %d should not exist: %s", id, show(got[id]))
-		}
-	}
-	if bad > 0 {
-		t.Errorf("%d of %d mirror rows differ", bad, len(s.Want))
-	}
-}
-
-// assertChanges checks that raw.customers holds one change row per
-// change of the stream, and the ledger counts them.
-func assertChanges(t *testing.T, pool *pgxpool.Pool, s *debeziumtest.Stream) {
-	t.Helper()
-	if n := ingesttest.Scalar(t, pool, `SELECT count(*) FROM raw.customers`); n != int64(s.Changes) {
-		t.Errorf("raw.customers holds %d change rows, want %d", n, s.Changes)
-	}
-	if n := ingesttest.Scalar(t, pool, `SELECT count(*) FROM raw.customers WHERE op = 'truncate'`); n != 1 {
-		t.Errorf("raw.customers holds %d truncates, want 1", n)
-	}
-	if n := ingesttest.Scalar(t, pool, `SELECT coalesce(sum(rows), 0) FROM tidemark.ingest_ledger WHERE source = 'customers'`); n != int64(s.Changes) {
-		t.Errorf("the ledger counts %d rows, want %d", n, s.Changes)
-	}
-	if n := ingesttest.Scalar(t, pool, `SELECT count(*) FROM tidemark.dead_letters`); n != 0 {
-		t.Errorf("%d dead letters, want none", n)
-	}
-}
-
 // TestDebeziumStream loads streams of the PostgreSQL and MySQL connectors,
 // with and without schemas, in large and small batches: the mirror is the
 // expected table and there is one raw change row per change; the same
@@ -184,14 +102,14 @@ func TestDebeziumStream(t *testing.T) {
 			b.produce(t, p, s.Records)
 			r := b.startDebezium(t, tt.batchRows)
 			b.waitStored(t, p.end, time.Minute)
-			assertMirror(t, b.pool, s)
-			assertChanges(t, b.pool, s)
+			debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
+			debeziumtest.AssertChanges(t, b.pool, "customers", s)
 
 			b.produce(t, p, s.Again())
 			b.waitStored(t, p.end, time.Minute)
 			r.stop(t)
-			assertMirror(t, b.pool, s)
-			assertChanges(t, b.pool, s)
+			debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
+			debeziumtest.AssertChanges(t, b.pool, "customers", s)
 			ingesttest.AssertLedger(t, b.pool, "customers")
 		})
 	}
@@ -245,5 +163,5 @@ func TestDebeziumNoMirror(t *testing.T) {
 	})
 	createMirror(t, b.pool)
 	b.waitStored(t, p.end, time.Minute)
-	assertMirror(t, b.pool, s)
+	debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
 }
