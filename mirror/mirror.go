@@ -7,7 +7,10 @@
 // The package reads a source table's shape from the source's catalog,
 // checks that the configured key is a unique key there, creates the mirror
 // when it is missing, adds columns the source has gained, and refuses a
-// mirror whose columns disagree with the source.
+// mirror whose columns disagree with the source. A mirror without a
+// reachable source (a Debezium source's) is read from the warehouse
+// catalog, or created from the columns its change events declare
+// (ReadTarget, EnsureTarget).
 //
 // # Key reconciliation
 //
