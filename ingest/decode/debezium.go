@@ -260,7 +260,11 @@ func (e *envelope) readFlattened(fields []field, schema *connectSchema) error {
 	if e.op == "d" {
 		e.before = e.row
 	}
-	e.rowSchema = schema
+	if schema != nil {
+		rs := *schema
+		rs.Fields = slices.DeleteFunc(slices.Clone(schema.Fields), func(f *connectSchema) bool { return strings.HasPrefix(f.Field, "__") })
+		e.rowSchema = &rs
+	}
 	e.snapshot = e.op == "r" || snapshotFlag(get(e.source, "snapshot"))
 	return nil
 }

@@ -75,7 +75,8 @@ CREATE TABLE dw.customers (id integer PRIMARY KEY, name text, bio text, balance 
 }
 
 // TestDebeziumStream loads streams of the PostgreSQL and MySQL connectors,
-// with and without schemas, in large and small batches: the mirror is the
+// with and without schemas, as envelopes and flattened, in large and small
+// batches: the mirror is the
 // expected table and there is one raw change row per change; the same
 // stream produced again at new offsets, as a restarted connector sends
 // it, changes nothing.
@@ -84,27 +85,44 @@ func TestDebeziumStream(t *testing.T) {
 		connector string
 		schemas   bool
 		batchRows int
+		// twice sends the stream twice before the ingester starts, so
+		// that both copies meet in its batches.
+		twice     bool
+		flattened bool
 	}{
-		{debeziumtest.PostgreSQL, true, 5000},
-		{debeziumtest.PostgreSQL, true, 7},
-		{debeziumtest.PostgreSQL, false, 5000},
-		{debeziumtest.MySQL, true, 5000},
-		{debeziumtest.MySQL, false, 11},
+		{debeziumtest.PostgreSQL, true, 5000, false, false},
+		{debeziumtest.PostgreSQL, true, 7, false, false},
+		{debeziumtest.PostgreSQL, true, 5000, true, false},
+		{debeziumtest.PostgreSQL, false, 5000, false, false},
+		{debeziumtest.PostgreSQL, true, 13, false, true},
+		{debeziumtest.MySQL, true, 5000, false, false},
+		{debeziumtest.MySQL, false, 11, false, false},
+		{debeziumtest.MySQL, true, 50, true, false},
+		{debeziumtest.MySQL, false, 5000, false, true},
 	}
 	for i, tt := range tests {
-		t.Run(fmt.Sprintf("%s/schemas=%v/batch=%d", tt.connector, tt.schemas, tt.batchRows), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/schemas=%v/batch=%d/twice=%v/flattened=%v", tt.connector, tt.schemas, tt.batchRows, tt.twice, tt.flattened), func(t *testing.T) {
 			b := setup(t, 2)
 			if !tt.schemas {
 				createMirror(t, b.pool)
 			}
-			s := debeziumtest.Random(tt.connector, tt.schemas, b.topic, 2, testNow.Add(-48*time.Hour), uint64(10+i), 40, 80)
+			s := debeziumtest.New(tt.connector, tt.schemas, b.topic, 2, testNow.Add(-48*time.Hour))
+			s.Flattened = tt.flattened
+			debeziumtest.RandomInto(s, uint64(10+i), 40, 80)
 			p := &produced{end: map[int32]int64{}}
 			b.produce(t, p, s.Records)
+			if tt.twice {
+				b.produce(t, p, s.Again())
+			}
 			r := b.startDebezium(t, tt.batchRows)
 			b.waitStored(t, p.end, time.Minute)
 			debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
 			debeziumtest.AssertChanges(t, b.pool, "customers", s)
 
+			if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_attribute
+				WHERE attrelid = 'dw.customers'::regclass AND attnum > 0 AND NOT attisdropped`); n != 7 && n != 8 {
+				t.Errorf("the mirror has %d columns, want those of the table and tidemark's three", n)
+			}
 			b.produce(t, p, s.Again())
 			b.waitStored(t, p.end, time.Minute)
 			r.stop(t)

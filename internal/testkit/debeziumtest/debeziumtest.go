@@ -36,6 +36,11 @@ type Row struct {
 type Stream struct {
 	Connector string
 	Schemas   bool
+	// Flattened writes the rows of ExtractNewRecordState
+	// (delete.handling.mode rewrite, add.fields with the op, the position
+	// and source.ts_ms) instead of envelopes; a truncate stays an
+	// envelope.
+	Flattened bool
 	Topic     string
 	Parts     int32
 	// Records are the Kafka records in the order the connector sends
@@ -128,6 +133,9 @@ func (s *Stream) add(op string, id int64, v Values, unavailable []string, snapsh
 	}
 	value := map[string]any{"before": before, "after": after, "source": source, "op": op, "ts_ms": at.UnixMilli() + 250}
 	rec := &kgo.Record{Topic: s.Topic, Value: s.wrap(value, envelopeSchema(s.Schemas)), Partition: int32(id % int64(s.Parts))}
+	if s.Flattened && op != "t" {
+		rec.Value = s.flatten(op, after, before, source)
+	}
 	if op != "t" {
 		rec.Key = s.key(id)
 	}
@@ -178,6 +186,35 @@ func (s *Stream) row0(id int64, v Values, unavailable []string) map[string]any {
 		row[c] = "__debezium_unavailable_value"
 	}
 	return row
+}
+
+// flatten writes a change as ExtractNewRecordState does with
+// delete.handling.mode rewrite and add.fields op, the position fields and
+// source.ts_ms.
+func (s *Stream) flatten(op string, after, before any, source map[string]any) []byte {
+	row, deleted := after, "false"
+	if op == "d" {
+		row, deleted = before, "true"
+	}
+	flat := map[string]any{}
+	for k, v := range row.(map[string]any) {
+		flat[k] = v
+	}
+	flat["__op"], flat["__deleted"], flat["__source_ts_ms"] = op, deleted, source["ts_ms"]
+	meta := []string{`{"type":"string","optional":true,"field":"__op"}`, `{"type":"string","optional":true,"field":"__deleted"}`,
+		`{"type":"int64","optional":true,"field":"__source_ts_ms"}`}
+	switch s.Connector {
+	case PostgreSQL:
+		flat["__lsn"], flat["__sequence"] = source["lsn"], source["sequence"]
+		meta = append(meta, `{"type":"int64","optional":true,"field":"__lsn"}`, `{"type":"string","optional":true,"field":"__sequence"}`)
+	case MySQL:
+		flat["__file"], flat["__pos"], flat["__row"] = source["file"], source["pos"], source["row"]
+		meta = append(meta, `{"type":"string","optional":true,"field":"__file"}`, `{"type":"int64","optional":true,"field":"__pos"}`,
+			`{"type":"int32","optional":true,"field":"__row"}`)
+	}
+	schema := strings.Replace(fmt.Sprintf(rowSchema, "value"), `"field":"value",`, "", 1)
+	schema = strings.TrimSuffix(schema, "]}") + "," + strings.Join(meta, ",") + "]}"
+	return s.wrap(flat, schema)
 }
 
 // model applies a change to the expected mirror.
@@ -304,8 +341,14 @@ func RandomValues(rng *rand.Rand) Values {
 // unavailable values (PostgreSQL), deletes, re-inserts and a truncate in
 // the middle.
 func Random(connector string, schemas bool, topic string, parts int32, at time.Time, seed uint64, keys, n int) *Stream {
+	return RandomInto(New(connector, schemas, topic, parts, at), seed, keys, n)
+}
+
+// RandomInto is Random into the stream s, for a stream set up further
+// (Flattened).
+func RandomInto(s *Stream, seed uint64, keys, n int) *Stream {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	s := New(connector, schemas, topic, parts, at)
+	connector := s.Connector
 	snap := map[int64]Values{}
 	var ids []int64
 	for id := int64(1); id <= int64(keys/2); id++ {
