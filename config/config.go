@@ -459,8 +459,11 @@ func (c *Config) validate(ix *index) {
 			default:
 				ix.add(p+".mirror", "applies to poll, CDC and Debezium sources only")
 			}
-			if s.Mirror.PositionColumn != "" && !s.Debezium() {
-				ix.add(p+".mirror.position_column", "applies to Debezium sources (format: debezium) only")
+			for key, set := range map[string]bool{"position_column": s.Mirror.PositionColumn != "",
+				"source_dsn": s.Mirror.SourceDSN != "", "source_table": s.Mirror.SourceTable != ""} {
+				if set && !s.Debezium() {
+					ix.add(p+".mirror."+key, "applies to Debezium sources (format: debezium) only")
+				}
 			}
 		}
 		switch {

@@ -1,5 +1,7 @@
 package config
 
+import "github.com/jackc/pgx/v5"
+
 // Format values of sources.<name>.format.
 const (
 	// FormatDebezium reads Debezium change events (the JSON converter,
@@ -59,6 +61,16 @@ func (c *Config) validateDebeziumMirror(ix *index, p string, s *Source, tables m
 		ix.add(p+".mirror.position_column", "%q is not a column name", m.PositionColumn)
 	case m.PositionColumn == m.DeletedColumn || m.PositionColumn == m.LoadedColumn:
 		ix.add(p+".mirror.position_column", "must differ from mirror.deleted_column and mirror.loaded_column")
+	}
+	switch {
+	case (m.SourceDSN == "") != (m.SourceTable == ""):
+		ix.add(p+".mirror.source_table", "source_dsn and source_table go together: the table at the source the connector reads")
+	case m.SourceTable != "" && !ValidTableName(m.SourceTable):
+		ix.add(p+".mirror.source_table", "must be a table name such as customers or public.customers (lower-case identifiers), got %q", m.SourceTable)
+	case m.SourceDSN != "":
+		if _, err := pgx.ParseConfig(m.SourceDSN); err != nil {
+			ix.add(p+".mirror.source_dsn", "is not a valid PostgreSQL connection string: %s", redactErr(err))
+		}
 	}
 	if m.KeyReconcileEvery != 0 {
 		ix.add(p+".mirror.key_reconcile_every", "applies to poll sources: a Debezium source's deletes arrive as change events")

@@ -44,6 +44,13 @@ func TestDebeziumSource(t *testing.T) {
 		{"position column on a CDC source", lines("warehouse: {dsn: postgres://h/db}", "sources:", "  customers:",
 			"    cdc: {dsn: postgres://src/db, tables: [customers]}", "    mirror: {schema: dw, position_column: pos}"),
 			[]wantErr{{5, "sources.customers.mirror.position_column", "applies to Debezium sources (format: debezium) only"}}},
+		{"source table without source dsn", lines("warehouse: {dsn: postgres://h/db}", "kafka: {brokers: [localhost:9092]}", "sources:", "  customers:",
+			"    kafka: {topics: [t]}", "    format: debezium", "    mirror: {table: c, source_table: public.customers}"),
+			[]wantErr{{7, "sources.customers.mirror.source_table", "source_dsn and source_table go together"}}},
+		{"source dsn on a poll source", lines("warehouse: {dsn: postgres://h/db}", "sources:", "  customers:",
+			"    poll: {dsn: postgres://src/db, table: customers, key: [id], updated_at: updated_at}",
+			"    mirror: {table: c, source_dsn: postgres://src/db}"),
+			[]wantErr{{5, "sources.customers.mirror.source_dsn", "applies to Debezium sources (format: debezium) only"}}},
 		{"format on a poll source", pollBase + "    format: debezium\n", []wantErr{{12, "sources.customers.format", "applies to Kafka sources only"}}},
 	}
 	for _, tt := range tests {
