@@ -99,7 +99,7 @@ func unavailable(raw json.RawMessage) bool {
 // JSON text as JSON. Values without a schema are returned as they are.
 func convert(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
-	if s == nil || len(raw) == 0 || string(raw) == "null" {
+	if s == nil || len(raw) == 0 || string(raw) == "null" || decoded(raw, s) {
 		return raw, nil
 	}
 	switch s.Name {
@@ -183,6 +183,20 @@ func convert(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
 		return b.Bytes(), nil
 	}
 	return raw, nil
+}
+
+// decoded reports whether raw already holds the value of its logical type
+// (a format that decodes records to JSON itself may have mapped it):
+// text for a date, time, timestamp or duration, a number for a decimal.
+func decoded(raw json.RawMessage, s *connectSchema) bool {
+	switch s.Name {
+	case dbzDate, connectDate, dbzTime, connectTime, dbzMicroTime, dbzNanoTime, dbzTimestamp, connectTimestamp,
+		dbzMicroTimestamp, dbzNanoTimestamp, dbzMicroDuration:
+		return raw[0] == '"'
+	case connectDecimal, dbzVariableDecimal:
+		return raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9'
+	}
+	return false
 }
 
 // convertStruct converts each field of a struct value by its schema.

@@ -114,7 +114,11 @@ func (d *Decoder) decodeDebezium(r *kgo.Record) (Event, *Rejection) {
 // key is the record key (nil for none), value the record value, each as
 // the JSON converter writes it, with or without schemas.enable. A format
 // that decodes its records to JSON first (Avro through the Schema
-// Registry) hands its documents here. topic names the table when the
+// Registry) hands its documents here, wrapped as {"schema": ..., "payload":
+// ...} with a Connect schema of the fields' logical types (Debezium's
+// Avro schemas carry them as connect.name and connect.parameters) when
+// some are left to decode; values it decoded already (text for a date or
+// time, a number for a decimal) are kept. topic names the table when the
 // event does not.
 func (d *Decoder) DecodeChange(topic string, key, value []byte) (Event, *Rejection) {
 	doc, schema, err := unwrap(value)

@@ -279,6 +279,21 @@ func TestDebeziumLogicalTypes(t *testing.T) {
 			}
 		})
 	}
+	t.Run("values already decoded are kept", func(t *testing.T) {
+		for _, tt := range []struct{ schema, value string }{
+			{`{"type": "int32", "name": "io.debezium.time.Date"}`, `"2024-01-01"`},
+			{`{"type": "int64", "name": "io.debezium.time.MicroTimestamp"}`, `"2024-01-01T00:00:00.123456Z"`},
+			{`{"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}`, `-12.34`},
+		} {
+			var s connectSchema
+			if err := json.Unmarshal([]byte(tt.schema), &s); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := convert(json.RawMessage(tt.value), &s); err != nil || string(got) != tt.value {
+				t.Errorf("convert(%s) = %s, %v; want it kept", tt.value, got, err)
+			}
+		}
+	})
 	t.Run("unavailable values are left out", func(t *testing.T) {
 		upd := `{"before": null, "after": {"id": 1, "bio": "__debezium_unavailable_value", "tags": ["__debezium_unavailable_value"],
 			"blob": "` + unavailableBase64 + `", "name": "n"}, "op": "u",
