@@ -16,6 +16,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
+	"github.com/tidemark-dev/tidemark/reconcile"
 )
 
 // debeziumYAML is a configuration with one Debezium source, customers,
@@ -39,19 +40,26 @@ sources:
 }
 
 // startDebezium runs an ingester of the Debezium source until the test
-// ends or stop is called.
-func (b *bundle) startDebezium(t *testing.T, batchRows int) *running {
+// ends or stop is called; extra is appended to the configuration.
+func (b *bundle) startDebezium(t *testing.T, batchRows int, extra ...string) *running {
 	t.Helper()
-	cfg, err := config.Parse("test.yaml", []byte(b.debeziumYAML(batchRows)), func(string) (string, bool) { return "", false })
-	if err != nil {
-		t.Fatalf("config: %v", err)
-	}
+	cfg := b.debeziumConfig(t, batchRows, extra...)
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	in, err := kafka.New(cfg, kafka.Options{Now: b.clock.Now, Logger: log})
 	if err != nil {
 		t.Fatalf("kafka.New: %v", err)
 	}
 	return b.run(t, in)
+}
+
+// debeziumConfig parses debeziumYAML with extra appended.
+func (b *bundle) debeziumConfig(t *testing.T, batchRows int, extra ...string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(b.debeziumYAML(batchRows)+strings.Join(extra, "\n")), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return cfg
 }
 
 // run runs in until the test ends or stop is called.
@@ -182,4 +190,47 @@ func TestDebeziumNoMirror(t *testing.T) {
 	createMirror(t, b.pool)
 	b.waitStored(t, p.end, time.Minute)
 	debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
+}
+
+// TestDebeziumAggregate: an aggregate over a Debezium source is rebuilt
+// from its raw change rows, as over a CDC source, and counts every change
+// once although the stream was sent twice.
+func TestDebeziumAggregate(t *testing.T) {
+	b := setup(t, 2)
+	aggregate := `aggregates:
+  daily_changes:
+    source: customers
+    table: daily_changes
+    partition: {by: day, column: day}
+    lateness_horizon: 30d
+    sql: |
+      SELECT {{partition}} AS day, count(*)::int AS changes, count(*) FILTER (WHERE op = 'delete')::int AS deletes
+      FROM {{events}}
+`
+	s := debeziumtest.Random(debeziumtest.MySQL, true, b.topic, 2, testNow.Add(-36*time.Hour), 77, 30, 200)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, s.Records)
+	b.produce(t, p, s.Again())
+	r := b.startDebezium(t, 100, aggregate)
+	b.waitStored(t, p.end, time.Minute)
+	r.stop(t)
+	rc, err := reconcile.New(b.debeziumConfig(t, 100, aggregate), b.pool, reconcile.Options{Now: b.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.RunOnce(context.Background(), "daily_changes", true); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	deletes := int64(0)
+	for _, rec := range s.Records {
+		if rec.Value != nil && strings.Contains(string(rec.Value), `"op":"d"`) {
+			deletes++
+		}
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT coalesce(sum(changes), 0)::bigint FROM daily_changes`); n != int64(s.Changes) {
+		t.Errorf("the aggregate counts %d changes, want %d", n, s.Changes)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT coalesce(sum(deletes), 0)::bigint FROM daily_changes`); n != deletes {
+		t.Errorf("the aggregate counts %d deletes, want %d", n, deletes)
+	}
 }
