@@ -65,9 +65,9 @@ const replayAttempts = 6
 // source of the configuration.
 var ErrNotKafkaSource = errors.New("not a Kafka source of the configuration")
 
-// ErrReplayDebezium means a replay named a Debezium source: its dead
-// letters are not replayed (a change replayed out of order could only be
-// applied by position, which the replay does not do yet).
+// ErrReplayDebezium means a replay named a Debezium source: a replay
+// writes raw rows, not the mirror changes a Debezium source's records
+// carry, so its dead letters are not replayed.
 var ErrReplayDebezium = errors.New("dead letters of Debezium sources are not replayed")
 
 // ReplayOptions selects the dead letters Replay loads again.

@@ -326,7 +326,7 @@ func cents(c int64) string {
 	return fmt.Sprintf("%s%d.%02d", sign, c/100, c%100)
 }
 
-// Values returns random values for a row.
+// RandomValues returns random values for a row.
 func RandomValues(rng *rand.Rand) Values {
 	return Values{
 		Name:    fmt.Sprintf("name-%d", rng.IntN(1e6)),
