@@ -2,6 +2,8 @@ package kafka
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +19,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -101,6 +104,9 @@ type changeMirror struct {
 	mu   sync.Mutex
 	cols []string // the mirror's columns, tidemark's own left out; nil until read
 	key  []string
+	// textual are the mirror's bytea, json and jsonb columns, whose values
+	// a change without a schema sends as text (see fromText).
+	textual map[string]string
 }
 
 func newChangeMirror(name string, m *config.Mirror) *changeMirror {
@@ -141,13 +147,17 @@ func (m *changeMirror) load(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		}
 	}
 	var names []string
+	textual := map[string]string{}
 	for _, c := range cols {
 		if c.Name != m.loaded && c.Name != m.deleted && c.Name != m.position {
 			names = append(names, c.Name)
 		}
+		if c.Type == "bytea" || c.Type == "json" || c.Type == "jsonb" {
+			textual[c.Name] = c.Type
+		}
 	}
 	m.mu.Lock()
-	m.cols, m.key = names, key
+	m.cols, m.key, m.textual = names, key, textual
 	m.mu.Unlock()
 	return true, nil
 }
@@ -252,6 +262,11 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 		if err := json.Unmarshal(c.Row, &vals); err != nil {
 			return fmt.Errorf("%w: the row of change %s: %w", errBadRow, r.ev.ID, err)
 		}
+		if c.Columns == nil {
+			if err := m.fromText(vals); err != nil {
+				return fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
+			}
+		}
 		k, err := keyText(vals, key)
 		if err != nil {
 			return fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
@@ -282,6 +297,40 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 		states[k] = next
 	}
 	return m.applyNet(ctx, tx, cols, key, states, order, last, ingestedAt)
+}
+
+// fromText turns the values a change without a schema sends as text into
+// what the mirror's columns read: base64 (binary.handling.mode bytes) into
+// PostgreSQL's hex text for a bytea column, and the text of a JSON value
+// (io.debezium.data.Json) into that value for a json or jsonb column.
+// With a schema the decoder has done so.
+func (m *changeMirror) fromText(vals map[string]json.RawMessage) error {
+	m.mu.Lock()
+	textual := m.textual
+	m.mu.Unlock()
+	for name, typ := range textual {
+		v, ok := vals[name]
+		if !ok || len(v) == 0 || v[0] != '"' {
+			continue
+		}
+		var text string
+		if err := json.Unmarshal(v, &text); err != nil {
+			return fmt.Errorf("column %s: %w", name, err)
+		}
+		if typ == "bytea" {
+			b, err := base64.StdEncoding.DecodeString(text)
+			if err != nil {
+				return fmt.Errorf("column %s (bytea) is not base64: %w", name, err)
+			}
+			vals[name], _ = json.Marshal(`\x` + hex.EncodeToString(b))
+			continue
+		}
+		if !json.Valid([]byte(text)) || pgjson.Scan([]byte(text), nil, nil) != nil {
+			return fmt.Errorf("column %s (%s) holds text that is not JSON jsonb takes", name, typ)
+		}
+		vals[name] = json.RawMessage(text)
+	}
+	return nil
 }
 
 // keyText identifies a row by the JSON of its key's values.

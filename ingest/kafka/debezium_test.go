@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -232,5 +234,48 @@ func TestDebeziumAggregate(t *testing.T) {
 	}
 	if n := ingesttest.Scalar(t, b.pool, `SELECT coalesce(sum(deletes), 0)::bigint FROM daily_changes`); n != deletes {
 		t.Errorf("the aggregate counts %d deletes, want %d", n, deletes)
+	}
+}
+
+// TestDebeziumTextValues: without schemas, a bytea column takes the
+// base64 the connector sends and a jsonb column the JSON text; a value
+// that is neither is refused, not stored wrong.
+func TestDebeziumTextValues(t *testing.T) {
+	b := setup(t, 1)
+	if _, err := b.pool.Exec(context.Background(), `CREATE SCHEMA dw;
+CREATE TABLE dw.customers (id integer PRIMARY KEY, photo bytea, doc jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	change := func(id int, photo, doc string) *kgo.Record {
+		return &kgo.Record{Topic: b.topic, Key: []byte(fmt.Sprintf(`{"id": %d}`, id)), Value: []byte(fmt.Sprintf(
+			`{"op": "c", "after": {"id": %d, "photo": %s, "doc": %s}, "source": {"connector": "postgresql", "ts_ms": %d, "lsn": %d}}`,
+			id, photo, doc, testNow.UnixMilli(), 100+id))}
+	}
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, []*kgo.Record{
+		change(1, `"3q2+7w=="`, `"{\"a\": [1, 2]}"`),
+		change(2, `null`, `"\"text\""`),
+		change(3, `"not base64!"`, `null`),
+		change(4, `null`, `"{not json"`),
+	})
+	b.startDebezium(t, 100)
+	b.waitStored(t, p.end, time.Minute)
+	var got []string
+	rows, err := b.pool.Query(context.Background(), `SELECT id || ' ' || coalesce(encode(photo, 'hex'), '-') || ' ' || coalesce(doc::text, '-') FROM dw.customers ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{`1 deadbeef {"a": [1, 2]}`, `2 - "text"`}; !slices.Equal(got, want) {
+		t.Errorf("mirror = %q, want %q", got, want)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM tidemark.dead_letters WHERE reason = 'rejected'`); n != 2 {
+		t.Errorf("%d rejected dead letters, want 2", n)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM raw.customers`); n != 2 {
+		t.Errorf("%d change rows, want 2: a refused change is a dead letter, not a change row", n)
 	}
 }
