@@ -187,7 +187,7 @@ func (m *changeMirror) ensure(ctx context.Context, conn *pgx.Conn, src *source, 
 	if cols == nil {
 		exists, err := m.load(ctx, conn)
 		if err != nil {
-			return fmt.Errorf("mirror %s: %w", m.target.Sanitize(), err)
+			return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
 		}
 		if exists {
 			src.dec.SetMirrorKey(m.key)

@@ -279,3 +279,17 @@ CREATE TABLE dw.customers (id integer PRIMARY KEY, photo bytea, doc jsonb)`); er
 		t.Errorf("%d change rows, want 2: a refused change is a dead letter, not a change row", n)
 	}
 }
+
+// TestDebeziumMirrorWithoutKey: a mirror without a primary key is refused
+// with the key to fix, and nothing is loaded.
+func TestDebeziumMirrorWithoutKey(t *testing.T) {
+	b := setup(t, 1)
+	if _, err := b.pool.Exec(context.Background(), `CREATE SCHEMA dw; CREATE TABLE dw.customers (id integer, name text)`); err != nil {
+		t.Fatal(err)
+	}
+	r := b.startDebezium(t, 100)
+	waitfor.Until(t, "the ingester to refuse the mirror", func() bool {
+		err := r.in.LastError()
+		return err != nil && strings.Contains(err.Error(), "sources.customers.mirror.table") && strings.Contains(err.Error(), "no primary key")
+	})
+}

@@ -324,7 +324,7 @@ func (in *Ingester) ensureTables(ctx context.Context) error {
 		// change that declares its columns.
 		if exists, err := s.mirror.load(ctx, w.conn); err != nil {
 			in.dropConnLocked()
-			return fmt.Errorf("source %s: %w", s.name, err)
+			return fmt.Errorf("source %s: the mirror (sources.%s.mirror.table): %w", s.name, s.name, err)
 		} else if exists {
 			_, key := s.mirror.known()
 			s.dec.SetMirrorKey(key)
