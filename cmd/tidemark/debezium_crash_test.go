@@ -19,19 +19,39 @@ import (
 )
 
 // TestDebeziumCrashSafety is acceptance item 2 of the Debezium source:
-// `tidemark run` loading a Debezium stream (PostgreSQL's connector, the
-// JSON converter with schemas, snapshot reads, unavailable TOAST values,
-// deletes with tombstones, a truncate) is SIGKILLed at random moments and
+// `tidemark run` loading a Debezium stream (PostgreSQL's connector with
+// schemas and unavailable TOAST values, MySQL's without schemas; snapshot
+// reads, deletes with tombstones, a truncate) is SIGKILLed at random moments and
 // restarted; then the whole stream is produced again at new offsets, as a
 // restarted connector sends it. Afterwards the mirror is the expected
 // table and every change has exactly one raw change row.
 func TestDebeziumCrashSafety(t *testing.T) {
+	for _, tt := range []struct {
+		connector string
+		schemas   bool
+	}{{debeziumtest.PostgreSQL, true}, {debeziumtest.MySQL, false}} {
+		t.Run(fmt.Sprintf("%s/schemas=%v", tt.connector, tt.schemas), func(t *testing.T) {
+			debeziumCrash(t, tt.connector, tt.schemas)
+		})
+	}
+}
+
+// debeziumCrash runs TestDebeziumCrashSafety for a stream of connector,
+// with or without schemas (then the mirror is created first, as a user
+// would).
+func debeziumCrash(t *testing.T, connector string, schemas bool) {
 	kills := 6
 	if testing.Short() {
 		kills = 4
 	}
 	const group, topic = "tidemark-dbz", "dbserver1.public.customers"
 	pool, dsn := pgtest.NewPool(t)
+	if !schemas {
+		if _, err := pool.Exec(context.Background(), `CREATE SCHEMA dw;
+			CREATE TABLE dw.customers (id integer PRIMARY KEY, name text, bio text, balance numeric(12,2))`); err != nil {
+			t.Fatal(err)
+		}
+	}
 	kc := kafkatest.NewCluster(t, 2, topic)
 	kafkatest.ExpireSilentMembers(t, kc)
 	cfgPath := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
@@ -52,7 +72,7 @@ sources:
 `, dsn, kc.ListenAddrs()[0], group, topic))
 
 	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
-	s := debeziumtest.Random(debeziumtest.PostgreSQL, true, topic, 2, now.Add(-24*time.Hour), 42, 300, 3000)
+	s := debeziumtest.Random(connector, schemas, topic, 2, now.Add(-24*time.Hour), 42, 300, 3000)
 	records := append(s.Records, s.Again()...)
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	var mu sync.Mutex
