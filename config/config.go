@@ -22,6 +22,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -36,12 +37,15 @@ const EnvDatabaseURL = "TIDEMARK_DATABASE_URL"
 
 // Config is the whole configuration.
 type Config struct {
-	Warehouse Warehouse          `yaml:"warehouse"`
-	HTTP      HTTP               `yaml:"http"`
-	Log       Log                `yaml:"log"`
-	Kafka     Kafka              `yaml:"kafka"`
-	Ingest    Ingest             `yaml:"ingest"`
-	Sources   map[string]*Source `yaml:"sources"`
+	Warehouse Warehouse `yaml:"warehouse"`
+	HTTP      HTTP      `yaml:"http"`
+	Log       Log       `yaml:"log"`
+	Kafka     Kafka     `yaml:"kafka"`
+	// SchemaRegistry is where the sources of a registry format read
+	// their schemas.
+	SchemaRegistry SchemaRegistry     `yaml:"schema_registry"`
+	Ingest         Ingest             `yaml:"ingest"`
+	Sources        map[string]*Source `yaml:"sources"`
 	// Aggregates are event-date aggregates kept by the reconciler.
 	Aggregates map[string]*Aggregate `yaml:"aggregates"`
 	Reconcile  Reconcile             `yaml:"reconcile"`
@@ -153,8 +157,8 @@ type Source struct {
 	// Mirror is the warehouse copy of a poll or CDC source's tables, or
 	// of the table a Debezium topic carries.
 	Mirror *Mirror `yaml:"mirror"`
-	// Format is how a Kafka source's record values are read: plain JSON
-	// events, or Debezium change events (FormatDebezium).
+	// Format is how a Kafka source's record values are encoded: one of
+	// the Format constants (Debezium change events: FormatDebezium).
 	Format string `yaml:"format"`
 
 	EventID           string   `yaml:"event_id"`            // JSON pointer
@@ -422,7 +426,7 @@ func (c *Config) validate(ix *index) {
 	topics := map[string]string{}
 	mirrors := map[string]string{}
 	slots := map[string]string{}
-	usesKafka := false
+	usesKafka, registryFor := false, ""
 	for _, name := range c.SourceNames() {
 		s := c.Sources[name]
 		p := "sources." + name
@@ -433,11 +437,11 @@ func (c *Config) validate(ix *index) {
 			ix.add(p, "is empty")
 			continue
 		}
+		if c.validateFormat(ix, name, s) && registryFor == "" {
+			registryFor = name
+		}
 		if s.Dedupe != nil && (s.Kafka == nil || s.Table != nil || s.Poll != nil || s.CDC != nil) {
 			ix.add(p+".dedupe", "applies to Kafka sources only")
-		}
-		if s.Format != "" && s.Kafka == nil {
-			ix.add(p+".format", "applies to Kafka sources only")
 		}
 		kinds := 0
 		for _, set := range []bool{s.Kafka != nil, s.Table != nil, s.Poll != nil, s.CDC != nil} {
@@ -499,6 +503,7 @@ func (c *Config) validate(ix *index) {
 	if usesKafka {
 		c.validateKafka(ix)
 	}
+	c.validateRegistry(ix, registryFor)
 	c.validateAggregates(ix)
 	c.validateRetention(ix)
 	c.validateLimits(ix)
@@ -531,8 +536,8 @@ func (c *Config) validateKafkaSource(ix *index, name string, s *Source, topics m
 			topics[t] = name
 		}
 	}
-	if !c.check(ix, "sources.<name>.format", name) {
-		return
+	if !slices.Contains(Formats, s.Format) {
+		return // validateFormat says why; the other keys depend on it
 	}
 	if s.Debezium() {
 		c.validateDebeziumSource(ix, p, s)

@@ -200,15 +200,16 @@ func TestParseFullFile(t *testing.T) {
 			TLS:                    &TLS{Enabled: true, CAFile: ca, ServerName: "kafka.internal", InsecureSkipVerify: tr},
 			SASL:                   &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret", AllowPlaintext: true},
 		},
-		Ingest:    Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
-		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
-		Retention: defaultRetention,
+		SchemaRegistry: defaultRegistry,
+		Ingest:         Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
+		Reconcile:      Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
+		Retention:      defaultRetention,
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:             &KafkaSource{Topics: []string{"app.events", "app.events.v2"}},
-				Format:            "json",
 				EventID:           "/meta/id",
 				EventTime:         "/meta/ts",
+				Format:            FormatJSON,
 				EventTimeFormat:   TimeRFC3339,
 				MaxAge:            Duration(30 * 24 * time.Hour),
 				MaxFutureSkew:     Duration(10 * time.Minute),
@@ -221,7 +222,7 @@ func TestParseFullFile(t *testing.T) {
 			},
 			"billing": {
 				Kafka:             &KafkaSource{Topics: []string{"billing"}},
-				Format:            "json",
+				Format:            FormatJSON,
 				EventIDFallback:   FallbackCoordinates,
 				EventTime:         "/ts",
 				EventTimeFormat:   TimeUnixMillis,
@@ -263,6 +264,7 @@ var (
 		Every: Duration(time.Hour), Ledger: Duration(7 * 24 * time.Hour), Corrections: Duration(90 * 24 * time.Hour),
 		Arrivals: Duration(90 * 24 * time.Hour), Runs: Duration(90 * 24 * time.Hour), LockTimeout: Duration(2 * time.Second),
 	}
+	defaultRegistry        = SchemaRegistry{Timeout: Duration(10 * time.Second)}
 	defaultSourceRetention = SourceRetention{Raw: Duration(400 * 24 * time.Hour), DeadLetters: Duration(30 * 24 * time.Hour)}
 )
 
@@ -282,15 +284,16 @@ func TestParseDefaults(t *testing.T) {
 			FetchMaxBytes:          16 << 20,
 			FetchMaxPartitionBytes: 1 << 20,
 		},
-		Ingest:    Ingest{BatchMaxRows: 50000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
-		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
-		Retention: defaultRetention,
+		SchemaRegistry: defaultRegistry,
+		Ingest:         Ingest{BatchMaxRows: 50000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
+		Reconcile:      Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
+		Retention:      defaultRetention,
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:           &KafkaSource{Topics: []string{"app.events"}},
-				Format:          "json",
 				EventID:         "/event_id",
 				EventTime:       "/event_time",
+				Format:          FormatJSON,
 				EventTimeFormat: TimeAuto,
 				MaxAge:          Duration(90 * 24 * time.Hour),
 				MaxFutureSkew:   Duration(time.Hour),

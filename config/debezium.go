@@ -2,13 +2,6 @@ package config
 
 import "github.com/jackc/pgx/v5"
 
-// Format values of sources.<name>.format.
-const (
-	// FormatDebezium reads Debezium change events (the JSON converter,
-	// with or without schemas.enable) into a mirror and raw change rows.
-	FormatDebezium = "debezium"
-)
-
 // Debezium reports whether s is a Kafka source of Debezium change events.
 func (s *Source) Debezium() bool {
 	return s != nil && s.Kafka != nil && s.Format == FormatDebezium

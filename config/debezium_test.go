@@ -39,7 +39,7 @@ func TestDebeziumSource(t *testing.T) {
 			"    kafka: {topics: [t]}", "    format: debezium", "    mirror: {table: c, position_column: loaded_at}"),
 			[]wantErr{{7, "sources.customers.mirror.position_column", "must differ from"}}},
 		{"unknown format", lines("warehouse: {dsn: postgres://h/db}", "kafka: {brokers: [localhost:9092]}", "sources:", "  customers:",
-			"    kafka: {topics: [t]}", "    format: maxwell"), []wantErr{{6, "sources.customers.format", `must be one of json, debezium, got "maxwell"`}}},
+			"    kafka: {topics: [t]}", "    format: maxwell"), []wantErr{{6, "sources.customers.format", `must be one of json, avro, protobuf, json_schema, debezium, got "maxwell"`}}},
 		{"mirror on a JSON source", base("    mirror: {table: c}"), []wantErr{{11, "sources.app_events.mirror", "applies to poll, CDC and Debezium sources only"}}},
 		{"position column on a CDC source", lines("warehouse: {dsn: postgres://h/db}", "sources:", "  customers:",
 			"    cdc: {dsn: postgres://src/db, tables: [customers]}", "    mirror: {schema: dw, position_column: pos}"),

@@ -83,6 +83,14 @@ func notDebezium(_ *Config, s *Source, def string) string {
 	return def
 }
 
+// kafkaOnly gives the default to Kafka sources only.
+func kafkaOnly(_ *Config, s *Source, def string) string {
+	if s.Kafka != nil && s.Table == nil && s.Poll == nil && s.CDC == nil {
+		return def
+	}
+	return ""
+}
+
 // keys is every key of the file, in the order of the reference. Defaults
 // are filled in this order, so a key whose bound names another key comes
 // after it.
@@ -140,19 +148,25 @@ var keys = []Key{
 	{Path: "kafka.sasl.session_token", Note: "`$AWS_SESSION_TOKEN`", Allowed: "with `AWS_MSK_IAM`"},
 	{Path: "kafka.sasl.allow_plaintext", Default: "false", Allowed: "`true` accepts SASL without TLS; not with `AWS_MSK_IAM`"},
 
+	{Path: "schema_registry.url", Note: "required with a registry format", Allowed: "`http://` or `https://` URL of a Confluent-compatible registry"},
+	{Path: "schema_registry.basic.username", Allowed: "HTTP basic authentication; requires `password` or `password_file`"},
+	{Path: "schema_registry.basic.password", Allowed: "with `username`"},
+	{Path: "schema_registry.basic.password_file", Allowed: "a file holding `password` ([secrets in files](#secrets-in-files))"},
+	{Path: "schema_registry.bearer.token_file", Allowed: "a file holding a bearer token, read at each request; not with `basic`"},
+	{Path: "schema_registry.tls.ca_file", Note: "system roots", Allowed: "a PEM file of the certificate authorities to trust"},
+	{Path: "schema_registry.tls.cert_file", Allowed: "a PEM client certificate; requires `key_file`"},
+	{Path: "schema_registry.tls.key_file", Allowed: "the PEM private key of `cert_file`; requires `cert_file`"},
+	{Path: "schema_registry.tls.server_name", Note: "the URL's host name", Allowed: "the name to verify in the registry's certificate"},
+	{Path: "schema_registry.tls.insecure_skip_verify", Default: "false", Allowed: "`true` does not verify the registry's certificate (testing only)"},
+	{Path: "schema_registry.timeout", Default: "10s", Min: "100ms", Max: "1m"},
+
 	{Path: "ingest.batch_max_rows", Default: "50000", Min: "1", Max: "1000000"},
 	{Path: "ingest.batch_max_bytes", Default: "16MiB", Min: "1KiB"},
 	{Path: "ingest.batch_max_age", Default: "1s", Min: "1ms"},
 
 	{Path: "sources.<name>.kafka.topics", Note: "required", Allowed: "Kafka topic names, each read by one source"},
-	// "json" is the format of plain events.
-	{Path: "sources.<name>.format", Default: "json", OneOf: []string{"json", FormatDebezium}, Allowed: "Kafka sources only",
-		defaultIn: func(_ *Config, s *Source, def string) string {
-			if s.Kafka != nil {
-				return def
-			}
-			return ""
-		}},
+	{Path: "sources.<name>.format", Default: FormatJSON, OneOf: Formats,
+		Allowed: "Kafka sources only", defaultIn: kafkaOnly},
 	{Path: "sources.<name>.event_id", Type: "JSON pointer", Note: "required unless `event_id_fallback` is set; not with `format: debezium`"},
 	{Path: "sources.<name>.event_id_fallback", OneOf: []string{"", FallbackCoordinates}},
 	{Path: "sources.<name>.event_time", Type: "JSON pointer", Note: "required unless `event_time_fallback` is set; not with `format: debezium`"},

@@ -20,6 +20,10 @@ kafka:
   brokers: [localhost:9092]
   tls: {server_name: kafka}
   sasl: {mechanism: OAUTHBEARER, token_file: TOKEN, allow_plaintext: true, extensions: {logicalCluster: lkc}}
+schema_registry:
+  url: https://registry:8081
+  basic: {username: u, password: p}
+  tls: {server_name: registry}
 sources:
   events:
     kafka: {topics: [events]}

@@ -26,6 +26,7 @@ func (c *Config) secrets() []secret {
 	out := []secret{
 		{"warehouse.dsn", "warehouse.dsn_file", &c.Warehouse.DSN, c.Warehouse.DSNFile},
 		{"http.token", "http.token_file", &c.HTTP.Token, c.HTTP.TokenFile},
+		{"schema_registry.basic.password", "schema_registry.basic.password_file", &c.SchemaRegistry.Basic.Password, c.SchemaRegistry.Basic.PasswordFile},
 	}
 	for _, name := range c.SourceNames() {
 		s := c.Sources[name]

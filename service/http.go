@@ -150,6 +150,9 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if in := h.in.Load(); in != nil {
 		check("kafka", in.Ping(ctx))
 		check("ingest_writes", in.LastError())
+		if in.UsesRegistry() {
+			check("schema_registry", in.RegistryError())
+		}
 	}
 	if h.stopping.Load() {
 		check("process", errors.New("stopping"))
@@ -188,6 +191,11 @@ func (h *handler) page(w http.ResponseWriter, r *http.Request) {
 		return h.lateness.get(ctx, h.pool, h.cfg, source, now)
 	})
 	p.Slots = cdc.SlotReadings(h.reg)
+	if in := h.in.Load(); in != nil {
+		if err := in.RegistryError(); err != nil {
+			p.SchemaRegistry = err.Error()
+		}
+	}
 	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && n > 0 {
 		p.Refresh = max(n, 5)
 	}

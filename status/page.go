@@ -33,6 +33,9 @@ type Page struct {
 	// Slots holds, per CDC source, its slot's state as this instance last
 	// saw it; absent when this instance does not run the source's reader.
 	Slots map[string]cdc.SlotReading
+	// SchemaRegistry, when set, says since when the schema registry is
+	// unreachable and why, as this instance's ingester last saw it.
+	SchemaRegistry string
 	// Refresh, when positive, reloads the page every Refresh seconds.
 	Refresh int
 }

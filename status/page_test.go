@@ -62,3 +62,25 @@ func TestPageEdgeCases(t *testing.T) {
 		})
 	}
 }
+
+// TestPageSchemaRegistry checks that the page names an unreachable
+// schema registry, and says nothing of it otherwise.
+func TestPageSchemaRegistry(t *testing.T) {
+	now := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
+	for _, msg := range []string{"", "schema registry unreachable since 2026-10-05T09:58:00Z: HTTP 503 <b>"} {
+		p := &Page{Report: &Report{GeneratedAt: now}, Lateness: map[string]*lateness.Report{}, LatenessError: map[string]string{},
+			Curves: map[string]*lateness.ArrivalCurve{}, CurveError: map[string]string{}, Slots: map[string]cdc.SlotReading{}, SchemaRegistry: msg}
+		var b strings.Builder
+		if err := p.WriteHTML(&b); err != nil {
+			t.Fatal(err)
+		}
+		html := b.String()
+		shown := strings.Contains(html, `id="schema-registry"`)
+		if shown != (msg != "") {
+			t.Errorf("SchemaRegistry %q: the page shows the registry's state: %v", msg, shown)
+		}
+		if msg != "" && !strings.Contains(html, "schema registry unreachable since 2026-10-05T09:58:00Z: HTTP 503 &lt;b&gt;") {
+			t.Errorf("the page does not say why, escaped")
+		}
+	}
+}

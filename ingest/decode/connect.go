@@ -68,11 +68,11 @@ const (
 // unavailableBase64 is the placeholder as a bytes column carries it.
 var unavailableBase64 = base64.StdEncoding.EncodeToString([]byte(unavailablePlacehold))
 
-// unavailable reports whether raw is Debezium's placeholder for a value
+// isUnavailableValue reports whether raw is Debezium's placeholder for a value
 // it did not have (an unchanged TOASTed value the replica identity does
 // not hold): the placeholder text, its base64 form for bytes, or an array
 // of one placeholder.
-func unavailable(raw json.RawMessage) bool {
+func isUnavailableValue(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	switch {
 	case len(raw) == 0:
@@ -88,7 +88,7 @@ func unavailable(raw json.RawMessage) bool {
 		if json.Unmarshal(raw, &items) != nil || len(items) != 1 {
 			return false
 		}
-		return unavailable(items[0])
+		return isUnavailableValue(items[0])
 	}
 	return false
 }

@@ -383,7 +383,7 @@ func decodeRow(raw json.RawMessage, s *connectSchema) ([]field, []string, error)
 	out := fields[:0]
 	var absent []string
 	for _, f := range fields {
-		if unavailable(f.value) {
+		if isUnavailableValue(f.value) {
 			absent = append(absent, f.name)
 			continue
 		}

@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -24,11 +25,19 @@ const (
 	ReasonInvalidTime     = "invalid_time"      // event_time not a time in the configured format
 	ReasonTimeOutOfRange  = "time_out_of_range" // event_time outside [now - max_age, now + max_future_skew]
 	ReasonRejectedByStore = "rejected"          // the warehouse refused the row
+
+	// The reasons of the registry formats (Avro, Protobuf, JSON Schema).
+	ReasonWrongFormat    = "wrong_format"    // not the Confluent wire format, or a schema of another format
+	ReasonUnknownSchema  = "unknown_schema"  // the registry says the schema id does not exist
+	ReasonInvalidSchema  = "invalid_schema"  // the schema does not compile, or uses what tidemark does not read
+	ReasonSchemaMismatch = "schema_mismatch" // the bytes do not decode with their schema
 )
 
 // Reasons lists every dead-letter reason.
 var Reasons = []string{ReasonInvalidJSON, ReasonMissingID, ReasonInvalidID, ReasonMissingTime,
-	ReasonInvalidTime, ReasonTimeOutOfRange, ReasonRejectedByStore, ReasonInvalidEnvelope, ReasonMissingKey}
+	ReasonInvalidTime, ReasonTimeOutOfRange, ReasonRejectedByStore,
+	ReasonWrongFormat, ReasonUnknownSchema, ReasonInvalidSchema, ReasonSchemaMismatch,
+	ReasonInvalidEnvelope, ReasonMissingKey}
 
 // MaxIDBytes bounds event ids so they always fit a btree index entry.
 const MaxIDBytes = 512
@@ -59,13 +68,43 @@ type Decoder struct {
 	idIdx, tsIdx  int              // index of each pointer in ptrs, -1 when not configured
 	idFallback    bool
 	timeFallback  bool
-	format        string
+	format        string // event_time_format
 	maxAge, maxTS time.Duration
-	dbz           *debezium // set for a Debezium source
+	// valueFormat is the source's format; reg its registry, nil for
+	// JSON.
+	valueFormat string
+	reg         *Registry
+	dbz         *debezium // set for a Debezium source
 }
 
-// NewDecoder builds the decoder for a validated source configuration.
+// NewDecoder builds the decoder for a validated source configuration of
+// format JSON; sources of a registry format need NewRegistryDecoder.
 func NewDecoder(src *config.Source) (*Decoder, error) {
+	if config.UsesRegistry(src.Format) {
+		return nil, fmt.Errorf("sources.%s.format: %s needs the schema registry", src.Name, src.Format)
+	}
+	return newDecoder(src)
+}
+
+// NewRegistryDecoder builds the decoder for a validated source
+// configuration whose values may be of a registry format, read through
+// reg (nil for a JSON source). Decode records of a registry format with
+// DecodeWith, after Resolve.
+func NewRegistryDecoder(src *config.Source, reg *Registry) (*Decoder, error) {
+	if config.UsesRegistry(src.Format) && reg == nil {
+		return nil, fmt.Errorf("sources.%s.format: %s needs the schema registry", src.Name, src.Format)
+	}
+	d, err := newDecoder(src)
+	if err != nil {
+		return nil, err
+	}
+	if config.UsesRegistry(src.Format) {
+		d.valueFormat, d.reg = src.Format, reg
+	}
+	return d, nil
+}
+
+func newDecoder(src *config.Source) (*Decoder, error) {
 	d := &Decoder{
 		idFallback:   src.EventIDFallback == config.FallbackCoordinates,
 		timeFallback: src.EventTimeFallback == config.FallbackRecordTimestamp,
@@ -95,21 +134,88 @@ func NewDecoder(src *config.Source) (*Decoder, error) {
 	return d, nil
 }
 
+// UsesRegistry reports whether the decoder's records carry a schema id
+// of the registry: Resolve must then precede DecodeWith.
+func (d *Decoder) UsesRegistry() bool { return d.reg != nil }
+
+// Resolve gets the schemas of recs from the registry (or its cache), in
+// record order, each request bounded by schema_registry.timeout. It
+// stops at the first schema the registry cannot give, returning the
+// schemas resolved so far and an error that wraps
+// ErrRegistryUnavailable: the records whose schema is missing (see
+// Schemas.Has) are to be decoded later, never dead-lettered. A JSON
+// decoder resolves nothing.
+func (d *Decoder) Resolve(ctx context.Context, recs []*kgo.Record) (Schemas, error) {
+	return d.ResolveUntil(ctx, recs, time.Time{})
+}
+
+// ErrResolveTime means that Resolve stopped because its time was up
+// (ResolveUntil): the schemas left are for a later call.
+var ErrResolveTime = errors.New("no time left to ask the schema registry")
+
+// ResolveUntil is Resolve that asks the registry nothing after until
+// (zero: no limit), returning ErrResolveTime then; the schemas in the
+// cache are taken whatever the time.
+func (d *Decoder) ResolveUntil(ctx context.Context, recs []*kgo.Record, until time.Time) (Schemas, error) {
+	if d.reg == nil {
+		return nil, nil
+	}
+	s := Schemas{}
+	for _, r := range recs {
+		id, _, ok := wireID(r.Value)
+		if !ok || s[id] != nil {
+			continue
+		}
+		if e := d.reg.cached(id); e != nil {
+			s[id] = e
+			continue
+		}
+		if !until.IsZero() && !time.Now().Before(until) {
+			return s, ErrResolveTime
+		}
+		e, err := d.reg.schema(ctx, id)
+		if err != nil {
+			return s, err
+		}
+		s[id] = e
+	}
+	return s, nil
+}
+
 // Decode extracts the event from r, or says why it cannot be loaded. now is
-// the service clock's time, for the event-time range check.
+// the service clock's time, for the event-time range check. A decoder of
+// a registry format finds the schema in its registry's cache: use
+// DecodeWith after Resolve.
 func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
+	return d.DecodeWith(r, now, nil)
+}
+
+// DecodeWith is Decode with the schemas that Resolve returned for r.
+func (d *Decoder) DecodeWith(r *kgo.Record, now time.Time, s Schemas) (Event, *Rejection) {
 	if d.dbz != nil {
 		// A change's event time is its commit time, however old.
 		return d.decodeDebezium(r)
 	}
-	if len(r.Value) == 0 {
+	value := r.Value
+	if d.reg != nil {
+		var rej *Rejection
+		if value, rej = d.fromRegistry(r.Value, s); rej != nil {
+			return Event{}, rej
+		}
+	}
+	if len(value) == 0 {
 		return Event{}, &Rejection{ReasonInvalidJSON, "empty value"}
 	}
 	var found [2][]byte
-	if err := pgjson.Scan(r.Value, d.ptrs, found[:len(d.ptrs)]); err != nil {
+	if err := pgjson.Scan(value, d.ptrs, found[:len(d.ptrs)]); err != nil {
+		if d.reg != nil {
+			// Decoded values are JSON by construction, but for what jsonb
+			// refuses in them (a string holding U+0000).
+			return Event{}, &Rejection{ReasonSchemaMismatch, "the decoded value is not jsonb: " + err.Error()}
+		}
 		return Event{}, &Rejection{ReasonInvalidJSON, err.Error()}
 	}
-	ev := Event{Payload: r.Value}
+	ev := Event{Payload: value}
 
 	switch raw := d.field(found, d.idIdx); {
 	case raw != nil:
@@ -151,6 +257,44 @@ func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
 			ev.Time.UTC().Format(time.RFC3339Nano), d.maxTS, now.UTC().Format(time.RFC3339))}
 	}
 	return ev, nil
+}
+
+// fromRegistry decodes a value of a registry format into JSON.
+func (d *Decoder) fromRegistry(v []byte, s Schemas) ([]byte, *Rejection) {
+	id, payload, ok := wireID(v)
+	if !ok {
+		return nil, &Rejection{ReasonWrongFormat, fmt.Sprintf("the value is not in the Confluent wire format (magic byte 0, then a 4-byte schema id): it begins %s",
+			hexPrefix(v, wireHeader))}
+	}
+	e := s[id]
+	if e == nil {
+		e = d.reg.cached(id)
+	}
+	switch {
+	case e == nil:
+		return nil, &Rejection{ReasonUnknownSchema, fmt.Sprintf("schema id %d was not resolved", id)}
+	case e.format != "" && e.format != d.valueFormat:
+		return nil, &Rejection{ReasonWrongFormat, fmt.Sprintf("schema id %d is a %s schema; the source's format is %s", id, e.format, d.valueFormat)}
+	case e.rej != nil:
+		return nil, e.rej
+	}
+	js, err := e.codec.toJSON(payload)
+	if err != nil {
+		return nil, &Rejection{ReasonSchemaMismatch, fmt.Sprintf("schema id %d: %v", id, err)}
+	}
+	return js, nil
+}
+
+// hexPrefix shows the first n bytes of b in hexadecimal.
+func hexPrefix(b []byte, n int) string {
+	if len(b) == 0 {
+		return "nothing (empty value)"
+	}
+	s := fmt.Sprintf("% x", b[:min(n, len(b))])
+	if len(b) > n {
+		s += " …"
+	}
+	return s
 }
 
 func (d *Decoder) field(found [2][]byte, idx int) []byte {

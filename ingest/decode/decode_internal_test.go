@@ -522,6 +522,10 @@ func TestDecodeReasonNames(t *testing.T) {
 		ReasonInvalidTime:     "invalid_time",
 		ReasonTimeOutOfRange:  "time_out_of_range",
 		ReasonRejectedByStore: "rejected",
+		ReasonWrongFormat:     "wrong_format",
+		ReasonUnknownSchema:   "unknown_schema",
+		ReasonInvalidSchema:   "invalid_schema",
+		ReasonSchemaMismatch:  "schema_mismatch",
 		ReasonInvalidEnvelope: "invalid_envelope",
 		ReasonMissingKey:      "missing_key",
 	}

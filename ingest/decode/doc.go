@@ -4,6 +4,15 @@
 // one of the stable dead-letter reasons with a detail, when it cannot be
 // loaded. Decoding never fails a batch: a bad record is a dead letter.
 //
+// A source's values are JSON, or of a registry format (Avro; Protobuf and
+// JSON Schema through the same codec interface): the Confluent wire
+// format, whose schema id names a schema of the registry (Registry, which
+// caches the compiled codecs by id). Such values are decoded to JSON
+// first, by the mapping of docs/formats.md, and the pointers apply to
+// that. Getting a schema is the one step that can wait on the network:
+// Resolve does it before decoding, and a registry that cannot answer is
+// ErrRegistryUnavailable, for the caller to retry, never a dead letter.
+//
 // A Debezium source's records are change events (debezium.go): the
 // envelope or ExtractNewRecordState's row, as the JSON converter writes
 // them with or without schemas.enable. Each becomes an Event with a

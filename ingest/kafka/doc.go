@@ -10,6 +10,19 @@
 // and the reason (decode's Reason constants). Nothing is skipped and no
 // bad record blocks its partition.
 //
+// # Registry formats
+//
+// A source of format avro (protobuf, json_schema) decodes each value with
+// the schema its Confluent header names, from the schema registry
+// (decode.Registry). The schemas of a fetch are resolved before its
+// records are decoded. When the registry cannot answer, the partition is
+// moved back (SetOffsets) to the first record without a schema and paused
+// until a backoff ends: the records before it are loaded, nothing after it
+// enters a batch. No request for one fetch's schemas starts after one
+// request timeout, so the poll loop returns within two, and a rebalance it
+// holds (BlockRebalanceOnPoll) is not held longer.
+// RegistryError reports the outage for readiness and the status page.
+//
 // # One transaction per batch
 //
 // Records are gathered into batches flushed by size, bytes or age. A batch

@@ -1,6 +1,10 @@
 package kafka
 
-import "time"
+import (
+	"time"
+
+	"github.com/tidemark-dev/tidemark/internal/backoff"
+)
 
 // SetKafkaLogEvery sets how often at most one kind of Kafka client error
 // is logged (kafkaLogEvery by default).
@@ -9,3 +13,9 @@ func SetKafkaLogEvery(o *Options, every time.Duration) { o.kafkaLogEvery = every
 // SetAfterSeek makes the ingester call f after fencing moved its consumer
 // to another member's stored position.
 func SetAfterSeek(o *Options, f func()) { o.afterSeek = f }
+
+// SetRegistryRetry sets the waits between attempts at an unavailable
+// schema registry.
+func SetRegistryRetry(o *Options, first, limit time.Duration) {
+	o.registryRetry = &backoff.Backoff{First: first, Max: limit}
+}

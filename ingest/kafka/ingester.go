@@ -36,7 +36,10 @@ type Options struct {
 	ShutdownGrace time.Duration
 
 	kafkaLogEvery time.Duration // rate limit of Kafka client errors; default kafkaLogEvery
-	afterSeek     func()        // called after fencing moved the consumer (tests)
+	// registryRetry overrides the waits between attempts at an
+	// unavailable schema registry (tests).
+	registryRetry *backoff.Backoff
+	afterSeek     func() // called after fencing moved the consumer (tests)
 }
 
 // source is one configured source as the ingester uses it.
@@ -52,9 +55,10 @@ type source struct {
 }
 
 // newSource is the source named name as configured by sc, for the
-// ingester and for a replay of its dead letters alike.
-func newSource(name string, sc *config.Source) (*source, error) {
-	dec, err := decode.NewDecoder(sc)
+// ingester and for a replay of its dead letters alike; reg is the schema
+// registry, nil when no source needs it.
+func newSource(name string, sc *config.Source, reg *decode.Registry) (*source, error) {
+	dec, err := decode.NewRegistryDecoder(sc, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +110,26 @@ type Ingester struct {
 
 	lastErr atomic.Pointer[error]
 	commits *committer
+
+	// reg is the schema registry of the sources of a registry format, nil
+	// when there are none; health is what the ingester knows of it, and
+	// paused (guarded by mu) the partitions paused while their records
+	// wait for it.
+	reg    *decode.Registry
+	rlog   *kafkaLog // the registry's warnings, rate limited as the client's
+	health registryHealth
+	paused map[topicPartition]bool
+}
+
+// newRegistry returns the schema registry client when a Kafka source of
+// cfg needs one, nil otherwise.
+func newRegistry(cfg *config.Config) (*decode.Registry, error) {
+	for _, sc := range cfg.Sources {
+		if sc.Kafka != nil && config.UsesRegistry(sc.Format) {
+			return decode.NewRegistry(cfg.SchemaRegistry)
+		}
+	}
+	return nil, nil
 }
 
 // withDefaults fills the options left empty.
@@ -138,8 +162,19 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		reseeked:  map[topicPartition]bool{},
 		afterSeek: opts.afterSeek,
 		retry:     backoff.Backoff{First: retryFirst, Max: retryMax, Jitter: 0.5},
+		paused:    map[topicPartition]bool{},
+		health:    registryHealth{retry: backoff.Backoff{First: registryRetryFirst, Max: registryRetryMax, Jitter: 0.5}},
 	}
+	if opts.registryRetry != nil {
+		in.health.retry = *opts.registryRetry
+	}
+	reg, err := newRegistry(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: %w", err)
+	}
+	in.reg = reg
 	in.klog = newKafkaLog(in.log.With("component", "kafka"), opts.kafkaLogEvery)
+	in.rlog = newKafkaLog(in.log.With("component", "schema_registry"), opts.kafkaLogEvery)
 	in.log = in.log.With("component", "ingest")
 	var topics, names []string
 	for _, name := range cfg.SourceNames() {
@@ -147,7 +182,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		if sc.Kafka == nil {
 			continue
 		}
-		src, err := newSource(name, sc)
+		src, err := newSource(name, sc, in.reg)
 		if err != nil {
 			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
 		}
@@ -272,13 +307,16 @@ func (in *Ingester) Run(ctx context.Context) error {
 			}
 			continue // the records decoded ahead may fill the next batch
 		}
+		in.mu.Lock()
+		in.resumeDueLocked()
+		in.mu.Unlock()
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
-		if deadline, ok := in.batchDeadline(); ok {
+		if deadline, ok := in.pollDeadline(); ok {
 			pollCtx, cancel = context.WithDeadline(ctx, deadline)
 		}
 		fetches := in.cl.PollRecords(pollCtx, max(1, maxRows-in.batchLen()))
 		cancel()
-		in.absorb(fetches)
+		in.absorb(ctx, fetches)
 		in.cl.AllowRebalance()
 	}
 	return in.shutdown()
@@ -467,7 +505,7 @@ func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
 // or ingest.batch_max_bytes) or ctx ends with the write. It reads nothing
 // that mu guards.
 func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRows int) []decodedPart {
-	parts := in.decode(fetches)
+	parts := in.decode(ctx, fetches)
 	if len(fetches) == 0 {
 		return parts
 	}
@@ -481,7 +519,7 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRow
 			return parts
 		}
 		fetches = in.cl.PollRecords(ctx, maxRows-rows)
-		parts = append(parts, in.decode(fetches)...)
+		parts = append(parts, in.decode(ctx, fetches)...)
 	}
 }
 
@@ -493,19 +531,23 @@ type decodedPart struct {
 	recs []*kgo.Record
 	evs  []decode.Event
 	rejs []*decode.Rejection
+	// wait, when set, is where the records not decoded begin: they wait
+	// for their schema (recs holds only those before).
+	wait *pendingPart
 }
 
 // absorb decodes polled records into the batch.
-func (in *Ingester) absorb(fetches kgo.Fetches) {
-	parts := in.decode(fetches)
+func (in *Ingester) absorb(ctx context.Context, fetches kgo.Fetches) {
+	parts := in.decode(ctx, fetches)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.addLocked(parts, nil)
 }
 
-// decode logs the fetch errors and decodes the records; it reads nothing
-// that mu guards.
-func (in *Ingester) decode(fetches kgo.Fetches) []decodedPart {
+// decode logs the fetch errors and decodes the records, getting the
+// schemas of a registry format first (within ctx); it reads nothing that
+// mu guards.
+func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPart {
 	fetches.EachError(func(topic string, partition int32, err error) {
 		var session *kgo.ErrGroupSession
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) ||
@@ -516,14 +558,29 @@ func (in *Ingester) decode(fetches kgo.Fetches) []decodedPart {
 			"topic", topic, "partition", partition, "err", err)
 	})
 	now := in.now()
+	// No request for the schemas of one fetch starts after one registry
+	// timeout, so that resolving them takes two at most: a poll holds
+	// rebalances until its records are decoded. The partitions left
+	// waiting are read again at the next poll.
+	until := time.Now().Add(in.cfg.SchemaRegistry.Timeout.D())
 	var parts []decodedPart
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
 		if d.src != nil {
 			d.recs = p.Records
-			d.evs, d.rejs = make([]decode.Event, len(p.Records)), make([]*decode.Rejection, len(p.Records))
-			for i, r := range p.Records {
-				d.evs[i], d.rejs[i] = d.src.dec.Decode(r, now)
+			var schemas decode.Schemas
+			if d.src.dec.UsesRegistry() && len(p.Records) > 0 {
+				var n int
+				var pause bool
+				schemas, n, pause = in.resolve(ctx, d.src, d.tp, p.Records, until)
+				if n < len(p.Records) {
+					d.wait = &pendingPart{offset: p.Records[n].Offset, pause: pause}
+					d.recs = p.Records[:n]
+				}
+			}
+			d.evs, d.rejs = make([]decode.Event, len(d.recs)), make([]*decode.Rejection, len(d.recs))
+			for i, r := range d.recs {
+				d.evs[i], d.rejs[i] = d.src.dec.DecodeWith(r, now, schemas)
 			}
 		}
 		parts = append(parts, d)
@@ -541,10 +598,14 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 		n += len(d.recs)
 	}
 	in.b.rows = slices.Grow(in.b.rows, n)
+	waiting := map[topicPartition]pendingPart{}
 	for _, d := range parts {
 		in.hwm[d.tp] = d.hwm
-		if d.src == nil || stale[d.tp] {
-			continue
+		if _, ok := waiting[d.tp]; d.src == nil || stale[d.tp] || ok {
+			continue // a partition waiting for a schema takes nothing after the record that waits
+		}
+		if d.wait != nil {
+			waiting[d.tp] = *d.wait
 		}
 		floor, owned := in.stored[d.tp]
 		if owned && floor.Offset >= 0 {
@@ -560,6 +621,7 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 		}
 		in.m.consumed.WithLabelValues(d.src.name).Add(float64(added))
 	}
+	in.rewindLocked(waiting)
 }
 
 // flush writes the batch in flight (one attempt, retrying at once only for
@@ -926,6 +988,7 @@ func (in *Ingester) onLost(_ context.Context, _ *kgo.Client, lost map[string][]i
 
 func (in *Ingester) forgetLocked(tps map[string][]int32) {
 	drop := map[topicPartition]bool{}
+	defer in.resumeLocked(drop)
 	for topic, ps := range tps {
 		for _, p := range ps {
 			tp := topicPartition{topic, p}

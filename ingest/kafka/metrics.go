@@ -24,6 +24,9 @@ type metrics struct {
 	kafkaCommits  *prometheus.CounterVec
 	lag           *prometheus.GaugeVec
 	assigned      prometheus.Gauge
+
+	registryErrors *prometheus.CounterVec
+	registryCache  prometheus.Gauge
 }
 
 // newMetrics returns the ingester's series, registered with reg (shared
@@ -85,8 +88,18 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 			Name: "tidemark_ingest_assigned_partitions",
 			Help: "Kafka partitions currently assigned to this ingester.",
 		}),
+		registryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tidemark_schema_registry_errors_total",
+			Help: "Attempts to get a schema that the schema registry could not answer (unreachable, timed out, an error status), per source; the records waiting for the schema are read again after a backoff.",
+		}, []string{"source"}),
+		registryCache: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tidemark_schema_registry_cached_schemas",
+			Help: "Compiled schemas held by the schema registry cache.",
+		}),
 	}
 	if reg != nil {
+		m.registryErrors = promreg.Shared(reg, m.registryErrors)
+		m.registryCache = promreg.Shared(reg, m.registryCache)
 		m.consumed = promreg.Shared(reg, m.consumed)
 		m.written = promreg.Shared(reg, m.written)
 		m.duplicates = promreg.Shared(reg, m.duplicates)
@@ -106,6 +119,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		m.written.WithLabelValues(s)
 		m.duplicates.WithLabelValues(s)
 		m.duplicateIDs.WithLabelValues(s)
+		m.registryErrors.WithLabelValues(s)
 		for _, r := range decode.Reasons {
 			m.deadLetters.WithLabelValues(s, r)
 		}

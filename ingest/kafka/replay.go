@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -138,6 +139,7 @@ type chunkResult struct {
 // Dead letters that still fail are left as they are. conn is a
 // connection of its own: raw partitions are created on it between chunks.
 func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts ReplayOptions) (ReplayReport, error) {
+	var err error
 	sc := cfg.Sources[opts.Source]
 	if sc == nil || sc.Kafka == nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrNotKafkaSource)
@@ -154,7 +156,13 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	src, err := newSource(opts.Source, sc)
+	var reg *decode.Registry
+	if config.UsesRegistry(sc.Format) {
+		if reg, err = decode.NewRegistry(cfg.SchemaRegistry); err != nil {
+			return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
+		}
+	}
+	src, err := newSource(opts.Source, sc, reg)
 	if err != nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 	}
@@ -310,24 +318,54 @@ func (r *replayer) read(ctx context.Context, tx pgx.Tx, after int64) (*batch, ma
 	}
 	defer rows.Close()
 	b, ids, now := newBatch(), map[*kgo.Record]int64{}, r.opts.Now()
+	var recs []*kgo.Record
 	for rows.Next() {
 		id, rec, err := scanRecord(rows)
 		if err != nil {
 			return nil, nil, res, fmt.Errorf("read dead letters: %w", err)
 		}
 		res.last, res.read = id, res.read+1
-		ev, rej := r.src.dec.Decode(rec, now)
-		if rej != nil {
-			res.failing[rej.Reason]++
-			continue
-		}
 		ids[rec] = id
-		b.add(r.src, rec, ev, nil, now)
+		recs = append(recs, rec)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, res, fmt.Errorf("read dead letters: %w", err)
 	}
+	schemas, err := r.resolve(ctx, recs)
+	if err != nil {
+		return nil, nil, res, err
+	}
+	for _, rec := range recs {
+		ev, rej := r.src.dec.DecodeWith(rec, now, schemas)
+		if rej != nil {
+			res.failing[rej.Reason]++
+			delete(ids, rec)
+			continue
+		}
+		b.add(r.src, rec, ev, nil, now)
+	}
 	return b, ids, res, nil
+}
+
+// replayRegistryAttempts bounds the attempts at the schema registry for
+// one chunk of a replay: an unavailable registry fails the replay, whose
+// dead letters stay as they are.
+const replayRegistryAttempts = 5
+
+// resolve gets the schemas of a chunk's records, retrying with backoff
+// while the registry is unavailable.
+func (r *replayer) resolve(ctx context.Context, recs []*kgo.Record) (decode.Schemas, error) {
+	retry := backoff.Backoff{First: registryRetryFirst, Max: 5 * time.Second, Jitter: 0.5}
+	for {
+		s, err := r.src.dec.Resolve(ctx, recs)
+		if err == nil || retry.Failures() >= replayRegistryAttempts-1 {
+			return s, err
+		}
+		r.opts.Logger.Warn("schema registry unavailable; retrying", "source", r.src.name, "err", err)
+		if werr := retry.Wait(ctx); werr != nil {
+			return nil, err
+		}
+	}
 }
 
 // scanRecord rebuilds the Kafka record a dead letter was made from.

@@ -1,0 +1,612 @@
+package decode
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hamba/avro/v2"
+)
+
+// avroKind is what an avroNode decodes.
+type avroKind uint8
+
+const (
+	avroNull avroKind = iota
+	avroBoolean
+	avroInt
+	avroLong
+	avroFloat
+	avroDouble
+	avroBytes
+	avroString
+	avroRecord
+	avroEnum
+	avroArray
+	avroMap
+	avroUnion
+	avroFixed
+	avroDate
+	avroTimeMillis
+	avroTimeMicros
+	avroTimestampMillis
+	avroTimestampMicros
+	avroDecimalBytes
+	avroDecimalFixed
+	avroDuration
+)
+
+// avroNode is one type of a compiled Avro schema, ready to turn binary
+// values into JSON.
+type avroNode struct {
+	kind     avroKind
+	branch   string      // its name as a branch of a union ("long", "com.example.Order")
+	fields   []avroField // record
+	symbols  []string    // enum, as quoted JSON strings
+	items    *avroNode   // array items, map values
+	branches []*avroNode // union
+	nullable int         // union of null and one other type: the index of null; -1 otherwise
+	size     int         // fixed
+	scale    int         // decimal
+}
+
+type avroField struct {
+	key  string // the quoted name and a colon, with a leading comma after the first
+	name string
+	node *avroNode
+}
+
+// avroCodec decodes the Avro binary encoding of one schema (the writer's
+// schema: the one the record's id names) into JSON.
+type avroCodec struct{ root *avroNode }
+
+// compileAvro parses an Avro schema, given the schemas it references
+// (named types, dependencies first), into its codec.
+func compileAvro(schema string, refs []schemaRef) (codec, error) {
+	cache := &avro.SchemaCache{}
+	for _, r := range refs {
+		if _, err := avro.ParseWithCache(r.Schema, "", cache); err != nil {
+			return nil, fmt.Errorf("referenced schema %s: %w", r.Name, err)
+		}
+	}
+	s, err := avro.ParseWithCache(schema, "", cache)
+	if err != nil {
+		return nil, err
+	}
+	b := avroBuilder{named: map[string]*avroNode{}}
+	root, err := b.node(s)
+	if err != nil {
+		return nil, err
+	}
+	return &avroCodec{root: root}, nil
+}
+
+type avroBuilder struct{ named map[string]*avroNode }
+
+func (b *avroBuilder) node(s avro.Schema) (*avroNode, error) {
+	if ref, ok := s.(*avro.RefSchema); ok {
+		s = ref.Schema()
+	}
+	if n, ok := s.(avro.NamedSchema); ok {
+		if done := b.named[n.FullName()]; done != nil {
+			return done, nil // recursive types share their node
+		}
+	}
+	n := &avroNode{branch: string(s.Type()), nullable: -1}
+	switch s := s.(type) {
+	case *avro.NullSchema:
+		n.kind = avroNull
+	case *avro.PrimitiveSchema:
+		n.kind = primitiveKind(s)
+		if d, ok := s.Logical().(*avro.DecimalLogicalSchema); ok && s.Type() == avro.Bytes {
+			n.kind, n.scale = avroDecimalBytes, d.Scale()
+		}
+	case *avro.RecordSchema:
+		n.kind, n.branch = avroRecord, s.FullName()
+		b.named[s.FullName()] = n
+		for i, f := range s.Fields() {
+			fn, err := b.node(f.Type())
+			if err != nil {
+				return nil, err
+			}
+			key := appendJSONString(nil, f.Name()) + ":"
+			if i > 0 {
+				key = "," + key
+			}
+			n.fields = append(n.fields, avroField{key: key, name: f.Name(), node: fn})
+		}
+	case *avro.EnumSchema:
+		n.kind, n.branch = avroEnum, s.FullName()
+		for _, sym := range s.Symbols() {
+			n.symbols = append(n.symbols, appendJSONString(nil, sym))
+		}
+	case *avro.ArraySchema:
+		items, err := b.node(s.Items())
+		if err != nil {
+			return nil, err
+		}
+		n.kind, n.items = avroArray, items
+	case *avro.MapSchema:
+		values, err := b.node(s.Values())
+		if err != nil {
+			return nil, err
+		}
+		n.kind, n.items = avroMap, values
+	case *avro.UnionSchema:
+		n.kind = avroUnion
+		for _, t := range s.Types() {
+			bn, err := b.node(t)
+			if err != nil {
+				return nil, err
+			}
+			n.branches = append(n.branches, bn)
+		}
+		if len(n.branches) == 2 && s.Nullable() {
+			n.nullable, _ = s.Indices()
+		}
+	case *avro.FixedSchema:
+		n.kind, n.branch, n.size = avroFixed, s.FullName(), s.Size()
+		switch l := s.Logical().(type) {
+		case *avro.DecimalLogicalSchema:
+			n.kind, n.scale = avroDecimalFixed, l.Scale()
+		case avro.LogicalSchema:
+			if l.Type() == avro.Duration {
+				n.kind = avroDuration
+			}
+		}
+	default:
+		return nil, fmt.Errorf("unsupported Avro type %s", s.Type())
+	}
+	return n, nil
+}
+
+func primitiveKind(s *avro.PrimitiveSchema) avroKind {
+	if l := s.Logical(); l != nil {
+		switch l.Type() {
+		case avro.Date:
+			return avroDate
+		case avro.TimeMillis:
+			return avroTimeMillis
+		case avro.TimeMicros:
+			return avroTimeMicros
+		case avro.TimestampMillis, avro.LocalTimestampMillis:
+			return avroTimestampMillis
+		case avro.TimestampMicros, avro.LocalTimestampMicros:
+			return avroTimestampMicros
+		}
+	}
+	switch s.Type() {
+	case avro.Boolean:
+		return avroBoolean
+	case avro.Int:
+		return avroInt
+	case avro.Long:
+		return avroLong
+	case avro.Float:
+		return avroFloat
+	case avro.Double:
+		return avroDouble
+	case avro.Bytes:
+		return avroBytes
+	}
+	return avroString // uuid is a string too
+}
+
+// avroError is where and why bytes do not match their schema.
+type avroError struct {
+	path []string // innermost last
+	msg  string
+}
+
+func (e *avroError) Error() string {
+	if len(e.path) == 0 {
+		return e.msg
+	}
+	return "at /" + strings.Join(e.path, "/") + ": " + e.msg
+}
+
+// in adds an outer step to err's path.
+func in(err error, step string) error {
+	var ae *avroError
+	if errors.As(err, &ae) {
+		ae.path = append([]string{step}, ae.path...)
+	}
+	return err
+}
+
+func mismatch(format string, args ...any) error {
+	return &avroError{msg: fmt.Sprintf(format, args...)}
+}
+
+const errTruncated = "truncated: the value ends early"
+
+// maxAvroDepth bounds the nesting of values, so that a recursive schema
+// cannot take the stack (jsonb refuses deep nesting anyway).
+const maxAvroDepth = 1000
+
+func (c *avroCodec) toJSON(payload []byte) ([]byte, error) {
+	r := avroReader{b: payload}
+	out, err := r.value(make([]byte, 0, len(payload)*2+16), c.root, 0)
+	if err != nil {
+		return nil, err
+	}
+	if r.i != len(r.b) {
+		return nil, mismatch("%d bytes after the value", len(r.b)-r.i)
+	}
+	return out, nil
+}
+
+type avroReader struct {
+	b []byte
+	i int
+}
+
+func (r *avroReader) long() (int64, error) {
+	var u uint64
+	for shift := uint(0); shift < 70; shift += 7 {
+		if r.i >= len(r.b) {
+			return 0, mismatch(errTruncated)
+		}
+		c := r.b[r.i]
+		r.i++
+		u |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return int64(u>>1) ^ -int64(u&1), nil
+		}
+	}
+	return 0, mismatch("a variable-length integer is longer than 10 bytes")
+}
+
+func (r *avroReader) int() (int32, error) {
+	v, err := r.long()
+	if err == nil && (v < math.MinInt32 || v > math.MaxInt32) {
+		err = mismatch("int %d out of range", v)
+	}
+	return int32(v), err
+}
+
+func (r *avroReader) take(n int64) ([]byte, error) {
+	if n < 0 {
+		return nil, mismatch("negative length %d", n)
+	}
+	if n > int64(len(r.b)-r.i) {
+		return nil, mismatch(errTruncated)
+	}
+	b := r.b[r.i : r.i+int(n)]
+	r.i += int(n)
+	return b, nil
+}
+
+func (r *avroReader) lengthPrefixed() ([]byte, error) {
+	n, err := r.long()
+	if err != nil {
+		return nil, err
+	}
+	return r.take(n)
+}
+
+// value appends the JSON of one value of n to out.
+func (r *avroReader) value(out []byte, n *avroNode, depth int) ([]byte, error) {
+	if depth > maxAvroDepth {
+		return nil, mismatch("nested more than %d levels", maxAvroDepth)
+	}
+	switch n.kind {
+	case avroNull:
+		return append(out, "null"...), nil
+	case avroBoolean:
+		b, err := r.take(1)
+		switch {
+		case err != nil:
+			return nil, err
+		case b[0] > 1:
+			return nil, mismatch("boolean byte %d", b[0])
+		}
+		return strconv.AppendBool(out, b[0] == 1), nil
+	case avroInt, avroLong:
+		v, err := r.long()
+		if err == nil && n.kind == avroInt && (v < math.MinInt32 || v > math.MaxInt32) {
+			err = mismatch("int %d out of range", v)
+		}
+		return strconv.AppendInt(out, v, 10), err
+	case avroFloat:
+		b, err := r.take(4)
+		if err != nil {
+			return nil, err
+		}
+		return appendFloat(out, float64(math.Float32frombits(binary.LittleEndian.Uint32(b))), 32), nil
+	case avroDouble:
+		b, err := r.take(8)
+		if err != nil {
+			return nil, err
+		}
+		return appendFloat(out, math.Float64frombits(binary.LittleEndian.Uint64(b)), 64), nil
+	case avroBytes, avroFixed:
+		b, err := r.bytesOf(n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, '"')
+		return append(base64.StdEncoding.AppendEncode(out, b), '"'), nil
+	case avroString:
+		b, err := r.lengthPrefixed()
+		if err != nil {
+			return nil, err
+		}
+		return appendUTF8(out, b)
+	case avroRecord:
+		return r.record(out, n, depth)
+	case avroEnum:
+		i, err := r.int()
+		if err != nil {
+			return nil, err
+		}
+		if i < 0 || int(i) >= len(n.symbols) {
+			return nil, mismatch("enum index %d of %d symbols", i, len(n.symbols))
+		}
+		return append(out, n.symbols[i]...), nil
+	case avroArray, avroMap:
+		return r.blocks(out, n, depth)
+	case avroUnion:
+		return r.union(out, n, depth)
+	}
+	return r.logical(out, n)
+}
+
+func (r *avroReader) bytesOf(n *avroNode) ([]byte, error) {
+	if n.kind == avroFixed || n.kind == avroDecimalFixed || n.kind == avroDuration {
+		return r.take(int64(n.size))
+	}
+	return r.lengthPrefixed()
+}
+
+func (r *avroReader) record(out []byte, n *avroNode, depth int) ([]byte, error) {
+	out = append(out, '{')
+	for _, f := range n.fields {
+		out = append(out, f.key...)
+		var err error
+		if out, err = r.value(out, f.node, depth+1); err != nil {
+			return nil, in(err, f.name)
+		}
+	}
+	return append(out, '}'), nil
+}
+
+func (r *avroReader) union(out []byte, n *avroNode, depth int) ([]byte, error) {
+	i, err := r.long()
+	if err != nil {
+		return nil, err
+	}
+	if i < 0 || i >= int64(len(n.branches)) {
+		return nil, mismatch("union branch %d of %d", i, len(n.branches))
+	}
+	b := n.branches[i]
+	if n.nullable >= 0 || b.kind == avroNull {
+		return r.value(out, b, depth+1)
+	}
+	out = append(out, '{')
+	out = appendJSONStringBytes(out, b.branch)
+	out = append(out, ':')
+	if out, err = r.value(out, b, depth+1); err != nil {
+		return nil, err
+	}
+	return append(out, '}'), nil
+}
+
+// blocks decodes an array or a map: blocks of items, each a count (when
+// negative, its absolute value, followed by the block's size in bytes),
+// ending with a count of 0.
+func (r *avroReader) blocks(out []byte, n *avroNode, depth int) ([]byte, error) {
+	open, end := byte('['), byte(']')
+	if n.kind == avroMap {
+		open, end = '{', '}'
+	}
+	out = append(out, open)
+	first := true
+	for idx := 0; ; {
+		count, err := r.long()
+		if err != nil {
+			return nil, err
+		}
+		if count == 0 {
+			return append(out, end), nil
+		}
+		if count < 0 {
+			if count == math.MinInt64 {
+				return nil, mismatch("block count out of range")
+			}
+			count = -count
+			if _, err := r.long(); err != nil {
+				return nil, err
+			}
+		}
+		// Every item takes a byte at least, but nulls; a count that the
+		// remaining bytes cannot hold is a corrupt value.
+		if count > int64(len(r.b)-r.i) && (n.kind == avroMap || n.items.kind != avroNull) || count > 1<<24 {
+			return nil, mismatch("a block of %d items in %d bytes", count, len(r.b)-r.i)
+		}
+		for range count {
+			if !first {
+				out = append(out, ',')
+			}
+			first = false
+			var key []byte // a map's key, the path step of its value
+			if n.kind == avroMap {
+				if key, err = r.lengthPrefixed(); err == nil {
+					out, err = appendUTF8(out, key)
+				}
+				if err != nil {
+					return nil, in(err, strconv.Itoa(idx))
+				}
+				out = append(out, ':')
+			}
+			if out, err = r.value(out, n.items, depth+1); err != nil {
+				if key != nil {
+					return nil, in(err, string(key))
+				}
+				return nil, in(err, strconv.Itoa(idx))
+			}
+			idx++
+		}
+	}
+}
+
+// logical decodes the logical types.
+func (r *avroReader) logical(out []byte, n *avroNode) ([]byte, error) {
+	switch n.kind {
+	case avroDecimalBytes, avroDecimalFixed:
+		b, err := r.bytesOf(n)
+		if err != nil {
+			return nil, err
+		}
+		return appendDecimal(out, b, n.scale), nil
+	case avroDuration:
+		b, err := r.take(12)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, `{"months":`...)
+		out = strconv.AppendUint(out, uint64(binary.LittleEndian.Uint32(b)), 10)
+		out = append(out, `,"days":`...)
+		out = strconv.AppendUint(out, uint64(binary.LittleEndian.Uint32(b[4:])), 10)
+		out = append(out, `,"milliseconds":`...)
+		out = strconv.AppendUint(out, uint64(binary.LittleEndian.Uint32(b[8:])), 10)
+		return append(out, '}'), nil
+	}
+	v, err := r.long()
+	if err != nil {
+		return nil, err
+	}
+	var t time.Time
+	layout := time.RFC3339Nano
+	switch n.kind {
+	case avroDate:
+		if v < math.MinInt32 || v > math.MaxInt32 {
+			return nil, mismatch("date %d out of range", v)
+		}
+		t, layout = time.Unix(v*86400, 0), time.DateOnly
+	case avroTimeMillis, avroTimeMicros:
+		unit := int64(time.Millisecond)
+		if n.kind == avroTimeMicros {
+			unit = int64(time.Microsecond)
+		}
+		if v < 0 || v >= int64(24*time.Hour)/unit {
+			return nil, mismatch("time of day %d out of range", v)
+		}
+		t, layout = time.Unix(0, v*unit), "15:04:05.999999"
+	case avroTimestampMillis:
+		t = time.UnixMilli(v)
+	case avroTimestampMicros:
+		t = time.UnixMicro(v)
+	}
+	out = append(out, '"')
+	out = t.UTC().AppendFormat(out, layout)
+	return append(out, '"'), nil
+}
+
+// appendDecimal appends the two's-complement big-endian unscaled value b
+// with scale fractional digits, as a JSON number.
+func appendDecimal(out, b []byte, scale int) []byte {
+	var digits string
+	if len(b) <= 8 {
+		// The common case, without big.Int: sign-extend into an int64.
+		var v int64
+		if len(b) > 0 && b[0]&0x80 != 0 {
+			v = -1
+		}
+		for _, c := range b {
+			v = v<<8 | int64(c)
+		}
+		u := uint64(v)
+		if v < 0 {
+			out = append(out, '-')
+			u = -u
+		}
+		var buf [20]byte
+		digits = string(strconv.AppendUint(buf[:0], u, 10))
+	} else {
+		v := new(big.Int).SetBytes(b)
+		if b[0]&0x80 != 0 {
+			v.Sub(v, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+		}
+		if v.Sign() < 0 {
+			out = append(out, '-')
+			v.Neg(v)
+		}
+		digits = v.String()
+	}
+	if scale <= 0 {
+		return append(out, digits...)
+	}
+	if len(digits) <= scale {
+		digits = strings.Repeat("0", scale-len(digits)+1) + digits
+	}
+	out = append(out, digits[:len(digits)-scale]...)
+	out = append(out, '.')
+	return append(out, digits[len(digits)-scale:]...)
+}
+
+// appendFloat appends f as a JSON number, or NaN and the infinities as
+// the strings "NaN", "Infinity" and "-Infinity".
+func appendFloat(out []byte, f float64, bits int) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(out, `"NaN"`...)
+	case math.IsInf(f, 1):
+		return append(out, `"Infinity"`...)
+	case math.IsInf(f, -1):
+		return append(out, `"-Infinity"`...)
+	}
+	return strconv.AppendFloat(out, f, 'g', -1, bits)
+}
+
+// appendUTF8 appends b as a JSON string; b must be UTF-8 without U+0000,
+// which jsonb cannot store.
+func appendUTF8(out, b []byte) ([]byte, error) {
+	if !utf8.Valid(b) {
+		return nil, mismatch("a string is not valid UTF-8")
+	}
+	return appendJSONStringBytes(out, string(b)), nil
+}
+
+func appendJSONString(out []byte, s string) string {
+	return string(appendJSONStringBytes(out, s))
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONStringBytes appends s, valid UTF-8, as a quoted JSON string.
+// U+0000 is written as \u0000, which jsonb refuses: the JSON check that
+// follows decoding turns it into a dead letter.
+func appendJSONStringBytes(out []byte, s string) []byte {
+	out = append(out, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		out = append(out, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			out = append(out, '\\', c)
+		case '\n':
+			out = append(out, '\\', 'n')
+		case '\r':
+			out = append(out, '\\', 'r')
+		case '\t':
+			out = append(out, '\\', 't')
+		default:
+			out = append(out, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	out = append(out, s[start:]...)
+	return append(out, '"')
+}

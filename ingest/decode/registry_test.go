@@ -1,0 +1,149 @@
+package decode_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
+)
+
+const orderSchema = `{"type":"record","name":"Order","namespace":"shop","fields":[
+	{"name":"id","type":"string"},{"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}}]}`
+
+var regNow = time.Date(2026, 10, 5, 9, 15, 0, 0, time.UTC)
+
+// registryDecoder is a decoder of an Avro source reading the registry g.
+func registryDecoder(t *testing.T, g *srtest.Registry, format string) *decode.Decoder {
+	t.Helper()
+	reg, err := decode.NewRegistry(config.SchemaRegistry{URL: g.URL(), Timeout: config.Duration(2 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := decode.NewRegistryDecoder(&config.Source{Name: "orders", Format: format, EventID: "/id", EventTime: "/ts",
+		EventTimeFormat: config.TimeAuto, MaxAge: config.Duration(24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestRegistryDecode decodes records of the registry's schemas and checks
+// each bad case's reason, and that a registry that cannot answer is an
+// outage, not a dead letter.
+func TestRegistryDecode(t *testing.T) {
+	g := srtest.New(t)
+	id := g.Register("orders-value", sr.Schema{Schema: orderSchema})
+	protoID := g.Register("other-value", sr.Schema{Schema: `syntax = "proto3"; message M { string id = 1; }`, Type: sr.TypeProtobuf})
+	badID := g.Register("bad-value", sr.Schema{Schema: `{"type":"record","name":"B","fields":[{"name":"x","type":"Nope"}]}`})
+	refID := g.Register("ref-value", sr.Schema{Schema: orderSchema,
+		References: []sr.SchemaReference{{Name: "shop.Missing", Subject: "missing", Version: 1}}})
+	enc := srtest.AvroEncoder(t, id, orderSchema)
+	good := enc(map[string]any{"id": "o-1", "ts": regNow.Add(-time.Minute)})
+	withID := func(id int) []byte {
+		b := append([]byte{}, good...)
+		b[4] = byte(id)
+		return b
+	}
+	d := registryDecoder(t, g, config.FormatAvro)
+	tests := []struct {
+		name   string
+		value  []byte
+		reason string
+		detail string
+	}{
+		{"good", good, "", ""},
+		{"json value", []byte(`{"id":"o-1"}`), decode.ReasonWrongFormat, "not in the Confluent wire format"},
+		{"short", []byte{0, 0, 1}, decode.ReasonWrongFormat, "not in the Confluent wire format"},
+		{"unknown id", withID(99), decode.ReasonUnknownSchema, "schema id 99 does not exist"},
+		{"protobuf schema", withID(protoID), decode.ReasonWrongFormat, "is a protobuf schema; the source's format is avro"},
+		{"invalid schema", withID(badID), decode.ReasonInvalidSchema, "schema id 3 (avro)"},
+		{"missing reference", withID(refID), decode.ReasonInvalidSchema, "the reference shop.Missing (subject missing, version 1) does not exist"},
+		{"truncated", good[:len(good)-1], decode.ReasonSchemaMismatch, "at /ts: truncated"},
+		{"trailing", append(append([]byte{}, good...), 1, 2), decode.ReasonSchemaMismatch, "2 bytes after the value"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &kgo.Record{Value: tt.value}
+			s, err := d.Resolve(context.Background(), []*kgo.Record{r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, rej := d.DecodeWith(r, regNow, s)
+			switch {
+			case tt.reason == "" && rej != nil:
+				t.Fatalf("rejected: %+v", rej)
+			case tt.reason == "":
+				if ev.ID != "o-1" || !ev.Time.Equal(regNow.Add(-time.Minute)) ||
+					string(ev.Payload) != `{"id":"o-1","ts":"2026-10-05T09:14:00Z"}` {
+					t.Errorf("got %+v (%s)", ev, ev.Payload)
+				}
+			case rej == nil || rej.Reason != tt.reason || !strings.Contains(rej.Detail, tt.detail):
+				t.Errorf("got %+v, want %s: ...%s...", rej, tt.reason, tt.detail)
+			}
+		})
+	}
+
+	// An outage: nothing resolved, an error, no rejection.
+	outages := []struct {
+		name string
+		fail func()
+	}{
+		{"503", func() { g.Fail(http.StatusServiceUnavailable, "down") }},
+		{"429", func() { g.Fail(http.StatusTooManyRequests, `{"error_code":42901,"message":"slow down"}`) }},
+		{"404 without error code", func() { g.Fail(http.StatusNotFound, "<html>no such path</html>") }},
+		{"hanging", g.Hang},
+	}
+	fresh := withID(id) // cached by now: use a decoder with an empty cache
+	for _, o := range outages {
+		t.Run(o.name, func(t *testing.T) {
+			d := registryDecoder(t, g, config.FormatAvro)
+			o.fail()
+			defer g.Heal()
+			r := &kgo.Record{Value: fresh}
+			s, err := d.Resolve(context.Background(), []*kgo.Record{r})
+			if !errors.Is(err, decode.ErrRegistryUnavailable) {
+				t.Fatalf("Resolve: %v, want ErrRegistryUnavailable", err)
+			}
+			if s.Has(r) {
+				t.Errorf("the record's schema is resolved during an outage")
+			}
+			g.Heal()
+			if s, err = d.Resolve(context.Background(), []*kgo.Record{r}); err != nil || !s.Has(r) {
+				t.Fatalf("after the outage: %v", err)
+			}
+			if _, rej := d.DecodeWith(r, regNow, s); rej != nil {
+				t.Errorf("after the outage: %+v", rej)
+			}
+		})
+	}
+}
+
+// TestResolveUntil checks that a resolution whose time is up takes what
+// the cache holds and asks the registry nothing more.
+func TestResolveUntil(t *testing.T) {
+	g := srtest.New(t)
+	first := g.Register("a-value", sr.Schema{Schema: orderSchema})
+	second := g.Register("b-value", sr.Schema{Schema: orderSchema})
+	d := registryDecoder(t, g, config.FormatAvro)
+	rec := func(id int) *kgo.Record {
+		return &kgo.Record{Value: srtest.AvroEncoder(t, id, orderSchema)(map[string]any{"id": "x", "ts": regNow})}
+	}
+	a, b := rec(first), rec(second)
+	if _, err := d.Resolve(context.Background(), []*kgo.Record{a}); err != nil {
+		t.Fatal(err)
+	}
+	asked := g.Requests()
+	s, err := d.ResolveUntil(context.Background(), []*kgo.Record{a, b}, time.Now().Add(-time.Second))
+	if !errors.Is(err, decode.ErrResolveTime) || !s.Has(a) || s.Has(b) || g.Requests() != asked {
+		t.Errorf("ResolveUntil past its time: %v, has the cached schema %v, the other %v, %d requests", err, s.Has(a), s.Has(b), g.Requests()-asked)
+	}
+}

@@ -1,0 +1,207 @@
+// Package srtest is an in-test Confluent schema registry: an httptest
+// server with the endpoints tidemark's registry client uses
+// (/schemas/ids/{id} and /subjects/{subject}/versions/{version}), whose
+// answers a test can turn into an outage, and producers' encoders built on
+// franz-go's own serde, so that records carry the bytes real producers
+// send.
+package srtest
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/sr"
+)
+
+// Registry is an in-test schema registry.
+type Registry struct {
+	srv *httptest.Server
+
+	mu       sync.Mutex
+	byID     map[int]sr.SubjectSchema
+	subjects map[string][]int // the ids of each subject's versions, version 1 first
+	nextID   int
+	fail     func(w http.ResponseWriter, r *http.Request) bool
+	heal     func() // releases the requests Hang holds
+
+	requests atomic.Int64
+	failed   atomic.Int64
+}
+
+// New starts a registry, closed when the test ends.
+func New(tb testing.TB) *Registry {
+	tb.Helper()
+	g := &Registry{byID: map[int]sr.SubjectSchema{}, subjects: map[string][]int{}, nextID: 1}
+	g.srv = httptest.NewServer(http.HandlerFunc(g.serve))
+	tb.Cleanup(g.srv.Close)
+	return g
+}
+
+// URL is the registry's base URL.
+func (g *Registry) URL() string { return g.srv.URL }
+
+// Requests counts the requests served, failed ones included; Failed
+// counts those that an outage failed.
+func (g *Registry) Requests() int64 { return g.requests.Load() }
+
+// Failed counts the requests that an outage failed.
+func (g *Registry) Failed() int64 { return g.failed.Load() }
+
+// Register adds s as the next version of subject under a new id, and
+// returns the id.
+func (g *Registry) Register(subject string, s sr.Schema) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	id := g.nextID
+	g.nextID++
+	g.subjects[subject] = append(g.subjects[subject], id)
+	g.byID[id] = sr.SubjectSchema{Subject: subject, Version: len(g.subjects[subject]), ID: id, Schema: s}
+	return id
+}
+
+// RegisterAs is Register with the id given; later ids of Register come
+// after it.
+func (g *Registry) RegisterAs(subject string, id int, s sr.Schema) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.nextID = max(g.nextID, id+1)
+	g.subjects[subject] = append(g.subjects[subject], id)
+	g.byID[id] = sr.SubjectSchema{Subject: subject, Version: len(g.subjects[subject]), ID: id, Schema: s}
+}
+
+// Fail makes every request answer with status and body until Heal; a
+// body of "" answers without one.
+func (g *Registry) Fail(status int, body string) {
+	g.setFail(func(w http.ResponseWriter, _ *http.Request) bool {
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+		return true
+	})
+}
+
+// Hang makes every request wait, unanswered, until the client gives up or
+// Heal.
+func (g *Registry) Hang() {
+	healed := make(chan struct{})
+	var once sync.Once
+	g.setFail(func(_ http.ResponseWriter, r *http.Request) bool {
+		select {
+		case <-r.Context().Done():
+		case <-healed:
+		}
+		return true
+	})
+	g.mu.Lock()
+	g.heal = func() { once.Do(func() { close(healed) }) }
+	g.mu.Unlock()
+}
+
+// Heal ends an outage that Fail or Hang began.
+func (g *Registry) Heal() {
+	g.mu.Lock()
+	h := g.heal
+	g.fail, g.heal = nil, nil
+	g.mu.Unlock()
+	if h != nil {
+		h()
+	}
+}
+
+func (g *Registry) setFail(f func(w http.ResponseWriter, r *http.Request) bool) {
+	g.mu.Lock()
+	g.fail = f
+	g.mu.Unlock()
+}
+
+// confluentError writes an error answer as Confluent's registry does.
+func confluentError(w http.ResponseWriter, status, code int, msg string) {
+	w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error_code": code, "message": msg})
+}
+
+func (g *Registry) serve(w http.ResponseWriter, r *http.Request) {
+	g.requests.Add(1)
+	g.mu.Lock()
+	fail := g.fail
+	g.mu.Unlock()
+	if fail != nil && fail(w, r) {
+		g.failed.Add(1)
+		return
+	}
+	parts := strings.Split(strings.Trim(r.URL.EscapedPath(), "/"), "/")
+	switch {
+	case r.Method == http.MethodGet && len(parts) == 3 && parts[0] == "schemas" && parts[1] == "ids":
+		id, _ := strconv.Atoi(parts[2])
+		g.mu.Lock()
+		s, ok := g.byID[id]
+		g.mu.Unlock()
+		if !ok {
+			confluentError(w, http.StatusNotFound, 40403, "Schema "+parts[2]+" not found")
+			return
+		}
+		writeJSON(w, s.Schema)
+	case r.Method == http.MethodGet && len(parts) == 4 && parts[0] == "subjects" && parts[2] == "versions":
+		g.mu.Lock()
+		versions, ok := g.subjects[unescape(parts[1])]
+		g.mu.Unlock()
+		if !ok {
+			confluentError(w, http.StatusNotFound, 40401, "Subject not found")
+			return
+		}
+		v, err := strconv.Atoi(parts[3])
+		if parts[3] == "latest" || v == -1 {
+			v, err = len(versions), nil
+		}
+		if err != nil || v < 1 || v > len(versions) {
+			confluentError(w, http.StatusNotFound, 40402, "Version not found")
+			return
+		}
+		g.mu.Lock()
+		s := g.byID[versions[v-1]]
+		g.mu.Unlock()
+		writeJSON(w, s)
+	default:
+		confluentError(w, http.StatusNotFound, 404, "HTTP 404 Not Found")
+	}
+}
+
+func unescape(s string) string {
+	if u, err := url.PathUnescape(s); err == nil {
+		return u
+	}
+	return s
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// AvroEncoder returns the encoder a producer using franz-go's serde with
+// hamba/avro has for schema id and its text: the Confluent header, then
+// the Avro binary encoding of a value.
+func AvroEncoder(tb testing.TB, id int, schema string) func(v any) []byte {
+	tb.Helper()
+	s, err := avro.Parse(schema)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var serde sr.Serde
+	serde.Register(id, map[string]any{}, sr.EncodeFn(func(v any) ([]byte, error) { return avro.Marshal(s, v) }))
+	return func(v any) []byte {
+		b, err := serde.Encode(v)
+		if err != nil {
+			tb.Fatalf("encode %v with schema id %d: %v", v, id, err)
+		}
+		return b
+	}
+}
