@@ -22,6 +22,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -153,11 +154,11 @@ type Source struct {
 	// CDC is a set of tables of another PostgreSQL database read through
 	// logical replication into mirrors.
 	CDC *CDCSource `yaml:"cdc"`
-	// Mirror is the warehouse copy of a poll or CDC source's tables.
+	// Mirror is the warehouse copy of a poll or CDC source's tables, or
+	// of the table a Debezium topic carries.
 	Mirror *Mirror `yaml:"mirror"`
-
 	// Format is how a Kafka source's record values are encoded: one of
-	// the Format constants.
+	// the Format constants (Debezium change events: FormatDebezium).
 	Format string `yaml:"format"`
 
 	EventID           string   `yaml:"event_id"`            // JSON pointer
@@ -450,6 +451,8 @@ func (c *Config) validate(ix *index) {
 		}
 		if s.Mirror != nil {
 			switch {
+			case s.Debezium():
+				c.validateDebeziumMirror(ix, p, s, mirrors)
 			case s.Poll != nil:
 				if s.Mirror.Schema != "" {
 					ix.add(p+".mirror.schema", "applies to CDC sources; a poll source's mirror is mirror.table")
@@ -458,7 +461,13 @@ func (c *Config) validate(ix *index) {
 			case s.CDC != nil:
 				c.validateCDCMirror(ix, p, s, mirrors)
 			default:
-				ix.add(p+".mirror", "applies to poll and CDC sources only")
+				ix.add(p+".mirror", "applies to poll, CDC and Debezium sources only")
+			}
+			for key, set := range map[string]bool{"position_column": s.Mirror.PositionColumn != "",
+				"source_dsn": s.Mirror.SourceDSN != "", "source_table": s.Mirror.SourceTable != ""} {
+				if set && !s.Debezium() {
+					ix.add(p+".mirror."+key, "applies to Debezium sources (format: debezium) only")
+				}
 			}
 		}
 		switch {
@@ -526,6 +535,16 @@ func (c *Config) validateKafkaSource(ix *index, name string, s *Source, topics m
 		default:
 			topics[t] = name
 		}
+	}
+	if !slices.Contains(Formats, s.Format) {
+		return // validateFormat says why; the other keys depend on it
+	}
+	if s.Debezium() {
+		c.validateDebeziumSource(ix, p, s)
+		for _, key := range []string{"raw_partition", "watermark.out_of_orderness", "watermark.idle_timeout"} {
+			c.check(ix, "sources.<name>."+key, name)
+		}
+		return
 	}
 	for _, key := range []string{"event_id_fallback", "event_time_fallback", "event_time_format", "raw_partition"} {
 		c.check(ix, "sources.<name>."+key, name)

@@ -64,11 +64,21 @@ type Key struct {
 // postgresLimit explains the bound of the PostgreSQL session settings.
 const postgresLimit = " (about 24.8 days, PostgreSQL's limit)"
 
-// pollAndCDC gives month partitions to poll and CDC sources: rows of a
+// pollAndCDC gives month partitions to poll, CDC and Debezium sources: rows of a
 // table's history span years, and day partitions would be many and small.
 func pollAndCDC(_ *Config, s *Source, def string) string {
-	if s.Poll != nil || s.CDC != nil {
+	if s.RowChanges() {
 		return PartitionMonth
+	}
+	return def
+}
+
+// notDebezium leaves a key of how events are read without a default on a
+// Debezium source, which refuses it: its event ids and times come from
+// the change events.
+func notDebezium(_ *Config, s *Source, def string) string {
+	if s.Debezium() {
+		return ""
 	}
 	return def
 }
@@ -155,16 +165,17 @@ var keys = []Key{
 	{Path: "ingest.batch_max_age", Default: "1s", Min: "1ms"},
 
 	{Path: "sources.<name>.kafka.topics", Note: "required", Allowed: "Kafka topic names, each read by one source"},
-	{Path: "sources.<name>.format", Default: FormatJSON, OneOf: []string{FormatJSON, FormatAvro, FormatProtobuf, FormatJSONSchema},
+	{Path: "sources.<name>.format", Default: FormatJSON, OneOf: Formats,
 		Allowed: "Kafka sources only", defaultIn: kafkaOnly},
-	{Path: "sources.<name>.event_id", Type: "JSON pointer", Note: "required unless `event_id_fallback` is set"},
+	{Path: "sources.<name>.event_id", Type: "JSON pointer", Note: "required unless `event_id_fallback` is set; not with `format: debezium`"},
 	{Path: "sources.<name>.event_id_fallback", OneOf: []string{"", FallbackCoordinates}},
-	{Path: "sources.<name>.event_time", Type: "JSON pointer", Note: "required unless `event_time_fallback` is set"},
-	{Path: "sources.<name>.event_time_format", Default: TimeAuto, OneOf: []string{TimeAuto, TimeRFC3339, TimeUnixSeconds, TimeUnixMillis}},
+	{Path: "sources.<name>.event_time", Type: "JSON pointer", Note: "required unless `event_time_fallback` is set; not with `format: debezium`"},
+	{Path: "sources.<name>.event_time_format", Default: TimeAuto, OneOf: []string{TimeAuto, TimeRFC3339, TimeUnixSeconds, TimeUnixMillis},
+		defaultIn: notDebezium},
 	{Path: "sources.<name>.event_time_fallback", OneOf: []string{"", FallbackRecordTimestamp}},
-	{Path: "sources.<name>.max_age", Default: "90d", Min: "0"},
-	{Path: "sources.<name>.max_future_skew", Default: "1h", Min: "0"},
-	{Path: "sources.<name>.raw_partition", Default: PartitionDay, Note: "`month` for poll and CDC sources",
+	{Path: "sources.<name>.max_age", Default: "90d", Min: "0", defaultIn: notDebezium},
+	{Path: "sources.<name>.max_future_skew", Default: "1h", Min: "0", defaultIn: notDebezium},
+	{Path: "sources.<name>.raw_partition", Default: PartitionDay, Note: "`month` for poll, CDC and Debezium sources",
 		OneOf: []string{PartitionDay, PartitionMonth}, defaultIn: pollAndCDC},
 	{Path: "sources.<name>.watermark.out_of_orderness", Default: "0", Min: "0"},
 	{Path: "sources.<name>.watermark.idle_timeout", Default: "5m", Min: "0"},
@@ -210,7 +221,7 @@ var keys = []Key{
 	{Path: "sources.<name>.poll.max_rows_per_run", Default: "1000000", Min: "1"},
 	{Path: "sources.<name>.poll.soft_delete", Allowed: "a `boolean` or timestamp column"},
 
-	{Path: "sources.<name>.mirror.table", Note: "required for poll sources",
+	{Path: "sources.<name>.mirror.table", Note: "required for poll and Debezium sources",
 		Allowed: "`name` or `schema.name`, not in the schemas `raw` or `tidemark`; for a CDC source of one table, instead of `mirror.schema`"},
 	{Path: "sources.<name>.mirror.schema", Default: "public", Note: "CDC sources without `mirror.table`",
 		Allowed: "CDC sources: the schema of mirrors named like the source tables; not `raw` or `tidemark`",
@@ -223,6 +234,16 @@ var keys = []Key{
 	{Path: "sources.<name>.mirror.deletes", Default: DeletesSoft, OneOf: []string{DeletesSoft, DeletesHard}},
 	{Path: "sources.<name>.mirror.deleted_column", Default: "deleted_at", Allowed: "a column name the source does not have"},
 	{Path: "sources.<name>.mirror.loaded_column", Default: "loaded_at", Allowed: "a column name the source does not have"},
+	{Path: "sources.<name>.mirror.source_dsn", Allowed: "Debezium sources: the PostgreSQL database the connector reads, for `tidemark keys --dry-run`; with `source_table`"},
+	{Path: "sources.<name>.mirror.source_dsn_file", Allowed: "a file holding `source_dsn` ([secrets in files](#secrets-in-files))"},
+	{Path: "sources.<name>.mirror.source_table", Allowed: "Debezium sources: the table at `source_dsn`, `table` or `schema.table` (schema `public`)"},
+	{Path: "sources.<name>.mirror.position_column", Default: "source_position", Allowed: "Debezium sources only: a column name the source does not have",
+		defaultIn: func(_ *Config, s *Source, def string) string {
+			if s.Debezium() {
+				return def
+			}
+			return ""
+		}},
 	{Path: "sources.<name>.mirror.key_reconcile_every", Default: "0", Zero: "off", Min: "1m", Allowed: "poll sources only"},
 	{Path: "sources.<name>.mirror.key_reconcile_max_delete", Default: DefaultKeyReconcileMaxDelete.String(), Min: "0%", Max: "100%",
 		Why: " (100% turns the limit off)", Allowed: "at most two decimals (`2.5%`); `100%` turns the limit off; poll sources only",

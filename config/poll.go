@@ -79,6 +79,16 @@ type Mirror struct {
 	// LoadedColumn is the mirror column holding when a row was last
 	// written. It must not be a column of the source.
 	LoadedColumn string `yaml:"loaded_column"`
+	// PositionColumn is the mirror column holding the source position
+	// of the change that last wrote each row (Debezium sources only).
+	PositionColumn string `yaml:"position_column"`
+	// SourceDSN and SourceTable name the PostgreSQL table a Debezium
+	// source's connector reads, when it is reachable: `tidemark keys
+	// --dry-run` compares the mirror's keys with it. SourceDSNFile holds
+	// the DSN instead of SourceDSN.
+	SourceDSN     string `yaml:"source_dsn"`
+	SourceDSNFile string `yaml:"source_dsn_file"`
+	SourceTable   string `yaml:"source_table"`
 	// KeyReconcileEvery schedules key reconciliation (hard-delete
 	// detection) inside `tidemark run`; 0 leaves it to `tidemark keys`.
 	KeyReconcileEvery Duration `yaml:"key_reconcile_every"`

@@ -8,14 +8,21 @@ import (
 )
 
 // Source formats: how a Kafka source's record values are encoded. JSON
-// values are loaded as they are; the others are in the Confluent wire
-// format, their schemas in the schema registry (SchemaRegistry).
+// values are loaded as they are; Avro, Protobuf and JSON Schema values are
+// in the Confluent wire format, their schemas in the schema registry
+// (SchemaRegistry); Debezium values are change events (the JSON
+// converter, with or without schemas.enable), kept in a mirror and
+// stored as raw change rows.
 const (
 	FormatJSON       = "json"
 	FormatAvro       = "avro"
 	FormatProtobuf   = "protobuf"
 	FormatJSONSchema = "json_schema"
+	FormatDebezium   = "debezium"
 )
+
+// Formats lists the values of sources.<name>.format.
+var Formats = []string{FormatJSON, FormatAvro, FormatProtobuf, FormatJSONSchema, FormatDebezium}
 
 // UsesRegistry reports whether values of the format carry a schema id of
 // the schema registry.

@@ -58,7 +58,7 @@ func TestSchemaRegistryKeys(t *testing.T) {
 		want []wantErr
 	}{
 		{"avro without url", base("    format: avro"), []wantErr{{0, "schema_registry.url", "is required by sources.app_events.format: avro"}}},
-		{"unknown format", base("    format: xml"), []wantErr{{11, "sources.app_events.format", `must be one of json, avro, protobuf, json_schema, got "xml"`}}},
+		{"unknown format", base("    format: xml"), []wantErr{{11, "sources.app_events.format", `must be one of json, avro, protobuf, json_schema, debezium, got "xml"`}}},
 		{"format on a table source", base("  partner:",
 			"    table: {name: partner.sales, key: [id], event_time: occurred_at, ingested_at: loaded_at}", "    format: avro"),
 			[]wantErr{{13, "sources.partner.format", "applies to Kafka sources only"}}},

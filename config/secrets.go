@@ -40,6 +40,9 @@ func (c *Config) secrets() []secret {
 		if s.CDC != nil {
 			out = append(out, secret{p + ".cdc.dsn", p + ".cdc.dsn_file", &s.CDC.DSN, s.CDC.DSNFile})
 		}
+		if s.Mirror != nil {
+			out = append(out, secret{p + ".mirror.source_dsn", p + ".mirror.source_dsn_file", &s.Mirror.SourceDSN, s.Mirror.SourceDSNFile})
+		}
 	}
 	return out
 }

@@ -47,7 +47,7 @@ import (
 // that adds a table adds it here (a test compares the list with the
 // migrated schema).
 var StateTables = []string{
-	"backfill_chunks", "backfill_runs", "cdc_positions", "corrections", "dead_letters",
+	"backfill_chunks", "backfill_runs", "cdc_positions", "corrections", "dead_letters", "debezium_truncates",
 	"event_ids", "ingest_ledger", "kafka_offsets", "key_reconciliations", "load_watermarks", "partition_arrivals",
 	"partitions", "pending_partitions", "poll_watermarks", "raw_retention", "shadow_builds", "source_watermarks",
 	"verify_runs",
@@ -237,7 +237,7 @@ func DataTables(cfg *config.Config) []DataTable {
 	for _, name := range cfg.SourceNames() {
 		s := cfg.Sources[name]
 		switch {
-		case s.Poll != nil && s.Mirror != nil:
+		case (s.Poll != nil || s.Debezium()) && s.Mirror != nil:
 			schema, table := config.SplitTable(s.Mirror.Table)
 			out = append(out, DataTable{Schema: schema, Name: table, Mirror: true, Key: "sources." + name + ".mirror.table"})
 		case s.CDC != nil:

@@ -7,7 +7,10 @@
 // The package reads a source table's shape from the source's catalog,
 // checks that the configured key is a unique key there, creates the mirror
 // when it is missing, adds columns the source has gained, and refuses a
-// mirror whose columns disagree with the source.
+// mirror whose columns disagree with the source. A mirror without a
+// reachable source (a Debezium source's) is read from the warehouse
+// catalog, or created from the columns its change events declare
+// (ReadTarget, EnsureTarget).
 //
 // # Key reconciliation
 //
@@ -55,6 +58,22 @@ type Table struct {
 	// Hard is true when rows deleted at the source are removed from the
 	// mirror rather than flagged.
 	Hard bool
+	// TableKey and KeyKey are the configuration keys, below the source,
+	// that name the source table and its key, for Describe's errors;
+	// empty: a poll source's poll.table and poll.key.
+	TableKey, KeyKey string
+}
+
+// configKeys returns TableKey and KeyKey, or their defaults.
+func (t *Table) configKeys() (string, string) {
+	table, key := t.TableKey, t.KeyKey
+	if table == "" {
+		table = "poll.table"
+	}
+	if key == "" {
+		key = "poll.key"
+	}
+	return table, key
 }
 
 // FromConfig returns the mirror of a poll source, without its columns.
@@ -133,17 +152,18 @@ func (t *Table) Describe(ctx context.Context, src *pgx.Conn) error {
 	if err != nil {
 		return fmt.Errorf("mirror %s: read source columns: %w", t.Name, err)
 	}
+	tableKey, keyKey := t.configKeys()
 	if len(cols) == 0 {
-		return fmt.Errorf("%w %s does not exist or has no columns (sources.%s.poll.table)", ErrSource, t.Source.Sanitize(), t.Name)
+		return fmt.Errorf("%w %s does not exist or has no columns (sources.%s.%s)", ErrSource, t.Source.Sanitize(), t.Name, tableKey)
 	}
 	t.Columns = cols
 	for _, k := range t.Key {
 		c, ok := t.Column(k)
 		switch {
 		case !ok:
-			return fmt.Errorf("%w %s has no column %s (sources.%s.poll.key)", ErrSource, t.Source.Sanitize(), k, t.Name)
+			return fmt.Errorf("%w %s has no column %s (sources.%s.%s)", ErrSource, t.Source.Sanitize(), k, t.Name, keyKey)
 		case !c.NotNull:
-			return fmt.Errorf("%w %s: key column %s may be NULL; a key must be NOT NULL (sources.%s.poll.key)", ErrSource, t.Source.Sanitize(), k, t.Name)
+			return fmt.Errorf("%w %s: key column %s may be NULL; a key must be NOT NULL (sources.%s.%s)", ErrSource, t.Source.Sanitize(), k, t.Name, keyKey)
 		}
 	}
 	var unique bool
@@ -151,8 +171,8 @@ func (t *Table) Describe(ctx context.Context, src *pgx.Conn) error {
 		return fmt.Errorf("mirror %s: check the source key: %w", t.Name, err)
 	}
 	if !unique {
-		return fmt.Errorf("%w %s has no primary key or unique index on (%s); the key must identify one row (sources.%s.poll.key)",
-			ErrSource, t.Source.Sanitize(), strings.Join(t.Key, ", "), t.Name)
+		return fmt.Errorf("%w %s has no primary key or unique index on (%s); the key must identify one row (sources.%s.%s)",
+			ErrSource, t.Source.Sanitize(), strings.Join(t.Key, ", "), t.Name, keyKey)
 	}
 	for key, col := range map[string]string{"deleted_column": t.DeletedColumn, "loaded_column": t.LoadedColumn} {
 		if _, clash := t.Column(col); clash {

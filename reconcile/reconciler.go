@@ -140,7 +140,7 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	switch {
 	case src.Kafka != nil, src.Poll != nil, src.CDC != nil:
 		raw := raw.NewTable(d.Source, src.RawPartition)
-		raw.Changes = src.Kafka == nil
+		raw.Changes = src.RowChanges()
 		raw.Log = r.log
 		if err := raw.Ensure(ctx, conn.Conn()); err != nil {
 			return err

@@ -636,7 +636,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, path := flags("keys", stderr)
-	name := fs.String("source", "", "the poll or CDC source whose mirrors to check")
+	name := fs.String("source", "", "the poll, CDC or Debezium source whose mirrors to check")
 	dryRun := fs.Bool("dry-run", false, "report only; exit 1 when rows are missing at the source")
 	force := fs.Bool("force", false, "apply even when more rows are missing at the source than mirror.key_reconcile_max_delete allows (this run only); "+
 		"with --dry-run, list everything such a run would apply")
@@ -653,6 +653,13 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 		return keysCDC(ctx, cfg, *name, *dryRun, stdout, stderr)
+	}
+	if src := cfg.Sources[*name]; src.Debezium() {
+		if *force {
+			fmt.Fprintf(stderr, "tidemark keys: --force applies to poll sources; key reconciliation never changes the mirror of Debezium source %s\n", *name)
+			return exitUsage
+		}
+		return keysDebezium(ctx, cfg, *name, *dryRun, stdout, stderr)
 	}
 	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
 		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll or CDC source%s\n", *name, configured("poll or CDC sources", keySources(cfg)))

@@ -36,7 +36,8 @@ const (
 // Reasons lists every dead-letter reason.
 var Reasons = []string{ReasonInvalidJSON, ReasonMissingID, ReasonInvalidID, ReasonMissingTime,
 	ReasonInvalidTime, ReasonTimeOutOfRange, ReasonRejectedByStore,
-	ReasonWrongFormat, ReasonUnknownSchema, ReasonInvalidSchema, ReasonSchemaMismatch}
+	ReasonWrongFormat, ReasonUnknownSchema, ReasonInvalidSchema, ReasonSchemaMismatch,
+	ReasonInvalidEnvelope, ReasonMissingKey}
 
 // MaxIDBytes bounds event ids so they always fit a btree index entry.
 const MaxIDBytes = 512
@@ -46,6 +47,13 @@ type Event struct {
 	ID      string
 	Time    time.Time
 	Payload []byte
+	// Change is the row change of a Debezium source's record; nil for
+	// other sources.
+	Change *Change
+	// Skip, when not empty, says why the record holds nothing to load
+	// (SkipTombstone): it is counted, and neither stored nor a dead
+	// letter.
+	Skip string
 }
 
 // Rejection is why a record cannot be loaded.
@@ -66,6 +74,7 @@ type Decoder struct {
 	// JSON.
 	valueFormat string
 	reg         *Registry
+	dbz         *debezium // set for a Debezium source
 }
 
 // NewDecoder builds the decoder for a validated source configuration of
@@ -104,6 +113,10 @@ func newDecoder(src *config.Source) (*Decoder, error) {
 		maxTS:        src.MaxFutureSkew.D(),
 	}
 	d.idIdx, d.tsIdx = -1, -1
+	if src.Debezium() {
+		d.dbz = &debezium{}
+		return d, nil
+	}
 	for _, f := range []struct {
 		text string
 		idx  *int
@@ -179,6 +192,10 @@ func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
 
 // DecodeWith is Decode with the schemas that Resolve returned for r.
 func (d *Decoder) DecodeWith(r *kgo.Record, now time.Time, s Schemas) (Event, *Rejection) {
+	if d.dbz != nil {
+		// A change's event time is its commit time, however old.
+		return d.decodeDebezium(r)
+	}
 	value := r.Value
 	if d.reg != nil {
 		var rej *Rejection

@@ -526,6 +526,8 @@ func TestDecodeReasonNames(t *testing.T) {
 		ReasonUnknownSchema:   "unknown_schema",
 		ReasonInvalidSchema:   "invalid_schema",
 		ReasonSchemaMismatch:  "schema_mismatch",
+		ReasonInvalidEnvelope: "invalid_envelope",
+		ReasonMissingKey:      "missing_key",
 	}
 	if len(Reasons) != len(want) {
 		t.Errorf("Reasons has %d entries, want %d", len(Reasons), len(want))

@@ -34,6 +34,7 @@ type partBatch struct {
 	records      int
 	good         int
 	dead         int
+	skipped      int // records with nothing to load (decode.Event.Skip)
 	maxEventTime time.Time
 }
 
@@ -90,6 +91,10 @@ func (b *batch) add(src *source, r *kgo.Record, ev decode.Event, rej *decode.Rej
 	if rej != nil {
 		pb.dead++
 		b.dead = append(b.dead, deadLetter{src: src, rej: *rej, rec: r})
+		return
+	}
+	if ev.Skip != "" {
+		pb.skipped++
 		return
 	}
 	pb.good++

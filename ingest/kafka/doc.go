@@ -39,6 +39,21 @@
 // its leader epoch, the largest event time seen and running totals. Every row carries the transaction id (xid8) that wrote it, so the
 // reconciler can read exact windows of what was loaded.
 //
+// # Debezium sources
+//
+// A source with format: debezium writes change rows into a raw table of
+// row changes and, in the same batch transaction, its changes to a mirror
+// (debezium.go): folded per key between truncates, the latest by source
+// position winning, through a stage converted to the mirror's row type by
+// PostgreSQL. Each mirror row keeps the position of the change that wrote
+// it and a change at or below it is not applied, so a connector that sends
+// changes again never moves a row backwards; the position of the last
+// truncate, in tidemark.debezium_truncates, does the same for rows a
+// truncate removed. When rows are checked one by one, each change row and
+// its mirror change share a savepoint. The mirror is read from the
+// warehouse catalog before the transaction, or created from the events'
+// Connect schema.
+//
 // # Offsets live in the warehouse
 //
 // On assignment the ingester resumes each partition from the offset stored

@@ -50,6 +50,8 @@ type source struct {
 	// dedupeWindow is how long a loaded event id drops later events with
 	// the id (dedupe.by: event_id); zero: only (event_id, event_time).
 	dedupeWindow time.Duration
+	// mirror is the mirror of a Debezium source, nil for others.
+	mirror *changeMirror
 }
 
 // newSource is the source named name as configured by sc, for the
@@ -59,6 +61,9 @@ func newSource(name string, sc *config.Source, reg *decode.Registry) (*source, e
 	dec, err := decode.NewRegistryDecoder(sc, reg)
 	if err != nil {
 		return nil, err
+	}
+	if sc.Debezium() {
+		return &source{name: name, dec: dec, raw: raw.NewChangeTable(name, sc.RawPartition), mirror: newChangeMirror(name, sc.Mirror)}, nil
 	}
 	return &source{name: name, dec: dec, raw: raw.NewTable(name, sc.RawPartition), dedupeWindow: sc.DedupeWindow()}, nil
 }
@@ -349,6 +354,18 @@ func (in *Ingester) ensureTables(ctx context.Context) error {
 		if err := s.raw.Ensure(ctx, w.conn); err != nil {
 			in.dropConnLocked()
 			return err
+		}
+		if s.mirror == nil {
+			continue
+		}
+		// A mirror that does not exist yet is created from the first
+		// change that declares its columns.
+		if exists, err := s.mirror.load(ctx, w.conn); err != nil {
+			in.dropConnLocked()
+			return fmt.Errorf("source %s: the mirror (sources.%s.mirror.table): %w", s.name, s.name, err)
+		} else if exists {
+			_, key := s.mirror.known()
+			s.dec.SetMirrorKey(key)
 		}
 	}
 	return nil
@@ -690,6 +707,9 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 			refused[topicPartition{d.rec.Topic, d.rec.Partition}]++
 		}
 		for tp, pb := range b.parts {
+			if pb.skipped > 0 {
+				in.m.skipped.WithLabelValues(pb.source.name, decode.SkipTombstone).Add(float64(pb.skipped))
+			}
 			in.stored[tp] = pb.next
 			written[pb.source] += res.inserted[tp]
 			dups[pb.source] += pb.good - refused[tp] - res.inserted[tp]

@@ -16,6 +16,7 @@ type metrics struct {
 	duplicates    *prometheus.CounterVec
 	duplicateIDs  *prometheus.CounterVec
 	deadLetters   *prometheus.CounterVec
+	skipped       *prometheus.CounterVec
 	batchRows     prometheus.Histogram
 	commitSeconds prometheus.Histogram
 	writeErrors   *prometheus.CounterVec
@@ -52,6 +53,10 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_dead_letters_total",
 			Help: "Records written to tidemark.dead_letters per source and reason.",
+		}, []string{"source", "reason"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tidemark_ingest_records_skipped_total",
+			Help: "Records with nothing to load, neither stored nor dead letters, per source and reason (tombstone: a Debezium tombstone).",
 		}, []string{"source", "reason"}),
 		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tidemark_ingest_batch_records",
@@ -100,6 +105,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		m.duplicates = promreg.Shared(reg, m.duplicates)
 		m.duplicateIDs = promreg.Shared(reg, m.duplicateIDs)
 		m.deadLetters = promreg.Shared(reg, m.deadLetters)
+		m.skipped = promreg.Shared(reg, m.skipped)
 		m.batchRows = promreg.Shared(reg, m.batchRows)
 		m.commitSeconds = promreg.Shared(reg, m.commitSeconds)
 		m.writeErrors = promreg.Shared(reg, m.writeErrors)

@@ -66,6 +66,11 @@ const replayAttempts = 6
 // source of the configuration.
 var ErrNotKafkaSource = errors.New("not a Kafka source of the configuration")
 
+// ErrReplayDebezium means a replay named a Debezium source: a replay
+// writes raw rows, not the mirror changes a Debezium source's records
+// carry, so its dead letters are not replayed.
+var ErrReplayDebezium = errors.New("dead letters of Debezium sources are not replayed")
+
 // ReplayOptions selects the dead letters Replay loads again.
 type ReplayOptions struct {
 	// Source is the Kafka source whose dead letters are replayed.
@@ -138,6 +143,9 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 	sc := cfg.Sources[opts.Source]
 	if sc == nil || sc.Kafka == nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrNotKafkaSource)
+	}
+	if sc.Debezium() {
+		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrReplayDebezium)
 	}
 	if opts.ChunkSize <= 0 {
 		opts.ChunkSize = DefaultReplayChunk

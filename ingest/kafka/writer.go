@@ -144,6 +144,9 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err := w.ensurePartitions(ctx, b); err != nil {
 		return res, err
 	}
+	if err := w.ensureMirrors(ctx, b); err != nil {
+		return res, err
+	}
 	tx, err := w.conn.Begin(ctx)
 	if err != nil {
 		return res, err
@@ -199,6 +202,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		if err := w.releaseIDs(ctx, tx, missing(claimed, fresh)); err != nil {
 			return res, err
 		}
+		changes, refused, err := w.insertCheckingChanges(ctx, tx, b, claimed, ingestedAt)
+		if err != nil {
+			return res, err
+		}
+		fresh, rejected = append(fresh, changes...), append(rejected, refused...)
 	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
 		if !probe && errors.Is(err, errRetryNow) && pgerr.UniqueViolation(err) {
 			if !dedupe && repeats(fresh) {
@@ -208,6 +216,8 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 			}
 			err = fmt.Errorf("%w: %w", errStoredBefore, err)
 		}
+		return res, err
+	} else if err := w.applyMirrors(ctx, tx, b, ingestedAt); err != nil {
 		return res, err
 	}
 	inserted, ledger := written(b, fresh)
@@ -419,6 +429,9 @@ func oneSource(rows []*row) bool {
 // table has the column types tidemark creates it with (looked up once per
 // connection), through pgx's CopyFrom otherwise.
 func (w *writer) copySource(ctx context.Context, tx pgx.Tx, src *source, rows []*row, ingestedAt time.Time) error {
+	if src.mirror != nil {
+		return w.copyChanges(ctx, tx, src, rows, ingestedAt)
+	}
 	fast, known := w.rawBinary[src]
 	if !known {
 		var err error
@@ -453,6 +466,9 @@ func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row
 	kept := make([]*row, 0, len(fresh))
 	var rejected []deadLetter
 	for _, r := range fresh {
+		if r.src.mirror != nil {
+			continue // insertCheckingChanges stores it with its mirror change
+		}
 		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return nil, nil, err

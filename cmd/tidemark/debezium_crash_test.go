@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
+)
+
+// TestDebeziumCrashSafety is acceptance item 2 of the Debezium source:
+// `tidemark run` loading a Debezium stream (PostgreSQL's connector with
+// schemas and unavailable TOAST values, MySQL's without schemas; snapshot
+// reads, deletes with tombstones, a truncate) is SIGKILLed at random moments and
+// restarted; then the whole stream is produced again at new offsets, as a
+// restarted connector sends it. Afterwards the mirror is the expected
+// table and every change has exactly one raw change row.
+func TestDebeziumCrashSafety(t *testing.T) {
+	for _, tt := range []struct {
+		connector string
+		schemas   bool
+	}{{debeziumtest.PostgreSQL, true}, {debeziumtest.MySQL, false}} {
+		t.Run(fmt.Sprintf("%s/schemas=%v", tt.connector, tt.schemas), func(t *testing.T) {
+			debeziumCrash(t, tt.connector, tt.schemas)
+		})
+	}
+}
+
+// debeziumCrash runs TestDebeziumCrashSafety for a stream of connector,
+// with or without schemas (then the mirror is created first, as a user
+// would).
+func debeziumCrash(t *testing.T, connector string, schemas bool) {
+	kills := 6
+	if testing.Short() {
+		kills = 4
+	}
+	const group, topic = "tidemark-dbz", "dbserver1.public.customers"
+	pool, dsn := pgtest.NewPool(t)
+	if !schemas {
+		if _, err := pool.Exec(context.Background(), `CREATE SCHEMA dw;
+			CREATE TABLE dw.customers (id integer PRIMARY KEY, name text, bio text, balance numeric(12,2))`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kc := kafkatest.NewCluster(t, 2, topic)
+	kafkatest.ExpireSilentMembers(t, kc)
+	cfgPath := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
+warehouse: {dsn: %q}
+http: {listen: "off"}
+log: {level: info}
+kafka:
+  brokers: [%q]
+  group: %s
+  session_timeout: 1s
+  rebalance_timeout: 2s
+ingest: {batch_max_rows: 200, batch_max_age: 20ms}
+sources:
+  customers:
+    kafka: {topics: [%s]}
+    format: debezium
+    mirror: {table: dw.customers}
+`, dsn, kc.ListenAddrs()[0], group, topic))
+
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	s := debeziumtest.Random(connector, schemas, topic, 2, now.Add(-24*time.Hour), 42, 300, 3000)
+	records := append(s.Records, s.Again()...)
+	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	var mu sync.Mutex
+	end := map[int32]int64{}
+	streamed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		chunk := len(records) / 60
+		for i := 0; i < len(records); i += chunk {
+			res := producer.ProduceSync(ctx, records[i:min(i+chunk, len(records))]...)
+			if err := res.FirstErr(); err != nil {
+				streamed <- err
+				return
+			}
+			mu.Lock()
+			for _, r := range res {
+				end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
+			}
+			mu.Unlock()
+			time.Sleep(250 * time.Millisecond) // the pace of the stream, not a wait
+		}
+		streamed <- nil
+	}()
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	again := 0 // kills while the stream is sent again
+	for i := 0; i < kills; i++ {
+		before := storedTotal(t, pool, group, topic)
+		p := startRun(t, cfgPath, now)
+		waitfor.Within(t, 2*time.Minute, fmt.Sprintf("kill %d: the process to store records", i+1), func() bool {
+			return storedTotal(t, pool, group, topic) != before
+		})
+		time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond) // the random moment of the kill, not a wait
+		at := storedTotal(t, pool, group, topic)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatalf("kill: %v", err)
+		}
+		<-p.exited
+		if at > int64(len(s.Records)) && at < int64(len(records)) {
+			again++
+		}
+		t.Logf("kill %d: stored records %d -> %d when killed, of %d", i+1, before, at, len(records))
+	}
+	if err := <-streamed; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	t.Logf("%d kills while the stream was sent again", again)
+	final := startRun(t, cfgPath, now)
+	ingesttest.WaitStored(t, pool, group, topic, end, 5*time.Minute)
+	if err := final.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-final.exited
+
+	debeziumtest.AssertMirror(t, pool, "dw.customers", s)
+	debeziumtest.AssertChanges(t, pool, "customers", s)
+	ingesttest.AssertStoredEqual(t, pool, group, topic, end)
+	ingesttest.AssertLedger(t, pool, "customers")
+}

@@ -1,0 +1,406 @@
+package decode
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
+)
+
+// connectSchema is a Kafka Connect schema as the JSON converter writes it
+// with schemas.enable: the "schema" beside a record's "payload".
+type connectSchema struct {
+	Type       string            `json:"type"`
+	Name       string            `json:"name"`
+	Optional   bool              `json:"optional"`
+	Field      string            `json:"field"`
+	Fields     []*connectSchema  `json:"fields"`
+	Items      *connectSchema    `json:"items"`
+	Parameters map[string]string `json:"parameters"`
+}
+
+// field returns the schema of the struct field called name, or nil.
+func (s *connectSchema) field(name string) *connectSchema {
+	if s == nil {
+		return nil
+	}
+	for _, f := range s.Fields {
+		if f.Field == name {
+			return f
+		}
+	}
+	return nil
+}
+
+// Logical type names of Debezium and Kafka Connect that are decoded to
+// their values.
+const (
+	dbzDate              = "io.debezium.time.Date"
+	dbzTime              = "io.debezium.time.Time"
+	dbzMicroTime         = "io.debezium.time.MicroTime"
+	dbzNanoTime          = "io.debezium.time.NanoTime"
+	dbzTimestamp         = "io.debezium.time.Timestamp"
+	dbzMicroTimestamp    = "io.debezium.time.MicroTimestamp"
+	dbzNanoTimestamp     = "io.debezium.time.NanoTimestamp"
+	dbzZonedTimestamp    = "io.debezium.time.ZonedTimestamp"
+	dbzZonedTime         = "io.debezium.time.ZonedTime"
+	dbzMicroDuration     = "io.debezium.time.MicroDuration"
+	dbzInterval          = "io.debezium.time.Interval"
+	dbzVariableDecimal   = "io.debezium.data.VariableScaleDecimal"
+	dbzJSON              = "io.debezium.data.Json"
+	dbzUUID              = "io.debezium.data.Uuid"
+	connectDecimal       = "org.apache.kafka.connect.data.Decimal"
+	connectDate          = "org.apache.kafka.connect.data.Date"
+	connectTime          = "org.apache.kafka.connect.data.Time"
+	connectTimestamp     = "org.apache.kafka.connect.data.Timestamp"
+	connectDecimalScale  = "scale"
+	unavailablePlacehold = "__debezium_unavailable_value"
+)
+
+// unavailableBase64 is the placeholder as a bytes column carries it.
+var unavailableBase64 = base64.StdEncoding.EncodeToString([]byte(unavailablePlacehold))
+
+// isUnavailableValue reports whether raw is Debezium's placeholder for a value
+// it did not have (an unchanged TOASTed value the replica identity does
+// not hold): the placeholder text, its base64 form for bytes, or an array
+// of one placeholder.
+func isUnavailableValue(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) == 0:
+		return false
+	case raw[0] == '"':
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return false
+		}
+		return s == unavailablePlacehold || s == unavailableBase64
+	case raw[0] == '[':
+		var items []json.RawMessage
+		if json.Unmarshal(raw, &items) != nil || len(items) != 1 {
+			return false
+		}
+		return isUnavailableValue(items[0])
+	}
+	return false
+}
+
+// convert returns raw, a value of schema s (nil: no schema), with its
+// logical type decoded: dates, times and timestamps as ISO 8601 text,
+// decimals as exact JSON numbers, bytes as PostgreSQL's hex text (\x...),
+// JSON text as JSON. Values without a schema are returned as they are.
+func convert(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if s == nil || len(raw) == 0 || string(raw) == "null" || decoded(raw, s) {
+		return raw, nil
+	}
+	switch s.Name {
+	case dbzDate, connectDate:
+		n, err := integer(raw)
+		if err != nil {
+			return nil, err
+		}
+		return quoted(time.Unix(0, 0).UTC().AddDate(0, 0, int(n)).Format("2006-01-02")), nil
+	case dbzTime, connectTime:
+		return timeOfDay(raw, time.Millisecond)
+	case dbzMicroTime:
+		return timeOfDay(raw, time.Microsecond)
+	case dbzNanoTime:
+		return timeOfDay(raw, time.Nanosecond)
+	case dbzTimestamp, connectTimestamp:
+		return timestamp(raw, func(n int64) time.Time { return time.UnixMilli(n) })
+	case dbzMicroTimestamp:
+		return timestamp(raw, func(n int64) time.Time { return time.UnixMicro(n) })
+	case dbzNanoTimestamp:
+		return timestamp(raw, func(n int64) time.Time { return time.Unix(0, n) })
+	case dbzMicroDuration:
+		n, err := integer(raw)
+		if err != nil {
+			return nil, err
+		}
+		return quoted(strconv.FormatInt(n, 10) + " microseconds"), nil
+	case connectDecimal:
+		scale, err := strconv.Atoi(s.Parameters[connectDecimalScale])
+		if err != nil {
+			return nil, fmt.Errorf("%s without an integer scale parameter", connectDecimal)
+		}
+		return decimal(raw, scale)
+	case dbzVariableDecimal:
+		var v struct {
+			Scale *int   `json:"scale"`
+			Value string `json:"value"`
+		}
+		if err := json.Unmarshal(raw, &v); err != nil || v.Scale == nil {
+			return nil, fmt.Errorf("%s must be {scale, value}, got %s", dbzVariableDecimal, truncate(raw, 60))
+		}
+		return decimal(quoted(v.Value), *v.Scale)
+	case dbzJSON:
+		var text string
+		if json.Unmarshal(raw, &text) == nil && json.Valid([]byte(text)) && pgjson.Scan([]byte(text), nil, nil) == nil {
+			return json.RawMessage(text), nil
+		}
+		return raw, nil
+	}
+	switch s.Type {
+	case "bytes":
+		var text string
+		if err := json.Unmarshal(raw, &text); err != nil {
+			return nil, fmt.Errorf("bytes must be a base64 string, got %s", truncate(raw, 40))
+		}
+		b, err := base64.StdEncoding.DecodeString(text)
+		if err != nil {
+			return nil, fmt.Errorf("bytes must be base64: %w", err)
+		}
+		return quoted(`\x` + hex.EncodeToString(b)), nil
+	case "struct":
+		return convertStruct(raw, s)
+	case "array":
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return nil, fmt.Errorf("array expected, got %s", truncate(raw, 40))
+		}
+		var b bytes.Buffer
+		b.WriteByte('[')
+		for i, it := range items {
+			v, err := convert(it, s.Items)
+			if err != nil {
+				return nil, err
+			}
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.Write(v)
+		}
+		b.WriteByte(']')
+		return b.Bytes(), nil
+	}
+	return raw, nil
+}
+
+// decoded reports whether raw already holds the value of its logical type
+// (a format that decodes records to JSON itself may have mapped it):
+// text for a date, time, timestamp or duration, a number for a decimal.
+func decoded(raw json.RawMessage, s *connectSchema) bool {
+	switch s.Name {
+	case dbzDate, connectDate, dbzTime, connectTime, dbzMicroTime, dbzNanoTime, dbzTimestamp, connectTimestamp,
+		dbzMicroTimestamp, dbzNanoTimestamp, dbzMicroDuration:
+		return raw[0] == '"'
+	case connectDecimal, dbzVariableDecimal:
+		return raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9'
+	}
+	return false
+}
+
+// convertStruct converts each field of a struct value by its schema.
+func convertStruct(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
+	fields, err := objectFields(raw)
+	if err != nil {
+		return nil, err
+	}
+	for i := range fields {
+		if fields[i].value, err = convert(fields[i].value, s.field(fields[i].name)); err != nil {
+			return nil, fmt.Errorf("%s: %w", fields[i].name, err)
+		}
+	}
+	return appendObject(nil, fields), nil
+}
+
+func integer(raw json.RawMessage) (int64, error) {
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("an integer expected, got %s", truncate(raw, 40))
+	}
+	return n, nil
+}
+
+func timeOfDay(raw json.RawMessage, unit time.Duration) (json.RawMessage, error) {
+	n, err := integer(raw)
+	if err != nil {
+		return nil, err
+	}
+	d := time.Duration(n) * unit
+	if d < 0 || d > 24*time.Hour {
+		return nil, fmt.Errorf("time of day %s out of range", raw)
+	}
+	h, m, sec, frac := d/time.Hour, d%time.Hour/time.Minute, d%time.Minute/time.Second, d%time.Second
+	s := fmt.Sprintf("%02d:%02d:%02d", h, m, sec)
+	if frac != 0 {
+		s += strings.TrimRight(fmt.Sprintf(".%09d", frac), "0")
+	}
+	return quoted(s), nil
+}
+
+func timestamp(raw json.RawMessage, at func(int64) time.Time) (json.RawMessage, error) {
+	n, err := integer(raw)
+	if err != nil {
+		return nil, err
+	}
+	t := at(n).UTC()
+	if t.Year() < -4712 || t.Year() > 9999 {
+		return nil, fmt.Errorf("timestamp %s out of range", raw)
+	}
+	return quoted(t.Format("2006-01-02T15:04:05.999999999Z")), nil
+}
+
+// decimal turns the base64 text of a big-endian two's-complement unscaled
+// value (Connect's Decimal) into an exact JSON number.
+func decimal(raw json.RawMessage, scale int) (json.RawMessage, error) {
+	var text string
+	if err := json.Unmarshal(raw, &text); err != nil {
+		return nil, fmt.Errorf("decimal must be base64 text, got %s", truncate(raw, 40))
+	}
+	b, err := base64.StdEncoding.DecodeString(text)
+	if err != nil || len(b) == 0 {
+		return nil, errors.New("decimal must be base64 of at least one byte")
+	}
+	if scale < 0 || scale > 1000 {
+		return nil, fmt.Errorf("decimal scale %d out of range", scale)
+	}
+	n := new(big.Int).SetBytes(b)
+	if b[0]&0x80 != 0 {
+		n.Sub(n, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+	}
+	digits := n.String()
+	neg := strings.HasPrefix(digits, "-")
+	digits = strings.TrimPrefix(digits, "-")
+	if scale > 0 {
+		if len(digits) <= scale {
+			digits = strings.Repeat("0", scale-len(digits)+1) + digits
+		}
+		digits = digits[:len(digits)-scale] + "." + digits[len(digits)-scale:]
+	}
+	if neg {
+		digits = "-" + digits
+	}
+	return json.RawMessage(digits), nil
+}
+
+func quoted(s string) json.RawMessage {
+	b, _ := json.Marshal(s)
+	return b
+}
+
+// field is one member of a JSON object, in document order.
+type field struct {
+	name  string
+	value json.RawMessage
+}
+
+// objectFields parses a JSON object into its members in document order; a
+// name given twice keeps its last value, as jsonb does.
+func objectFields(raw json.RawMessage) ([]field, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("an object expected, got %s", truncate(raw, 40))
+	}
+	var out []field
+	at := map[string]int{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		name, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		if i, ok := at[name]; ok {
+			out[i].value = v
+			continue
+		}
+		at[name] = len(out)
+		out = append(out, field{name, v})
+	}
+	return out, nil
+}
+
+// appendObject appends fields as a JSON object.
+func appendObject(b []byte, fields []field) []byte {
+	b = append(b, '{')
+	for i, f := range fields {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, quoted(f.name)...)
+		b = append(b, ':')
+		b = append(b, f.value...)
+	}
+	return append(b, '}')
+}
+
+// Column is a column of a mirror as a Connect schema describes it.
+type Column struct {
+	Name    string
+	Type    string // a PostgreSQL type
+	NotNull bool
+}
+
+// pgType is the PostgreSQL type of the column a Connect schema describes.
+func pgType(s *connectSchema) string {
+	switch s.Name {
+	case dbzDate, connectDate:
+		return "date"
+	case dbzTime, dbzMicroTime, dbzNanoTime, connectTime:
+		return "time"
+	case dbzTimestamp, dbzMicroTimestamp, dbzNanoTimestamp, connectTimestamp:
+		return "timestamp"
+	case dbzZonedTimestamp:
+		return "timestamptz"
+	case dbzZonedTime:
+		return "timetz"
+	case dbzMicroDuration, dbzInterval:
+		return "interval"
+	case connectDecimal, dbzVariableDecimal:
+		return "numeric"
+	case dbzJSON:
+		return "jsonb"
+	case dbzUUID:
+		return "uuid"
+	}
+	switch s.Type {
+	case "int8", "int16":
+		return "smallint"
+	case "int32":
+		return "integer"
+	case "int64":
+		return "bigint"
+	case "float32":
+		return "real"
+	case "float64":
+		return "double precision"
+	case "boolean":
+		return "boolean"
+	case "bytes":
+		return "bytea"
+	case "array":
+		if s.Items != nil && s.Items.Type != "array" && s.Items.Type != "struct" && s.Items.Type != "map" {
+			return pgType(s.Items) + "[]"
+		}
+	case "string":
+		return "text"
+	}
+	return "jsonb"
+}
+
+// columns lists the columns of a row schema.
+func columns(s *connectSchema) []Column {
+	if s == nil || s.Type != "struct" {
+		return nil
+	}
+	out := make([]Column, 0, len(s.Fields))
+	for _, f := range s.Fields {
+		out = append(out, Column{Name: f.Field, Type: pgType(f), NotNull: !f.Optional})
+	}
+	return out
+}

@@ -1,0 +1,464 @@
+package decode
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
+)
+
+// Dead-letter reasons of Debezium sources.
+const (
+	// ReasonInvalidEnvelope: not a Debezium change event tidemark can
+	// apply: no op, row, source position or commit time, a connector
+	// whose positions it cannot order, or a value that does not match
+	// its Connect schema.
+	ReasonInvalidEnvelope = "invalid_envelope"
+	// ReasonMissingKey: a row change whose record key or row lacks a
+	// value of the mirror's key.
+	ReasonMissingKey = "missing_key"
+)
+
+// SkipTombstone is why a tombstone (a record without a value, which
+// Debezium sends after a delete for log compaction) is skipped: it is
+// counted, not stored; the delete before it carries the change.
+const SkipTombstone = "tombstone"
+
+// Raw change operations of a Debezium change.
+const (
+	OpInsert   = "insert"
+	OpUpdate   = "update"
+	OpDelete   = "delete"
+	OpTruncate = "truncate"
+)
+
+// Change is a row change of a Debezium change event, decoded.
+type Change struct {
+	// Op is the raw change row's op; a snapshot read is an insert.
+	Op string
+	// Snapshot marks a snapshot read (op r).
+	Snapshot bool
+	// Table is the source table: schema.table (PostgreSQL), db.table
+	// (MySQL), or the topic when the event does not say.
+	Table string
+	// Position orders the changes of one source, element by element:
+	// see position.
+	Position []int64
+	// LSN is the change's PostgreSQL LSN as pg_lsn text, "" for others.
+	LSN string
+	// Key is the record key's fields as a JSON object; nil for a
+	// truncate. RowKey is it as text: the value of one field, or a JSON
+	// array of the values of several as text.
+	Key    []byte
+	RowKey string
+	// Row is the row after the change, or for a delete before it (or
+	// only its key), with the key's fields, logical types decoded and
+	// values Debezium did not have left out; nil for a truncate.
+	Row []byte
+	// Old is the row before an update or delete, when sent.
+	Old []byte
+	// Unavailable lists the columns whose value Debezium did not have
+	// (unchanged TOASTed values): the mirror keeps what it holds.
+	Unavailable []string
+	// Columns are the row's columns as its Connect schema gives them,
+	// nil without one; KeyColumns the key's fields in order.
+	Columns    []Column
+	KeyColumns []string
+}
+
+// debezium is what a Decoder of a Debezium source holds.
+type debezium struct {
+	// mirrorKey is the mirror's key, once known: a row change lacking
+	// one of its values is a missing_key dead letter.
+	mirrorKey atomic.Pointer[[]string]
+}
+
+// SetMirrorKey tells a Debezium decoder the key columns of its mirror.
+func (d *Decoder) SetMirrorKey(cols []string) {
+	if d.dbz != nil {
+		c := slices.Clone(cols)
+		d.dbz.mirrorKey.Store(&c)
+	}
+}
+
+// decodeDebezium decodes a record of a Debezium topic.
+func (d *Decoder) decodeDebezium(r *kgo.Record) (Event, *Rejection) {
+	if len(bytes.TrimSpace(r.Value)) == 0 || string(bytes.TrimSpace(r.Value)) == "null" {
+		return Event{Skip: SkipTombstone}, nil
+	}
+	if err := pgjson.Scan(r.Value, nil, nil); err != nil {
+		return Event{}, &Rejection{ReasonInvalidJSON, err.Error()}
+	}
+	var key []byte
+	if len(bytes.TrimSpace(r.Key)) > 0 {
+		if err := pgjson.Scan(r.Key, nil, nil); err != nil {
+			return Event{}, &Rejection{ReasonInvalidJSON, "record key: " + err.Error()}
+		}
+		key = r.Key
+	}
+	return d.DecodeChange(r.Topic, key, r.Value)
+}
+
+// DecodeChange decodes a Debezium change event given as JSON documents:
+// key is the record key (nil for none), value the record value, each as
+// the JSON converter writes it, with or without schemas.enable. A format
+// that decodes its records to JSON first (Avro through the Schema
+// Registry) hands its documents here, wrapped as {"schema": ..., "payload":
+// ...} with a Connect schema of the fields' logical types (Debezium's
+// Avro schemas carry them as connect.name and connect.parameters) when
+// some are left to decode; values it decoded already (text for a date or
+// time, a number for a decimal) are kept. topic names the table when the
+// event does not.
+func (d *Decoder) DecodeChange(topic string, key, value []byte) (Event, *Rejection) {
+	doc, schema, err := unwrap(value)
+	if err != nil {
+		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
+	}
+	if string(doc) == "null" {
+		return Event{Skip: SkipTombstone}, nil
+	}
+	fields, err := objectFields(doc)
+	if err != nil {
+		return Event{}, &Rejection{ReasonInvalidEnvelope, "value: " + err.Error()}
+	}
+	var ev envelope
+	if isEnvelope(fields) {
+		err = ev.read(fields, schema)
+	} else {
+		err = ev.readFlattened(fields, schema)
+	}
+	if err != nil {
+		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
+	}
+	return d.change(topic, key, &ev)
+}
+
+// unwrap returns the payload of a document the JSON converter wrote with
+// schemas.enable ({"schema": ..., "payload": ...}) and its schema, or the
+// document itself and no schema.
+func unwrap(doc []byte) (json.RawMessage, *connectSchema, error) {
+	fields, err := objectFields(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(fields) != 2 || !hasField(fields, "schema") || !hasField(fields, "payload") {
+		return doc, nil, nil
+	}
+	var s *connectSchema
+	if raw := get(fields, "schema"); string(raw) != "null" {
+		s = &connectSchema{}
+		if err := json.Unmarshal(raw, s); err != nil {
+			return nil, nil, fmt.Errorf("schema: %w", err)
+		}
+	}
+	return bytes.TrimSpace(get(fields, "payload")), s, nil
+}
+
+func hasField(fields []field, name string) bool {
+	return slices.ContainsFunc(fields, func(f field) bool { return f.name == name })
+}
+
+// get returns the value of the member name, nil when there is none.
+func get(fields []field, name string) json.RawMessage {
+	for _, f := range fields {
+		if f.name == name {
+			return f.value
+		}
+	}
+	return nil
+}
+
+// isEnvelope reports whether an object is Debezium's envelope (op and
+// source) rather than the flattened row of ExtractNewRecordState.
+func isEnvelope(fields []field) bool {
+	op, src := get(fields, "op"), bytes.TrimSpace(get(fields, "source"))
+	return len(op) > 0 && op[0] == '"' && len(src) > 0 && src[0] == '{'
+}
+
+// envelope is a change event read from either form.
+type envelope struct {
+	op          string // c, u, d, r, t
+	row, before json.RawMessage
+	rowSchema   *connectSchema
+	source      []field
+	snapshot    bool
+}
+
+// read reads the envelope {before, after, source, op, ts_ms}.
+func (e *envelope) read(fields []field, schema *connectSchema) error {
+	if err := json.Unmarshal(get(fields, "op"), &e.op); err != nil {
+		return fmt.Errorf("op: %w", err)
+	}
+	src, err := objectFields(get(fields, "source"))
+	if err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	e.source = src
+	after, before := nullable(get(fields, "after")), nullable(get(fields, "before"))
+	e.rowSchema = schema.field("after")
+	if e.rowSchema == nil {
+		e.rowSchema = schema.field("before")
+	}
+	switch e.op {
+	case "c", "r", "u":
+		if after == nil {
+			return fmt.Errorf("op %q without after", e.op)
+		}
+		e.row, e.before = after, before
+	case "d":
+		e.row, e.before = before, before
+	case "t":
+	default:
+		return fmt.Errorf("op %q is not a row change (c, u, d, r or t)", e.op)
+	}
+	e.snapshot = e.op == "r" || snapshotFlag(get(src, "snapshot"))
+	return nil
+}
+
+// readFlattened reads a row of ExtractNewRecordState: the row's fields
+// plus fields it added, prefixed "__": __op, __deleted (delete.handling.mode
+// rewrite), and the source's fields (add.fields) as __<name> or
+// __source_<name>.
+func (e *envelope) readFlattened(fields []field, schema *connectSchema) error {
+	var row []field
+	var deleted bool
+	for _, f := range fields {
+		name, ok := strings.CutPrefix(f.name, "__")
+		switch {
+		case !ok:
+			row = append(row, f)
+		case name == "op":
+			if err := json.Unmarshal(f.value, &e.op); err != nil {
+				return fmt.Errorf("__op: %w", err)
+			}
+		case name == "deleted":
+			deleted = snapshotFlag(f.value) // "true" or true
+		default:
+			e.source = append(e.source, field{strings.TrimPrefix(name, "source_"), f.value})
+		}
+	}
+	switch {
+	case deleted:
+		e.op = "d"
+	case e.op == "":
+		e.op = "u"
+	}
+	if e.op == "t" {
+		return nil
+	}
+	if !slices.Contains([]string{"c", "r", "u", "d"}, e.op) {
+		return fmt.Errorf("__op %q is not a row change (c, u, d, r or t)", e.op)
+	}
+	e.row = appendObject(nil, row)
+	if e.op == "d" {
+		e.before = e.row
+	}
+	if schema != nil {
+		rs := *schema
+		rs.Fields = slices.DeleteFunc(slices.Clone(schema.Fields), func(f *connectSchema) bool { return strings.HasPrefix(f.Field, "__") })
+		e.rowSchema = &rs
+	}
+	e.snapshot = e.op == "r" || snapshotFlag(get(e.source, "snapshot"))
+	return nil
+}
+
+// nullable returns raw, or nil when it is null or absent.
+func nullable(raw json.RawMessage) json.RawMessage {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	return raw
+}
+
+// snapshotFlag reads source.snapshot (or __deleted): true, "true", and
+// the snapshot markers "first", "last", "first_in_data_collection",
+// "last_in_data_collection" and "incremental" mean a snapshot read.
+func snapshotFlag(raw json.RawMessage) bool {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return false
+	}
+	switch v := v.(type) {
+	case bool:
+		return v
+	case string:
+		return v != "" && v != "false"
+	}
+	return false
+}
+
+// change builds the event of a decoded envelope.
+func (d *Decoder) change(topic string, key []byte, e *envelope) (Event, *Rejection) {
+	c := &Change{Snapshot: e.snapshot, Table: tableName(e.source, topic)}
+	var err error
+	if c.Position, c.LSN, err = position(e.source, e.snapshot); err != nil {
+		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
+	}
+	at, err := commitTime(e.source)
+	if err != nil {
+		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
+	}
+	c.Op = map[string]string{"c": OpInsert, "r": OpInsert, "u": OpUpdate, "d": OpDelete, "t": OpTruncate}[e.op]
+	ev := Event{Time: at, Change: c, Payload: []byte("{}")}
+	if c.Op != OpTruncate {
+		if rej := d.rowChange(c, key, e); rej != nil {
+			return Event{}, rej
+		}
+		ev.Payload = c.Row
+	}
+	ev.ID = changeID(c)
+	return ev, nil
+}
+
+// rowChange fills the key and rows of a row change.
+func (d *Decoder) rowChange(c *Change, key []byte, e *envelope) *Rejection {
+	if key == nil {
+		return &Rejection{ReasonMissingKey, "a row change without a record key (a table without a primary key needs message.key.columns)"}
+	}
+	kdoc, kschema, err := unwrap(key)
+	if err != nil {
+		return &Rejection{ReasonMissingKey, "record key: " + err.Error()}
+	}
+	kfields, err := objectFields(kdoc)
+	if err != nil || len(kfields) == 0 {
+		return &Rejection{ReasonMissingKey, "the record key is not an object of the key's fields"}
+	}
+	for i := range kfields {
+		if kfields[i].value, err = convert(kfields[i].value, kschema.field(kfields[i].name)); err != nil {
+			return &Rejection{ReasonInvalidEnvelope, fmt.Sprintf("key field %s: %v", kfields[i].name, err)}
+		}
+		c.KeyColumns = append(c.KeyColumns, kfields[i].name)
+	}
+	c.Key = appendObject(nil, kfields)
+	c.RowKey = rowKey(kfields)
+	row, absent, err := decodeRow(e.row, e.rowSchema)
+	if err != nil {
+		return &Rejection{ReasonInvalidEnvelope, err.Error()}
+	}
+	for _, k := range kfields {
+		if !hasField(row, k.name) {
+			row = append(row, k)
+		}
+	}
+	c.Row, c.Unavailable, c.Columns = appendObject(nil, row), absent, columns(e.rowSchema)
+	if e.before != nil && c.Op != OpInsert {
+		old, _, err := decodeRow(e.before, e.rowSchema)
+		if err != nil {
+			return &Rejection{ReasonInvalidEnvelope, "before: " + err.Error()}
+		}
+		c.Old = appendObject(nil, old)
+	}
+	if p := d.dbz.mirrorKey.Load(); p != nil {
+		for _, k := range *p {
+			if v := nullable(get(row, k)); v == nil {
+				return &Rejection{ReasonMissingKey, fmt.Sprintf("no value of the mirror's key column %s in the record key or row", k)}
+			}
+		}
+	}
+	return nil
+}
+
+// decodeRow converts a row's values by its schema and leaves out those
+// Debezium did not have, which it lists.
+func decodeRow(raw json.RawMessage, s *connectSchema) ([]field, []string, error) {
+	if raw == nil {
+		return nil, nil, nil
+	}
+	fields, err := objectFields(raw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("row: %w", err)
+	}
+	out := fields[:0]
+	var absent []string
+	for _, f := range fields {
+		if isUnavailableValue(f.value) {
+			absent = append(absent, f.name)
+			continue
+		}
+		if f.value, err = convert(f.value, s.field(f.name)); err != nil {
+			return nil, nil, fmt.Errorf("column %s: %w", f.name, err)
+		}
+		out = append(out, f)
+	}
+	return out, absent, nil
+}
+
+// rowKey is the key as text: one field's value (a string unquoted), or a
+// JSON array of several fields' values as text.
+func rowKey(fields []field) string {
+	texts := make([]string, len(fields))
+	for i, f := range fields {
+		var s string
+		if json.Unmarshal(f.value, &s) == nil {
+			texts[i] = s
+		} else {
+			texts[i] = string(f.value)
+		}
+	}
+	if len(texts) == 1 {
+		return texts[0]
+	}
+	b, _ := json.Marshal(texts)
+	return string(b)
+}
+
+// tableName is the source table an event names, or the topic.
+func tableName(src []field, topic string) string {
+	var schema, db, table string
+	_ = json.Unmarshal(get(src, "schema"), &schema)
+	_ = json.Unmarshal(get(src, "db"), &db)
+	_ = json.Unmarshal(get(src, "table"), &table)
+	switch {
+	case table == "":
+		return topic
+	case schema != "":
+		return schema + "." + table
+	case db != "":
+		return db + "." + table
+	}
+	return table
+}
+
+// commitTime is source.ts_ms: when the change was committed at the source
+// (for a snapshot read, when it was read).
+func commitTime(src []field) (time.Time, error) {
+	raw := nullable(get(src, "ts_ms"))
+	if raw == nil {
+		return time.Time{}, errors.New("no source.ts_ms (the commit time; a flattened event needs add.fields=source.ts_ms)")
+	}
+	ms, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil || ms < -62135596800000 || ms > 253402300799999 {
+		return time.Time{}, fmt.Errorf("source.ts_ms %s is not a time in milliseconds", truncate(raw, 40))
+	}
+	return time.UnixMilli(ms).UTC(), nil
+}
+
+// changeID identifies a change by its source position, op, table and key,
+// so that a change the connector sends again is the same raw row.
+func changeID(c *Change) string {
+	pos := make([]string, len(c.Position))
+	for i, p := range c.Position {
+		pos[i] = strconv.FormatInt(p, 10)
+	}
+	id := strings.Join(pos, ".") + "/" + c.Op + "/" + c.Table
+	if c.Op == OpTruncate {
+		return id
+	}
+	if len(id)+1+len(c.RowKey) > MaxIDBytes {
+		sum := sha256.Sum256([]byte(c.RowKey))
+		return id + "/sha256:" + hex.EncodeToString(sum[:])
+	}
+	return id + "/" + c.RowKey
+}

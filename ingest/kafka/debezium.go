@@ -1,0 +1,563 @@
+package kafka
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/copytext"
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
+	"github.com/tidemark-dev/tidemark/mirror"
+)
+
+// A Debezium source writes, in the batch transaction, one raw change row
+// per change (as a CDC source does) and the batch's changes to its mirror,
+// folded per key; each mirror row keeps the source position of the change
+// that wrote it, and a change at or below that position is not applied,
+// so a change the connector sends again never moves a row backwards.
+
+// SQL of Debezium sources.
+const (
+	// changeColumnList are the columns of a raw change row a Debezium
+	// source writes.
+	changeColumnList = `event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn`
+	// copyChangesSQL writes change rows; %s is the raw table.
+	copyChangesSQL = `COPY %s (` + changeColumnList + `) FROM STDIN`
+	// insertChangeSQL stores one change row, when rows are checked one by
+	// one; %s is the raw table.
+	insertChangeSQL = `INSERT INTO %s (` + changeColumnList + `)
+VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8::text::jsonb, $9::text::pg_lsn)`
+
+	// createChangeStageSQL creates the stage of a mirror's net changes:
+	// per key, an upsert or a delete, its position, its commit time, the
+	// row as JSON, and for an upsert older than the last truncate that
+	// truncate's time (it was truncated). %s is the stage.
+	createChangeStageSQL = `
+CREATE TEMP TABLE IF NOT EXISTS %s (kind text, pos bigint[], at timestamptz, "row" jsonb, gone timestamptz) ON COMMIT DELETE ROWS`
+	truncateChangeStageSQL = `TRUNCATE %s`
+	copyChangeStageSQL     = `COPY %s (kind, pos, at, "row", gone) FROM STDIN`
+
+	// The statements below apply a stage: each row's values are the
+	// mirror's row type populated from the JSON row (r), so PostgreSQL
+	// converts them with its input functions. A column the row lacks (a
+	// value Debezium did not have) keeps its stored value. %[1]s mirror,
+	// %[2]s stage, %[3]s SET list, %[4]s loaded column, %[5]s deleted
+	// column, %[6]s position column, %[7]s the key match of t and r,
+	// %[8]s columns, %[9]s r's columns.
+	updateUpsertsSQL = `
+UPDATE %[1]s AS t SET %[3]s, %[4]s = $1, %[5]s = s.gone, %[6]s = s.pos
+FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
+WHERE s.kind = 'upsert' AND %[7]s AND (t.%[6]s IS NULL OR t.%[6]s < s.pos)`
+	updateDeletesSQL = `
+UPDATE %[1]s AS t SET %[3]s, %[5]s = s.at, %[6]s = s.pos
+FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
+WHERE s.kind = 'delete' AND %[7]s AND (t.%[6]s IS NULL OR t.%[6]s < s.pos)`
+	// A delete flags the row with the values the batch gave it, or those
+	// the mirror holds. insertChangesSQL inserts the keys the mirror
+	// lacks, a delete as a flagged row of its key: the row keeps the
+	// delete's position, so that the change before it, sent again, does
+	// not bring it back.
+	insertChangesSQL = `
+INSERT INTO %[1]s (%[8]s, %[4]s, %[5]s, %[6]s)
+SELECT %[9]s, $1, CASE WHEN s.kind = 'delete' THEN s.at ELSE s.gone END, s.pos
+FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
+WHERE NOT EXISTS (SELECT FROM %[1]s AS t WHERE %[7]s)`
+
+	// readTruncateSQL reads the position and time of the source's last
+	// truncate, locked against a truncate committing meanwhile.
+	readTruncateSQL = `SELECT position, truncated_at FROM tidemark.debezium_truncates WHERE source = $1 FOR SHARE`
+	// storeTruncateSQL records a truncate's position, unless a later
+	// one is recorded.
+	storeTruncateSQL = `
+INSERT INTO tidemark.debezium_truncates AS d (source, position, truncated_at) VALUES ($1, $2, $3)
+ON CONFLICT (source) DO UPDATE SET position = EXCLUDED.position, truncated_at = EXCLUDED.truncated_at
+WHERE d.position < EXCLUDED.position`
+	// flagTruncatedSQL flags the rows a truncate removed: those written
+	// before it. %[1]s mirror, %[2]s deleted column, %[3]s position
+	// column.
+	flagTruncatedSQL = `UPDATE %[1]s SET %[2]s = $1 WHERE %[2]s IS NULL AND (%[3]s IS NULL OR %[3]s < $2)`
+)
+
+// errNoMirror means a Debezium source's mirror does not exist and nothing
+// says what its columns are.
+var errNoMirror = errors.New("the mirror table does not exist")
+
+// changeMirror is the mirror of a Debezium source.
+type changeMirror struct {
+	source                    string
+	target                    pgx.Identifier
+	loaded, deleted, position string
+
+	mu   sync.Mutex
+	cols []string // the mirror's columns, tidemark's own left out; nil until read
+	key  []string
+	// textual are the mirror's bytea, json and jsonb columns, whose values
+	// a change without a schema sends as text (see fromText).
+	textual map[string]string
+}
+
+func newChangeMirror(name string, m *config.Mirror) *changeMirror {
+	schema, table := config.SplitTable(m.Table)
+	return &changeMirror{source: name, target: pgx.Identifier{schema, table},
+		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn}
+}
+
+// own are the mirror's columns of tidemark's own.
+func (m *changeMirror) own() []mirror.Column {
+	return []mirror.Column{
+		{Name: m.loaded, Type: "timestamptz", NotNull: true},
+		{Name: m.deleted, Type: "timestamptz"},
+		{Name: m.position, Type: "bigint[]"},
+	}
+}
+
+// known returns the mirror's columns and key, nil until read.
+func (m *changeMirror) known() ([]string, []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cols, m.key
+}
+
+// load reads the mirror from the warehouse catalog, adding tidemark's own
+// columns when it lacks them; it reports false when there is no mirror.
+func (m *changeMirror) load(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	cols, key, exists, err := mirror.ReadTarget(ctx, conn, m.target)
+	if err != nil || !exists {
+		return exists, err
+	}
+	missing := slices.ContainsFunc(m.own(), func(o mirror.Column) bool {
+		return !slices.ContainsFunc(cols, func(c mirror.Column) bool { return c.Name == o.Name })
+	})
+	if missing {
+		if err := mirror.EnsureTarget(ctx, conn, m.target, nil, nil, m.own()); err != nil {
+			return true, err
+		}
+	}
+	var names []string
+	textual := map[string]string{}
+	for _, c := range cols {
+		if c.Name != m.loaded && c.Name != m.deleted && c.Name != m.position {
+			names = append(names, c.Name)
+		}
+		if c.Type == "bytea" || c.Type == "json" || c.Type == "jsonb" {
+			textual[c.Name] = c.Type
+		}
+	}
+	m.mu.Lock()
+	m.cols, m.key, m.textual = names, key, textual
+	m.mu.Unlock()
+	return true, nil
+}
+
+// ensure makes the mirror ready for the changes of rows before the batch
+// transaction: it reads it, or creates it from the first change's Connect
+// schema, and adds the columns a schema declares that it lacks.
+func (m *changeMirror) ensure(ctx context.Context, conn *pgx.Conn, src *source, rows []*row) error {
+	var declared *decode.Change
+	cols, _ := m.known()
+	for _, r := range rows {
+		c := r.ev.Change
+		if c == nil || c.Columns == nil {
+			continue
+		}
+		if declared == nil {
+			declared = c
+		}
+		if cols != nil && slices.ContainsFunc(c.Columns, func(col decode.Column) bool { return !slices.Contains(cols, col.Name) }) {
+			declared = c
+			break
+		}
+	}
+	if cols != nil && (declared == nil || !slices.ContainsFunc(declared.Columns, func(col decode.Column) bool { return !slices.Contains(cols, col.Name) })) {
+		return nil
+	}
+	if cols == nil {
+		exists, err := m.load(ctx, conn)
+		if err != nil {
+			return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
+		}
+		if exists {
+			src.dec.SetMirrorKey(m.key)
+			return m.ensure(ctx, conn, src, rows)
+		}
+		if declared == nil {
+			return fmt.Errorf("%w: %s, and the change events carry no schema (the JSON converter's schemas.enable is off); "+
+				"create it with the source table's columns and primary key (sources.%s.mirror.table)", errNoMirror, m.target.Sanitize(), m.source)
+		}
+	}
+	want := make([]mirror.Column, len(declared.Columns))
+	for i, c := range declared.Columns {
+		// Only the key is NOT NULL: a delete may write a row of its key.
+		want[i] = mirror.Column{Name: c.Name, Type: c.Type, NotNull: slices.Contains(declared.KeyColumns, c.Name)}
+	}
+	if err := mirror.EnsureTarget(ctx, conn, m.target, want, declared.KeyColumns, m.own()); err != nil {
+		return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
+	}
+	if _, err := m.load(ctx, conn); err != nil {
+		return err
+	}
+	src.dec.SetMirrorKey(m.key)
+	return nil
+}
+
+// netChange is the net effect of a batch's changes on one mirror key.
+type netChange struct {
+	delete bool
+	pos    []int64
+	at     time.Time
+	row    map[string]json.RawMessage
+}
+
+// truncation is the last truncate a mirror applied.
+type truncation struct {
+	pos []int64
+	at  time.Time
+}
+
+// applyChanges applies the changes of rows, in order, to the mirror: the
+// changes between truncates folded per key, each key's latest by position
+// winning, then each truncate. A change older than the last truncate (read
+// after it from another partition) is applied as truncated: the row it
+// leaves is flagged deleted at the truncate's time.
+func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row, ingestedAt time.Time) error {
+	cols, key := m.known()
+	if cols == nil {
+		return fmt.Errorf("mirror %s: %w", m.target.Sanitize(), errNoMirror)
+	}
+	var last truncation
+	if err := tx.QueryRow(ctx, readTruncateSQL, m.source).Scan(&last.pos, &last.at); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("read the last truncate of %s: %w", m.source, err)
+	}
+	states := map[string]*netChange{}
+	var order []string
+	for _, r := range rows {
+		c := r.ev.Change
+		if c.Op == decode.OpTruncate {
+			if slices.Compare(c.Position, last.pos) <= 0 {
+				continue // applied before
+			}
+			if err := m.applyNet(ctx, tx, cols, key, states, order, last, ingestedAt); err != nil {
+				return err
+			}
+			if err := m.truncate(ctx, tx, c.Position, r.ev.Time); err != nil {
+				return err
+			}
+			states, order, last = map[string]*netChange{}, nil, truncation{c.Position, r.ev.Time}
+			continue
+		}
+		vals := map[string]json.RawMessage{}
+		if err := json.Unmarshal(c.Row, &vals); err != nil {
+			return fmt.Errorf("%w: the row of change %s: %w", errBadRow, r.ev.ID, err)
+		}
+		if c.Columns == nil {
+			if err := m.fromText(vals); err != nil {
+				return fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
+			}
+		}
+		k, err := keyText(vals, key)
+		if err != nil {
+			return fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
+		}
+		prev := states[k]
+		if prev == nil {
+			order = append(order, k)
+		} else if slices.Compare(c.Position, prev.pos) <= 0 {
+			continue // sent again, or older than what the batch has
+		}
+		next := &netChange{delete: c.Op == decode.OpDelete, pos: c.Position, at: r.ev.Time, row: vals}
+		switch {
+		case prev != nil && !prev.delete && next.delete:
+			next.row = prev.row // the row as the batch left it, flagged
+		case next.delete:
+			// The row as the mirror holds it, flagged.
+			next.row = map[string]json.RawMessage{}
+			for _, k := range key {
+				next.row[k] = vals[k]
+			}
+		case prev != nil && !prev.delete:
+			for name, v := range prev.row {
+				if _, ok := next.row[name]; !ok {
+					next.row[name] = v // a value Debezium did not have
+				}
+			}
+		}
+		states[k] = next
+	}
+	return m.applyNet(ctx, tx, cols, key, states, order, last, ingestedAt)
+}
+
+// fromText turns the values a change without a schema sends as text into
+// what the mirror's columns read: base64 (binary.handling.mode bytes) into
+// PostgreSQL's hex text for a bytea column, and the text of a JSON value
+// (io.debezium.data.Json) into that value for a json or jsonb column.
+// With a schema the decoder has done so.
+func (m *changeMirror) fromText(vals map[string]json.RawMessage) error {
+	m.mu.Lock()
+	textual := m.textual
+	m.mu.Unlock()
+	for name, typ := range textual {
+		v, ok := vals[name]
+		if !ok || len(v) == 0 || v[0] != '"' {
+			continue
+		}
+		var text string
+		if err := json.Unmarshal(v, &text); err != nil {
+			return fmt.Errorf("column %s: %w", name, err)
+		}
+		if typ == "bytea" {
+			b, err := base64.StdEncoding.DecodeString(text)
+			if err != nil {
+				return fmt.Errorf("column %s (bytea) is not base64: %w", name, err)
+			}
+			vals[name], _ = json.Marshal(`\x` + hex.EncodeToString(b))
+			continue
+		}
+		if !json.Valid([]byte(text)) || pgjson.Scan([]byte(text), nil, nil) != nil {
+			return fmt.Errorf("column %s (%s) holds text that is not JSON jsonb takes", name, typ)
+		}
+		vals[name] = json.RawMessage(text)
+	}
+	return nil
+}
+
+// keyText identifies a row by the JSON of its key's values.
+func keyText(vals map[string]json.RawMessage, key []string) (string, error) {
+	var b strings.Builder
+	for _, k := range key {
+		v, ok := vals[k]
+		if !ok || string(v) == "null" {
+			return "", fmt.Errorf("no value of the key column %s", k)
+		}
+		b.Write(v)
+		b.WriteByte(0)
+	}
+	return b.String(), nil
+}
+
+// applyNet writes the net changes to the mirror through a stage.
+func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []string, states map[string]*netChange, order []string,
+	last truncation, ingestedAt time.Time) error {
+	if len(order) == 0 {
+		return nil
+	}
+	w := copytext.New()
+	defer w.Release()
+	for _, k := range order {
+		s := states[k]
+		kind := "upsert"
+		if s.delete {
+			kind = "delete"
+		}
+		row, err := json.Marshal(s.row)
+		if err != nil {
+			return err
+		}
+		w.Text(kind)
+		w.Text(positionText(s.pos))
+		w.Time(s.at)
+		w.Bytes(row)
+		if !s.delete && slices.Compare(s.pos, last.pos) < 0 {
+			w.Time(last.at)
+		} else {
+			w.Null()
+		}
+		w.End()
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s", m.target.Sanitize())
+	stage := pgx.Identifier{"pg_temp", fmt.Sprintf("tidemark_dbz_%016x", h.Sum64())}.Sanitize()
+	if _, err := tx.Exec(ctx, fmt.Sprintf(createChangeStageSQL, stage)+"; "+fmt.Sprintf(truncateChangeStageSQL, stage)); err != nil {
+		return fmt.Errorf("stage of %s: %w", m.target.Sanitize(), err)
+	}
+	if _, err := tx.Conn().PgConn().CopyFrom(ctx, w.Data(), fmt.Sprintf(copyChangeStageSQL, stage)); err != nil {
+		return fmt.Errorf("stage of %s: %w", m.target.Sanitize(), err)
+	}
+	target := m.target.Sanitize()
+	var sets, match, rcols []string
+	for _, c := range cols {
+		q := quoteIdent(c)
+		sets = append(sets, fmt.Sprintf(`%[1]s = CASE WHEN s."row" ? %[2]s THEN r.%[1]s ELSE t.%[1]s END`, q, literal(c)))
+		rcols = append(rcols, "r."+q)
+	}
+	for _, k := range key {
+		match = append(match, fmt.Sprintf("t.%[1]s = r.%[1]s", quoteIdent(k)))
+	}
+	args := []any{target, stage, strings.Join(sets, ", "), quoteIdent(m.loaded), quoteIdent(m.deleted), quoteIdent(m.position),
+		strings.Join(match, " AND "), mirror.QuoteAll(cols), strings.Join(rcols, ", ")}
+	qb := &pgx.Batch{}
+	qb.Queue(fmt.Sprintf(updateUpsertsSQL, args...), ingestedAt)
+	qb.Queue(fmt.Sprintf(updateDeletesSQL, args...))
+	qb.Queue(fmt.Sprintf(insertChangesSQL, args...), ingestedAt)
+	if err := tx.SendBatch(ctx, qb).Close(); err != nil {
+		return fmt.Errorf("apply changes to %s: %w", target, err)
+	}
+	return nil
+}
+
+// truncate flags the rows written before a truncate at pos and records
+// its position.
+func (m *changeMirror) truncate(ctx context.Context, tx pgx.Tx, pos []int64, at time.Time) error {
+	qb := &pgx.Batch{}
+	qb.Queue(storeTruncateSQL, m.source, pos, at)
+	qb.Queue(fmt.Sprintf(flagTruncatedSQL, m.target.Sanitize(), quoteIdent(m.deleted), quoteIdent(m.position)), at, pos)
+	if err := tx.SendBatch(ctx, qb).Close(); err != nil {
+		return fmt.Errorf("truncate %s: %w", m.target.Sanitize(), err)
+	}
+	return nil
+}
+
+// positionText is a position as a bigint[] literal.
+func positionText(pos []int64) string {
+	parts := make([]string, len(pos))
+	for i, p := range pos {
+		parts[i] = strconv.FormatInt(p, 10)
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// copyChanges writes the change rows of a Debezium source with COPY.
+func (w *writer) copyChanges(ctx context.Context, tx pgx.Tx, src *source, rows []*row, ingestedAt time.Time) error {
+	c := copytext.New()
+	defer c.Release()
+	for _, r := range rows {
+		ch := r.ev.Change
+		c.Text(r.ev.ID)
+		c.Time(r.ev.Time)
+		c.Time(ingestedAt)
+		c.Text(ch.Op)
+		c.Text(ch.Table)
+		c.Bytes(r.ev.Payload)
+		if ch.Op == decode.OpTruncate {
+			c.Null()
+		} else {
+			c.Text(ch.RowKey)
+		}
+		if ch.Old != nil {
+			c.Bytes(ch.Old)
+		} else {
+			c.Null()
+		}
+		if ch.LSN != "" {
+			c.Text(ch.LSN)
+		} else {
+			c.Null()
+		}
+		c.End()
+	}
+	_, err := tx.Conn().PgConn().CopyFrom(ctx, c.Data(), fmt.Sprintf(copyChangesSQL, src.raw.Ident()))
+	return err
+}
+
+// insertChange stores one change row, for a batch checked row by row.
+func insertChange(ctx context.Context, tx pgx.Tx, r *row, ingestedAt time.Time) error {
+	ch := r.ev.Change
+	var rowKey, old, lsn any
+	if ch.Op != decode.OpTruncate {
+		rowKey = ch.RowKey
+	}
+	if ch.Old != nil {
+		old = string(ch.Old)
+	}
+	if ch.LSN != "" {
+		lsn = ch.LSN
+	}
+	_, err := tx.Exec(ctx, fmt.Sprintf(insertChangeSQL, r.src.raw.Ident()),
+		r.ev.ID, r.ev.Time, ingestedAt, ch.Op, ch.Table, string(r.ev.Payload), rowKey, old, lsn)
+	return err
+}
+
+// ensureMirrors readies the mirrors of the batch's Debezium sources, on
+// the writer's connection before the batch transaction (see
+// changeMirror.ensure).
+func (w *writer) ensureMirrors(ctx context.Context, b *batch) error {
+	for src, rows := range changeRows(b.rows) {
+		if err := src.mirror.ensure(ctx, w.conn, src, rows); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyMirrors applies the changes of the batch's Debezium sources to
+// their mirrors, in the batch transaction.
+func (w *writer) applyMirrors(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time) error {
+	for src, rows := range changeRows(b.rows) {
+		if err := src.mirror.applyChanges(ctx, tx, rows, ingestedAt); err != nil {
+			return classifyRowError(err, src)
+		}
+	}
+	return nil
+}
+
+// changeRows groups the rows of Debezium sources by source, in batch
+// order.
+func changeRows(rows []row) map[*source][]*row {
+	out := map[*source][]*row{}
+	for i := range rows {
+		if r := &rows[i]; r.src.mirror != nil {
+			out[r.src] = append(out[r.src], r)
+		}
+	}
+	return out
+}
+
+// insertCheckingChanges stores, for a batch checked row by row, each
+// change of a Debezium source under a savepoint: its change row when it
+// is among fresh, and its mirror change. It returns the fresh rows
+// stored and, as dead letters, the changes the warehouse refused.
+func (w *writer) insertCheckingChanges(ctx context.Context, tx pgx.Tx, b *batch, fresh []*row, ingestedAt time.Time) ([]*row, []deadLetter, error) {
+	isFresh := map[*row]bool{}
+	for _, r := range fresh {
+		isFresh[r] = true
+	}
+	var kept []*row
+	var rejected []deadLetter
+	for src, rows := range changeRows(b.rows) {
+		for _, r := range rows {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			if isFresh[r] {
+				err = insertChange(ctx, sp, r, ingestedAt)
+			}
+			if err == nil {
+				err = src.mirror.applyChanges(ctx, sp, []*row{r}, ingestedAt)
+			}
+			if err == nil {
+				if err := sp.Commit(ctx); err != nil {
+					return nil, nil, err
+				}
+				if isFresh[r] {
+					kept = append(kept, r)
+				}
+				continue
+			}
+			if rbErr := sp.Rollback(ctx); rbErr != nil {
+				return nil, nil, rbErr
+			}
+			if err := classifyRowError(err, src); !errors.Is(err, errBadRow) {
+				return nil, nil, err
+			}
+			rejected = append(rejected, deadLetter{src: src, rej: decode.Rejection{Reason: decode.ReasonRejectedByStore, Detail: err.Error()}, rec: r.rec})
+		}
+	}
+	return kept, rejected, nil
+}
+
+func quoteIdent(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
