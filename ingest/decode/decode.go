@@ -274,7 +274,7 @@ func (d *Decoder) fromRegistry(v []byte, s Schemas) ([]byte, *Rejection) {
 	case e == nil:
 		return nil, &Rejection{ReasonUnknownSchema, fmt.Sprintf("schema id %d was not resolved", id)}
 	case e.format != "" && e.format != d.valueFormat:
-		return nil, &Rejection{ReasonWrongFormat, fmt.Sprintf("schema id %d is a %s schema; the source's format is %s", id, e.format, d.valueFormat)}
+		return nil, &Rejection{ReasonWrongFormat, fmt.Sprintf("schema id %d names a schema of format %s; the source's format is %s", id, e.format, d.valueFormat)}
 	case e.rej != nil:
 		return nil, e.rej
 	}

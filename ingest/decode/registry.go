@@ -40,10 +40,14 @@ const (
 // never goes stale.
 const MaxCachedSchemas = 4096
 
-// unknownTTL is how long the registry's answer that a schema id does not
-// exist is kept: an id can be registered later (a registry restored from
-// a backup, or producers that ran ahead of a replicated registry).
+// unknownTTL is how long the registry's answer that a schema id, or a
+// schema's reference, does not exist is kept: either can be registered
+// later (a registry restored from a backup, or producers that ran ahead
+// of a replicated registry).
 const unknownTTL = time.Minute
+
+// cacheClock is the time the cache's expiries are measured in (tests move it).
+var cacheClock = time.Now
 
 // wireHeader is the length of the Confluent wire-format header: the magic
 // byte 0 and the schema id, 4 bytes big-endian.
@@ -163,7 +167,7 @@ func (g *Registry) cached(id int) *schemaEntry {
 		return nil
 	}
 	e := el.Value.(*schemaEntry)
-	if !e.expires.IsZero() && time.Now().After(e.expires) {
+	if !e.expires.IsZero() && cacheClock().After(e.expires) {
 		g.lru.Remove(el)
 		delete(g.byID, id)
 		return nil
@@ -215,7 +219,7 @@ func (g *Registry) fetch(ctx context.Context, id int) (*schemaEntry, error) {
 	if err != nil {
 		if registryCode(err) == codeSchemaNotFound {
 			e.rej = &Rejection{ReasonUnknownSchema, fmt.Sprintf("schema id %d does not exist in the registry", id)}
-			e.expires = time.Now().Add(unknownTTL)
+			e.expires = cacheClock().Add(unknownTTL)
 			return e, nil
 		}
 		return nil, unavailable(ctx, "schema id "+strconv.Itoa(id), err)
@@ -224,7 +228,10 @@ func (g *Registry) fetch(ctx context.Context, id int) (*schemaEntry, error) {
 	if bad, err := g.references(ctx, s.References, map[string]bool{}, &refs); err != nil {
 		return nil, err
 	} else if bad != "" {
+		// A reference registered later makes the schema good: ask again
+		// after a while, as for an unknown id.
 		e.rej = &Rejection{ReasonInvalidSchema, fmt.Sprintf("schema id %d: %s", id, bad)}
+		e.expires = cacheClock().Add(unknownTTL)
 		return e, nil
 	}
 	var compile func(string, []schemaRef) (codec, error)

@@ -64,7 +64,7 @@ func TestRegistryDecode(t *testing.T) {
 		{"json value", []byte(`{"id":"o-1"}`), decode.ReasonWrongFormat, "not in the Confluent wire format"},
 		{"short", []byte{0, 0, 1}, decode.ReasonWrongFormat, "not in the Confluent wire format"},
 		{"unknown id", withID(99), decode.ReasonUnknownSchema, "schema id 99 does not exist"},
-		{"protobuf schema", withID(protoID), decode.ReasonWrongFormat, "is a protobuf schema; the source's format is avro"},
+		{"protobuf schema", withID(protoID), decode.ReasonWrongFormat, "names a schema of format protobuf; the source's format is avro"},
 		{"invalid schema", withID(badID), decode.ReasonInvalidSchema, "schema id 3 (avro)"},
 		{"missing reference", withID(refID), decode.ReasonInvalidSchema, "the reference shop.Missing (subject missing, version 1) does not exist"},
 		{"truncated", good[:len(good)-1], decode.ReasonSchemaMismatch, "at /ts: truncated"},
@@ -145,5 +145,42 @@ func TestResolveUntil(t *testing.T) {
 	s, err := d.ResolveUntil(context.Background(), []*kgo.Record{a, b}, time.Now().Add(-time.Second))
 	if !errors.Is(err, decode.ErrResolveTime) || !s.Has(a) || s.Has(b) || g.Requests() != asked {
 		t.Errorf("ResolveUntil past its time: %v, has the cached schema %v, the other %v, %d requests", err, s.Has(a), s.Has(b), g.Requests()-asked)
+	}
+}
+
+// TestRegistryAsksAgain checks that the registry's answers that a schema
+// id, or a schema's reference, does not exist are asked again after a
+// minute, so a schema registered later loads without a restart, while the
+// schema is not asked for again before then.
+func TestRegistryAsksAgain(t *testing.T) {
+	g := srtest.New(t)
+	refID := g.Register("order-value", sr.Schema{Schema: `{"type":"record","name":"Order","namespace":"shop","fields":[
+		{"name":"id","type":"string"},{"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}},
+		{"name":"item","type":["null","shop.Item"],"default":null}]}`,
+		References: []sr.SchemaReference{{Name: "shop.Item", Subject: "item", Version: 1}}})
+	d := registryDecoder(t, g, config.FormatAvro)
+	enc := srtest.AvroEncoder(t, refID, orderSchema)
+	rec := &kgo.Record{Value: enc(map[string]any{"id": "o-1", "ts": regNow})}
+	rec.Value = append(rec.Value[:len(rec.Value):len(rec.Value)], 0) // item: null (union branch 0)
+	decodeOnce := func() *decode.Rejection {
+		t.Helper()
+		s, err := d.Resolve(context.Background(), []*kgo.Record{rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rej := d.DecodeWith(rec, regNow, s)
+		return rej
+	}
+	if rej := decodeOnce(); rej == nil || rej.Reason != decode.ReasonInvalidSchema {
+		t.Fatalf("with the reference missing: %+v, want invalid_schema", rej)
+	}
+	g.Register("item", sr.Schema{Schema: `{"type":"record","name":"Item","namespace":"shop","fields":[{"name":"sku","type":"string"}]}`})
+	asked := g.Requests()
+	if rej := decodeOnce(); rej == nil || rej.Reason != decode.ReasonInvalidSchema || g.Requests() != asked {
+		t.Fatalf("within the minute: %+v after %d requests, want the cached invalid_schema and none", rej, g.Requests()-asked)
+	}
+	decode.AdvanceCacheClock(t, time.Minute+time.Second)
+	if rej := decodeOnce(); rej != nil {
+		t.Fatalf("a minute later, with the reference registered: %+v", rej)
 	}
 }

@@ -65,9 +65,9 @@ func TestJSONSchemaSource(t *testing.T) {
 			decode.ReasonSchemaMismatch, `\u0000 is not allowed`},
 		{"plain JSON", []byte(`{"event_id":"b-6","event_time":"2026-10-05T10:00:00Z","qty":1}`), decode.ReasonWrongFormat, "not in the Confluent wire format"},
 		{"a Protobuf schema id", srtest.JSONSchemaEncoder(t, protoID)([]byte(`{"event_id":"b-7","event_time":"2026-10-05T10:00:00Z","qty":1}`)),
-			decode.ReasonWrongFormat, "is a protobuf schema"},
+			decode.ReasonWrongFormat, "names a schema of format protobuf"},
 		{"an Avro schema id", srtest.AvroEncoder(t, avroID, avroSchema)(map[string]any{"event_id": "b-8", "event_time": testNow, "v": int32(1)}),
-			decode.ReasonWrongFormat, "avro schema; the source's format is json_schema"},
+			decode.ReasonWrongFormat, "format avro; the source's format is json_schema"},
 	}
 	for i, c := range bad {
 		recs = append(recs, &kgo.Record{Topic: b.topic, Key: []byte(fmt.Sprint(i)), Value: c.value})

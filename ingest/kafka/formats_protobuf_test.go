@@ -453,8 +453,8 @@ func TestProtobufDeadLetters(t *testing.T) {
 	bad := []deadLetterCase{
 		{"plain JSON", []byte(`{"event_id":"j","event_time":"2026-10-05T10:00:00Z"}`), decode.ReasonWrongFormat, "not in the Confluent wire format"},
 		{"an Avro schema id", srtest.AvroEncoder(t, avroID, avroSchema)(map[string]any{"event_id": "a", "event_time": testNow, "v": int32(1)}),
-			decode.ReasonWrongFormat, "avro schema; the source's format is protobuf"},
-		{"a JSON Schema id", srtest.JSONSchemaEncoder(t, jsonID)([]byte(`{"event_id":"js"}`)), decode.ReasonWrongFormat, "json_schema schema"},
+			decode.ReasonWrongFormat, "format avro; the source's format is protobuf"},
+		{"a JSON Schema id", srtest.JSONSchemaEncoder(t, jsonID)([]byte(`{"event_id":"js"}`)), decode.ReasonWrongFormat, "format json_schema;"},
 		{"an unknown schema id", withID(good("u"), 4711), decode.ReasonUnknownSchema, "4711"},
 		{"an import that is no reference", withID(good("i"), missingImport), decode.ReasonInvalidSchema, "other.proto"},
 		{"a reference that does not exist", withID(good("r"), missingRef), decode.ReasonInvalidSchema, "nobody-registered-it"},
