@@ -337,10 +337,10 @@ func TestAvroRegistryOutage(t *testing.T) {
 }
 
 // TestAvroRegistryOutageUnderLoad produces a stream of records on four
-// partitions, with a new schema every 250 records, while the registry
-// goes down for a while in the middle and comes back. Loading is delayed,
-// never wrong: every record is stored once, no dead letter, every offset
-// stored.
+// partitions for about 35 s, with a new schema every 250 records, while
+// the registry is down for 30 s in the middle (3 s with -short) and comes
+// back. Loading is delayed, never wrong: every record is stored once, no
+// dead letter, every offset stored.
 func TestAvroRegistryOutageUnderLoad(t *testing.T) {
 	g := srtest.New(t)
 	b := avroBundle(t, 4, g)
@@ -360,13 +360,23 @@ func TestAvroRegistryOutageUnderLoad(t *testing.T) {
 			Value: enc(map[string]any{"event_id": fmt.Sprintf("e-%d", i), "event_time": ts, "v": int32(i)})})
 	}
 	p := &produced{end: map[int32]int64{}}
-	done := b.produceStream(p, recs, 100, 5*time.Millisecond)
+	outage, pace := 30*time.Second, 350*time.Millisecond
+	if testing.Short() {
+		outage, pace = 3*time.Second, 35*time.Millisecond
+	}
+	done := b.produceStream(p, recs, 40, pace) // 100 chunks: the outage is inside the stream
 	b.waitProgress(t, 500, time.Minute)
 	g.Fail(http.StatusServiceUnavailable, "")
+	down := time.Now()
 	waitfor.Until(t, "attempts at the registry fail", func() bool {
 		return counterSum(t, r, "tidemark_schema_registry_errors_total") >= 8
 	})
+	// The outage's length is what is tested here, not a wait for a state.
+	time.Sleep(time.Until(down.Add(outage)))
 	during := b.storedTotal(t)
+	if err := r.in.RegistryError(); err == nil {
+		t.Errorf("no registry error reported after %s of outage", outage)
+	}
 	g.Heal()
 	if err := <-done; err != nil {
 		t.Fatal(err)
