@@ -12,11 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
@@ -99,32 +101,42 @@ func TestDebeziumStream(t *testing.T) {
 		// that both copies meet in its batches.
 		twice     bool
 		flattened bool
+		// avro writes the records as the AvroConverter does, through
+		// the in-test registry.
+		avro bool
 	}{
-		{debeziumtest.PostgreSQL, true, 5000, false, false},
-		{debeziumtest.PostgreSQL, true, 7, false, false},
-		{debeziumtest.PostgreSQL, true, 5000, true, false},
-		{debeziumtest.PostgreSQL, false, 5000, false, false},
-		{debeziumtest.PostgreSQL, true, 13, false, true},
-		{debeziumtest.MySQL, true, 5000, false, false},
-		{debeziumtest.MySQL, false, 11, false, false},
-		{debeziumtest.MySQL, true, 50, true, false},
-		{debeziumtest.MySQL, false, 5000, false, true},
+		{debeziumtest.PostgreSQL, true, 5000, false, false, false},
+		{debeziumtest.PostgreSQL, true, 7, false, false, false},
+		{debeziumtest.PostgreSQL, true, 5000, true, false, false},
+		{debeziumtest.PostgreSQL, false, 5000, false, false, false},
+		{debeziumtest.PostgreSQL, true, 13, false, true, false},
+		{debeziumtest.MySQL, true, 5000, false, false, false},
+		{debeziumtest.MySQL, false, 11, false, false, false},
+		{debeziumtest.MySQL, true, 50, true, false, false},
+		{debeziumtest.MySQL, false, 5000, false, true, false},
+		{debeziumtest.PostgreSQL, true, 5000, true, false, true},
+		{debeziumtest.PostgreSQL, true, 7, false, false, true},
+		{debeziumtest.MySQL, true, 50, true, false, true},
 	}
 	for i, tt := range tests {
-		t.Run(fmt.Sprintf("%s/schemas=%v/batch=%d/twice=%v/flattened=%v", tt.connector, tt.schemas, tt.batchRows, tt.twice, tt.flattened), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/schemas=%v/batch=%d/twice=%v/flattened=%v/avro=%v", tt.connector, tt.schemas, tt.batchRows, tt.twice, tt.flattened, tt.avro), func(t *testing.T) {
 			b := setup(t, 2)
 			if !tt.schemas {
 				createMirror(t, b.pool)
 			}
 			s := debeziumtest.New(tt.connector, tt.schemas, b.topic, 2, testNow.Add(-48*time.Hour))
 			s.Flattened = tt.flattened
+			var extra []string
+			if tt.avro {
+				extra = append(extra, avroDebezium(t, s))
+			}
 			debeziumtest.RandomInto(s, uint64(10+i), 40, 80)
 			p := &produced{end: map[int32]int64{}}
 			b.produce(t, p, s.Records)
 			if tt.twice {
 				b.produce(t, p, s.Again())
 			}
-			r := b.startDebezium(t, tt.batchRows)
+			r := b.startDebezium(t, tt.batchRows, extra...)
 			b.waitStored(t, p.end, time.Minute)
 			debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
 			debeziumtest.AssertChanges(t, b.pool, "customers", s)
@@ -141,6 +153,21 @@ func TestDebeziumStream(t *testing.T) {
 			ingesttest.AssertLedger(t, b.pool, "customers")
 		})
 	}
+}
+
+// avroDebezium makes s write its records as the AvroConverter does, with
+// the schemas of its connector registered in a new in-test registry, and
+// returns the configuration of the registry.
+func avroDebezium(t *testing.T, s *debeziumtest.Stream) string {
+	t.Helper()
+	g := srtest.New(t)
+	key, value := debeziumtest.AvroSchemas(s.Connector)
+	kid := g.Register(s.Topic+"-key", sr.Schema{Schema: key, Type: sr.TypeAvro})
+	vid := g.Register(s.Topic+"-value", sr.Schema{Schema: value, Type: sr.TypeAvro})
+	s.Avro = debeziumtest.NewAvroEncoders(s.Connector, kid, vid, func(id int, schema string, example any) func(any) []byte {
+		return srtest.AvroEncoderOf(t, id, schema, example)
+	})
+	return fmt.Sprintf("schema_registry: {url: %q, timeout: 300ms}", g.URL())
 }
 
 // TestDebeziumBadRecords: records that are no change tidemark can apply are
