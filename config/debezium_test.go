@@ -25,6 +25,9 @@ func TestDebeziumSource(t *testing.T) {
 		want []wantErr
 	}{
 		{"valid", dbzBase(), nil},
+		{"valid with a registry, for the AvroConverter", dbzBase("schema_registry: {url: http://registry:8081}"), nil},
+		{"registry timeout against the rebalance", dbzBase("schema_registry: {url: http://registry:8081, timeout: 30s}"),
+			[]wantErr{{8, "schema_registry.timeout", "must be less than half of kafka.rebalance_timeout"}}},
 		{"event pointers refused", dbzBase("    event_id: /id", "    event_time: /ts"), []wantErr{
 			{8, "sources.customers.event_id", "does not apply to format: debezium"},
 			{9, "sources.customers.event_time", "does not apply to format: debezium"}}},

@@ -11,8 +11,8 @@ import (
 // values are loaded as they are; Avro, Protobuf and JSON Schema values are
 // in the Confluent wire format, their schemas in the schema registry
 // (SchemaRegistry); Debezium values are change events (the JSON
-// converter, with or without schemas.enable), kept in a mirror and
-// stored as raw change rows.
+// converter, with or without schemas.enable, or the AvroConverter through
+// the schema registry), kept in a mirror and stored as raw change rows.
 const (
 	FormatJSON       = "json"
 	FormatAvro       = "avro"
@@ -133,7 +133,9 @@ func (c *Config) validateRegistry(ix *index, needed string) {
 }
 
 // validateFormat checks the format of source name; it returns whether
-// the format needs the schema registry.
+// the source reads the schema registry: a registry format does, and a
+// Debezium source does when the registry is configured (for the records
+// of the AvroConverter).
 func (c *Config) validateFormat(ix *index, name string, s *Source) bool {
 	if s.Kafka == nil {
 		if s.Format != "" {
@@ -141,5 +143,5 @@ func (c *Config) validateFormat(ix *index, name string, s *Source) bool {
 		}
 		return false
 	}
-	return c.check(ix, "sources.<name>.format", name) && UsesRegistry(s.Format)
+	return c.check(ix, "sources.<name>.format", name) && (UsesRegistry(s.Format) || s.Format == FormatDebezium && c.SchemaRegistry.URL != "")
 }

@@ -10,18 +10,21 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestDebeziumCrashSafety is acceptance item 2 of the Debezium source:
 // `tidemark run` loading a Debezium stream (PostgreSQL's connector with
-// schemas and unavailable TOAST values, MySQL's without schemas; snapshot
-// reads, deletes with tombstones, a truncate) is SIGKILLed at random moments and
+// schemas and unavailable TOAST values, over the JSON converter and over
+// the AvroConverter through the schema registry, MySQL's without schemas;
+// snapshot reads, deletes with tombstones, a truncate) is SIGKILLed at random moments and
 // restarted; then the whole stream is produced again at new offsets, as a
 // restarted connector sends it. Afterwards the mirror is the expected
 // table and every change has exactly one raw change row.
@@ -29,17 +32,18 @@ func TestDebeziumCrashSafety(t *testing.T) {
 	for _, tt := range []struct {
 		connector string
 		schemas   bool
-	}{{debeziumtest.PostgreSQL, true}, {debeziumtest.MySQL, false}} {
-		t.Run(fmt.Sprintf("%s/schemas=%v", tt.connector, tt.schemas), func(t *testing.T) {
-			debeziumCrash(t, tt.connector, tt.schemas)
+		avro      bool
+	}{{debeziumtest.PostgreSQL, true, false}, {debeziumtest.MySQL, false, false}, {debeziumtest.PostgreSQL, true, true}} {
+		t.Run(fmt.Sprintf("%s/schemas=%v/avro=%v", tt.connector, tt.schemas, tt.avro), func(t *testing.T) {
+			debeziumCrash(t, tt.connector, tt.schemas, tt.avro)
 		})
 	}
 }
 
 // debeziumCrash runs TestDebeziumCrashSafety for a stream of connector,
 // with or without schemas (then the mirror is created first, as a user
-// would).
-func debeziumCrash(t *testing.T, connector string, schemas bool) {
+// would), over the JSON converter or the AvroConverter (avro).
+func debeziumCrash(t *testing.T, connector string, schemas, avro bool) {
 	kills := 6
 	if testing.Short() {
 		kills = 4
@@ -52,6 +56,20 @@ func debeziumCrash(t *testing.T, connector string, schemas bool) {
 			t.Fatal(err)
 		}
 	}
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	s := debeziumtest.New(connector, schemas, topic, 2, now.Add(-24*time.Hour))
+	registry := ""
+	if avro {
+		g := srtest.New(t)
+		key, value := debeziumtest.AvroSchemas(connector)
+		kid := g.Register(topic+"-key", sr.Schema{Schema: key})
+		vid := g.Register(topic+"-value", sr.Schema{Schema: value})
+		s.Avro = debeziumtest.NewAvroEncoders(connector, kid, vid, func(id int, schema string, example any) func(any) []byte {
+			return srtest.AvroEncoderOf(t, id, schema, example)
+		})
+		registry = fmt.Sprintf("schema_registry: {url: %q, timeout: 300ms}\n", g.URL())
+	}
+	debeziumtest.RandomInto(s, 42, 300, 3000)
 	kc := kafkatest.NewCluster(t, 2, topic)
 	kafkatest.ExpireSilentMembers(t, kc)
 	cfgPath := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
@@ -69,10 +87,8 @@ sources:
     kafka: {topics: [%s]}
     format: debezium
     mirror: {table: dw.customers}
-`, dsn, kc.ListenAddrs()[0], group, topic))
+%s`, dsn, kc.ListenAddrs()[0], group, topic, registry))
 
-	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
-	s := debeziumtest.Random(connector, schemas, topic, 2, now.Add(-24*time.Hour), 42, 300, 3000)
 	records := append(s.Records, s.Again()...)
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	var mu sync.Mutex

@@ -64,8 +64,12 @@ type avroField struct {
 }
 
 // avroCodec decodes the Avro binary encoding of one schema (the writer's
-// schema: the one the record's id names) into JSON.
-type avroCodec struct{ root *avroNode }
+// schema: the one the record's id names) into JSON. connect is the
+// Connect schema its annotations describe, for Debezium change events.
+type avroCodec struct {
+	root    *avroNode
+	connect *connectSchema
+}
 
 // compileAvro parses an Avro schema, given the schemas it references
 // (named types, dependencies first), into its codec.
@@ -85,7 +89,7 @@ func compileAvro(schema string, refs []schemaRef) (codec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &avroCodec{root: root}, nil
+	return &avroCodec{root: root, connect: connectOfAvro(s)}, nil
 }
 
 type avroBuilder struct{ named map[string]*avroNode }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
 )
 
@@ -92,36 +93,97 @@ func (d *Decoder) SetMirrorKey(cols []string) {
 	}
 }
 
-// decodeDebezium decodes a record of a Debezium topic.
-func (d *Decoder) decodeDebezium(r *kgo.Record) (Event, *Rejection) {
+// decodeDebezium decodes a record of a Debezium topic: its value and key
+// are JSON (the JSON converter), or in the Confluent wire format (the
+// AvroConverter, read through the registry with the schemas in s).
+func (d *Decoder) decodeDebezium(r *kgo.Record, s Schemas) (Event, *Rejection) {
 	if len(bytes.TrimSpace(r.Value)) == 0 || string(bytes.TrimSpace(r.Value)) == "null" {
 		return Event{Skip: SkipTombstone}, nil
 	}
-	if err := pgjson.Scan(r.Value, nil, nil); err != nil {
-		return Event{}, &Rejection{ReasonInvalidJSON, err.Error()}
+	value, rej := d.changeDoc(r.Value, s, "")
+	if rej != nil {
+		return Event{}, rej
 	}
-	var key []byte
+	var key *changeDoc
 	if len(bytes.TrimSpace(r.Key)) > 0 {
-		if err := pgjson.Scan(r.Key, nil, nil); err != nil {
-			return Event{}, &Rejection{ReasonInvalidJSON, "record key: " + err.Error()}
+		k, rej := d.changeDoc(r.Key, s, "record key: ")
+		if rej != nil {
+			return Event{}, rej
 		}
-		key = r.Key
+		key = &k
 	}
-	return d.DecodeChange(r.Topic, key, r.Value)
+	return d.decodeChange(r.Topic, key, value)
+}
+
+// changeDoc reads a record's value or key (what says which in a
+// rejection's detail) as a document of a change event.
+func (d *Decoder) changeDoc(v []byte, s Schemas, what string) (changeDoc, *Rejection) {
+	id, payload, ok := wireID(v)
+	if len(v) > 0 && v[0] == 0 && !ok {
+		return changeDoc{}, &Rejection{ReasonWrongFormat, what + "a value that begins with the byte 0 is neither JSON nor in the Confluent wire format: " + hexPrefix(v, wireHeader)}
+	}
+	if !ok {
+		if err := pgjson.Scan(v, nil, nil); err != nil {
+			return changeDoc{}, &Rejection{ReasonInvalidJSON, what + err.Error()}
+		}
+		return changeDoc{doc: v}, nil
+	}
+	if d.reg == nil {
+		return changeDoc{}, &Rejection{ReasonWrongFormat, fmt.Sprintf("%sin the Confluent wire format (schema id %d), as the AvroConverter writes it: reading it needs schema_registry configured", what, id)}
+	}
+	e, rej := d.entry(id, s, config.FormatAvro, "a Debezium source reads the JSON converter, or Avro through the schema registry")
+	if rej != nil {
+		return changeDoc{}, &Rejection{rej.Reason, what + rej.Detail}
+	}
+	js, err := e.codec.toJSON(payload)
+	if err != nil {
+		return changeDoc{}, &Rejection{ReasonSchemaMismatch, fmt.Sprintf("%sschema id %d: %v", what, id, err)}
+	}
+	var cs *connectSchema
+	if ac, ok := e.codec.(*avroCodec); ok {
+		cs = ac.connect
+	}
+	return changeDoc{doc: js, schema: cs, decoded: true}, nil
+}
+
+// changeDoc is a record value or key of a change event: JSON as the
+// JSON converter wrote it (with schemas.enable, {"schema": ..., "payload":
+// ...}), or a document that a registry format decoded, with the Connect
+// schema its schema describes.
+type changeDoc struct {
+	doc     json.RawMessage
+	schema  *connectSchema
+	decoded bool
+}
+
+// unwrap returns the document's payload and its Connect schema.
+func (c *changeDoc) unwrap() (json.RawMessage, *connectSchema, error) {
+	if c.decoded {
+		return c.doc, c.schema, nil
+	}
+	return unwrap(c.doc)
 }
 
 // DecodeChange decodes a Debezium change event given as JSON documents:
 // key is the record key (nil for none), value the record value, each as
-// the JSON converter writes it, with or without schemas.enable. A format
-// that decodes its records to JSON first (Avro through the Schema
-// Registry) hands its documents here, wrapped as {"schema": ..., "payload":
-// ...} with a Connect schema of the fields' logical types (Debezium's
-// Avro schemas carry them as connect.name and connect.parameters) when
-// some are left to decode; values it decoded already (text for a date or
-// time, a number for a decimal) are kept. topic names the table when the
-// event does not.
+// the JSON converter writes it, with or without schemas.enable. topic
+// names the table when the event does not. (Records of the AvroConverter
+// are decoded by DecodeWith: their documents come with the Connect schema
+// of their Avro schema's connect.* annotations, and values the Avro
+// decoding mapped already, text for a date, a number for a decimal, are
+// kept.)
 func (d *Decoder) DecodeChange(topic string, key, value []byte) (Event, *Rejection) {
-	doc, schema, err := unwrap(value)
+	var k *changeDoc
+	if key != nil {
+		k = &changeDoc{doc: key}
+	}
+	return d.decodeChange(topic, k, changeDoc{doc: value})
+}
+
+// decodeChange decodes a change event of record key key (nil for none)
+// and value value.
+func (d *Decoder) decodeChange(topic string, key *changeDoc, value changeDoc) (Event, *Rejection) {
+	doc, schema, err := value.unwrap()
 	if err != nil {
 		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
 	}
@@ -300,7 +362,7 @@ func snapshotFlag(raw json.RawMessage) bool {
 }
 
 // change builds the event of a decoded envelope.
-func (d *Decoder) change(topic string, key []byte, e *envelope) (Event, *Rejection) {
+func (d *Decoder) change(topic string, key *changeDoc, e *envelope) (Event, *Rejection) {
 	c := &Change{Snapshot: e.snapshot, Table: tableName(e.source, topic)}
 	var err error
 	if c.Position, c.LSN, err = position(e.source, e.snapshot); err != nil {
@@ -323,11 +385,11 @@ func (d *Decoder) change(topic string, key []byte, e *envelope) (Event, *Rejecti
 }
 
 // rowChange fills the key and rows of a row change.
-func (d *Decoder) rowChange(c *Change, key []byte, e *envelope) *Rejection {
+func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope) *Rejection {
 	if key == nil {
 		return &Rejection{ReasonMissingKey, "a row change without a record key (a table without a primary key needs message.key.columns)"}
 	}
-	kdoc, kschema, err := unwrap(key)
+	kdoc, kschema, err := key.unwrap()
 	if err != nil {
 		return &Rejection{ReasonMissingKey, "record key: " + err.Error()}
 	}

@@ -98,7 +98,9 @@ func NewRegistryDecoder(src *config.Source, reg *Registry) (*Decoder, error) {
 	if err != nil {
 		return nil, err
 	}
-	if config.UsesRegistry(src.Format) {
+	if config.UsesRegistry(src.Format) || src.Debezium() {
+		// A Debezium source reads the values (and keys) that are in the
+		// wire format through the registry when there is one.
 		d.valueFormat, d.reg = src.Format, reg
 	}
 	return d, nil
@@ -134,9 +136,22 @@ func newDecoder(src *config.Source) (*Decoder, error) {
 	return d, nil
 }
 
-// UsesRegistry reports whether the decoder's records carry a schema id
+// UsesRegistry reports whether the decoder's records may carry a schema id
 // of the registry: Resolve must then precede DecodeWith.
 func (d *Decoder) UsesRegistry() bool { return d.reg != nil }
+
+// Resolved reports whether r can be decoded with s (see Schemas.Has); a
+// Debezium decoder needs its key's schema too.
+func (d *Decoder) Resolved(s Schemas, r *kgo.Record) bool {
+	if !s.Has(r) {
+		return false
+	}
+	if d.dbz == nil {
+		return true
+	}
+	id, _, ok := wireID(r.Key)
+	return !ok || s[id] != nil
+}
 
 // Resolve gets the schemas of recs from the registry (or its cache), in
 // record order, each request bounded by schema_registry.timeout. It
@@ -162,24 +177,40 @@ func (d *Decoder) ResolveUntil(ctx context.Context, recs []*kgo.Record, until ti
 	}
 	s := Schemas{}
 	for _, r := range recs {
-		id, _, ok := wireID(r.Value)
-		if !ok || s[id] != nil {
-			continue
-		}
-		if e := d.reg.cached(id); e != nil {
-			s[id] = e
-			continue
-		}
-		if !until.IsZero() && !time.Now().Before(until) {
-			return s, ErrResolveTime
-		}
-		e, err := d.reg.schema(ctx, id)
-		if err != nil {
+		if err := d.resolveOne(ctx, s, r.Value, until); err != nil {
 			return s, err
 		}
-		s[id] = e
+		if d.dbz == nil {
+			continue
+		}
+		// A Debezium record's key is in the converter's format too.
+		if err := d.resolveOne(ctx, s, r.Key, until); err != nil {
+			return s, err
+		}
 	}
 	return s, nil
+}
+
+// resolveOne adds to s the schema of v, a key or value, when v is in the
+// wire format.
+func (d *Decoder) resolveOne(ctx context.Context, s Schemas, v []byte, until time.Time) error {
+	id, _, ok := wireID(v)
+	if !ok || s[id] != nil {
+		return nil
+	}
+	if e := d.reg.cached(id); e != nil {
+		s[id] = e
+		return nil
+	}
+	if !until.IsZero() && !time.Now().Before(until) {
+		return ErrResolveTime
+	}
+	e, err := d.reg.schema(ctx, id)
+	if err != nil {
+		return err
+	}
+	s[id] = e
+	return nil
 }
 
 // Decode extracts the event from r, or says why it cannot be loaded. now is
@@ -194,7 +225,7 @@ func (d *Decoder) Decode(r *kgo.Record, now time.Time) (Event, *Rejection) {
 func (d *Decoder) DecodeWith(r *kgo.Record, now time.Time, s Schemas) (Event, *Rejection) {
 	if d.dbz != nil {
 		// A change's event time is its commit time, however old.
-		return d.decodeDebezium(r)
+		return d.decodeDebezium(r, s)
 	}
 	value := r.Value
 	if d.reg != nil {
@@ -266,6 +297,20 @@ func (d *Decoder) fromRegistry(v []byte, s Schemas) ([]byte, *Rejection) {
 		return nil, &Rejection{ReasonWrongFormat, fmt.Sprintf("the value is not in the Confluent wire format (magic byte 0, then a 4-byte schema id): it begins %s",
 			hexPrefix(v, wireHeader))}
 	}
+	e, rej := d.entry(id, s, d.valueFormat, "the source's format is "+d.valueFormat)
+	if rej != nil {
+		return nil, rej
+	}
+	js, err := e.codec.toJSON(payload)
+	if err != nil {
+		return nil, &Rejection{ReasonSchemaMismatch, fmt.Sprintf("schema id %d: %v", id, err)}
+	}
+	return js, nil
+}
+
+// entry is the schema of id, from s or the cache, when it is of format
+// want; else why its record is a dead letter (want says why not).
+func (d *Decoder) entry(id int, s Schemas, format, want string) (*schemaEntry, *Rejection) {
 	e := s[id]
 	if e == nil {
 		e = d.reg.cached(id)
@@ -273,16 +318,12 @@ func (d *Decoder) fromRegistry(v []byte, s Schemas) ([]byte, *Rejection) {
 	switch {
 	case e == nil:
 		return nil, &Rejection{ReasonUnknownSchema, fmt.Sprintf("schema id %d was not resolved", id)}
-	case e.format != "" && e.format != d.valueFormat:
-		return nil, &Rejection{ReasonWrongFormat, fmt.Sprintf("schema id %d names a schema of format %s; the source's format is %s", id, e.format, d.valueFormat)}
+	case e.format != "" && e.format != format:
+		return nil, &Rejection{ReasonWrongFormat, fmt.Sprintf("schema id %d names a schema of format %s; %s", id, e.format, want)}
 	case e.rej != nil:
 		return nil, e.rej
 	}
-	js, err := e.codec.toJSON(payload)
-	if err != nil {
-		return nil, &Rejection{ReasonSchemaMismatch, fmt.Sprintf("schema id %d: %v", id, err)}
-	}
-	return js, nil
+	return e, nil
 }
 
 // hexPrefix shows the first n bytes of b in hexadecimal.

@@ -15,12 +15,14 @@
 //
 // A Debezium source's records are change events (debezium.go): the
 // envelope or ExtractNewRecordState's row, as the JSON converter writes
-// them with or without schemas.enable. Each becomes an Event with a
-// Change: the op, the row with its Connect logical types decoded (by the
-// schema, when sent), the values Debezium did not have left out, the key,
-// and a source position (position.go) that orders the changes of a
-// PostgreSQL or MySQL database; the event id derives from the position and
-// the event time is the commit time. DecodeChange takes the key and value
-// as JSON documents, so a format that decodes records to JSON first can
-// hand them on. Tombstones are skipped (Event.Skip).
+// them with or without schemas.enable, or as the AvroConverter does: a
+// key or value in the wire format is resolved and decoded as an Avro
+// value is, and read with the Connect schema that its Avro schema's
+// connect.* annotations describe (connect_avro.go). Each becomes an
+// Event with a Change: the op, the row with its Connect logical types
+// decoded (by the schema, when sent), the values Debezium did not have
+// left out, the key, and a source position (position.go) that orders
+// the changes of a PostgreSQL or MySQL database; the event id derives
+// from the position and the event time is the commit time. DecodeChange takes the key and value
+// as JSON documents. Tombstones are skipped (Event.Skip).
 package decode

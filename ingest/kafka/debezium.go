@@ -194,7 +194,7 @@ func (m *changeMirror) ensure(ctx context.Context, conn *pgx.Conn, src *source, 
 			return m.ensure(ctx, conn, src, rows)
 		}
 		if declared == nil {
-			return fmt.Errorf("%w: %s, and the change events carry no schema (the JSON converter's schemas.enable is off); "+
+			return fmt.Errorf("%w: %s, and the change events carry no schema (the JSON converter without schemas.enable); "+
 				"create it with the source table's columns and primary key (sources.%s.mirror.table)", errNoMirror, m.target.Sanitize(), m.source)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -11,12 +12,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
 )
@@ -99,32 +103,43 @@ func TestDebeziumStream(t *testing.T) {
 		// that both copies meet in its batches.
 		twice     bool
 		flattened bool
+		// avro writes the records as the AvroConverter does, through
+		// the in-test registry.
+		avro bool
 	}{
-		{debeziumtest.PostgreSQL, true, 5000, false, false},
-		{debeziumtest.PostgreSQL, true, 7, false, false},
-		{debeziumtest.PostgreSQL, true, 5000, true, false},
-		{debeziumtest.PostgreSQL, false, 5000, false, false},
-		{debeziumtest.PostgreSQL, true, 13, false, true},
-		{debeziumtest.MySQL, true, 5000, false, false},
-		{debeziumtest.MySQL, false, 11, false, false},
-		{debeziumtest.MySQL, true, 50, true, false},
-		{debeziumtest.MySQL, false, 5000, false, true},
+		{debeziumtest.PostgreSQL, true, 5000, false, false, false},
+		{debeziumtest.PostgreSQL, true, 7, false, false, false},
+		{debeziumtest.PostgreSQL, true, 5000, true, false, false},
+		{debeziumtest.PostgreSQL, false, 5000, false, false, false},
+		{debeziumtest.PostgreSQL, true, 13, false, true, false},
+		{debeziumtest.MySQL, true, 5000, false, false, false},
+		{debeziumtest.MySQL, false, 11, false, false, false},
+		{debeziumtest.MySQL, true, 50, true, false, false},
+		{debeziumtest.MySQL, false, 5000, false, true, false},
+		{debeziumtest.PostgreSQL, true, 5000, true, false, true},
+		{debeziumtest.PostgreSQL, true, 7, false, false, true},
+		{debeziumtest.MySQL, true, 50, true, false, true},
 	}
 	for i, tt := range tests {
-		t.Run(fmt.Sprintf("%s/schemas=%v/batch=%d/twice=%v/flattened=%v", tt.connector, tt.schemas, tt.batchRows, tt.twice, tt.flattened), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/schemas=%v/batch=%d/twice=%v/flattened=%v/avro=%v", tt.connector, tt.schemas, tt.batchRows, tt.twice, tt.flattened, tt.avro), func(t *testing.T) {
 			b := setup(t, 2)
 			if !tt.schemas {
 				createMirror(t, b.pool)
 			}
 			s := debeziumtest.New(tt.connector, tt.schemas, b.topic, 2, testNow.Add(-48*time.Hour))
 			s.Flattened = tt.flattened
+			var extra []string
+			if tt.avro {
+				_, registry := avroDebezium(t, s)
+				extra = append(extra, registry)
+			}
 			debeziumtest.RandomInto(s, uint64(10+i), 40, 80)
 			p := &produced{end: map[int32]int64{}}
 			b.produce(t, p, s.Records)
 			if tt.twice {
 				b.produce(t, p, s.Again())
 			}
-			r := b.startDebezium(t, tt.batchRows)
+			r := b.startDebezium(t, tt.batchRows, extra...)
 			b.waitStored(t, p.end, time.Minute)
 			debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
 			debeziumtest.AssertChanges(t, b.pool, "customers", s)
@@ -141,6 +156,21 @@ func TestDebeziumStream(t *testing.T) {
 			ingesttest.AssertLedger(t, b.pool, "customers")
 		})
 	}
+}
+
+// avroDebezium makes s write its records as the AvroConverter does, with
+// the schemas of its connector registered in a new in-test registry, and
+// returns the registry and its configuration.
+func avroDebezium(t *testing.T, s *debeziumtest.Stream) (*srtest.Registry, string) {
+	t.Helper()
+	g := srtest.New(t)
+	key, value := debeziumtest.AvroSchemas(s.Connector)
+	kid := g.Register(s.Topic+"-key", sr.Schema{Schema: key, Type: sr.TypeAvro})
+	vid := g.Register(s.Topic+"-value", sr.Schema{Schema: value, Type: sr.TypeAvro})
+	s.Avro = debeziumtest.NewAvroEncoders(s.Connector, kid, vid, func(id int, schema string, example any) func(any) []byte {
+		return srtest.AvroEncoderOf(t, id, schema, example)
+	})
+	return g, fmt.Sprintf("schema_registry: {url: %q, timeout: 300ms}", g.URL())
 }
 
 // TestDebeziumBadRecords: records that are no change tidemark can apply are
@@ -292,4 +322,71 @@ func TestDebeziumMirrorWithoutKey(t *testing.T) {
 		err := r.in.LastError()
 		return err != nil && strings.Contains(err.Error(), "sources.customers.mirror.table") && strings.Contains(err.Error(), "no primary key")
 	})
+}
+
+// TestDebeziumAvroRegistryOutage: while the registry is down, no change of
+// an AvroConverter stream is loaded nor dead-lettered and the ingester
+// says why; once it is back, the stream loads as if it had never been
+// down.
+func TestDebeziumAvroRegistryOutage(t *testing.T) {
+	b := setup(t, 2)
+	s := debeziumtest.New(debeziumtest.PostgreSQL, true, b.topic, 2, testNow.Add(-24*time.Hour))
+	g, registry := avroDebezium(t, s)
+	debeziumtest.RandomInto(s, 91, 30, 40)
+	g.Fail(http.StatusServiceUnavailable, "")
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, s.Records)
+	opts := kafka.Options{Now: b.clock.Now, Registerer: prometheus.NewRegistry()}
+	kafka.SetRegistryRetry(&opts, 20*time.Millisecond, 200*time.Millisecond)
+	in, err := kafka.New(b.debeziumConfig(t, 100, registry), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := b.run(t, in)
+	r.reg = opts.Registerer.(*prometheus.Registry)
+	waitfor.Until(t, "attempts at the registry fail", func() bool {
+		return counterSum(t, r, "tidemark_schema_registry_errors_total") >= 5 && r.in.RegistryError() != nil
+	})
+	for _, q := range []string{`SELECT count(*) FROM tidemark.dead_letters`, `SELECT coalesce(sum(rows_written), 0)::bigint FROM tidemark.kafka_offsets`} {
+		if n := ingesttest.Scalar(t, b.pool, q); n != 0 {
+			t.Errorf("%s = %d while the registry is down, want 0", q, n)
+		}
+	}
+	g.Heal()
+	b.waitStored(t, p.end, time.Minute)
+	r.stop(t)
+	debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
+	debeziumtest.AssertChanges(t, b.pool, "customers", s)
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM tidemark.dead_letters`); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+	if r.in.RegistryError() != nil {
+		t.Errorf("registry error after it came back: %v", r.in.RegistryError())
+	}
+}
+
+// TestDebeziumAvroWithoutRegistry: an AvroConverter's change on a source
+// without schema_registry is a wrong_format dead letter that names the key
+// to set.
+func TestDebeziumAvroWithoutRegistry(t *testing.T) {
+	b := setup(t, 1)
+	createMirror(t, b.pool)
+	s := debeziumtest.New(debeziumtest.PostgreSQL, true, b.topic, 1, testNow)
+	avroDebezium(t, s)
+	s.Insert(1, debeziumtest.Values{Name: "a", Bio: "b", Balance: 100})
+	s.Commit()
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, s.Records)
+	b.startDebezium(t, 100)
+	b.waitStored(t, p.end, time.Minute)
+	var reason, detail string
+	if err := b.pool.QueryRow(context.Background(), `SELECT reason, detail FROM tidemark.dead_letters WHERE source = 'customers'`).Scan(&reason, &detail); err != nil {
+		t.Fatal(err)
+	}
+	if reason != "wrong_format" || !strings.Contains(detail, "schema_registry") {
+		t.Errorf("dead letter %s: %s; want wrong_format naming schema_registry", reason, detail)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM raw.customers`); n != 0 {
+		t.Errorf("%d change rows, want 0", n)
+	}
 }

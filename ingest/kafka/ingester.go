@@ -122,10 +122,11 @@ type Ingester struct {
 }
 
 // newRegistry returns the schema registry client when a Kafka source of
-// cfg needs one, nil otherwise.
+// cfg needs one (a Debezium source reads the AvroConverter's records
+// through it when it is configured), nil otherwise.
 func newRegistry(cfg *config.Config) (*decode.Registry, error) {
 	for _, sc := range cfg.Sources {
-		if sc.Kafka != nil && config.UsesRegistry(sc.Format) {
+		if sc.Kafka != nil && config.UsesRegistry(sc.Format) || sc.Debezium() && cfg.SchemaRegistry.URL != "" {
 			return decode.NewRegistry(cfg.SchemaRegistry)
 		}
 	}

@@ -141,7 +141,7 @@ func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition,
 	}
 	first := len(recs)
 	for i, r := range recs {
-		if !s.Has(r) {
+		if !src.dec.Resolved(s, r) {
 			first = i
 			break
 		}

@@ -1,8 +1,9 @@
 // Package debeziumtest builds streams of Debezium change events as the
 // PostgreSQL and MySQL connectors write them to Kafka (the JSON converter,
-// with or without schemas.enable), following the envelopes of Debezium's
-// documentation, together with the mirror they must leave: the table
-// customers (id, name, bio, balance, and born with schemas), keyed by id.
+// with or without schemas.enable, or the AvroConverter), following the
+// envelopes of Debezium's documentation, together with the mirror they
+// must leave: the table customers (id, name, bio, balance, and born with
+// schemas), keyed by id.
 package debeziumtest
 
 import (
@@ -41,8 +42,11 @@ type Stream struct {
 	// and source.ts_ms) instead of envelopes; a truncate stays an
 	// envelope.
 	Flattened bool
-	Topic     string
-	Parts     int32
+	// Avro, when set, writes the keys and values as the AvroConverter
+	// does (envelopes only); Schemas must be set too.
+	Avro  *AvroEncoders
+	Topic string
+	Parts int32
 	// Records are the Kafka records in the order the connector sends
 	// them, each with its partition set (the key's id modulo Parts; a
 	// truncate goes to partition 0).
@@ -133,7 +137,10 @@ func (s *Stream) add(op string, id int64, v Values, unavailable []string, snapsh
 	}
 	value := map[string]any{"before": before, "after": after, "source": source, "op": op, "ts_ms": at.UnixMilli() + 250}
 	rec := &kgo.Record{Topic: s.Topic, Value: s.wrap(value, envelopeSchema(s.Schemas)), Partition: int32(id % int64(s.Parts))}
-	if s.Flattened && op != "t" {
+	switch {
+	case s.Avro != nil:
+		rec.Value = s.Avro.Value(s.avroValue(op, id, v, unavailable, source, at))
+	case s.Flattened && op != "t":
 		rec.Value = s.flatten(op, after, before, source)
 	}
 	if op != "t" {
@@ -263,6 +270,9 @@ func contains(list []string, v string) bool {
 
 // key is the record key of a row.
 func (s *Stream) key(id int64) []byte {
+	if s.Avro != nil {
+		return s.Avro.Key(avroKey{ID: int32(id)})
+	}
 	return s.wrap(map[string]any{"id": id}, `{"type":"struct","optional":false,"name":"dbserver1.public.customers.Key","fields":[{"type":"int32","optional":false,"field":"id"}]}`)
 }
 

@@ -191,12 +191,19 @@ func writeJSON(w http.ResponseWriter, v any) {
 // the Avro binary encoding of a value.
 func AvroEncoder(tb testing.TB, id int, schema string) func(v any) []byte {
 	tb.Helper()
+	return AvroEncoderOf(tb, id, schema, map[string]any{})
+}
+
+// AvroEncoderOf is AvroEncoder for values of the Go type of example (a
+// struct with avro tags, say), as a serde registers them.
+func AvroEncoderOf(tb testing.TB, id int, schema string, example any) func(v any) []byte {
+	tb.Helper()
 	s, err := avro.Parse(schema)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	var serde sr.Serde
-	serde.Register(id, map[string]any{}, sr.EncodeFn(func(v any) ([]byte, error) { return avro.Marshal(s, v) }))
+	serde.Register(id, example, sr.EncodeFn(func(v any) ([]byte, error) { return avro.Marshal(s, v) }))
 	return func(v any) []byte {
 		b, err := serde.Encode(v)
 		if err != nil {
