@@ -7,7 +7,10 @@
 package srtest
 
 import (
+	"crypto/tls"
 	"encoding/json"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -31,6 +34,7 @@ type Registry struct {
 	nextID   int
 	fail     func(w http.ResponseWriter, r *http.Request) bool
 	heal     func() // releases the requests Hang holds
+	auth     func(r *http.Request) bool
 
 	requests atomic.Int64
 	failed   atomic.Int64
@@ -39,8 +43,33 @@ type Registry struct {
 // New starts a registry, closed when the test ends.
 func New(tb testing.TB) *Registry {
 	tb.Helper()
-	g := &Registry{byID: map[int]sr.SubjectSchema{}, subjects: map[string][]int{}, nextID: 1}
-	g.srv = httptest.NewServer(http.HandlerFunc(g.serve))
+	return NewWith(tb, Options{})
+}
+
+// Options are how a registry of NewWith is reached.
+type Options struct {
+	// TLS, when set, makes the registry an https server with this
+	// configuration (its certificate, and whether it asks for clients').
+	TLS *tls.Config
+	// Auth, when set, decides whether a request is authenticated; the
+	// others are answered 401 with Confluent's error code 40101.
+	Auth func(r *http.Request) bool
+}
+
+// NewWith starts a registry reached as opts says, closed when the test
+// ends.
+func NewWith(tb testing.TB, opts Options) *Registry {
+	tb.Helper()
+	g := &Registry{byID: map[int]sr.SubjectSchema{}, subjects: map[string][]int{}, nextID: 1, auth: opts.Auth}
+	g.srv = httptest.NewUnstartedServer(http.HandlerFunc(g.serve))
+	if opts.TLS != nil {
+		// Refused handshakes are what TLS tests try; do not log them.
+		g.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		g.srv.TLS = opts.TLS
+		g.srv.StartTLS()
+	} else {
+		g.srv.Start()
+	}
 	tb.Cleanup(g.srv.Close)
 	return g
 }
@@ -135,6 +164,10 @@ func (g *Registry) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Unlock()
 	if fail != nil && fail(w, r) {
 		g.failed.Add(1)
+		return
+	}
+	if g.auth != nil && !g.auth(r) {
+		confluentError(w, http.StatusUnauthorized, 40101, "Unauthorized")
 		return
 	}
 	parts := strings.Split(strings.Trim(r.URL.EscapedPath(), "/"), "/")
