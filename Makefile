@@ -25,7 +25,7 @@ test-short:
 # go's default, 60s, FuzzParse spent most of a run minimizing large inputs.
 FUZZTIME         ?= 1m
 FUZZMINIMIZETIME ?= 5s
-FUZZ_TARGETS     ?= config:FuzzParse internal/pgjson:FuzzScan cdc:FuzzDecode internal/copytext:FuzzCopyRows aggregate:FuzzCalendar grants:FuzzScript
+FUZZ_TARGETS     ?= config:FuzzParse internal/pgjson:FuzzScan cdc:FuzzDecode internal/copytext:FuzzCopyRows aggregate:FuzzCalendar grants:FuzzScript ingest/decode:FuzzAvro ingest/decode:FuzzProtobuf
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} in ./$${t%%:*} for $(FUZZTIME)"; \
