@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -55,18 +54,9 @@ func keysDebezium(ctx context.Context, cfg *config.Config, name string, dryRun b
 	}
 	t.Key = key
 	disp := progress.Command(stderr, progressEvery)
-	k, err := mirror.NewKeyReconciler(t, m.SourceDSN, pool, mirror.KeyOptions{Logger: logger(cfg, disp.Writer()), Now: serviceClock, Progress: disp})
-	if err != nil {
-		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
-		return exitFailure
-	}
-	rep, err := k.Run(ctx, true)
-	if err != nil {
-		fmt.Fprintf(stderr, "tidemark keys: %s: %v\n", t.Source.Sanitize(), grants.Explain(err))
-		return exitFailure
-	}
-	printKeyReport(stdout, name+" "+t.Source[0]+"."+t.Source[1], rep)
-	if rep.Deleted > 0 {
+	drift, ok := checkMirrorKeys(ctx, t, m.SourceDSN, pool, mirror.KeyOptions{Logger: logger(cfg, disp.Writer()), Now: serviceClock, Progress: disp},
+		name, stdout, stderr)
+	if !ok || drift {
 		return exitFailure
 	}
 	return exitOK

@@ -809,20 +809,34 @@ func keysCDC(ctx context.Context, cfg *config.Config, name string, dryRun bool, 
 			fmt.Fprintf(stderr, "tidemark keys: the mirror %s does not exist yet; it is created when the CDC reader of %s starts\n", t.Target.Sanitize(), name)
 			return exitFailure
 		}
-		k, err := mirror.NewKeyReconciler(t, cfg.Sources[name].CDC.DSN, pool, mirror.KeyOptions{Logger: log, Now: serviceClock, Progress: disp})
-		if err != nil {
-			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		drift, ok := checkMirrorKeys(ctx, t, cfg.Sources[name].CDC.DSN, pool, mirror.KeyOptions{Logger: log, Now: serviceClock, Progress: disp},
+			name, stdout, stderr)
+		if !ok {
 			return exitFailure
 		}
-		rep, err := k.Run(ctx, true)
-		if err != nil {
-			fmt.Fprintf(stderr, "tidemark keys: %s: %v\n", t.Source.Sanitize(), grants.Explain(err))
-			return exitFailure
-		}
-		printKeyReport(stdout, name+" "+t.Source[0]+"."+t.Source[1], rep)
-		if rep.Deleted > 0 {
+		if drift {
 			code = exitFailure
 		}
 	}
 	return code
+}
+
+// checkMirrorKeys compares the keys of mirror t with its source at dsn
+// without changing anything and prints the report. drift says that the
+// mirror holds keys the source does not; ok is false, the error printed,
+// when the check could not run.
+func checkMirrorKeys(ctx context.Context, t *mirror.Table, dsn string, pool *pgxpool.Pool, opts mirror.KeyOptions,
+	name string, stdout, stderr io.Writer) (drift, ok bool) {
+	k, err := mirror.NewKeyReconciler(t, dsn, pool, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		return false, false
+	}
+	rep, err := k.Run(ctx, true)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %s: %v\n", t.Source.Sanitize(), grants.Explain(err))
+		return false, false
+	}
+	printKeyReport(stdout, name+" "+t.Source[0]+"."+t.Source[1], rep)
+	return rep.Deleted > 0, true
 }
