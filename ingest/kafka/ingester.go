@@ -308,9 +308,11 @@ func (in *Ingester) Run(ctx context.Context) error {
 			}
 			continue // the records decoded ahead may fill the next batch
 		}
-		in.mu.Lock()
-		in.resumeDueLocked()
-		in.mu.Unlock()
+		if in.reg != nil { // only registry outages pause partitions
+			in.mu.Lock()
+			in.resumeDueLocked()
+			in.mu.Unlock()
+		}
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
 		if deadline, ok := in.pollDeadline(); ok {
 			pollCtx, cancel = context.WithDeadline(ctx, deadline)

@@ -213,6 +213,9 @@ func (in *Ingester) resumeLocked(tps map[topicPartition]bool) {
 // next attempt at the registry while partitions are paused for it.
 func (in *Ingester) pollDeadline() (time.Time, bool) {
 	deadline, ok := in.batchDeadline()
+	if in.reg == nil {
+		return deadline, ok // nothing is paused for the registry
+	}
 	in.mu.Lock()
 	paused := len(in.paused) > 0
 	in.mu.Unlock()
