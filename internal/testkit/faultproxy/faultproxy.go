@@ -18,6 +18,11 @@
 //     session (its locks are released), the client has not.
 //   - Reset closes every open connection abruptly (RST) on both sides.
 //   - Refuse accepts new connections and resets them at once.
+//   - Hold stops, on any connection, the first chunk from the client that
+//     holds a given byte string, and everything after it on that
+//     connection, until Release: a PostgreSQL message such as COMMIT
+//     PREPARED is then sent but never arrives, while the connection
+//     stays up.
 //
 // A client survives these only with deadlines of its own; TCP keepalives
 // do not help against a stall here, because the proxy's kernel answers
@@ -25,6 +30,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -53,6 +59,11 @@ type Proxy struct {
 	stalled bool
 	refuse  bool
 	closed  bool
+	// hold is the byte string Hold waits for, nil when nothing is held;
+	// release is closed by Release; held is closed when a chunk is first
+	// held.
+	hold          []byte
+	release, held chan struct{}
 
 	accepted, resets, stalls, halfOpen atomic.Int64
 	wg                                 sync.WaitGroup
@@ -164,6 +175,52 @@ func (p *Proxy) Refuse() {
 	p.mu.Unlock()
 }
 
+// Hold makes the proxy keep back, on every connection, the first chunk
+// sent by the client that contains pattern, and everything the client
+// sends after it on that connection, until Release. Held reports when a
+// chunk has been kept back.
+func (p *Proxy) Hold(pattern []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hold = bytes.Clone(pattern)
+	p.release, p.held = make(chan struct{}), make(chan struct{})
+}
+
+// Held is closed once a chunk is kept back after Hold.
+func (p *Proxy) Held() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
+}
+
+// Release forwards what Hold kept back and stops holding.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.release != nil {
+		close(p.release)
+	}
+	p.hold, p.release = nil, nil
+}
+
+// waitHeld blocks while chunk is to be held back (see Hold), or until
+// the link dies.
+func (p *Proxy) waitHeld(chunk []byte) {
+	p.mu.Lock()
+	if p.hold == nil || !bytes.Contains(chunk, p.hold) {
+		p.mu.Unlock()
+		return
+	}
+	release, held := p.release, p.held
+	select {
+	case <-held:
+	default:
+		close(held)
+	}
+	p.mu.Unlock()
+	<-release
+}
+
 // Open is the number of connections open through the proxy.
 func (p *Proxy) Open() int {
 	p.mu.Lock()
@@ -186,6 +243,7 @@ func (p *Proxy) Close() error {
 	}
 	p.closed = true
 	p.mu.Unlock()
+	p.Release()
 	err := p.ln.Close()
 	p.Reset()
 	p.wg.Wait()
@@ -246,12 +304,12 @@ func (p *Proxy) run(l *link) {
 		l.close()
 	}()
 	if l.server == nil {
-		p.pump(l, nil, l.client)
+		p.pump(l, nil, l.client, false)
 		return
 	}
 	fromClient, fromServer := make(chan struct{}), make(chan struct{})
-	go func() { p.pump(l, l.server, l.client); close(fromClient) }()
-	go func() { p.pump(l, l.client, l.server); close(fromServer) }()
+	go func() { p.pump(l, l.server, l.client, true); close(fromClient) }()
+	go func() { p.pump(l, l.client, l.server, false); close(fromServer) }()
 	select {
 	case <-fromClient:
 	case <-fromServer:
@@ -286,11 +344,15 @@ func (p *Proxy) connect() (net.Conn, error) {
 }
 
 // pump copies src to dst until src ends; while the link is dead it reads
-// and discards. A nil dst discards everything.
-func (p *Proxy) pump(l *link, dst, src net.Conn) {
+// and discards. A nil dst discards everything. fromClient says that src is
+// the client, whose chunks Hold may keep back.
+func (p *Proxy) pump(l *link, dst, src net.Conn, fromClient bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && fromClient {
+			p.waitHeld(buf[:n])
+		}
 		if n > 0 && dst != nil && !l.dead.Load() {
 			p.mu.Lock()
 			d := p.latency

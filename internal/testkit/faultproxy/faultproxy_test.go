@@ -215,3 +215,37 @@ func TestKafkaBehindFaults(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { os.Exit(m.Run()) }
+
+// TestHold: a chunk holding the pattern, and what follows it, arrives
+// only after Release; chunks before it and other connections pass.
+func TestHold(t *testing.T) {
+	addr, _ := echoServer(t)
+	p := newProxy(t, addr)
+	held, other := dial(t, p), dial(t, p)
+	p.Hold([]byte("COMMIT PREPARED"))
+	if err := roundTrip(held, 2*time.Second); err != nil {
+		t.Fatalf("before the pattern: %v", err)
+	}
+	if _, err := io.WriteString(held, "COMMIT PREPARED 'x'\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Held():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the chunk with the pattern was not held")
+	}
+	if err := roundTrip(other, 2*time.Second); err != nil {
+		t.Fatalf("another connection while one is held: %v", err)
+	}
+	// Nothing comes back while the chunk is held.
+	_ = held.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	r := bufio.NewReader(held)
+	if line, err := r.ReadString('\n'); err == nil {
+		t.Fatalf("the held chunk arrived before Release: %q", line)
+	}
+	p.Release()
+	_ = held.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := r.ReadString('\n'); err != nil || line != "COMMIT PREPARED 'x'\n" {
+		t.Fatalf("after Release: %q, %v", line, err)
+	}
+}
