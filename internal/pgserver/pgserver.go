@@ -439,3 +439,14 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// HasLibrary reports whether the server binaries found by FindBinDir come
+// with the shared library name (such as "citus") installed beside them, so
+// that shared_preload_libraries can name it.
+func HasLibrary(name string) bool {
+	dir, err := FindBinDir()
+	if err != nil {
+		return false
+	}
+	return fileExists(filepath.Join(filepath.Dir(dir), "lib", name+".so"))
+}

@@ -3,7 +3,9 @@
 // a fresh database per test.
 //
 // Set TIDEMARK_TEST_DATABASE_URL to run against an existing server instead;
-// its role must be allowed to create databases. Test binaries that use this
+// its role must be allowed to create databases. Set TIDEMARK_TEST_CITUS=1
+// to put every test database on a Citus cluster the test binary starts
+// (see Cluster). Test binaries that use this
 // package call Main from TestMain so the private server is stopped and its
 // directory removed when the tests end.
 package pgtest
@@ -43,6 +45,11 @@ func Main(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "pgtest:", err)
 		}
 	}
+	if sharedCluster != nil {
+		if err := sharedCluster.stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
+	}
 	os.Exit(code)
 }
 
@@ -65,9 +72,14 @@ func adminURL(tb testing.TB) string {
 }
 
 // NewDatabase creates an empty database for this test, dropped when the
-// test ends, and returns its connection URL.
+// test ends, and returns its connection URL. Under EnvCitus the database
+// is on the test binary's Citus cluster, with the extension created and
+// the workers registered.
 func NewDatabase(tb testing.TB) string {
 	tb.Helper()
+	if OnCitus() && os.Getenv(EnvURL) == "" {
+		return SharedCluster(tb).NewDatabase(tb, ClusterOptions{})
+	}
 	return createDatabase(tb, adminURL(tb))
 }
 
@@ -79,6 +91,20 @@ func NewDatabaseOn(tb testing.TB, srv *pgserver.Server) string {
 
 func createDatabase(tb testing.TB, admin string) string {
 	tb.Helper()
+	return createNamed(tb, admin, newName())
+}
+
+// newName is a fresh test database name.
+func newName() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "tidemark_test_" + hex.EncodeToString(b[:])
+}
+
+// createNamed creates the database name on the server of admin, dropped
+// when the test ends, and returns its connection URL.
+func createNamed(tb testing.TB, admin, name string) string {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, admin)
@@ -86,9 +112,6 @@ func createDatabase(tb testing.TB, admin string) string {
 		tb.Fatalf("pgtest: connect %s: %v", redact(admin), err)
 	}
 	defer conn.Close(ctx)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "tidemark_test_" + hex.EncodeToString(b[:])
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
 		tb.Fatalf("pgtest: create database: %v", err)
 	}
