@@ -22,19 +22,38 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Code returns the SQLSTATE of err, or "" when err carries none (a
-// failure to connect, a lost connection, a cancelled context).
+// failure to connect, a lost connection, a cancelled context). A Citus
+// coordinator relays a worker's refusal of a COPY row as an internal error
+// (XX000) that keeps only the worker's message; for the refusals tidemark
+// acts on, Code returns the SQLSTATE the message stands for.
 func Code(err error) string {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
+	if !errors.As(err, &pgErr) {
+		return ""
 	}
-	return ""
+	if pgErr.Code == pgerrcode.InternalError {
+		for _, r := range relayed {
+			if strings.HasPrefix(pgErr.Message, r.prefix) {
+				return r.code
+			}
+		}
+	}
+	return pgErr.Code
+}
+
+// relayed are the messages of a worker's refusal of a COPY row that a
+// Citus coordinator relays without their SQLSTATE, by the SQLSTATE they
+// have on the worker.
+var relayed = []struct{ prefix, code string }{
+	{"duplicate key value violates unique constraint ", pgerrcode.UniqueViolation},
+	{"no partition of relation ", pgerrcode.CheckViolation},
 }
 
 // Is reports whether err carries SQLSTATE code.
@@ -141,7 +160,13 @@ func MissingPartition(err error) bool {
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	return pgErr.Code == pgerrcode.UndefinedTable || (pgErr.Code == pgerrcode.CheckViolation && pgErr.ConstraintName == "")
+	switch Code(err) {
+	case pgerrcode.UndefinedTable:
+		return true
+	case pgerrcode.CheckViolation:
+		return pgErr.ConstraintName == ""
+	}
+	return false
 }
 
 // BadRow reports whether PostgreSQL refused a row's content: a data

@@ -130,3 +130,31 @@ func TestFromServer(t *testing.T) {
 		t.Errorf("a statement's error taken for a failure to connect: %v", err)
 	}
 }
+
+// TestFromCitus: a Citus coordinator relays a worker's refusal of a COPY
+// row for a missing partition or a duplicate key without its SQLSTATE;
+// both are still classified as on one server.
+func TestFromCitus(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{}))
+	if _, err := pool.Exec(ctx, `CREATE TABLE p (id text NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
+		SELECT create_distributed_table('p', 'id')`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pool.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
+	if !pgerr.MissingPartition(err) || pgerr.BadRow(err) {
+		t.Errorf("no partition for a COPY row: %v (SQLSTATE %s)", err, pgerr.Code(err))
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO p VALUES ('a', '2026-10-01')")
+	if !pgerr.MissingPartition(err) || pgerr.BadRow(err) {
+		t.Errorf("no partition for an inserted row: %v (SQLSTATE %s)", err, pgerr.Code(err))
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE p_1 PARTITION OF p FOR VALUES FROM ('2026-10-01') TO ('2026-10-02');
+		ALTER TABLE p ADD PRIMARY KEY (id, at); INSERT INTO p VALUES ('a', '2026-10-01')`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
+	if !pgerr.UniqueViolation(err) || !pgerr.Refused(err) || pgerr.BadRow(err) {
+		t.Errorf("a COPY row with a key stored before: %v (SQLSTATE %s)", err, pgerr.Code(err))
+	}
+}
