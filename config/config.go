@@ -65,6 +65,9 @@ type Warehouse struct {
 	// Migrate applies the migrations when `tidemark run` starts.
 	Migrate  bool `yaml:"migrate"`
 	MaxConns Int  `yaml:"max_conns"` // pool size
+	// Distribute makes, on a warehouse with the citus extension, the raw
+	// tables of Kafka sources distributed tables, created so.
+	Distribute bool `yaml:"distribute"`
 	// WarehouseLimits are the session settings and client deadlines.
 	WarehouseLimits `yaml:",inline"`
 }

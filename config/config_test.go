@@ -184,7 +184,7 @@ func TestParseFullFile(t *testing.T) {
 	cfg := mustParse(t, data, nil)
 	tr := true
 	want := &Config{
-		Warehouse: Warehouse{DSN: "postgres://tidemark@db.internal:5432/warehouse?sslmode=disable", Migrate: false, MaxConns: 16,
+		Warehouse: Warehouse{DSN: "postgres://tidemark@db.internal:5432/warehouse?sslmode=disable", Migrate: false, MaxConns: 16, Distribute: true,
 			WarehouseLimits: defaultLimits},
 		HTTP: HTTP{Listen: "0.0.0.0:9187"},
 		Log:  Log{Level: "debug", Format: "json"},
@@ -271,7 +271,7 @@ var (
 func TestParseDefaults(t *testing.T) {
 	cfg := mustParse(t, base(), nil)
 	want := &Config{
-		Warehouse: Warehouse{DSN: "postgres://localhost/warehouse", Migrate: true, MaxConns: 8, WarehouseLimits: defaultLimits},
+		Warehouse: Warehouse{DSN: "postgres://localhost/warehouse", Migrate: true, MaxConns: 8, Distribute: true, WarehouseLimits: defaultLimits},
 		HTTP:      HTTP{Listen: "127.0.0.1:9187"},
 		Log:       Log{Level: "info", Format: "text"},
 		Kafka: Kafka{
@@ -339,6 +339,8 @@ func TestParseSettings(t *testing.T) {
 			func(c *Config) bool { return c.HTTP.Listen == "off" && !c.HTTP.Enabled() }},
 		{"migrate true", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  migrate: true\n") }, nil,
 			func(c *Config) bool { return c.Warehouse.Migrate }},
+		{"distribute false", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  distribute: false\n") }, nil,
+			func(c *Config) bool { return !c.Warehouse.Distribute }},
 		{"tls disabled", func(t *testing.T) string { return replace(t, "kafka:\n", "kafka:\n  tls:\n    enabled: false\n") }, nil,
 			func(c *Config) bool { return c.Kafka.TLS != nil && !c.Kafka.TLS.On() }},
 		{"plain byte size", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: 1048576") }, nil,

@@ -98,6 +98,7 @@ var keys = []Key{
 	{Path: "warehouse.dsn", Env: EnvDatabaseURL, Allowed: "a PostgreSQL connection string"},
 	{Path: "warehouse.dsn_file", Allowed: "a file holding `dsn` ([secrets in files](#secrets-in-files))"},
 	{Path: "warehouse.migrate", Default: "true"},
+	{Path: "warehouse.distribute", Default: "true"},
 	{Path: "warehouse.max_conns", Default: "8", Min: "2", Max: "1000"},
 	{Path: "warehouse.statement_timeout", Default: "0", Zero: "the server's setting", Min: "1ms", Max: "2147483647ms", Why: postgresLimit},
 	{Path: "warehouse.lock_timeout", Default: "0", Zero: "the server's setting", Min: "1ms", Max: "2147483647ms", Why: postgresLimit},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgcollate"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
@@ -114,6 +115,9 @@ JOIN pg_collation c ON c.oid = a.attcollation
 CROSS JOIN pg_database d
 WHERE a.attrelid = $1::regclass AND a.attname = 'event_id' AND d.datname = current_database()`
 
+// relationExistsSQL says whether the relation $1 exists.
+const relationExistsSQL = `SELECT to_regclass($1) IS NOT NULL`
+
 // lockRawDDLSQL serialises DDL on one source's raw table across processes.
 const lockRawDDLSQL = `SELECT pg_advisory_xact_lock(hashtext('tidemark.raw.' || $1))`
 
@@ -128,6 +132,10 @@ type Table struct {
 	// Log receives what Ensure changed on an existing table; nil
 	// discards it.
 	Log *slog.Logger
+	// Local keeps the table on the coordinator of a Citus warehouse
+	// (warehouse.distribute: false); otherwise Ensure distributes a table
+	// of events it creates there, by event_id.
+	Local bool
 
 	mu      sync.Mutex
 	known   map[time.Time]bool
@@ -176,8 +184,17 @@ func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
 		if t.Changes {
 			create = createChangeTableSQL
 		}
+		var existed bool
+		if err := tx.QueryRow(ctx, relationExistsSQL, t.Ident()).Scan(&existed); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(create, t.Ident(), idx)); err != nil {
 			return err
+		}
+		if !existed {
+			if err := t.distribute(ctx, tx); err != nil {
+				return err
+			}
 		}
 		var hasOp bool
 		if err := tx.QueryRow(ctx, hasOpColumnSQL, t.Ident()).Scan(&hasOp); err != nil {
@@ -224,6 +241,23 @@ func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
 	t.known = known
 	t.mu.Unlock()
 	return nil
+}
+
+// distribute makes the table, just created, a Citus distributed table by
+// event_id on a Citus warehouse unless t.Local: the partitions attached to
+// it later are distributed with it, each row on the worker its event id
+// hashes to. A table that exists is left as it is, distributed or not:
+// converting one copies all its rows. Tables of row changes stay on the
+// coordinator, where their merge statements run as on one server.
+func (t *Table) distribute(ctx context.Context, tx pgx.Tx) error {
+	if t.Local || t.Changes {
+		return nil
+	}
+	on, err := citus.Enabled(ctx, tx)
+	if err != nil || !on {
+		return err
+	}
+	return citus.Distribute(ctx, tx, t.Ident(), "event_id")
 }
 
 // dropLegacyIndex drops the load_xid b-tree of a raw table created before

@@ -54,10 +54,11 @@ type source struct {
 	mirror *changeMirror
 }
 
-// newSource is the source named name as configured by sc, for the
+// newSource is the source named name as cfg configures it, for the
 // ingester and for a replay of its dead letters alike; reg is the schema
 // registry, nil when no source needs it.
-func newSource(name string, sc *config.Source, reg *decode.Registry) (*source, error) {
+func newSource(cfg *config.Config, name string, reg *decode.Registry) (*source, error) {
+	sc := cfg.Sources[name]
 	dec, err := decode.NewRegistryDecoder(sc, reg)
 	if err != nil {
 		return nil, err
@@ -65,7 +66,9 @@ func newSource(name string, sc *config.Source, reg *decode.Registry) (*source, e
 	if sc.Debezium() {
 		return &source{name: name, dec: dec, raw: raw.NewChangeTable(name, sc.RawPartition), mirror: newChangeMirror(name, sc.Mirror)}, nil
 	}
-	return &source{name: name, dec: dec, raw: raw.NewTable(name, sc.RawPartition), dedupeWindow: sc.DedupeWindow()}, nil
+	t := raw.NewTable(name, sc.RawPartition)
+	t.Local = !cfg.Warehouse.Distribute
+	return &source{name: name, dec: dec, raw: t, dedupeWindow: sc.DedupeWindow()}, nil
 }
 
 // Ingester consumes the configured Kafka sources as one member of the
@@ -183,7 +186,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		if sc.Kafka == nil {
 			continue
 		}
-		src, err := newSource(name, sc, in.reg)
+		src, err := newSource(cfg, name, in.reg)
 		if err != nil {
 			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
 		}

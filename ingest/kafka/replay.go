@@ -162,7 +162,7 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 			return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 		}
 	}
-	src, err := newSource(opts.Source, sc, reg)
+	src, err := newSource(cfg, opts.Source, reg)
 	if err != nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 	}

@@ -1,0 +1,153 @@
+// Package citus holds what tidemark asks of a warehouse that runs the Citus
+// extension: whether it does, distributing a table, and waiting for the
+// two-phase commits that the coordinator has committed but a worker has
+// not yet.
+//
+// Citus commits a transaction that wrote on more than one node with
+// two-phase commit: it prepares the transaction on each worker, commits
+// the coordinator's own part, then sends COMMIT PREPARED to each worker.
+// Between the coordinator's commit and a worker's COMMIT PREPARED, a
+// snapshot taken on the coordinator counts the transaction as finished
+// while its rows on that worker are not visible yet. AwaitPrepared closes
+// that gap for a reader that bounds its work by a coordinator snapshot.
+package citus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the functions need of a connection or transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+const (
+	enabledSQL = `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`
+
+	// isCitusTableSQL says whether a table is known to Citus in any form
+	// (distributed, reference or Citus-local).
+	isCitusTableSQL = `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`
+
+	distributeSQL = `SELECT create_distributed_table($1, $2)`
+
+	// localGroupSQL is the group id of this node, the first number of
+	// the names of the transactions it prepares on other nodes.
+	localGroupSQL = `SELECT groupid FROM pg_dist_local_group`
+
+	// preparedOnWorkersSQL lists, from each worker, the prepared
+	// transactions of this database whose names say that the node of
+	// group $1 started them. A worker that does not answer is an error.
+	preparedOnWorkersSQL = `
+SELECT nodename, nodeport, success, result
+FROM run_command_on_workers(format(
+  $$SELECT coalesce(string_agg(gid, ' '), '') FROM pg_prepared_xacts
+    WHERE database = current_database() AND gid LIKE 'citus\_%s\_%%'$$, $1::int))`
+)
+
+// Enabled reports whether the database q is connected to has the citus
+// extension.
+func Enabled(ctx context.Context, q Querier) (bool, error) {
+	var ok bool
+	if err := q.QueryRow(ctx, enabledSQL).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look for the citus extension: %w", err)
+	}
+	return ok, nil
+}
+
+// Distribute makes table (a quoted, qualified name) a distributed table
+// hashed by column, unless Citus knows it already. On an empty table it is
+// quick; on a table holding rows, Citus copies them to the workers.
+func Distribute(ctx context.Context, q Querier, table, column string) error {
+	var known bool
+	if err := q.QueryRow(ctx, isCitusTableSQL, table).Scan(&known); err != nil {
+		return fmt.Errorf("is %s distributed: %w", table, err)
+	}
+	if known {
+		return nil
+	}
+	if _, err := q.Exec(ctx, distributeSQL, table, column); err != nil {
+		return fmt.Errorf("distribute %s by %s: %w", table, column, err)
+	}
+	return nil
+}
+
+// ErrInDoubt means that transactions prepared on workers stayed so for
+// longer than AwaitPrepared waits: a coordinator session ended between
+// its commit and the workers' COMMIT PREPARED. Citus's maintenance daemon
+// finishes them within citus.recover_2pc_interval.
+var ErrInDoubt = errors.New("transactions prepared on Citus workers are not finished")
+
+// AwaitPrepared waits until every transaction that this node had prepared
+// on a worker when it was called is finished there (committed or rolled
+// back), polling every poll, for at most wait. Called after a snapshot
+// was taken on the coordinator, it makes the rows of every transaction
+// that snapshot counts as committed visible on the workers to the
+// statements that follow. A worker that does not answer is an error.
+func AwaitPrepared(ctx context.Context, q Querier, poll, wait time.Duration) error {
+	var group int
+	if err := q.QueryRow(ctx, localGroupSQL).Scan(&group); err != nil {
+		return fmt.Errorf("read the Citus group of this node: %w", err)
+	}
+	first, err := prepared(ctx, q, group)
+	if err != nil || len(first) == 0 {
+		return err
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		now, err := prepared(ctx, q, group)
+		if err != nil {
+			return err
+		}
+		first = slices.DeleteFunc(first, func(g string) bool { return !slices.Contains(now, g) })
+		if len(first) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %s: %s", ErrInDoubt, wait, strings.Join(first, ", "))
+		}
+	}
+}
+
+// prepared lists the names of the transactions of group prepared on the
+// workers.
+func prepared(ctx context.Context, q Querier, group int) ([]string, error) {
+	rows, err := q.Query(ctx, preparedOnWorkersSQL, group)
+	if err != nil {
+		return nil, fmt.Errorf("list the transactions prepared on the Citus workers: %w", err)
+	}
+	defer rows.Close()
+	var gids []string
+	for rows.Next() {
+		var node, result string
+		var port int
+		var ok bool
+		if err := rows.Scan(&node, &port, &ok, &result); err != nil {
+			return nil, fmt.Errorf("list the transactions prepared on the Citus workers: %w", err)
+		}
+		if !ok {
+			return nil, fmt.Errorf("list the transactions prepared on Citus worker %s:%d: %s", node, port, result)
+		}
+		gids = append(gids, strings.Fields(result)...)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list the transactions prepared on the Citus workers: %w", err)
+	}
+	return gids, nil
+}
