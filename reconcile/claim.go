@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/citus"
 )
 
 const (
@@ -186,6 +187,9 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&hi); err != nil {
 		return nil, "", fmt.Errorf("read snapshot: %w", err)
 	}
+	if err := awaitWorkers(ctx, tx); err != nil {
+		return nil, "", err
+	}
 	retained, err := aggregate.RetainedFrom(ctx, tx, d.Source)
 	if err != nil {
 		return nil, "", err
@@ -242,6 +246,33 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 		return nil, "", err
 	}
 	return w, hi, nil
+}
+
+// Waits for the loads that the bound counts as finished on a Citus
+// coordinator and that are still prepared on a worker (see
+// citus.AwaitPrepared): a COMMIT PREPARED takes milliseconds, one left in
+// doubt by a coordinator session that ended is finished by Citus within
+// citus.recover_2pc_interval (a minute by default), and until then the
+// claim fails and is retried.
+const (
+	preparedPoll = 10 * time.Millisecond
+	preparedWait = 10 * time.Second
+)
+
+// awaitWorkers makes, on a Citus warehouse, the raw rows of every load
+// below the claim's bound visible on the workers before the claim queues
+// their partitions: the coordinator counts a load as committed before
+// its workers' COMMIT PREPARED, and a rebuild that ran in between would
+// miss the rows on a worker while the bound moved past them for good.
+func awaitWorkers(ctx context.Context, tx pgx.Tx) error {
+	on, err := citus.Enabled(ctx, tx)
+	if err != nil || !on {
+		return err
+	}
+	if err := citus.AwaitPrepared(ctx, tx, preparedPoll, preparedWait); err != nil {
+		return fmt.Errorf("wait for loads committed on the coordinator to commit on the workers: %w", err)
+	}
+	return nil
 }
 
 // claimTable is claimLedger for a timestamp-mode source: the window is

@@ -79,7 +79,13 @@ func dailySales(policy string) aggregateYAML {
 // parts partitions, and a configuration with the given aggregates.
 func setup(t *testing.T, parts int32, aggs ...aggregateYAML) *bundle {
 	t.Helper()
-	pool, dsn := pgtest.NewPool(t)
+	return setupOn(t, pgtest.NewDatabase(t), parts, aggs...)
+}
+
+// setupOn is setup on the empty database dsn.
+func setupOn(t *testing.T, dsn string, parts int32, aggs ...aggregateYAML) *bundle {
+	t.Helper()
+	pool := pgtest.Pool(t, dsn)
 	if _, err := migrate.Up(context.Background(), dsn, nil); err != nil {
 		t.Fatal(err)
 	}
