@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test test-short bench soak chaos lint rules build fuzz fuzz-short
+.PHONY: demo test test-short test-citus bench soak chaos lint rules build fuzz fuzz-short
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
 # Builds bin/tidemark first, saying so: a first build downloads the modules
@@ -19,6 +19,13 @@ test:
 ## test-short: the same tests on smaller workloads
 test-short:
 	$(GO) test -short -timeout 10m ./...
+
+## test-citus: the suites that run on a Citus cluster the tests start (see docs/citus.md)
+# Needs Citus installed for the PostgreSQL server binaries; without it the
+# run fails instead of skipping.
+CITUS_PACKAGES ?= ./reconcile/ ./internal/pgerr/
+test-citus:
+	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 20m $(CITUS_PACKAGES)
 
 ## fuzz: each fuzz target for FUZZTIME (go test -fuzz takes one target a run)
 # FUZZMINIMIZETIME bounds the minimization of each new interesting input: with
