@@ -228,15 +228,8 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE %s = %s", target, col, key)); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: delete: %w", d.Name, p, err)
 	}
-	cols := make([]string, len(d.columns))
-	for i, c := range d.columns {
-		cols[i] = quote(c)
-	}
-	insert := fmt.Sprintf("WITH ins AS (INSERT INTO %s (%s) %s RETURNING %s) "+
-		"SELECT count(*), count(*) FILTER (WHERE %s IS DISTINCT FROM %s) FROM ins",
-		target, strings.Join(cols, ", "), d.query(p), col, col, key)
 	var rows, outside int64
-	if err := tx.QueryRow(ctx, insert).Scan(&rows, &outside); err != nil {
+	if err := tx.QueryRow(ctx, d.insertSQL(p)).Scan(&rows, &outside); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
 	if outside > 0 {
@@ -251,6 +244,19 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
 	return Result{Rows: rows, Recorded: recorded}, nil
+}
+
+// insertSQL is the statement of a rebuild that inserts p's rows into the
+// aggregate table and counts them, and those outside p.
+func (d *Definition) insertSQL(p Partition) string {
+	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
+	cols := make([]string, len(d.columns))
+	for i, c := range d.columns {
+		cols[i] = quote(c)
+	}
+	return fmt.Sprintf("WITH ins AS (INSERT INTO %s (%s) %s RETURNING %s) "+
+		"SELECT count(*), count(*) FILTER (WHERE %s IS DISTINCT FROM %s) FROM ins",
+		target, strings.Join(cols, ", "), d.query(p), col, col, key)
 }
 
 // recordStatus records a rebuild of p in tidemark.partitions; a partition
