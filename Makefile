@@ -23,7 +23,7 @@ test-short:
 ## test-citus: the suites that run on a Citus cluster the tests start (see docs/citus.md)
 # Needs Citus installed for the PostgreSQL server binaries; without it the
 # run fails instead of skipping.
-CITUS_PACKAGES ?= ./reconcile/ ./internal/pgerr/
+CITUS_PACKAGES ?= ./reconcile/ ./raw/ ./aggregate/ ./internal/pgerr/
 test-citus:
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 20m $(CITUS_PACKAGES)
 

@@ -46,7 +46,6 @@ CREATE TABLE IF NOT EXISTS %[1]s (
     load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
     PRIMARY KEY (event_id, event_time)
 ) PARTITION BY RANGE (event_time);
-CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s USING brin (ingested_at) WITH (autosummarize = on);
 `
 
 // createChangeTableSQL creates raw.<source> for a source of row changes (a
@@ -72,8 +71,13 @@ CREATE TABLE IF NOT EXISTS %[1]s (
     load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
     PRIMARY KEY (event_id, event_time)
 ) PARTITION BY RANGE (event_time);
-CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s USING brin (ingested_at) WITH (autosummarize = on);
 `
+
+// createIngestedAtIndexSQL indexes a raw table's ingestion time (see
+// createRawTableSQL). It is a statement of its own: Citus propagates the
+// index of a distributed table to its shards, which it cannot do for a
+// statement that arrives among others in one query string.
+const createIngestedAtIndexSQL = `CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s USING brin (ingested_at) WITH (autosummarize = on)`
 
 // A partition is created as a table of its own and then attached: ATTACH
 // PARTITION takes only a SHARE UPDATE EXCLUSIVE lock on the parent, which
@@ -188,7 +192,10 @@ func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
 		if err := tx.QueryRow(ctx, relationExistsSQL, t.Ident()).Scan(&existed); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(create, t.Ident(), idx)); err != nil {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(create, t.Ident())); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(createIngestedAtIndexSQL, t.Ident(), idx)); err != nil {
 			return err
 		}
 		if !existed {
