@@ -42,6 +42,9 @@ func TestSQLWithComments(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if pgtest.OnCitus() && strings.Contains(tt.sql, "RECURSIVE") {
+				t.Skip("Citus plans a recursive CTE beside a distributed table only with a filter on its distribution column")
+			}
 			w := w.in(t)
 			name := fmt.Sprintf("commented_%d", i)
 			_, d := w.aggregate(w.cfg.Warehouse.DSN, name, "{by: day, column: sale_date, time_zone: UTC}", "correction", tt.sql)
@@ -87,6 +90,9 @@ func TestSQLWithSemicolonBeforeComment(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if pgtest.OnCitus() && strings.Contains(tt.sql, "RECURSIVE") {
+				t.Skip("Citus plans a recursive CTE beside a distributed table only with a filter on its distribution column")
+			}
 			w := w.in(t)
 			cfg, _, err := w.tryAggregate(w.cfg.Warehouse.DSN, fmt.Sprintf("semicolon_%d", i), "{by: day, column: sale_date, time_zone: UTC}", "correction", tt.sql)
 			switch {

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
 // poisonTriggerSQL makes the warehouse refuse rows whose payload has a
@@ -26,6 +27,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
+-- statement
 CREATE TRIGGER refuse_poison BEFORE INSERT ON raw.app_events
     FOR EACH ROW EXECUTE FUNCTION raw.refuse_poison();`
 
@@ -41,9 +43,23 @@ func TestRowsTheWarehouseRefuses(t *testing.T) {
 		Value: []byte(`{"event_id":"warmup","event_time":"2026-10-05T10:00:00Z"}`)}})
 	r := b.start(t)
 	b.waitStored(t, p.end, time.Minute)
-	if _, err := b.pool.Exec(context.Background(), poisonTriggerSQL); err != nil {
+	conn, err := b.pool.Acquire(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
+	if pgtest.OnCitus() {
+		// Citus runs the trigger on the shards, which it allows on request.
+		if _, err := conn.Exec(context.Background(), "SET citus.enable_unsafe_triggers = on"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One statement at a time: Citus propagates each to the workers.
+	for _, stmt := range strings.Split(poisonTriggerSQL, "-- statement\n") {
+		if _, err := conn.Exec(context.Background(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Release()
 
 	want := map[string]bool{"warmup": true}
 	var recs []*kgo.Record

@@ -408,7 +408,14 @@ func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingested
 	}
 	for src, rows := range bySource {
 		if err := w.copySource(ctx, tx, src, rows, ingestedAt); err != nil {
-			return classifyRowError(fmt.Errorf("copy into %s: %w", src.raw.Ident(), err), src)
+			err = fmt.Errorf("copy into %s: %w", src.raw.Ident(), err)
+			if pgerr.Relayed(err) {
+				// A worker refused a row and the coordinator did not say
+				// why: the rows are checked one by one, whose refusals
+				// carry their SQLSTATE.
+				return fmt.Errorf("%w: %w", errBadRow, err)
+			}
+			return classifyRowError(err, src)
 		}
 	}
 	return nil

@@ -174,14 +174,21 @@ func waitLockWaiter(ctx context.Context, dsn string) error {
 	var qerr error
 	if err := waitfor.Poll(waitfor.Timeout, func() bool {
 		var n int64
-		qerr = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		q := lockWaitsSQL
+		if pgtest.OnCitus() {
+			// The rows, and so the lock waits, are on the workers.
+			q = `SELECT coalesce(sum(result::bigint), 0) FROM run_command_on_all_nodes($$` + lockWaitsSQL + `$$) WHERE success`
+		}
+		qerr = conn.QueryRow(ctx, q).Scan(&n)
 		return qerr != nil || n > 0
 	}); err != nil {
 		return fmt.Errorf("no session waited for a lock: %w", err)
 	}
 	return qerr
 }
+
+// lockWaitsSQL counts the sessions of this database waiting for a lock.
+const lockWaitsSQL = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`
 
 // TestWriterConcurrentInsert: an event stored by another transaction after
 // the batch probed for it makes the COPY fail on the primary key; the

@@ -40,7 +40,7 @@ func Code(err error) string {
 	}
 	if pgErr.Code == pgerrcode.InternalError {
 		for _, r := range relayed {
-			if strings.HasPrefix(pgErr.Message, r.prefix) {
+			if strings.HasPrefix(pgErr.Message, r.prefix) && strings.Contains(pgErr.Message, r.contains) {
 				return r.code
 			}
 		}
@@ -48,12 +48,21 @@ func Code(err error) string {
 	return pgErr.Code
 }
 
+// Relayed reports an internal error (XX000) that is not one of the
+// refusals Code recognises: on a Citus warehouse, a worker's refusal of a
+// COPY row relayed without its SQLSTATE (a data exception, a trigger's
+// exception, ...). Whether the row is at fault is known only by writing
+// the rows again one at a time, whose errors keep their SQLSTATE.
+func Relayed(err error) bool { return Code(err) == pgerrcode.InternalError }
+
 // relayed are the messages of a worker's refusal of a COPY row that a
-// Citus coordinator relays without their SQLSTATE, by the SQLSTATE they
-// have on the worker.
-var relayed = []struct{ prefix, code string }{
-	{"duplicate key value violates unique constraint ", pgerrcode.UniqueViolation},
-	{"no partition of relation ", pgerrcode.CheckViolation},
+// Citus coordinator relays without their SQLSTATE (a message that begins
+// with prefix and contains contains), by the SQLSTATE they have on the
+// worker.
+var relayed = []struct{ prefix, contains, code string }{
+	{"duplicate key value violates unique constraint ", "", pgerrcode.UniqueViolation},
+	{"no partition of relation ", "", pgerrcode.CheckViolation},
+	{"new row for relation ", " violates check constraint ", pgerrcode.CheckViolation},
 }
 
 // Is reports whether err carries SQLSTATE code.
@@ -153,8 +162,9 @@ func SyntaxError(err error) (int, bool) {
 
 // MissingPartition reports an undefined table (42P01) or PostgreSQL's "no
 // partition of relation found for row", a check violation (23514) that,
-// unlike a violated CHECK constraint, names no constraint: a raw partition
-// went (retention dropped it) while a load was writing into it.
+// unlike a violated CHECK constraint, names no constraint and does not say
+// it violates one: a raw partition went (retention dropped it) while a
+// load was writing into it.
 func MissingPartition(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
@@ -164,7 +174,9 @@ func MissingPartition(err error) bool {
 	case pgerrcode.UndefinedTable:
 		return true
 	case pgerrcode.CheckViolation:
-		return pgErr.ConstraintName == ""
+		// A Citus coordinator relays a worker's violated CHECK constraint
+		// without the constraint's name; its message still says so.
+		return pgErr.ConstraintName == "" && !strings.Contains(pgErr.Message, " violates check constraint ")
 	}
 	return false
 }

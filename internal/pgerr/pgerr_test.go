@@ -132,29 +132,69 @@ func TestFromServer(t *testing.T) {
 }
 
 // TestFromCitus: a Citus coordinator relays a worker's refusal of a COPY
-// row for a missing partition or a duplicate key without its SQLSTATE;
-// both are still classified as on one server.
+// row for a missing partition or a duplicate key without its SQLSTATE, and
+// a violated CHECK constraint without the constraint's name; each is still
+// classified as on one server.
 func TestFromCitus(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t, pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{}))
-	if _, err := pool.Exec(ctx, `CREATE TABLE p (id text NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
+	// One session: citus.enable_unsafe_triggers is set in it.
+	conn, err := pgx.Connect(ctx, pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE p (id text NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
 		SELECT create_distributed_table('p', 'id')`); err != nil {
 		t.Fatal(err)
 	}
-	_, err := pool.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
+	_, err = conn.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
 	if !pgerr.MissingPartition(err) || pgerr.BadRow(err) {
 		t.Errorf("no partition for a COPY row: %v (SQLSTATE %s)", err, pgerr.Code(err))
 	}
-	_, err = pool.Exec(ctx, "INSERT INTO p VALUES ('a', '2026-10-01')")
+	_, err = conn.Exec(ctx, "INSERT INTO p VALUES ('a', '2026-10-01')")
 	if !pgerr.MissingPartition(err) || pgerr.BadRow(err) {
 		t.Errorf("no partition for an inserted row: %v (SQLSTATE %s)", err, pgerr.Code(err))
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE p_1 PARTITION OF p FOR VALUES FROM ('2026-10-01') TO ('2026-10-02');
+	if _, err := conn.Exec(ctx, `CREATE TABLE p_1 PARTITION OF p FOR VALUES FROM ('2026-10-01') TO ('2026-10-02');
 		ALTER TABLE p ADD PRIMARY KEY (id, at); INSERT INTO p VALUES ('a', '2026-10-01')`); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pool.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
+	_, err = conn.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
 	if !pgerr.UniqueViolation(err) || !pgerr.Refused(err) || pgerr.BadRow(err) {
 		t.Errorf("a COPY row with a key stored before: %v (SQLSTATE %s)", err, pgerr.Code(err))
+	}
+	if pgerr.Relayed(err) {
+		t.Errorf("a recognised relayed refusal reported as unexplained: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused %', NEW.id USING ERRCODE = 'data_exception'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SET citus.enable_unsafe_triggers = on`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TRIGGER refuse BEFORE INSERT ON p_1 FOR EACH ROW WHEN (NEW.id = 'c') EXECUTE FUNCTION refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"c", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
+	if !pgerr.Relayed(err) {
+		t.Errorf("a COPY row a trigger refuses on a worker: %v (SQLSTATE %s), not reported as relayed", err, pgerr.Code(err))
+	}
+	if _, err := conn.Exec(ctx, `ALTER TABLE p ADD CONSTRAINT early CHECK (id <> 'b')`); err != nil {
+		t.Fatal(err)
+	}
+	for what, write := range map[string]func() error{
+		"COPY": func() error {
+			_, err := conn.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"b", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
+			return err
+		},
+		"INSERT": func() error {
+			_, err := conn.Exec(ctx, "INSERT INTO p VALUES ('b', '2026-10-01')")
+			return err
+		},
+	} {
+		if err := write(); pgerr.MissingPartition(err) || !pgerr.BadRow(err) {
+			t.Errorf("a %s row that violates a CHECK constraint: %v (SQLSTATE %s), taken for a missing partition", what, err, pgerr.Code(err))
+		}
 	}
 }
