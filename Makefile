@@ -23,9 +23,11 @@ test-short:
 ## test-citus: the suites that run on a Citus cluster the tests start (see docs/citus.md)
 # Needs Citus installed for the PostgreSQL server binaries; without it the
 # run fails instead of skipping.
-CITUS_PACKAGES ?= ./reconcile/ ./raw/ ./aggregate/ ./internal/pgerr/
+# CI runs it with CITUS_FLAGS=-short (smaller workloads).
+CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
+CITUS_FLAGS    ?=
 test-citus:
-	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 20m $(CITUS_PACKAGES)
+	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 25m $(CITUS_FLAGS) $(CITUS_PACKAGES)
 
 ## fuzz: each fuzz target for FUZZTIME (go test -fuzz takes one target a run)
 # FUZZMINIMIZETIME bounds the minimization of each new interesting input: with
