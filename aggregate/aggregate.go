@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/citus"
 )
 
 // Beyond-horizon policies.
@@ -55,6 +56,9 @@ type Definition struct {
 	CorrectionsKept time.Duration
 
 	columns []string // output columns of SQL, known after Prepare
+	// onCitus says that the warehouse has the citus extension, known
+	// after Prepare.
+	onCitus bool
 }
 
 // FromConfig resolves the aggregate named name.
@@ -224,6 +228,9 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&watermark); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
+	if err := d.awaitWorkers(ctx, tx); err != nil {
+		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
+	}
 	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
 	if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE %s = %s", target, col, key)); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: delete: %w", d.Name, p, err)
@@ -244,6 +251,20 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
 	return Result{Rows: rows, Recorded: recorded}, nil
+}
+
+// awaitWorkers, on a Citus warehouse, waits for the loads below the
+// watermark just read that are committed on the coordinator but not yet on
+// a worker (see citus.AwaitPrepared), so that the rows the rebuild reads
+// are those of every load below the watermark it records.
+func (d *Definition) awaitWorkers(ctx context.Context, tx pgx.Tx) error {
+	if !d.onCitus {
+		return nil
+	}
+	if err := citus.AwaitPrepared(ctx, tx); err != nil {
+		return fmt.Errorf("wait for loads committed on the coordinator to commit on the workers: %w", err)
+	}
+	return nil
 }
 
 // insertSQL is the statement of a rebuild that inserts p's rows into the
@@ -380,6 +401,9 @@ func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, opt
 	// every transaction below it is visible to the query.
 	s := Shadow{Archived: archived}
 	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&s.Watermark); err != nil {
+		return Shadow{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
+	}
+	if err := d.awaitWorkers(ctx, tx); err != nil {
 		return Shadow{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
 	}
 	shadow, list := d.ShadowName().Sanitize(), d.columnList()

@@ -12,7 +12,9 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/migrate"
 )
 
 // TestRebuildAggregatesOnWorkers: on a Citus warehouse whose raw table is
@@ -36,27 +38,7 @@ INSERT INTO public.sales SELECT 's' || g, '2026-10-01 00:00+00'::timestamptz + g
 ANALYZE public.sales`); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Parse("test.yaml", []byte(`warehouse: {dsn: "`+dsn+`"}
-sources:
-  sales:
-    table: {name: public.sales, key: [id], event_time: occurred_at, ingested_at: loaded_at}
-aggregates:
-  daily:
-    source: sales
-    table: daily
-    partition: {by: day, column: day}
-    sql: SELECT {{partition}} AS day, sum(amount) AS total, count(*) AS n FROM {{events}} GROUP BY 1
-`), func(string) (string, bool) { return "", false })
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := aggregate.FromConfig(cfg, "daily")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := aggregate.Prepare(ctx, conn, d); err != nil {
-		t.Fatal(err)
-	}
+	d := dailyOnCitus(t, conn, dsn)
 	p := d.Of(time.Date(2026, 10, 1, 12, 0, 0, 0, time.UTC))
 	lines := pgtest.Rows(t, conn, "EXPLAIN (COSTS OFF) "+aggregate.InsertSQL(d, p))
 	plan := strings.Join(lines, "\n")
@@ -85,4 +67,118 @@ func workerAggregates(lines []string, workers []*pgserver.Server) bool {
 		}
 	}
 	return false
+}
+
+// TestRebuildWaitsForWorkers: a rebuild records the snapshot's xmin as the
+// loads it holds (backfill --publish trusts a shadow build's the same
+// way). On Citus a load committed on the coordinator whose COMMIT PREPARED
+// has not reached a worker is below that xmin while its rows there are not
+// visible: the rebuild must wait for it, not record rows it did not read.
+func TestRebuildWaitsForWorkers(t *testing.T) {
+	ctx := context.Background()
+	cluster := pgtest.SharedCluster(t)
+	w0, w1 := cluster.Workers[0], cluster.Workers[1]
+	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", w1.Host, w1.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	dsn := cluster.NewDatabase(t, pgtest.ClusterOptions{WorkerAddrs: []string{fmt.Sprintf("%s:%d", w0.Host, w0.Port), proxy.Addr()}})
+	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, `
+CREATE TABLE public.sales (id text NOT NULL, occurred_at timestamptz NOT NULL, loaded_at timestamptz NOT NULL, amount numeric NOT NULL);
+SELECT create_distributed_table('public.sales', 'id')`); err != nil {
+		t.Fatal(err)
+	}
+	d := dailyOnCitus(t, conn, dsn)
+	p := d.Of(time.Date(2026, 10, 1, 12, 0, 0, 0, time.UTC))
+
+	proxy.Hold([]byte("COMMIT PREPARED"))
+	load, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = load.Close(context.Background()) })
+	committed := make(chan error, 1)
+	go func() {
+		_, err := load.Exec(ctx, `INSERT INTO public.sales SELECT 's' || g, '2026-10-01 00:00+00'::timestamptz + g * interval '1 minute', now(), 1 FROM generate_series(1, 100) g`)
+		committed <- err
+	}()
+	select {
+	case <-proxy.Held():
+	case err := <-committed:
+		t.Fatalf("the load committed on every worker while COMMIT PREPARED was held: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("no COMMIT PREPARED was sent to the second worker")
+	}
+	rebuild := func(ctx context.Context, conn *pgx.Conn) (aggregate.Result, error) {
+		var res aggregate.Result
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			var err error
+			res, err = aggregate.Rebuild(ctx, tx, d, p, time.Now())
+			return err
+		})
+		return res, err
+	}
+	// Its own session: the cancelled wait closes it.
+	held, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Close(context.Background()) })
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = rebuild(short, held)
+	cancel()
+	if err == nil {
+		var n int
+		_ = conn.QueryRow(ctx, "SELECT n FROM daily").Scan(&n)
+		t.Fatalf("a rebuild while a worker's COMMIT PREPARED is held succeeded, with %d of 100 events", n)
+	}
+	t.Logf("rebuild while held: %v", err)
+	proxy.Release()
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rebuild(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT n FROM daily").Scan(&n); err != nil || n != 100 {
+		t.Fatalf("daily.n = %d (%v), want 100", n, err)
+	}
+}
+
+// dailyOnCitus prepares the aggregate daily over public.sales.
+func dailyOnCitus(t *testing.T, conn *pgx.Conn, dsn string) *aggregate.Definition {
+	t.Helper()
+	cfg, err := config.Parse("test.yaml", []byte(`warehouse: {dsn: "`+dsn+`"}
+sources:
+  sales:
+    table: {name: public.sales, key: [id], event_time: occurred_at, ingested_at: loaded_at}
+aggregates:
+  daily:
+    source: sales
+    table: daily
+    partition: {by: day, column: day}
+    beyond_horizon: rebuild
+    sql: SELECT {{partition}} AS day, sum(amount) AS total, count(*) AS n FROM {{events}} GROUP BY 1
+`), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := aggregate.FromConfig(cfg, "daily")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := aggregate.Prepare(context.Background(), conn, d); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
@@ -121,6 +122,9 @@ func Prepare(ctx context.Context, conn *pgx.Conn, d *Definition) error {
 	names := make([]string, len(cols))
 	for i, c := range cols {
 		names[i] = c.name
+	}
+	if d.onCitus, err = citus.Enabled(ctx, conn); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
 	}
 	d.columns = names
 	return nil

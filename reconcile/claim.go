@@ -248,17 +248,6 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 	return w, hi, nil
 }
 
-// Waits for the loads that the bound counts as finished on a Citus
-// coordinator and that are still prepared on a worker (see
-// citus.AwaitPrepared): a COMMIT PREPARED takes milliseconds, one left in
-// doubt by a coordinator session that ended is finished by Citus within
-// citus.recover_2pc_interval (a minute by default), and until then the
-// claim fails and is retried.
-const (
-	preparedPoll = 10 * time.Millisecond
-	preparedWait = 10 * time.Second
-)
-
 // awaitWorkers makes, on a Citus warehouse, the raw rows of every load
 // below the claim's bound visible on the workers before the claim queues
 // their partitions: the coordinator counts a load as committed before
@@ -269,7 +258,7 @@ func awaitWorkers(ctx context.Context, tx pgx.Tx) error {
 	if err != nil || !on {
 		return err
 	}
-	if err := citus.AwaitPrepared(ctx, tx, preparedPoll, preparedWait); err != nil {
+	if err := citus.AwaitPrepared(ctx, tx); err != nil {
 		return fmt.Errorf("wait for loads committed on the coordinator to commit on the workers: %w", err)
 	}
 	return nil

@@ -87,13 +87,26 @@ func Distribute(ctx context.Context, q Querier, table, column string) error {
 // finishes them within citus.recover_2pc_interval.
 var ErrInDoubt = errors.New("transactions prepared on Citus workers are not finished")
 
+// How AwaitPrepared waits: a COMMIT PREPARED takes milliseconds; one left
+// in doubt by a coordinator session that ended between the two phases is
+// finished by Citus's maintenance daemon within citus.recover_2pc_interval
+// (a minute by default), and until then the caller fails and is retried.
+const (
+	preparedPoll = 10 * time.Millisecond
+	preparedWait = 10 * time.Second
+)
+
 // AwaitPrepared waits until every transaction that this node had prepared
 // on a worker when it was called is finished there (committed or rolled
-// back), polling every poll, for at most wait. Called after a snapshot
-// was taken on the coordinator, it makes the rows of every transaction
-// that snapshot counts as committed visible on the workers to the
-// statements that follow. A worker that does not answer is an error.
-func AwaitPrepared(ctx context.Context, q Querier, poll, wait time.Duration) error {
+// back), for at most 10 seconds (then ErrInDoubt). Called after a
+// snapshot was taken on the coordinator, it makes the rows of every
+// transaction that snapshot counts as committed visible on the workers to
+// the statements that follow. A worker that does not answer is an error.
+func AwaitPrepared(ctx context.Context, q Querier) error {
+	return awaitPrepared(ctx, q, preparedPoll, preparedWait)
+}
+
+func awaitPrepared(ctx context.Context, q Querier, poll, wait time.Duration) error {
 	var group int
 	if err := q.QueryRow(ctx, localGroupSQL).Scan(&group); err != nil {
 		return fmt.Errorf("read the Citus group of this node: %w", err)
