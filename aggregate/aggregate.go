@@ -228,7 +228,7 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&watermark); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
-	if err := d.awaitWorkers(ctx, tx); err != nil {
+	if err := d.AwaitWorkers(ctx, tx); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
 	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
@@ -253,11 +253,13 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	return Result{Rows: rows, Recorded: recorded}, nil
 }
 
-// awaitWorkers, on a Citus warehouse, waits for the loads below the
-// watermark just read that are committed on the coordinator but not yet on
-// a worker (see citus.AwaitPrepared), so that the rows the rebuild reads
-// are those of every load below the watermark it records.
-func (d *Definition) awaitWorkers(ctx context.Context, tx pgx.Tx) error {
+// AwaitWorkers, on a Citus warehouse (as Prepare found it), waits for the
+// loads below a snapshot's xmin just read in tx that are committed on the
+// coordinator but not yet on a worker (see citus.AwaitPrepared), so that
+// the statements after it read the rows of every load below that xmin: a
+// rebuild's and a shadow build's recorded watermark, a reconcile claim's
+// bound.
+func (d *Definition) AwaitWorkers(ctx context.Context, tx pgx.Tx) error {
 	if !d.onCitus {
 		return nil
 	}
@@ -403,7 +405,7 @@ func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, opt
 	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&s.Watermark); err != nil {
 		return Shadow{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
 	}
-	if err := d.awaitWorkers(ctx, tx); err != nil {
+	if err := d.AwaitWorkers(ctx, tx); err != nil {
 		return Shadow{}, fmt.Errorf("shadow %s %s: %w", d.Name, p, err)
 	}
 	shadow, list := d.ShadowName().Sanitize(), d.columnList()

@@ -12,7 +12,6 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
-	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
@@ -26,11 +25,7 @@ func TestRebuildAggregatesOnWorkers(t *testing.T) {
 	ctx := context.Background()
 	cluster := pgtest.SharedCluster(t)
 	dsn := cluster.NewDatabase(t, pgtest.ClusterOptions{})
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	conn := pgtest.Conn(t, dsn)
 	if _, err := conn.Exec(ctx, `
 CREATE TABLE public.sales (id text NOT NULL, occurred_at timestamptz NOT NULL, loaded_at timestamptz NOT NULL, amount numeric NOT NULL);
 SELECT create_distributed_table('public.sales', 'id');
@@ -76,22 +71,11 @@ func workerAggregates(lines []string, workers []*pgserver.Server) bool {
 // visible: the rebuild must wait for it, not record rows it did not read.
 func TestRebuildWaitsForWorkers(t *testing.T) {
 	ctx := context.Background()
-	cluster := pgtest.SharedCluster(t)
-	w0, w1 := cluster.Workers[0], cluster.Workers[1]
-	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", w1.Host, w1.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	dsn := cluster.NewDatabase(t, pgtest.ClusterOptions{WorkerAddrs: []string{fmt.Sprintf("%s:%d", w0.Host, w0.Port), proxy.Addr()}})
+	dsn, proxy := pgtest.SharedCluster(t).NewDatabaseBehindProxy(t, 1)
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	conn := pgtest.Conn(t, dsn)
 	if _, err := conn.Exec(ctx, `
 CREATE TABLE public.sales (id text NOT NULL, occurred_at timestamptz NOT NULL, loaded_at timestamptz NOT NULL, amount numeric NOT NULL);
 SELECT create_distributed_table('public.sales', 'id')`); err != nil {
@@ -101,11 +85,7 @@ SELECT create_distributed_table('public.sales', 'id')`); err != nil {
 	p := d.Of(time.Date(2026, 10, 1, 12, 0, 0, 0, time.UTC))
 
 	proxy.Hold([]byte("COMMIT PREPARED"))
-	load, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = load.Close(context.Background()) })
+	load := pgtest.Conn(t, dsn)
 	committed := make(chan error, 1)
 	go func() {
 		_, err := load.Exec(ctx, `INSERT INTO public.sales SELECT 's' || g, '2026-10-01 00:00+00'::timestamptz + g * interval '1 minute', now(), 1 FROM generate_series(1, 100) g`)
@@ -128,13 +108,9 @@ SELECT create_distributed_table('public.sales', 'id')`); err != nil {
 		return res, err
 	}
 	// Its own session: the cancelled wait closes it.
-	held, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = held.Close(context.Background()) })
+	held := pgtest.Conn(t, dsn)
 	short, cancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err = rebuild(short, held)
+	_, err := rebuild(short, held)
 	cancel()
 	if err == nil {
 		var n int

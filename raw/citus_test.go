@@ -22,11 +22,7 @@ func TestDistributeOnCitus(t *testing.T) {
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	conn := pgtest.Conn(t, dsn)
 	// citusKind is how Citus knows the table: "" when it does not.
 	citusKind := func(table string) string {
 		t.Helper()

@@ -13,7 +13,6 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
-	"github.com/tidemark-dev/tidemark/internal/citus"
 )
 
 const (
@@ -187,7 +186,10 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 	if err := tx.QueryRow(ctx, snapshotXminSQL).Scan(&hi); err != nil {
 		return nil, "", fmt.Errorf("read snapshot: %w", err)
 	}
-	if err := awaitWorkers(ctx, tx); err != nil {
+	// On Citus, a load below the bound may still be prepared on a
+	// worker: a rebuild would miss its rows there while the bound moves
+	// past it for good.
+	if err := d.AwaitWorkers(ctx, tx); err != nil {
 		return nil, "", err
 	}
 	retained, err := aggregate.RetainedFrom(ctx, tx, d.Source)
@@ -246,22 +248,6 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 		return nil, "", err
 	}
 	return w, hi, nil
-}
-
-// awaitWorkers makes, on a Citus warehouse, the raw rows of every load
-// below the claim's bound visible on the workers before the claim queues
-// their partitions: the coordinator counts a load as committed before
-// its workers' COMMIT PREPARED, and a rebuild that ran in between would
-// miss the rows on a worker while the bound moved past them for good.
-func awaitWorkers(ctx context.Context, tx pgx.Tx) error {
-	on, err := citus.Enabled(ctx, tx)
-	if err != nil || !on {
-		return err
-	}
-	if err := citus.AwaitPrepared(ctx, tx); err != nil {
-		return fmt.Errorf("wait for loads committed on the coordinator to commit on the workers: %w", err)
-	}
-	return nil
 }
 
 // claimTable is claimLedger for a timestamp-mode source: the window is

@@ -40,18 +40,16 @@ const (
 
 	distributeSQL = `SELECT create_distributed_table($1, $2)`
 
-	// localGroupSQL is the group id of this node, the first number of
-	// the names of the transactions it prepares on other nodes.
-	localGroupSQL = `SELECT groupid FROM pg_dist_local_group`
-
 	// preparedOnWorkersSQL lists, from each worker, the prepared
-	// transactions of this database whose names say that the node of
-	// group $1 started them. A worker that does not answer is an error.
+	// transactions of this database whose names say that this node
+	// started them: Citus names them citus_<group>_..., <group> being the
+	// node's group id. A worker that does not answer is an error.
 	preparedOnWorkersSQL = `
 SELECT nodename, nodeport, success, result
 FROM run_command_on_workers(format(
   $$SELECT coalesce(string_agg(gid, ' '), '') FROM pg_prepared_xacts
-    WHERE database = current_database() AND gid LIKE 'citus\_%s\_%%'$$, $1::int))`
+    WHERE database = current_database() AND gid LIKE 'citus\_%s\_%%'$$,
+  (SELECT groupid FROM pg_dist_local_group)))`
 )
 
 // Enabled reports whether the database q is connected to has the citus
@@ -107,11 +105,7 @@ func AwaitPrepared(ctx context.Context, q Querier) error {
 }
 
 func awaitPrepared(ctx context.Context, q Querier, poll, wait time.Duration) error {
-	var group int
-	if err := q.QueryRow(ctx, localGroupSQL).Scan(&group); err != nil {
-		return fmt.Errorf("read the Citus group of this node: %w", err)
-	}
-	first, err := prepared(ctx, q, group)
+	first, err := prepared(ctx, q)
 	if err != nil || len(first) == 0 {
 		return err
 	}
@@ -124,7 +118,7 @@ func awaitPrepared(ctx context.Context, q Querier, poll, wait time.Duration) err
 			return ctx.Err()
 		case <-t.C:
 		}
-		now, err := prepared(ctx, q, group)
+		now, err := prepared(ctx, q)
 		if err != nil {
 			return err
 		}
@@ -138,10 +132,10 @@ func awaitPrepared(ctx context.Context, q Querier, poll, wait time.Duration) err
 	}
 }
 
-// prepared lists the names of the transactions of group prepared on the
-// workers.
-func prepared(ctx context.Context, q Querier, group int) ([]string, error) {
-	rows, err := q.Query(ctx, preparedOnWorkersSQL, group)
+// prepared lists the names of the transactions this node has prepared on
+// the workers.
+func prepared(ctx context.Context, q Querier) ([]string, error) {
+	rows, err := q.Query(ctx, preparedOnWorkersSQL)
 	if err != nil {
 		return nil, fmt.Errorf("list the transactions prepared on the Citus workers: %w", err)
 	}

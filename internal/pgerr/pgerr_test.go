@@ -138,16 +138,12 @@ func TestFromServer(t *testing.T) {
 func TestFromCitus(t *testing.T) {
 	ctx := context.Background()
 	// One session: citus.enable_unsafe_triggers is set in it.
-	conn, err := pgx.Connect(ctx, pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := pgtest.Conn(t, pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{}))
 	if _, err := conn.Exec(ctx, `CREATE TABLE p (id text NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
 		SELECT create_distributed_table('p', 'id')`); err != nil {
 		t.Fatal(err)
 	}
-	_, err = conn.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
+	_, err := conn.CopyFrom(ctx, pgx.Identifier{"p"}, []string{"id", "at"}, pgx.CopyFromRows([][]any{{"a", time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}}))
 	if !pgerr.MissingPartition(err) || pgerr.BadRow(err) {
 		t.Errorf("no partition for a COPY row: %v (SQLSTATE %s)", err, pgerr.Code(err))
 	}

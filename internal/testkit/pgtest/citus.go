@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
 )
 
 // EnvCitus names the variable that, set to 1, makes NewDatabase and
@@ -181,6 +182,25 @@ func (c *Cluster) NewDatabase(tb testing.TB, opts ClusterOptions) string {
 		}
 	}
 	return c.Coordinator.URL(name)
+}
+
+// NewDatabaseBehindProxy is NewDatabase with the worker of index worker
+// registered through a fault proxy, which it returns: the cluster's own
+// traffic to that worker (a COMMIT PREPARED, say) can then be held back.
+func (c *Cluster) NewDatabaseBehindProxy(tb testing.TB, worker int) (string, *faultproxy.Proxy) {
+	tb.Helper()
+	w := c.Workers[worker]
+	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", w.Host, w.Port))
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() { _ = proxy.Close() })
+	addrs := make([]string, len(c.Workers))
+	for i, w := range c.Workers {
+		addrs[i] = fmt.Sprintf("%s:%d", w.Host, w.Port)
+	}
+	addrs[worker] = proxy.Addr()
+	return c.NewDatabase(tb, ClusterOptions{WorkerAddrs: addrs}), proxy
 }
 
 func exec1(ctx context.Context, tb testing.TB, dsn, sql string) {

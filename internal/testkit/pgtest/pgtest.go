@@ -155,6 +155,18 @@ func Pool(tb testing.TB, dsn string) *pgxpool.Pool {
 	return pool
 }
 
+// Conn connects one session to dsn, closed when the test ends: for tests
+// whose settings or transaction must stay in one session.
+func Conn(tb testing.TB, dsn string) *pgx.Conn {
+	tb.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		tb.Fatalf("pgtest: connect %s: %v", redact(dsn), err)
+	}
+	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
 // NewServer starts a private server for one test, for tests that restart or
 // reconfigure it. It is stopped when the test ends.
 func NewServer(tb testing.TB, opts pgserver.Options) *pgserver.Server {
