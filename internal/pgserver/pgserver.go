@@ -323,7 +323,7 @@ func (s *Server) start(ctx context.Context) error {
 	for {
 		select {
 		case <-exited:
-			return fmt.Errorf("pgserver: postgres exited during start: %s", s.tailLog())
+			return fmt.Errorf("pgserver: postgres exited during start: %s", s.LogTail())
 		case <-ctx.Done():
 			s.kill()
 			return ctx.Err()
@@ -334,7 +334,7 @@ func (s *Server) start(ctx context.Context) error {
 		}
 		if time.Now().After(deadline) {
 			s.kill()
-			return fmt.Errorf("pgserver: postgres did not accept connections within 60s: %s", s.tailLog())
+			return fmt.Errorf("pgserver: postgres did not accept connections within 60s: %s", s.LogTail())
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
@@ -351,7 +351,9 @@ func (s *Server) ping(ctx context.Context) error {
 	return conn.Ping(ctx)
 }
 
-func (s *Server) tailLog() string {
+// LogTail returns the last 2,000 bytes of the server's log, for an error
+// message that should say what the server said.
+func (s *Server) LogTail() string {
 	b, _ := os.ReadFile(s.logFile)
 	if len(b) > 2000 {
 		b = b[len(b)-2000:]

@@ -47,6 +47,11 @@ func RequireCitus(tb testing.TB) {
 type Cluster struct {
 	Coordinator *pgserver.Server
 	Workers     []*pgserver.Server
+
+	// registering serialises citus_add_node across the test databases:
+	// each registration copies the cluster's roles to the worker, and two
+	// at once fail there with "tuple concurrently updated".
+	registering sync.Mutex
 }
 
 var (
@@ -165,6 +170,8 @@ func (c *Cluster) NewDatabase(tb testing.TB, opts ClusterOptions) string {
 			tb.Fatalf("pgtest: %s: %v", q, err)
 		}
 	}
+	c.registering.Lock()
+	defer c.registering.Unlock()
 	for i, w := range c.Workers {
 		host, port := w.Host, w.Port
 		if i < len(opts.WorkerAddrs) {
@@ -178,7 +185,7 @@ func (c *Cluster) NewDatabase(tb testing.TB, opts ClusterOptions) string {
 			}
 		}
 		if _, err := conn.Exec(ctx, "SELECT citus_add_node($1, $2)", host, port); err != nil {
-			tb.Fatalf("pgtest: add worker %s:%d: %v", host, port, err)
+			tb.Fatalf("pgtest: add worker %s:%d: %v\nworker log:\n%s", host, port, err, w.LogTail())
 		}
 	}
 	return c.Coordinator.URL(name)
