@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -113,6 +114,9 @@ type writer struct {
 	// rawBinary records, per source, whether its raw table has the column
 	// types that rawCopy encodes.
 	rawBinary map[*source]bool
+	// distributed records, per source, whether its raw table is a Citus
+	// distributed table.
+	distributed map[*source]bool
 }
 
 // probeAfterDuplicate is how many batches probe for stored events, or drop
@@ -470,6 +474,9 @@ func (w *writer) copySource(ctx context.Context, tx pgx.Tx, src *source, rows []
 // refused; the batch itself is left as it is, so a failed attempt leaves
 // nothing behind.
 func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) ([]*row, []deadLetter, error) {
+	if err := w.commitInTwoPhases(ctx, tx, fresh); err != nil {
+		return nil, nil, err
+	}
 	kept := make([]*row, 0, len(fresh))
 	var rejected []deadLetter
 	for _, r := range fresh {
@@ -498,6 +505,38 @@ func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row
 		rejected = append(rejected, deadLetter{src: r.src, rej: decode.Rejection{Reason: decode.ReasonRejectedByStore, Detail: err.Error()}, rec: r.rec})
 	}
 	return kept, rejected, nil
+}
+
+// commitInTwoPhases makes tx commit with two-phase commit on the Citus
+// workers when the rows go into a distributed raw table one by one: Citus
+// would otherwise commit rows that all reached one worker before the
+// coordinator's own part, and a coordinator failing in between would keep
+// them without their ledger and offsets (citus.CommitInTwoPhases). A COPY
+// needs nothing: Citus always commits it in two phases.
+func (w *writer) commitInTwoPhases(ctx context.Context, tx pgx.Tx, rows []*row) error {
+	seen := map[*source]bool{}
+	for _, r := range rows {
+		src := r.src
+		if src.mirror != nil || seen[src] {
+			continue // a change table is never distributed
+		}
+		seen[src] = true
+		dist, known := w.distributed[src]
+		if !known {
+			var err error
+			if dist, err = citus.Distributed(ctx, tx, src.raw.Ident()); err != nil {
+				return err
+			}
+			if w.distributed == nil {
+				w.distributed = map[*source]bool{}
+			}
+			w.distributed[src] = dist
+		}
+		if dist {
+			return citus.CommitInTwoPhases(ctx, tx.Conn().PgConn(), src.raw.Ident())
+		}
+	}
+	return nil
 }
 
 // classifyRowError sorts the errors of writing rows: a missing raw

@@ -28,8 +28,13 @@ type writerHarness struct {
 
 func newWriterHarness(t *testing.T) *writerHarness {
 	t.Helper()
+	return newWriterHarnessOn(t, pgtest.NewDatabase(t))
+}
+
+// newWriterHarnessOn is newWriterHarness on the warehouse at dsn.
+func newWriterHarnessOn(t *testing.T, dsn string) *writerHarness {
+	t.Helper()
 	ctx := context.Background()
-	dsn := pgtest.NewDatabase(t)
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}

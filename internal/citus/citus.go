@@ -79,6 +79,39 @@ func Distribute(ctx context.Context, q Querier, table, column string) error {
 	return nil
 }
 
+// Distributed reports whether table (a quoted, qualified name) is known to
+// Citus; false on a database without the citus extension.
+func Distributed(ctx context.Context, q Querier, table string) (bool, error) {
+	on, err := Enabled(ctx, q)
+	if err != nil || !on {
+		return false, err
+	}
+	var known bool
+	if err := q.QueryRow(ctx, isCitusTableSQL, table).Scan(&known); err != nil {
+		return false, fmt.Errorf("is %s distributed: %w", table, err)
+	}
+	return known, nil
+}
+
+// CommitInTwoPhases makes the transaction open on conn commit its writes
+// on the workers with two-phase commit, table being a distributed table.
+//
+// Citus commits a transaction whose writes reached a single worker, as a
+// row-by-row INSERT's may, with a plain COMMIT sent to that worker before
+// the coordinator commits its own part: a coordinator that fails between
+// the two leaves the worker's rows committed and the coordinator's (the
+// ledger, the offsets) not. A COPY into a distributed table always marks
+// the transaction for two-phase commit, under which Citus prepares each
+// worker's part, records it in the coordinator's own commit and finishes
+// or rolls it back after a failure; a COPY of no rows does that and
+// nothing else.
+func CommitInTwoPhases(ctx context.Context, conn *pgconn.PgConn, table string) error {
+	if _, err := conn.CopyFrom(ctx, strings.NewReader(""), "COPY "+table+" FROM STDIN"); err != nil {
+		return fmt.Errorf("mark the transaction for two-phase commit: %w", err)
+	}
+	return nil
+}
+
 // ErrInDoubt means that transactions prepared on workers stayed so for
 // longer than AwaitPrepared waits: a coordinator session ended between
 // its commit and the workers' COMMIT PREPARED. Citus's maintenance daemon
