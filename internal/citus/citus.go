@@ -112,6 +112,30 @@ func CommitInTwoPhases(ctx context.Context, conn *pgconn.PgConn, table string) e
 	return nil
 }
 
+// keepCommitsDurableSQL sets synchronous_commit to local for the session
+// when the database has the citus extension and the setting is off.
+const keepCommitsDurableSQL = `
+SELECT set_config('synchronous_commit', 'local', false)
+FROM pg_settings
+WHERE name = 'synchronous_commit' AND setting = 'off'
+  AND EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`
+
+// KeepCommitsDurable turns synchronous_commit from off to local for the
+// session of conn on a Citus coordinator, and does nothing elsewhere.
+//
+// Under synchronous_commit off a commit returns before its WAL is written,
+// and on a coordinator Citus then sends COMMIT PREPARED to the workers: a
+// coordinator that crashes next loses its own part of the transaction (a
+// load's ledger row and offsets) while the workers keep theirs. On one
+// server such a crash loses the whole load, which is loaded again; on a
+// cluster it would split it.
+func KeepCommitsDurable(ctx context.Context, conn *pgconn.PgConn) error {
+	if _, err := conn.Exec(ctx, keepCommitsDurableSQL).ReadAll(); err != nil {
+		return fmt.Errorf("keep commits durable on a Citus coordinator: %w", err)
+	}
+	return nil
+}
+
 // ErrInDoubt means that transactions prepared on workers stayed so for
 // longer than AwaitPrepared waits: a coordinator session ended between
 // its commit and the workers' COMMIT PREPARED. Citus's maintenance daemon

@@ -9,7 +9,9 @@
 //   - on warehouse sessions, the server-side limits of warehouse.*:
 //     statement_timeout, lock_timeout and
 //     idle_in_transaction_session_timeout, unless the connection string
-//     sets them itself.
+//     sets them itself;
+//   - on warehouse sessions to a Citus coordinator, synchronous_commit
+//     local where the server's is off (citus.KeepCommitsDurable).
 //
 // Source sessions get no server-side limits: they run long snapshots and
 // cursors, and the source's settings are its owner's. The deadlines of
@@ -26,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/dialer"
 )
 
@@ -86,6 +89,7 @@ func apply(cc *pgconn.Config, params map[string]string, app string) {
 	}
 	cc.RuntimeParams["application_name"] = app
 	cc.RuntimeParams["timezone"] = "UTC"
+	cc.AfterConnect = citus.KeepCommitsDurable
 }
 
 // WarehouseConfig parses warehouse.dsn for a connection of its own, with
