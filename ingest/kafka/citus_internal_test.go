@@ -11,63 +11,84 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
-// TestCitusCheckedRowsCommitInTwoPhases: on Citus, the rows the writer
-// stores one by one (after a worker refused a COPY) must commit in two
-// phases like a COPY's even when they all reach one worker. Citus would
-// otherwise commit that worker's part before the coordinator's own, and a
-// coordinator failing in between would keep the rows without their ledger
-// and offsets. The worker behind the proxy must receive PREPARE
-// TRANSACTION before the write returns.
-func TestCitusCheckedRowsCommitInTwoPhases(t *testing.T) {
+// TestCitusLoadsCommitInTwoPhases: on Citus, a load whose raw rows all go
+// to one worker must still commit there in two phases. Citus commits the
+// part of a worker it does not count as written with a plain COMMIT, before
+// or after the coordinator's own commit, and a failure in between splits
+// the load: raw rows without their ledger and offsets, or offsets without
+// their rows. Rows stored one by one (after a worker refused a COPY), and
+// a COPY after a probe for stored events (which reads the same shards in
+// the transaction first) are such loads. The worker behind the proxy must
+// receive PREPARE TRANSACTION before the write returns.
+func TestCitusLoadsCommitInTwoPhases(t *testing.T) {
 	if !pgtest.OnCitus() {
 		t.Skip("a Citus test: make test-citus runs it (" + pgtest.EnvCitus + "=1)")
 	}
-	ctx := context.Background()
-	dsn, proxy := pgtest.SharedCluster(t).NewDatabaseBehindProxy(t, 1)
-	h := newWriterHarnessOn(t, dsn)
-	stored := map[topicPartition]position{}
-	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
-	// The first batch creates the day's raw partition, whose DDL commits
-	// in two phases too.
-	first := h.batchOf(0, "e0")
-	if _, err := h.w.write(ctx, first, stored, now, false); err != nil {
-		t.Fatal(err)
-	}
-	stored[tp0] = first.parts[tp0].next
+	for _, tc := range []struct {
+		name      string
+		checkRows bool
+		probeLeft int
+	}{
+		{"rows one by one", true, 0},
+		{"a COPY after a probe", false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			dsn, proxy := pgtest.SharedCluster(t).NewDatabaseBehindProxy(t, 1)
+			h := newWriterHarnessOn(t, dsn)
+			stored := map[topicPartition]position{}
+			now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+			// The first batch creates the day's raw partition, whose DDL
+			// commits in two phases too.
+			first := h.batchOf(0, "e0")
+			if _, err := h.w.write(ctx, first, stored, now, false); err != nil {
+				t.Fatal(err)
+			}
+			stored[tp0] = first.parts[tp0].next
 
-	_, port, err := net.SplitHostPort(proxy.Addr())
+			ids := idsOnWorker(t, h, proxy.Addr(), 2)
+			proxy.Hold([]byte("PREPARE TRANSACTION"))
+			h.w.probeLeft = tc.probeLeft
+			done := make(chan error, 1)
+			go func() {
+				_, err := h.w.write(ctx, h.batchOf(1, "e0", ids[0], ids[1]), stored, now, tc.checkRows)
+				done <- err
+			}()
+			select {
+			case <-proxy.Held():
+			case err := <-done:
+				t.Fatalf("the rows were committed on their worker without two-phase commit (write: %v)", err)
+			case <-time.After(time.Minute):
+				t.Fatal("the write neither prepared on the worker nor returned within a minute")
+			}
+			proxy.Release()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			h.wantStored(t, "e0,"+ids[0]+","+ids[1], 1)
+		})
+	}
+}
+
+// idsOnWorker returns n event ids of the form eN whose shards of
+// raw.app_events are on the worker registered at addr.
+func idsOnWorker(t *testing.T, h *writerHarness, addr string, n int) []string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxied, _ := strconv.Atoi(port)
-	id := ""
-	for i := 1; i < 100 && id == ""; i++ {
-		candidate := fmt.Sprintf("e%d", i)
+	want, _ := strconv.Atoi(port)
+	var ids []string
+	for i := 1; i < 200 && len(ids) < n; i++ {
+		id := fmt.Sprintf("e%d", i)
 		if h.count(t, fmt.Sprintf(`SELECT nodeport FROM citus_shards
-			WHERE shardid = get_shard_id_for_distribution_column('raw.app_events', '%s')`, candidate)) == proxied {
-			id = candidate
+			WHERE shardid = get_shard_id_for_distribution_column('raw.app_events', '%s')`, id)) == want {
+			ids = append(ids, id)
 		}
 	}
-	if id == "" {
-		t.Fatal("no event id among e1 to e99 hashes to a shard on the proxied worker")
+	if len(ids) < n {
+		t.Fatalf("fewer than %d event ids among e1 to e199 hash to shards on the worker at %s", n, addr)
 	}
-
-	proxy.Hold([]byte("PREPARE TRANSACTION"))
-	done := make(chan error, 1)
-	go func() {
-		_, err := h.w.write(ctx, h.batchOf(1, id), stored, now, true)
-		done <- err
-	}()
-	select {
-	case <-proxy.Held():
-	case err := <-done:
-		t.Fatalf("the row was committed on its worker without two-phase commit (write: %v)", err)
-	case <-time.After(time.Minute):
-		t.Fatal("the write neither prepared on the worker nor returned within a minute")
-	}
-	proxy.Release()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	h.wantStored(t, "e0,"+id, 0)
+	return ids
 }

@@ -424,10 +424,11 @@ func (r *replayer) probe(ctx context.Context, tx pgx.Tx, b *batch, res chunkResu
 			probed.rows = append(probed.rows, *row)
 		}
 	}
-	kept, err := r.w.newRows(ctx, tx, probed, true, true)
+	inRaw, err := probeStored(ctx, tx, firstOfEach(probed))
 	if err != nil {
 		return res, err
 	}
+	kept := newRows(probed, true, true, inRaw)
 	stored := map[*kgo.Record]bool{}
 	for _, row := range probed.rows {
 		stored[row.rec] = true
@@ -456,12 +457,23 @@ func (r *replayer) probe(ctx context.Context, tx pgx.Tx, b *batch, res chunkResu
 // row), without the offsets, which a replay does not move. It returns the
 // rows stored and, as dead letters, the rows the warehouse refused.
 func (w *writer) storeReplayed(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time, checkRows bool) ([]*row, []deadLetter, error) {
-	fresh, err := w.newRows(ctx, tx, b, true, true)
+	inRaw, err := probeStored(ctx, tx, firstOfEach(b))
 	if err != nil {
 		return nil, nil, err
 	}
+	fresh := newRows(b, true, true, inRaw)
 	if fresh, _, err = w.dedupeIDs(ctx, tx, fresh, ingestedAt); err != nil {
 		return nil, nil, err
+	}
+	if !checkRows {
+		// The probe read the raw shards in this transaction, and on Citus
+		// a COPY over those connections would commit on the workers
+		// without two-phase commit; rows inserted one by one do.
+		dist, err := w.distributedSource(ctx, tx, fresh)
+		if err != nil {
+			return nil, nil, err
+		}
+		checkRows = dist != nil
 	}
 	var rejected []deadLetter
 	if checkRows {

@@ -151,6 +151,20 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err := w.ensureMirrors(ctx, b); err != nil {
 		return res, err
 	}
+	probe := checkRows || w.probeLeft > 0
+	var inRaw map[eventKey]bool
+	if probe {
+		// Probed before the transaction: on Citus, a COPY over the
+		// connections that read the same shards earlier in its
+		// transaction is committed on the workers without two-phase
+		// commit. Under READ COMMITTED the probe sees no less here: an
+		// event stored meanwhile fails the COPY on the primary key, and
+		// the batch is retried.
+		var err error
+		if inRaw, err = probeStored(ctx, w.conn, firstOfEach(b)); err != nil {
+			return res, err
+		}
+	}
 	tx, err := w.conn.Begin(ctx)
 	if err != nil {
 		return res, err
@@ -181,7 +195,6 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		return res, nil
 	}
 
-	probe := checkRows || w.probeLeft > 0
 	dedupe := probe || w.dedupeLeft > 0
 	switch {
 	case checkRows:
@@ -190,10 +203,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	case w.dedupeLeft > 0:
 		w.dedupeLeft--
 	}
-	fresh, err := w.newRows(ctx, tx, b, dedupe, probe)
-	if err != nil {
-		return res, err
-	}
+	fresh := newRows(b, dedupe, probe, inRaw)
 	if fresh, res.idDuplicates, err = w.dedupeIDs(ctx, tx, fresh, ingestedAt); err != nil {
 		return res, err
 	}
@@ -313,32 +323,50 @@ type eventKey struct {
 
 // newRows returns the batch's rows to COPY: every row, or with dedupe the
 // first of each (event_id, event_time) within the batch, and with probe
-// (which implies dedupe) minus those a raw partition already holds. Rows
-// neither step removed fail the COPY on the primary key, and the batch is
-// retried with the step it lacked.
-func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, dedupe, probe bool) ([]*row, error) {
+// (which implies dedupe) minus those in stored, which probeStored found in
+// the raw partitions. Rows neither step removed fail the COPY on the
+// primary key, and the batch is retried with the step it lacked.
+func newRows(b *batch, dedupe, probe bool, stored map[eventKey]bool) []*row {
 	if !dedupe && !probe {
 		fresh := make([]*row, len(b.rows))
 		for i := range b.rows {
 			fresh[i] = &b.rows[i]
 		}
-		return fresh, nil
+		return fresh
 	}
 	fresh := firstOfEach(b)
-	if !probe {
-		return fresh, nil
+	if !probe || len(stored) == 0 {
+		return fresh
 	}
+	kept := fresh[:0]
+	for _, r := range fresh {
+		if !stored[eventKey{r.ev.ID, r.ev.Time.UnixMicro()}] {
+			kept = append(kept, r)
+		}
+	}
+	return kept
+}
+
+// batchSender is a connection or a transaction, for queries sent in a
+// batch.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// probeStored returns which of the events of rows a raw partition holds.
+func probeStored(ctx context.Context, q batchSender, rows []*row) (map[eventKey]bool, error) {
 	type part struct {
 		src   *source
 		start time.Time
 	}
 	ids := map[part][]string{}
-	for _, r := range fresh {
+	for _, r := range rows {
 		p := part{r.src, r.src.raw.PartitionStart(r.ev.Time)}
 		ids[p] = append(ids[p], r.ev.ID)
 	}
+	stored := map[eventKey]bool{}
 	if len(ids) == 0 {
-		return fresh, nil
+		return stored, nil
 	}
 	qb := &pgx.Batch{}
 	order := make([]part, 0, len(ids))
@@ -347,9 +375,8 @@ func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, dedupe, probe
 		name := pgx.Identifier{"raw", p.src.raw.PartitionName(p.start)}.Sanitize()
 		qb.Queue(fmt.Sprintf(probeRawSQL, name), list)
 	}
-	br := tx.SendBatch(ctx, qb)
+	br := q.SendBatch(ctx, qb)
 	defer br.Close()
-	stored := map[eventKey]bool{}
 	for _, p := range order {
 		rows, err := br.Query()
 		if err != nil {
@@ -372,16 +399,7 @@ func (w *writer) newRows(ctx context.Context, tx pgx.Tx, b *batch, dedupe, probe
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("probe raw partitions: %w", err)
 	}
-	if len(stored) == 0 {
-		return fresh, nil
-	}
-	kept := fresh[:0]
-	for _, r := range fresh {
-		if !stored[eventKey{r.ev.ID, r.ev.Time.UnixMicro()}] {
-			kept = append(kept, r)
-		}
-	}
-	return kept, nil
+	return stored, nil
 }
 
 // firstOfEach returns the first of the batch's rows of each (event_id,
@@ -511,9 +529,18 @@ func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row
 // workers when the rows go into a distributed raw table one by one: Citus
 // would otherwise commit rows that all reached one worker before the
 // coordinator's own part, and a coordinator failing in between would keep
-// them without their ledger and offsets (citus.CommitInTwoPhases). A COPY
-// needs nothing: Citus always commits it in two phases.
+// them without their ledger and offsets (citus.CommitInTwoPhases).
 func (w *writer) commitInTwoPhases(ctx context.Context, tx pgx.Tx, rows []*row) error {
+	src, err := w.distributedSource(ctx, tx, rows)
+	if err != nil || src == nil {
+		return err
+	}
+	return citus.CommitInTwoPhases(ctx, tx.Conn().PgConn(), src.raw.Ident())
+}
+
+// distributedSource returns the first source of rows whose raw table is a
+// Citus distributed table, or nil.
+func (w *writer) distributedSource(ctx context.Context, tx pgx.Tx, rows []*row) (*source, error) {
 	seen := map[*source]bool{}
 	for _, r := range rows {
 		src := r.src
@@ -525,7 +552,7 @@ func (w *writer) commitInTwoPhases(ctx context.Context, tx pgx.Tx, rows []*row) 
 		if !known {
 			var err error
 			if dist, err = citus.Distributed(ctx, tx, src.raw.Ident()); err != nil {
-				return err
+				return nil, err
 			}
 			if w.distributed == nil {
 				w.distributed = map[*source]bool{}
@@ -533,10 +560,10 @@ func (w *writer) commitInTwoPhases(ctx context.Context, tx pgx.Tx, rows []*row) 
 			w.distributed[src] = dist
 		}
 		if dist {
-			return citus.CommitInTwoPhases(ctx, tx.Conn().PgConn(), src.raw.Ident())
+			return src, nil
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // classifyRowError sorts the errors of writing rows: a missing raw
