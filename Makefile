@@ -26,8 +26,10 @@ test-short:
 # CI runs it with CITUS_FLAGS=-short (smaller workloads).
 CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
 CITUS_FLAGS    ?=
+# The cluster fault tests (TestCitusFaults) start clusters of their own.
 test-citus:
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 25m $(CITUS_FLAGS) $(CITUS_PACKAGES)
+	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 15m $(CITUS_FLAGS) -run '^TestCitus' ./cmd/tidemark/
 
 ## fuzz: each fuzz target for FUZZTIME (go test -fuzz takes one target a run)
 # FUZZMINIMIZETIME bounds the minimization of each new interesting input: with

@@ -143,6 +143,10 @@ type ClusterOptions struct {
 	// fault proxy in front of a worker puts the cluster's own traffic to
 	// it through the faults.
 	WorkerAddrs []string
+	// Register, when positive, registers only the first Register workers;
+	// the others have the database and the extension, for a test that adds
+	// them itself (to rebalance shards onto them, say).
+	Register int
 }
 
 // NewDatabase creates a database of the same name on every node with the
@@ -173,6 +177,9 @@ func (c *Cluster) NewDatabase(tb testing.TB, opts ClusterOptions) string {
 	c.registering.Lock()
 	defer c.registering.Unlock()
 	for i, w := range c.Workers {
+		if opts.Register > 0 && i >= opts.Register {
+			break
+		}
 		host, port := w.Host, w.Port
 		if i < len(opts.WorkerAddrs) {
 			h, p, err := net.SplitHostPort(opts.WorkerAddrs[i])
