@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
+)
+
+// TestCitusConvertWarehouse runs the conversion that docs/citus.md gives
+// for a warehouse whose raw tables were created on the coordinator: a
+// warehouse loaded with warehouse.distribute false, tidemark stopped, the
+// page's SQL run as written, tidemark started again with the default.
+// Every event of both loads is then stored once, the ledger agrees, the
+// raw table is distributed and verify exits 0.
+func TestCitusConvertWarehouse(t *testing.T) {
+	if !pgtest.OnCitus() {
+		t.Skip("a Citus cluster test: make test-citus runs it (" + pgtest.EnvCitus + "=1)")
+	}
+	ctx := context.Background()
+	dsn := pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{})
+	pool := pgtest.Pool(t, dsn)
+	kc := kafkatest.NewCluster(t, 2, "events")
+	kafkatest.ExpireSilentMembers(t, kc)
+	const group = "citus-convert"
+	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+	config := func(warehouseExtra string) string {
+		return writeFile(t, "tidemark.yaml", fmt.Sprintf(`
+warehouse: {dsn: %q%s}
+http: {listen: "off"}
+kafka: {brokers: [%q], group: %s, session_timeout: 1s, rebalance_timeout: 2s}
+ingest: {batch_max_age: 20ms}
+reconcile: {every: 1s}
+sources:
+  app_events:
+    kafka: {topics: [events]}
+    event_id: /event_id
+    event_time: /event_time
+    max_age: 30d
+aggregates:
+  daily_sales:
+    source: app_events
+    table: daily_sales
+    partition: {by: day, column: sale_date}
+    lateness_horizon: 30d
+    sql: |
+      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*) AS event_count
+      FROM {{events}} GROUP BY 1
+`, dsn, warehouseExtra, kc.ListenAddrs()[0], group))
+	}
+	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	end := map[int32]int64{}
+	load := func(cfg string, w *ingesttest.Workload) {
+		t.Helper()
+		res := producer.ProduceSync(ctx, w.Records...)
+		if err := res.FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
+		}
+		p := startRun(t, cfg, now)
+		ingesttest.WaitStored(t, pool, group, "events", end, 2*time.Minute)
+		waitfor.Within(t, 2*time.Minute, "the reconciler to settle", func() bool {
+			return ingesttest.Scalar(t, pool, `SELECT count(*) FROM tidemark.load_watermarks w
+				WHERE NOT EXISTS (SELECT FROM tidemark.ingest_ledger l WHERE l.source = w.source AND l.load_xid >= w.load_xid)
+				  AND NOT EXISTS (SELECT FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)`) == 1
+		})
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.exited:
+			if p.err != nil {
+				t.Fatalf("tidemark run after SIGTERM: %v", p.err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("tidemark run did not stop within a minute of SIGTERM")
+		}
+	}
+	distributed := func() int64 {
+		return ingesttest.Scalar(t, pool, `SELECT count(*) FROM citus_tables WHERE table_name = 'raw.app_events'::regclass AND citus_table_type = 'distributed'`)
+	}
+
+	before := ingesttest.Make("events", 2000, 2, 21, 0.01, 0.01, now)
+	load(config(", distribute: false"), before)
+	if distributed() != 0 {
+		t.Fatal("warehouse.distribute false created a distributed raw table")
+	}
+	for _, q := range conversionSQL(t) {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if distributed() != 1 {
+		t.Fatal("the conversion left raw.app_events on the coordinator")
+	}
+	after := ingesttest.Make("events", 2000, 2, 22, 0.01, 0.01, now)
+	load(config(""), after)
+
+	good := maps.Clone(before.Good)
+	maps.Copy(good, after.Good)
+	ingesttest.AssertRaw(t, pool, "app_events", good)
+	ingesttest.AssertStoredEqual(t, pool, group, "events", end)
+	ingesttest.AssertLedger(t, pool, "app_events")
+	old := serviceClock
+	serviceClock = func() time.Time { return now }
+	defer func() { serviceClock = old }()
+	code, out, errOut := invoke(t, "verify", "--aggregate", "daily_sales", "-c", config(""))
+	if code != exitOK || !strings.Contains(out, " 0 differ") {
+		t.Errorf("verify: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// conversionSQL returns the statements of the sql block under
+// "Converting an existing warehouse" in docs/citus.md.
+func conversionSQL(t *testing.T) []string {
+	t.Helper()
+	page, err := os.ReadFile("../../docs/citus.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)## Converting an existing warehouse.*?```sql\n(.*?)```").FindSubmatch(page)
+	if m == nil {
+		t.Fatal("docs/citus.md: no sql block under \"Converting an existing warehouse\"")
+	}
+	var stmts []string
+	for _, line := range strings.Split(string(m[1]), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "--") {
+			stmts = append(stmts, line)
+		}
+	}
+	if len(stmts) == 0 {
+		t.Fatal("docs/citus.md: the conversion block holds no statement")
+	}
+	return stmts
+}
