@@ -24,7 +24,7 @@ test-short:
 # Needs Citus installed for the PostgreSQL server binaries; without it the
 # run fails instead of skipping.
 # CI runs it with CITUS_FLAGS=-short (smaller workloads).
-CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
+CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./cdc/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
 CITUS_FLAGS    ?=
 # The cluster fault tests (TestCitusFaults) start clusters of their own.
 test-citus:

@@ -849,7 +849,7 @@ func TestIdleConfirmInsideOpenTransaction(t *testing.T) {
 
 	// A new replication session starts from the confirmed position.
 	pid := e.slotPID()
-	e.exec(`SELECT pg_terminate_backend($1)`, pid)
+	e.exec(`SELECT pg_terminate_backend($1::int)`, pid)
 	waitfor.Until(t, "the reader to take the slot again", func() bool {
 		p := e.slotPID()
 		return p != 0 && p != pid
