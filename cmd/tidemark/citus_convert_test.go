@@ -26,9 +26,7 @@ import (
 // Every event of both loads is then stored once, the ledger agrees, the
 // raw table is distributed and verify exits 0.
 func TestCitusConvertWarehouse(t *testing.T) {
-	if !pgtest.OnCitus() {
-		t.Skip("a Citus cluster test: make test-citus runs it (" + pgtest.EnvCitus + "=1)")
-	}
+	pgtest.OnlyOnCitus(t)
 	ctx := context.Background()
 	dsn := pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{})
 	pool := pgtest.Pool(t, dsn)

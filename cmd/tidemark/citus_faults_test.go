@@ -26,9 +26,7 @@ import (
 // event is stored once, the offsets and the ledger agree, no transaction is
 // left prepared on a worker, and `tidemark verify` exits 0.
 func TestCitusFaults(t *testing.T) {
-	if !pgtest.OnCitus() {
-		t.Skip("a Citus cluster test: make test-citus runs it (" + pgtest.EnvCitus + "=1)")
-	}
+	pgtest.OnlyOnCitus(t)
 	tests := []struct {
 		name    string
 		workers int // started; the first two are registered

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
@@ -21,9 +23,7 @@ import (
 // the transaction first) are such loads. The worker behind the proxy must
 // receive PREPARE TRANSACTION before the write returns.
 func TestCitusLoadsCommitInTwoPhases(t *testing.T) {
-	if !pgtest.OnCitus() {
-		t.Skip("a Citus test: make test-citus runs it (" + pgtest.EnvCitus + "=1)")
-	}
+	pgtest.OnlyOnCitus(t)
 	for _, tc := range []struct {
 		name      string
 		checkRows bool
@@ -46,7 +46,7 @@ func TestCitusLoadsCommitInTwoPhases(t *testing.T) {
 			}
 			stored[tp0] = first.parts[tp0].next
 
-			ids := idsOnWorker(t, h, proxy.Addr(), 2)
+			ids := IDsOnWorker(t, h.w.conn, proxy.Addr(), 2)
 			proxy.Hold([]byte("PREPARE TRANSACTION"))
 			h.w.probeLeft = tc.probeLeft
 			done := make(chan error, 1)
@@ -70,9 +70,11 @@ func TestCitusLoadsCommitInTwoPhases(t *testing.T) {
 	}
 }
 
-// idsOnWorker returns n event ids of the form eN whose shards of
+// IDsOnWorker returns n event ids of the form eN whose shards of
 // raw.app_events are on the worker registered at addr.
-func idsOnWorker(t *testing.T, h *writerHarness, addr string, n int) []string {
+func IDsOnWorker(t *testing.T, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, addr string, n int) []string {
 	t.Helper()
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -82,8 +84,12 @@ func idsOnWorker(t *testing.T, h *writerHarness, addr string, n int) []string {
 	var ids []string
 	for i := 1; i < 200 && len(ids) < n; i++ {
 		id := fmt.Sprintf("e%d", i)
-		if h.count(t, fmt.Sprintf(`SELECT nodeport FROM citus_shards
-			WHERE shardid = get_shard_id_for_distribution_column('raw.app_events', '%s')`, id)) == want {
+		var got int
+		if err := q.QueryRow(context.Background(), `SELECT nodeport FROM citus_shards
+			WHERE shardid = get_shard_id_for_distribution_column('raw.app_events', $1::text)`, id).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == want {
 			ids = append(ids, id)
 		}
 	}

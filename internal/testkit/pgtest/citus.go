@@ -30,6 +30,15 @@ const EnvRequireCitus = "TIDEMARK_REQUIRE_CITUS"
 // cluster (EnvCitus).
 func OnCitus() bool { return os.Getenv(EnvCitus) == "1" }
 
+// OnlyOnCitus skips a test that runs only where this test binary puts
+// its databases on a Citus cluster (EnvCitus, as make test-citus sets).
+func OnlyOnCitus(tb testing.TB) {
+	tb.Helper()
+	if !OnCitus() {
+		tb.Skip("a Citus test: make test-citus runs it (" + EnvCitus + "=1)")
+	}
+}
+
 // RequireCitus skips the test when the Citus extension is not installed
 // for the server binaries, or fails it under EnvRequireCitus.
 func RequireCitus(tb testing.TB) {
