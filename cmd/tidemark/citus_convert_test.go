@@ -7,7 +7,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -72,21 +71,9 @@ aggregates:
 		p := startRun(t, cfg, now)
 		ingesttest.WaitStored(t, pool, group, "events", end, 2*time.Minute)
 		waitfor.Within(t, 2*time.Minute, "the reconciler to settle", func() bool {
-			return ingesttest.Scalar(t, pool, `SELECT count(*) FROM tidemark.load_watermarks w
-				WHERE NOT EXISTS (SELECT FROM tidemark.ingest_ledger l WHERE l.source = w.source AND l.load_xid >= w.load_xid)
-				  AND NOT EXISTS (SELECT FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)`) == 1
+			return reconcilerSettled(t, pool, 1)
 		})
-		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-p.exited:
-			if p.err != nil {
-				t.Fatalf("tidemark run after SIGTERM: %v", p.err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatal("tidemark run did not stop within a minute of SIGTERM")
-		}
+		stopRun(t, p)
 	}
 	distributed := func() int64 {
 		return ingesttest.Scalar(t, pool, `SELECT count(*) FROM citus_tables WHERE table_name = 'raw.app_events'::regclass AND citus_table_type = 'distributed'`)

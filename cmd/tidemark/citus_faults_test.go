@@ -284,24 +284,11 @@ func (f *citusFault) finish() {
 	})
 	waitfor.Within(t, 3*time.Minute, "the reconciler to settle and no transaction to stay prepared on a worker", func() bool {
 		f.alive()
-		settled := ingesttest.Scalar(t, f.pool, `SELECT count(*) FROM tidemark.load_watermarks w
-			WHERE NOT EXISTS (SELECT FROM tidemark.ingest_ledger l WHERE l.source = w.source AND l.load_xid >= w.load_xid)
-			  AND NOT EXISTS (SELECT FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)`)
 		prepared := ingesttest.Scalar(t, f.pool, `SELECT coalesce(sum(result::bigint), 0)::bigint FROM run_command_on_workers(
 			format('SELECT count(*) FROM pg_prepared_xacts WHERE database = %L', current_database()))`)
-		return settled == 1 && prepared == 0
+		return prepared == 0 && reconcilerSettled(t, f.pool, 1)
 	})
-	if err := f.proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-f.proc.exited:
-		if f.proc.err != nil {
-			t.Errorf("tidemark run after SIGTERM: %v (want exit code 0)", f.proc.err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("tidemark run did not stop within a minute of SIGTERM")
-	}
+	stopRun(t, f.proc)
 
 	ingesttest.AssertRaw(t, f.pool, "app_events", f.w.Good)
 	ingesttest.AssertDeadLetters(t, f.pool, f.w)
@@ -315,4 +302,13 @@ func (f *citusFault) finish() {
 		t.Errorf("verify: exit %d\n%s%s", code, out, errOut)
 	}
 	t.Log(strings.TrimSpace(out))
+}
+
+// reconcilerSettled reports whether every one of the aggregates
+// aggregates has read the ledger to its end and has no partition queued.
+func reconcilerSettled(t *testing.T, pool *pgxpool.Pool, aggregates int64) bool {
+	t.Helper()
+	return ingesttest.Scalar(t, pool, `SELECT count(*) FROM tidemark.load_watermarks w
+		WHERE NOT EXISTS (SELECT FROM tidemark.ingest_ledger l WHERE l.source = w.source AND l.load_xid >= w.load_xid)
+		  AND NOT EXISTS (SELECT FROM tidemark.pending_partitions p WHERE p.aggregate = w.aggregate)`) == aggregates
 }

@@ -160,17 +160,7 @@ sources:
 	waitfor.Until(t, "the final tidemark run to be assigned partitions", func() bool {
 		return strings.Contains(final.output.String(), "partitions assigned")
 	})
-	if err := final.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-final.exited:
-		if final.err != nil {
-			t.Errorf("tidemark run after SIGTERM: %v (want exit code 0)", final.err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("tidemark run did not stop within a minute of SIGTERM")
-	}
+	stopRun(t, final)
 
 	ingesttest.AssertRaw(t, pool, "app_events", w.Good)
 	ingesttest.AssertDeadLetters(t, pool, w)
@@ -185,4 +175,21 @@ func storedTotal(t *testing.T, pool *pgxpool.Pool, group, topic string) int64 {
 		sum += max(o, 0)
 	}
 	return sum
+}
+
+// stopRun stops p as an operator does, with SIGTERM, and requires exit
+// code 0 within a minute.
+func stopRun(t *testing.T, p *process) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+		if p.err != nil {
+			t.Errorf("tidemark run after SIGTERM: %v (want exit code 0)", p.err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("tidemark run did not stop within a minute of SIGTERM")
+	}
 }
