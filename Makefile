@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo test test-short test-citus bench soak chaos lint rules build fuzz fuzz-short
+.PHONY: demo demo-citus test test-short test-citus bench soak chaos lint rules build fuzz fuzz-short
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
 # Builds bin/tidemark first, saying so: a first build downloads the modules
@@ -11,6 +11,11 @@ demo:
 	@echo "building bin/tidemark (the first build downloads the Go modules and compiles: about a minute on 2 cores, more on a slow network; later builds take seconds)..."
 	$(GO) build -o bin/tidemark ./cmd/tidemark
 	./bin/tidemark demo
+
+## demo-citus: the same demo with the warehouse on a Citus cluster (needs Citus installed; see docs/citus.md)
+demo-citus:
+	$(GO) build -o bin/tidemark ./cmd/tidemark
+	./bin/tidemark demo --citus
 
 ## test: every test, with the race detector, against real PostgreSQL and kfake
 test:
@@ -26,10 +31,11 @@ test-short:
 # CI runs it with CITUS_FLAGS=-short (smaller workloads).
 CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./cdc/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
 CITUS_FLAGS    ?=
-# The cluster fault tests (TestCitusFaults) start clusters of their own.
+# The cluster fault tests (TestCitusFaults) and the demo on Citus start
+# clusters of their own.
 test-citus:
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 25m $(CITUS_FLAGS) $(CITUS_PACKAGES)
-	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 15m $(CITUS_FLAGS) -run '^TestCitus' ./cmd/tidemark/
+	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 15m $(CITUS_FLAGS) -run '^TestCitus' ./cmd/tidemark/ ./cmd/tidemark/demo/
 
 ## fuzz: each fuzz target for FUZZTIME (go test -fuzz takes one target a run)
 # FUZZMINIMIZETIME bounds the minimization of each new interesting input: with

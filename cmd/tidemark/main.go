@@ -18,7 +18,7 @@
 //	tidemark status    [-c tidemark.yaml] [--json]
 //	tidemark lateness  --source NAME [-c tidemark.yaml] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
 //	tidemark grants    [-c tidemark.yaml] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
-//	tidemark demo      [-v] [--serve]
+//	tidemark demo      [-v] [--serve] [--citus]
 //	tidemark version
 //
 // Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
@@ -121,7 +121,7 @@ Usage:
                                                           how late events arrive; the horizon that keeps a target share
   tidemark grants    [-c FILE] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
                                                           print the SQL of least-privilege database roles
-  tidemark demo      [-v] [--serve]                       run a self-contained demonstration
+  tidemark demo      [-v] [--serve] [--citus]             run a self-contained demonstration
   tidemark version                                        print the version
 
 The configuration file defaults to $TIDEMARK_CONFIG, then tidemark.yaml.
@@ -398,6 +398,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "show the service log")
 	serve := fs.Bool("serve", false, "keep the service and its status page running at the end, until Ctrl-C")
+	onCitus := fs.Bool("citus", false, "put the warehouse on a Citus cluster (a coordinator and two workers); needs Citus installed for the PostgreSQL server binaries")
 	if code, ok := parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
@@ -406,7 +407,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		level = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if err := demo.Run(ctx, stdout, demo.Options{Logger: log, Serve: *serve}); err != nil {
+	if err := demo.Run(ctx, stdout, demo.Options{Logger: log, Serve: *serve, Citus: *onCitus}); err != nil {
 		fmt.Fprintf(stderr, "tidemark demo: %v\n", err)
 		return exitFailure
 	}

@@ -48,6 +48,10 @@ type Options struct {
 	// Serve keeps the service, and its status page, running at the end
 	// until ctx is cancelled.
 	Serve bool
+	// Citus puts the warehouse on a Citus cluster of a coordinator and
+	// two workers, started like the single server; it needs the citus
+	// extension installed for the PostgreSQL server binaries.
+	Citus bool
 }
 
 // Run runs the demonstration, writing what happens to out.
@@ -58,11 +62,11 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	}
 	fmt.Fprintln(out, "tidemark demo: an embedded Kafka broker, a throwaway PostgreSQL, and the service in between.")
 	fmt.Fprintln(out)
-	pg, kc, err := startServers(ctx, out)
+	pg, kc, stop, err := startServers(ctx, out, opts.Citus)
 	if err != nil {
 		return err
 	}
-	defer pg.Stop()
+	defer stop()
 	defer kc.Close()
 	cfg, err := demoConfig(out, pg, kc.ListenAddrs()[0])
 	if err != nil {
@@ -103,7 +107,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	if err != nil {
 		return err
 	}
-	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec, log: log}
+	d := &run{ctx: ctx, out: out, pool: pool, prod: prod, clk: clk, end: map[int32]int64{}, rec: rec, log: log, citus: opts.Citus}
 	if err := d.parts(cfg, pg.URL("app"), addr); err != nil {
 		return err
 	}
@@ -122,36 +126,47 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	return nil
 }
 
-// startServers starts PostgreSQL, with the source database app, and the
-// Kafka broker with the demo's topic; the caller stops them.
-func startServers(ctx context.Context, out io.Writer) (*pgserver.Server, *kfake.Cluster, error) {
+// startServers starts PostgreSQL (one server, or a Citus cluster whose
+// coordinator it returns), with the source database app, and the Kafka
+// broker with the demo's topic; the caller stops them, PostgreSQL with the
+// function returned.
+func startServers(ctx context.Context, out io.Writer, onCitus bool) (*pgserver.Server, *kfake.Cluster, func(), error) {
 	bin, err := pgserver.FindBinDir()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	fmt.Fprintf(out, "starting PostgreSQL from %s ... ", bin)
-	pg, err := pgserver.Start(ctx, pgserver.Options{})
-	if err != nil {
-		return nil, nil, err
+	var pg *pgserver.Server
+	var stop func()
+	if onCitus {
+		fmt.Fprintf(out, "starting a Citus cluster from %s:\n", bin)
+		if pg, stop, err = startCluster(ctx, out); err != nil {
+			return nil, nil, nil, err
+		}
+	} else {
+		fmt.Fprintf(out, "starting PostgreSQL from %s ... ", bin)
+		if pg, err = pgserver.Start(ctx, pgserver.Options{}); err != nil {
+			return nil, nil, nil, err
+		}
+		stop = func() { _ = pg.Stop() }
+		fmt.Fprintf(out, "listening on %s:%d\n", pg.Host, pg.Port)
 	}
-	fmt.Fprintf(out, "listening on %s:%d\n", pg.Host, pg.Port)
 	admin, err := pgxpool.New(ctx, pg.URL("postgres"))
 	if err == nil {
 		_, err = admin.Exec(ctx, "CREATE DATABASE app")
 		admin.Close()
 	}
 	if err != nil {
-		_ = pg.Stop()
-		return nil, nil, fmt.Errorf("create the source database: %w", err)
+		stop()
+		return nil, nil, nil, fmt.Errorf("create the source database: %w", err)
 	}
 	fmt.Fprint(out, "starting Kafka (kfake) ... ")
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic), kfake.GroupMinSessionTimeout(500*time.Millisecond))
 	if err != nil {
-		_ = pg.Stop()
-		return nil, nil, fmt.Errorf("start kfake: %w", err)
+		stop()
+		return nil, nil, nil, fmt.Errorf("start kfake: %w", err)
 	}
 	fmt.Fprintf(out, "listening on %s, topic %s with 2 partitions\n\n", kc.ListenAddrs()[0], topic)
-	return pg, kc, nil
+	return pg, kc, stop, nil
 }
 
 // demoConfig is the demo's configuration, printed as it is read.
@@ -202,7 +217,8 @@ aggregates:
 
 // parts runs the demo's parts in order: the history and the worked
 // example, what they left in the warehouse, the polled table, the CDC
-// source, `tidemark status` and a few series of /metrics at addr.
+// source, on Citus where the tables are, `tidemark status` and a few
+// series of /metrics at addr.
 func (d *run) parts(cfg *config.Config, srcURL, addr string) error {
 	if err := d.history(); err != nil {
 		return err
@@ -226,6 +242,11 @@ func (d *run) parts(cfg *config.Config, srcURL, addr string) error {
 	}
 	if err := d.cdcPart(cfg, src); err != nil {
 		return err
+	}
+	if d.citus {
+		if err := d.cluster(); err != nil {
+			return err
+		}
 	}
 	if err := d.status(cfg); err != nil {
 		return err
@@ -304,6 +325,8 @@ type run struct {
 	end  map[int32]int64
 	rec  *reconcile.Reconciler
 	log  *slog.Logger
+	// citus: the warehouse is a Citus coordinator.
+	citus bool
 }
 
 // History is the simulated history the demo loads before the worked

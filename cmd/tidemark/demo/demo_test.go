@@ -4,20 +4,69 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tidemark-dev/tidemark/internal/history"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
 // TestDemo runs `make demo` in-process and checks what it shows, so that
 // the README's first command keeps working.
 func TestDemo(t *testing.T) {
+	text := runDemo(t, Options{})
+	if strings.Contains(text, "on Citus") {
+		t.Errorf("the demo on one server shows a Citus part:\n%s", text)
+	}
+}
+
+// TestCitusDemo runs `tidemark demo --citus`: the same story, on a Citus
+// cluster, with the raw events spread over both workers and tidemark's
+// own tables and the aggregate on the coordinator.
+func TestCitusDemo(t *testing.T) {
+	pgtest.OnlyOnCitus(t)
+	pgtest.RequireCitus(t)
+	text := runDemo(t, Options{Citus: true})
+	rows := 4 + len(history.Sales("h", historyFrom, historyTo, historyNow, 12))
+	perWorker := regexp.MustCompile(`(?m)^\s+worker ([12])\s+(\d+)\s+\d+$`).FindAllStringSubmatch(text, -1)
+	sum := 0
+	for _, m := range perWorker {
+		n, _ := strconv.Atoi(m[2])
+		if n == 0 {
+			t.Errorf("worker %s holds no raw events", m[1])
+		}
+		sum += n
+	}
+	if len(perWorker) != 2 || sum != rows {
+		t.Errorf("the raw events per worker are %v, want two workers holding %d in all", perWorker, rows)
+	}
+	if want := "the warehouse: the coordinator's postgres database, with the citus extension and 2 workers"; !strings.Contains(text, want) {
+		t.Errorf("demo output lacks %q", want)
+	}
+	for table, placement := range map[string]string{
+		"raw.app_events": "distributed", "raw.customers": "on the coordinator", "raw.shop": "on the coordinator",
+		"daily_sales": "on the coordinator", "tidemark.ingest_ledger": "on the coordinator", "tidemark.kafka_offsets": "on the coordinator",
+	} {
+		if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(table) + `\s+` + placement + `$`).MatchString(text) {
+			t.Errorf("demo output does not show %s %s", table, placement)
+		}
+	}
+	if t.Failed() {
+		t.Logf("demo output:\n%s", text)
+	}
+}
+
+// runDemo runs the demonstration with opts, checks the story it tells,
+// the same on one server and on Citus, and returns its output.
+func runDemo(t *testing.T, opts Options) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	if err := Run(ctx, &out, Options{}); err != nil {
+	if err := Run(ctx, &out, opts); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	text := out.String()
@@ -59,6 +108,7 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("demo output:\n%s", text)
+		t.Fatalf("demo output:\n%s", text)
 	}
+	return text
 }
