@@ -20,43 +20,64 @@ import (
 // 100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-// cpuMark is the CPU time used up to one moment by the PostgreSQL server
-// (the postmaster and its children, live or reaped) and by the rest of
+// cpuMark is the CPU time used up to one moment by the PostgreSQL servers
+// (each postmaster and its children, live or reaped) and by the rest of
 // this process's tree: the benchmark, tidemark's code in it, the
 // in-process Kafka broker and the programs it runs, such as
 // pg_recvlogical.
 type cpuMark struct {
 	at       time.Time
 	pg, rest time.Duration
+	nodes    []time.Duration // each server's part of pg, in the order given
 }
 
 // cpuUse is what a measurement used between two marks, and how many rows
 // it wrote in that time (0: not counted).
 type cpuUse struct {
 	wall, pg, rest time.Duration
+	nodes          []time.Duration
 	rows           int64
 }
 
-// markCPU reads the CPU times now.
-func markCPU(b *testing.B, srv *pgserver.Server) cpuMark {
+// markCPU reads the CPU times now of the servers (one, or the nodes of a
+// cluster) and of the rest of this process's tree.
+func markCPU(b *testing.B, srvs ...*pgserver.Server) cpuMark {
 	b.Helper()
-	pm := srv.Pid()
-	if pm == 0 {
-		b.Fatal("the PostgreSQL server is not running")
+	roots := make([]int, 0, len(srvs)+1)
+	for _, srv := range srvs {
+		pm := srv.Pid()
+		if pm == 0 {
+			b.Fatal("a PostgreSQL server is not running")
+		}
+		roots = append(roots, pm)
 	}
-	sums := treesCPU(pm, os.Getpid())
-	pg, all := sums[0], sums[1]
-	if pg == 0 || all < pg {
-		b.Fatalf("reading the CPU times of the PostgreSQL server (pid %d) from /proc failed", pm)
+	sums := treesCPU(append(roots, os.Getpid())...)
+	m := cpuMark{at: time.Now()}
+	var pg uint64
+	for i, pm := range roots {
+		if sums[i] == 0 {
+			b.Fatalf("reading the CPU times of the PostgreSQL server (pid %d) from /proc failed", pm)
+		}
+		pg += sums[i]
+		m.nodes = append(m.nodes, time.Duration(sums[i])*clockTick)
 	}
-	return cpuMark{at: time.Now(), pg: time.Duration(pg) * clockTick, rest: time.Duration(all-pg) * clockTick}
+	all := sums[len(roots)]
+	if all < pg {
+		b.Fatalf("reading the CPU times of this process's tree (pid %d) from /proc failed", os.Getpid())
+	}
+	m.pg, m.rest = time.Duration(pg)*clockTick, time.Duration(all-pg)*clockTick
+	return m
 }
 
 // since is the use from m to now.
-func (m cpuMark) since(b *testing.B, srv *pgserver.Server) cpuUse {
+func (m cpuMark) since(b *testing.B, srvs ...*pgserver.Server) cpuUse {
 	b.Helper()
-	now := markCPU(b, srv)
-	return cpuUse{wall: now.at.Sub(m.at), pg: now.pg - m.pg, rest: now.rest - m.rest}
+	now := markCPU(b, srvs...)
+	u := cpuUse{wall: now.at.Sub(m.at), pg: now.pg - m.pg, rest: now.rest - m.rest}
+	for i := range now.nodes {
+		u.nodes = append(u.nodes, now.nodes[i]-m.nodes[i])
+	}
+	return u
 }
 
 // String says how much CPU each side used and how busy that kept the

@@ -42,37 +42,74 @@ var benchNow = time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// env is one benchmark's durable PostgreSQL server and kfake cluster.
+// env is one benchmark's durable PostgreSQL server, or Citus cluster, and
+// kfake cluster.
 type env struct {
-	srv  *pgserver.Server
-	kc   *kfake.Cluster
-	last string // the previous measurement's database
-	cpu  cpuUse // what the last measureCopyIn or measureGroup used
+	srv     *pgserver.Server // the server, or the cluster's coordinator
+	cluster *pgtest.Cluster  // nil on one server
+	shards  int              // the cluster's shards per distributed table
+	kc      *kfake.Cluster
+	last    string // the previous measurement's database
+	cpu     cpuUse // what the last measureCopyIn or measureGroup used
 	// sourceKeys are extra keys of the source measureGroup loads.
 	sourceKeys string
 }
 
-// settle drops the previous measurement's database and checkpoints.
+// servers are the server, or the cluster's nodes, coordinator first.
+func (e *env) servers() []*pgserver.Server {
+	if e.cluster != nil {
+		return e.cluster.Nodes()
+	}
+	return []*pgserver.Server{e.srv}
+}
+
+// settle drops the previous measurement's database (on every node of a
+// cluster) and checkpoints.
 func (e *env) settle(b *testing.B) {
 	b.Helper()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, e.srv.URL("postgres"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if e.last != "" {
-		cfg, err := pgx.ParseConfig(e.last)
+	for _, srv := range e.servers() {
+		admin, err := pgx.Connect(ctx, srv.URL("postgres"))
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{cfg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
+		if e.last != "" {
+			cfg, err := pgx.ParseConfig(e.last)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{cfg.Database}.Sanitize()+" WITH (FORCE)"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
+			b.Fatal(err)
+		}
+		admin.Close(ctx)
+	}
+}
+
+// newDatabase creates an empty database: on the server, or on every node
+// of the cluster with its workers registered.
+func (e *env) newDatabase(b *testing.B) string {
+	b.Helper()
+	if e.cluster == nil {
+		return pgtest.NewDatabaseOn(b, e.srv)
+	}
+	dsn := e.cluster.NewDatabase(b, pgtest.ClusterOptions{})
+	if e.shards > 0 {
+		conn, err := pgx.Connect(context.Background(), dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		// As docs/citus.md says to: before tidemark creates its tables.
+		if _, err := conn.Exec(context.Background(), fmt.Sprintf("ALTER DATABASE %s SET citus.shard_count = %d",
+			pgx.Identifier{conn.Config().Database}.Sanitize(), e.shards)); err != nil {
 			b.Fatal(err)
 		}
 	}
-	if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
-		b.Fatal(err)
-	}
+	return dsn
 }
 
 func newEnv(b *testing.B) *env {
@@ -110,7 +147,7 @@ func (e *env) database(b *testing.B) (string, *pgx.Conn) {
 	b.Helper()
 	ctx := context.Background()
 	e.settle(b)
-	dsn := pgtest.NewDatabaseOn(b, e.srv)
+	dsn := e.newDatabase(b)
 	e.last = dsn
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		b.Fatal(err)
@@ -317,7 +354,7 @@ func (e *env) measureCopyIn(b *testing.B, recs []*kgo.Record, txRows int) float6
 		b.Fatal(err)
 	}
 	prof := startProfile(b, e.srv, dbName(b, e.last))
-	start, cpu := time.Now(), markCPU(b, e.srv)
+	start, cpu := time.Now(), markCPU(b, e.servers()...)
 	for i := 0; i < len(rows); i += txRows {
 		// Outside a transaction, each COPY commits on its own.
 		if _, err := conn.CopyFrom(ctx, pgx.Identifier{"raw", source},
@@ -327,7 +364,7 @@ func (e *env) measureCopyIn(b *testing.B, recs []*kgo.Record, txRows int) float6
 		}
 	}
 	took := time.Since(start)
-	e.cpu = cpu.since(b, e.srv)
+	e.cpu = cpu.since(b, e.servers()...)
 	e.cpu.rows = int64(len(rows))
 	prof.report(b, fmt.Sprintf("COPY into the raw table, %d rows a transaction", txRows))
 	return float64(len(rows)) / took.Seconds()
@@ -396,7 +433,7 @@ func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, 
 	for {
 		rows := writtenRows(b, regs)
 		if firstAt.IsZero() && rows > 0 {
-			firstAt, firstRows, cpu = time.Now(), rows, markCPU(b, e.srv)
+			firstAt, firstRows, cpu = time.Now(), rows, markCPU(b, e.servers()...)
 		}
 		if rows >= int64(n) {
 			break
@@ -409,7 +446,7 @@ func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, 
 	}
 	elapsed := time.Since(firstAt)
 	// Over the same window as the rate: from the first committed batch on.
-	e.cpu = cpu.since(b, e.srv)
+	e.cpu = cpu.since(b, e.servers()...)
 	e.cpu.rows = int64(n) - firstRows
 	prof.report(b, fmt.Sprintf("tidemark ingest, %d instance(s)", instances))
 	var stored, rows int64

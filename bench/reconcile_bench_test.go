@@ -36,14 +36,19 @@ type historyDB struct {
 	now  time.Time // the service clock: a day after the last day
 }
 
-// loadHistory creates a warehouse with days of history. Rows are generated
-// in the server, with ledger rows as the ingester writes them; the
-// aggregate's load watermark is then set past the history, as if it had
-// been reconciled all along.
+// loadHistory creates a warehouse on srv with days of history.
 func loadHistory(b *testing.B, srv *pgserver.Server, days, perDay int) *historyDB {
 	b.Helper()
+	return loadHistoryIn(b, pgtest.NewDatabaseOn(b, srv), days, perDay)
+}
+
+// loadHistoryIn fills the empty database dsn with days of history. Rows
+// are generated in the server, with ledger rows as the ingester writes
+// them; the aggregate's load watermark is then set past the history, as if
+// it had been reconciled all along.
+func loadHistoryIn(b *testing.B, dsn string, days, perDay int) *historyDB {
+	b.Helper()
 	ctx := context.Background()
-	dsn := pgtest.NewDatabaseOn(b, srv)
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"strconv"
@@ -83,8 +84,16 @@ var citusSettings = map[string]string{
 // given number of workers for one test, stopped when it ends.
 func StartCluster(tb testing.TB, workers int) *Cluster {
 	tb.Helper()
+	return StartClusterWith(tb, workers, pgserver.Options{})
+}
+
+// StartClusterWith is StartCluster with every node started with opts, to
+// which the Citus settings are added; opts.Settings may override them
+// (citus.shard_count, say).
+func StartClusterWith(tb testing.TB, workers int, opts pgserver.Options) *Cluster {
+	tb.Helper()
 	RequireCitus(tb)
-	c, err := startCluster(workers)
+	c, err := startCluster(workers, opts)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
@@ -101,19 +110,22 @@ func StartCluster(tb testing.TB, workers int) *Cluster {
 func SharedCluster(tb testing.TB) *Cluster {
 	tb.Helper()
 	RequireCitus(tb)
-	sharedClusterOnce.Do(func() { sharedCluster, sharedClusterErr = startCluster(2) })
+	sharedClusterOnce.Do(func() { sharedCluster, sharedClusterErr = startCluster(2, pgserver.Options{}) })
 	if sharedClusterErr != nil {
 		tb.Fatalf("pgtest: %v", sharedClusterErr)
 	}
 	return sharedCluster
 }
 
-func startCluster(workers int) (*Cluster, error) {
+func startCluster(workers int, opts pgserver.Options) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	settings := maps.Clone(citusSettings)
+	maps.Copy(settings, opts.Settings)
+	opts.Settings = settings
 	c := &Cluster{}
 	for i := 0; i <= workers; i++ {
-		srv, err := pgserver.Start(ctx, pgserver.Options{Settings: citusSettings})
+		srv, err := pgserver.Start(ctx, opts)
 		if err != nil {
 			_ = c.stop()
 			return nil, fmt.Errorf("start a Citus node: %w", err)
