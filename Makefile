@@ -31,10 +31,12 @@ test-short:
 # CI runs it with CITUS_FLAGS=-short (smaller workloads).
 CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./cdc/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
 CITUS_FLAGS    ?=
-# The cluster fault tests (TestCitusFaults) and the demo on Citus start
-# clusters of their own.
+# Of the poll suite, three tests run there (a poll source's tables stay on
+# the coordinator). The cluster fault tests (TestCitusFaults) and the demo
+# on Citus start clusters of their own.
 test-citus:
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 25m $(CITUS_FLAGS) $(CITUS_PACKAGES)
+	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 10m $(CITUS_FLAGS) -run '^TestPoll(LessonCustomers|SoftDelete|OverlappingRuns)$$' ./ingest/poll/
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 15m $(CITUS_FLAGS) -run '^TestCitus' ./cmd/tidemark/ ./cmd/tidemark/demo/
 
 ## fuzz: each fuzz target for FUZZTIME (go test -fuzz takes one target a run)

@@ -127,7 +127,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
 	}
 	opts = opts.withDefaults()
-	r := &Reader{src: src, pool: pool, log: opts.Logger.With("source", name), now: opts.Now, opts: opts, raw: raw.NewChangeTable(name, src.RawPartition),
+	r := &Reader{src: src, pool: pool, log: opts.Logger.With("source", name), now: opts.Now, opts: opts, raw: raw.ForSource(cfg, name),
 		step: cfg.Warehouse.WriteTimeout.D()}
 	r.keep = r.step / 4
 	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.D(); idle > 0 {

@@ -2,20 +2,23 @@ package raw_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
-// TestDistributeOnCitus: on a Citus warehouse a Kafka source's raw table
-// is created distributed by event_id, and its partitions with it; a table
-// of row changes and a table created with Local stay on the coordinator,
-// and Ensure does not convert a table that exists.
+// TestDistributeOnCitus: on a Citus warehouse the raw tables of Kafka,
+// Debezium and CDC sources are created distributed by event_id, and their
+// partitions with them; a poll source's and every table under
+// warehouse.distribute: false stay on the coordinator, and Ensure does
+// not convert a table that exists.
 func TestDistributeOnCitus(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.SharedCluster(t).NewDatabase(t, pgtest.ClusterOptions{})
@@ -34,13 +37,39 @@ func TestDistributeOnCitus(t *testing.T) {
 		return kind
 	}
 	day := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)
+	const sources = `
+kafka: {brokers: ["127.0.0.1:1"]}
+sources:
+  events: {kafka: {topics: [events]}, event_id: /id, event_time: /at}
+  dbz: {kafka: {topics: [dbz]}, format: debezium, mirror: {table: dbz_mirror}}
+  shop: {cdc: {dsn: "postgres://127.0.0.1:1/shop", tables: [orders]}, mirror: {table: shop_orders}}
+  customers:
+    poll: {dsn: "postgres://127.0.0.1:1/shop", table: customers, key: [id], updated_at: updated_at}
+    mirror: {table: dw_customers}
+`
+	parse := func(yaml string) *config.Config {
+		t.Helper()
+		cfg, err := config.Parse("citus.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cfg := parse("warehouse: {dsn: \"postgres://127.0.0.1:1/w\"}" + sources)
+	local := parse("warehouse: {dsn: \"postgres://127.0.0.1:1/w\", distribute: false}" + strings.NewReplacer(
+		"events:", "local_events:", "dbz:", "local_dbz:", "shop:", "local_shop:", "customers:", "local_customers:").Replace(sources))
 	for _, tc := range []struct {
 		table *raw.Table
 		want  string
 	}{
-		{raw.NewTable("events", "day"), "distributed by event_id"},
-		{func() *raw.Table { t := raw.NewTable("local_events", "day"); t.Local = true; return t }(), ""},
-		{raw.NewChangeTable("changes", "day"), ""},
+		{raw.ForSource(cfg, "events"), "distributed by event_id"},
+		{raw.ForSource(cfg, "dbz"), "distributed by event_id"},
+		{raw.ForSource(cfg, "shop"), "distributed by event_id"},
+		{raw.ForSource(cfg, "customers"), ""},
+		{raw.ForSource(local, "local_events"), ""},
+		{raw.ForSource(local, "local_dbz"), ""},
+		{raw.ForSource(local, "local_shop"), ""},
+		{raw.ForSource(local, "local_customers"), ""},
 	} {
 		if err := tc.table.Ensure(ctx, conn); err != nil {
 			t.Fatalf("%s: %v", tc.table.Ident(), err)

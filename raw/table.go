@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgcollate"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
@@ -137,8 +138,8 @@ type Table struct {
 	// discards it.
 	Log *slog.Logger
 	// Local keeps the table on the coordinator of a Citus warehouse
-	// (warehouse.distribute: false); otherwise Ensure distributes a table
-	// of events it creates there, by event_id.
+	// (see ForSource); otherwise Ensure distributes a table it creates
+	// there, by event_id.
 	Local bool
 
 	mu      sync.Mutex
@@ -149,6 +150,21 @@ type Table struct {
 // NewTable returns the manager for raw.<source>.
 func NewTable(source, by string) *Table {
 	return &Table{Source: source, By: by, known: map[time.Time]bool{}}
+}
+
+// ForSource returns the manager for raw.<name>, the raw table of the
+// source name of cfg: a table of row changes for the sources that mirror
+// rows (poll, CDC and Debezium), of Kafka events otherwise. On a Citus
+// warehouse Ensure creates it distributed by event_id, unless
+// warehouse.distribute is false or the source is a poll source: a poll
+// run writes its mirror and its change rows in one statement, which Citus
+// does not plan across a distributed and a local table.
+func ForSource(cfg *config.Config, name string) *Table {
+	src := cfg.Sources[name]
+	t := NewTable(name, src.RawPartition)
+	t.Changes = src.RowChanges()
+	t.Local = !cfg.Warehouse.Distribute || src.Poll != nil
+	return t
 }
 
 // NewChangeTable returns the manager for raw.<source> of a source of row
@@ -254,10 +270,9 @@ func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
 // event_id on a Citus warehouse unless t.Local: the partitions attached to
 // it later are distributed with it, each row on the worker its event id
 // hashes to. A table that exists is left as it is, distributed or not:
-// converting one copies all its rows. Tables of row changes stay on the
-// coordinator, where their merge statements run as on one server.
+// converting one copies all its rows.
 func (t *Table) distribute(ctx context.Context, tx pgx.Tx) error {
-	if t.Local || t.Changes {
+	if t.Local {
 		return nil
 	}
 	on, err := citus.Enabled(ctx, tx)

@@ -139,9 +139,7 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	src := r.cfg.Sources[d.Source]
 	switch {
 	case src.Kafka != nil, src.Poll != nil, src.CDC != nil:
-		raw := raw.NewTable(d.Source, src.RawPartition)
-		raw.Changes = src.RowChanges()
-		raw.Local = !r.cfg.Warehouse.Distribute
+		raw := raw.ForSource(r.cfg, d.Source)
 		raw.Log = r.log
 		if err := raw.Ensure(ctx, conn.Conn()); err != nil {
 			return err

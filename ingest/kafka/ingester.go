@@ -64,11 +64,9 @@ func newSource(cfg *config.Config, name string, reg *decode.Registry) (*source, 
 		return nil, err
 	}
 	if sc.Debezium() {
-		return &source{name: name, dec: dec, raw: raw.NewChangeTable(name, sc.RawPartition), mirror: newChangeMirror(name, sc.Mirror)}, nil
+		return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), mirror: newChangeMirror(name, sc.Mirror)}, nil
 	}
-	t := raw.NewTable(name, sc.RawPartition)
-	t.Local = !cfg.Warehouse.Distribute
-	return &source{name: name, dec: dec, raw: t, dedupeWindow: sc.DedupeWindow()}, nil
+	return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), dedupeWindow: sc.DedupeWindow()}, nil
 }
 
 // Ingester consumes the configured Kafka sources as one member of the

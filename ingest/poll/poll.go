@@ -219,7 +219,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Po
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	p := &Poller{src: src, table: t, raw: raw.NewChangeTable(name, src.RawPartition), pool: pool,
+	p := &Poller{src: src, table: t, raw: raw.ForSource(cfg, name), pool: pool,
 		log: opts.Logger.With("source", name), now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.WriteTimeout.D(),
 		progress: opts.Progress}
 	p.raw.Log = opts.Logger

@@ -47,7 +47,7 @@ func TestCitusDemo(t *testing.T) {
 		t.Errorf("demo output lacks %q", want)
 	}
 	for table, placement := range map[string]string{
-		"raw.app_events": "distributed", "raw.customers": "on the coordinator", "raw.shop": "on the coordinator",
+		"raw.app_events": "distributed", "raw.customers": "on the coordinator", "raw.shop": "distributed",
 		"daily_sales": "on the coordinator", "tidemark.ingest_ledger": "on the coordinator", "tidemark.kafka_offsets": "on the coordinator",
 	} {
 		if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(table) + `\s+` + placement + `$`).MatchString(text) {
