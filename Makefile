@@ -32,8 +32,8 @@ test-short:
 CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./cdc/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
 CITUS_FLAGS    ?=
 # Of the poll suite, three tests run there (a poll source's tables stay on
-# the coordinator). The cluster fault tests (TestCitusFaults) and the demo
-# on Citus start clusters of their own.
+# the coordinator). The cluster fault tests (TestCitusFaults,
+# TestCitusCDCFaults) and the demo on Citus start clusters of their own.
 test-citus:
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 25m $(CITUS_FLAGS) $(CITUS_PACKAGES)
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 10m $(CITUS_FLAGS) -run '^TestPoll(LessonCustomers|SoftDelete|OverlappingRuns)$$' ./ingest/poll/

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
+)
+
+// TestCitusCDCFaults: `tidemark run` follows a source table through
+// logical replication into a Citus warehouse (a coordinator and two
+// workers of its own, the second behind a fault proxy; the change table
+// distributed over both, the mirror on the coordinator) while the source
+// commits a stream of inserts, updates and deletes and the cluster fails
+// under it. Afterwards the mirror equals the source, every change has
+// exactly one raw change row, and no transaction is left prepared on a
+// worker.
+func TestCitusCDCFaults(t *testing.T) {
+	pgtest.OnlyOnCitus(t)
+	for _, tt := range []struct {
+		name  string
+		fault func(f *cdcFault)
+	}{
+		{"tidemark killed before a worker's PREPARE TRANSACTION", killApplyHolding("PREPARE TRANSACTION")},
+		{"tidemark killed before a worker's COMMIT PREPARED", killApplyHolding("COMMIT PREPARED")},
+		{"a worker crashes mid-apply", (*cdcFault).crashWorker},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newCDCFault(t)
+			tt.fault(f)
+			f.finish()
+		})
+	}
+}
+
+// cdcFault is one case of TestCitusCDCFaults.
+type cdcFault struct {
+	t       *testing.T
+	cluster *pgtest.Cluster
+	proxy   *faultproxy.Proxy // in front of the second worker
+	wh, src *pgxpool.Pool
+	cfg     string
+	now     time.Time
+	proc    *process
+
+	changes atomic.Int64 // row changes committed at the source
+	stop    chan struct{}
+	written chan error
+}
+
+func newCDCFault(t *testing.T) *cdcFault {
+	t.Helper()
+	ctx := context.Background()
+	c := pgtest.StartCluster(t, 2)
+	w1 := c.Workers[1]
+	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", w1.Host, w1.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	whDSN := c.NewDatabase(t, pgtest.ClusterOptions{
+		WorkerAddrs: []string{fmt.Sprintf("%s:%d", c.Workers[0].Host, c.Workers[0].Port), proxy.Addr()},
+	})
+	srcDSN := pgtest.NewDatabaseOn(t, c.Coordinator)
+	f := &cdcFault{t: t, cluster: c, proxy: proxy, wh: pgtest.Pool(t, whDSN), src: pgtest.Pool(t, srcDSN),
+		now: time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC), stop: make(chan struct{}), written: make(chan error, 1)}
+	for _, q := range []string{"ALTER SYSTEM SET citus.recover_2pc_interval = '1s'", "SELECT pg_reload_conf()"} {
+		if _, err := f.wh.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if _, err := f.src.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL, note text);
+		INSERT INTO orders SELECT i, i, 'seed' FROM generate_series(1, 1000) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg = writeFile(t, "cdc.yaml", fmt.Sprintf(`warehouse: {dsn: %q}
+http: {listen: "off"}
+log: {level: info}
+sources:
+  shop:
+    cdc: {dsn: %q, tables: [orders], snapshot: initial, status_every: 200ms}
+    mirror: {table: dw_orders, deletes: hard}
+`, whDSN, srcDSN))
+	f.proc = startCommand(t, f.now, "run", "--only", "cdc", "-c", f.cfg)
+	waitfor.Within(t, 2*time.Minute, "the snapshot to finish", func() bool {
+		var state string
+		return f.wh.QueryRow(ctx, "SELECT snapshot FROM tidemark.cdc_positions WHERE source = 'shop'").Scan(&state) == nil && state == "done"
+	})
+	if kind := ingesttest.Scalar(t, f.wh, `SELECT count(*) FROM citus_tables WHERE table_name = 'raw.shop'::regclass AND citus_table_type = 'distributed'`); kind != 1 {
+		t.Fatal("raw.shop is not distributed: the test would not cover two-phase commits")
+	}
+	go f.write()
+	waitfor.Within(t, time.Minute, "changes to be applied", func() bool {
+		return ingesttest.Scalar(t, f.wh, "SELECT count(*) FROM raw.shop") > 0
+	})
+	return f
+}
+
+// write commits transactions of 1 to 20 inserts, updates and deletes at
+// the source until f.stop closes, counting every row change.
+func (f *cdcFault) write() {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	next := int64(100_000)
+	for {
+		select {
+		case <-f.stop:
+			f.written <- nil
+			return
+		default:
+		}
+		var n int64
+		err := pgx.BeginFunc(ctx, f.src, func(tx pgx.Tx) error {
+			n = 0
+			for range 1 + rng.IntN(20) {
+				var q string
+				var arg int64
+				switch rng.IntN(3) {
+				case 0:
+					next++
+					q, arg = `INSERT INTO orders VALUES ($1, 1, 'new')`, next
+				case 1:
+					q, arg = `UPDATE orders SET amount = amount + 1, note = 'upd' WHERE id = $1`, 1+rng.Int64N(1000)
+				default:
+					q, arg = `DELETE FROM orders WHERE id = $1`, 1+rng.Int64N(next)
+				}
+				tag, err := tx.Exec(ctx, q, arg)
+				if err != nil {
+					return err
+				}
+				n += tag.RowsAffected()
+			}
+			return nil
+		})
+		if err != nil {
+			f.written <- err
+			return
+		}
+		f.changes.Add(n)
+		time.Sleep(2 * time.Millisecond) // the pace of the writer, not a wait
+	}
+}
+
+// killApplyHolding holds back the next message to the second worker that
+// contains what, SIGKILLs tidemark while its apply waits for it, lets the
+// message through, and starts tidemark again.
+func killApplyHolding(what string) func(f *cdcFault) {
+	return func(f *cdcFault) {
+		f.t.Helper()
+		f.proxy.Hold([]byte(what))
+		select {
+		case <-f.proxy.Held():
+		case <-time.After(time.Minute):
+			f.t.Fatalf("no %s reached the second worker within a minute", what)
+		}
+		f.t.Logf("killing tidemark with %s held, %d changes committed at the source", what, f.changes.Load())
+		if err := f.proc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			f.t.Fatal(err)
+		}
+		<-f.proc.exited
+		f.proxy.Release()
+		f.proc = startCommand(f.t, f.now, "run", "--only", "cdc", "-c", f.cfg)
+	}
+}
+
+// crashWorker stops the first worker as a crash does and starts it again;
+// tidemark rides it out.
+func (f *cdcFault) crashWorker() {
+	f.t.Helper()
+	f.t.Logf("crashing worker 0 with %d changes committed at the source", f.changes.Load())
+	if err := f.cluster.Workers[0].Restart(context.Background(), true); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// finish lets the writer go on a little after the fault, stops it, waits
+// for the mirror to catch up, stops tidemark and checks the warehouse.
+func (f *cdcFault) finish() {
+	t := f.t
+	t.Helper()
+	ctx := context.Background()
+	after := f.changes.Load()
+	waitfor.Within(t, time.Minute, "the source to commit changes after the fault", func() bool {
+		return f.changes.Load() >= after+500
+	})
+	close(f.stop)
+	if err := <-f.written; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	total := f.changes.Load()
+	const rows = `SELECT id, amount::text, note FROM %s ORDER BY id`
+	var equal bool
+	var rawRows int64
+	if err := waitfor.Poll(2*time.Minute, func() bool {
+		select {
+		case <-f.proc.exited:
+			t.Fatalf("tidemark run exited during the test: %v\n%s", f.proc.err, tail(f.proc.output.String(), 40))
+		default:
+		}
+		want := strings.Join(pgtest.Rows(t, f.src, fmt.Sprintf(rows, "orders")), "\n")
+		got := strings.Join(pgtest.Rows(t, f.wh, fmt.Sprintf(rows, "dw_orders")), "\n")
+		rawRows = ingesttest.Scalar(t, f.wh, "SELECT count(*) FROM raw.shop")
+		equal = want == got
+		return equal && rawRows >= total
+	}); err != nil {
+		t.Fatalf("no convergence within 2m: mirror equal %v, raw change rows %d of %d", equal, rawRows, total)
+	}
+	waitfor.Within(t, 2*time.Minute, "no transaction to stay prepared on a worker", func() bool {
+		return ingesttest.Scalar(t, f.wh, `SELECT coalesce(sum(result::bigint), 0)::bigint FROM run_command_on_workers(
+			format('SELECT count(*) FROM pg_prepared_xacts WHERE database = %L', current_database()))`) == 0
+	})
+	stopRun(t, f.proc)
+	var raw, distinct int64
+	if err := f.wh.QueryRow(ctx, "SELECT count(*), count(DISTINCT (commit_lsn, event_id)) FROM raw.shop").Scan(&raw, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if raw != total || distinct != total {
+		t.Errorf("raw change rows %d (%d distinct), want exactly %d", raw, distinct, total)
+	}
+	ingesttest.AssertLedger(t, f.wh, "shop")
+	t.Logf("%d changes, mirror equal to the source", total)
+}
