@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
@@ -54,61 +55,12 @@ sources:
 		return wh.QueryRow(ctx, "SELECT snapshot FROM tidemark.cdc_positions WHERE source = 'shop'").Scan(&state) == nil && state == "done"
 	})
 
-	// The writer: transactions of 1 to 50 inserts, updates and deletes,
-	// counting every row change it commits.
-	var changes atomic.Int64
+	// The writer: transactions of 1 to 50 inserts, updates and deletes
+	// and now and then a large one, counting every row change it commits.
+	w := &orderWriter{maxOps: 50, large: true, pace: time.Millisecond}
 	stop := make(chan struct{})
 	written := make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(1, 2))
-		next := int64(100_000)
-		for {
-			select {
-			case <-stop:
-				written <- nil
-				return
-			default:
-			}
-			var n int64
-			err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
-				n = 0
-				if rng.IntN(25) == 0 {
-					// A large transaction, some of its notes NULL: the
-					// source streams it, the reader spills it.
-					tag, err := tx.Exec(ctx, `INSERT INTO orders SELECT g, 2, CASE WHEN g % 3 = 0 THEN NULL ELSE repeat('b', 400) END
-						FROM generate_series($1::bigint, $1::bigint + 2999) AS g`, next+1)
-					next += 3000
-					n = tag.RowsAffected()
-					return err
-				}
-				for range 1 + rng.IntN(50) {
-					var q string
-					var arg int64
-					switch rng.IntN(3) {
-					case 0:
-						next++
-						q, arg = `INSERT INTO orders VALUES ($1, 1, 'new')`, next
-					case 1:
-						q, arg = `UPDATE orders SET amount = amount + 1, note = 'upd' WHERE id = $1`, 1+rng.Int64N(next)
-					default:
-						q, arg = `DELETE FROM orders WHERE id = $1`, 1+rng.Int64N(next)
-					}
-					tag, err := tx.Exec(ctx, q, arg)
-					if err != nil {
-						return err
-					}
-					n += tag.RowsAffected()
-				}
-				return nil
-			})
-			if err != nil {
-				written <- err
-				return
-			}
-			changes.Add(n)
-			time.Sleep(time.Millisecond) // the pace of the writer, not a wait
-		}
-	}()
+	go func() { written <- w.run(ctx, src, stop) }()
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
 	for i := 0; i < kills; i++ {
@@ -126,7 +78,7 @@ sources:
 	if err := <-written; err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	total := changes.Load()
+	total := w.changes.Load()
 	t.Logf("%d row changes committed at the source across %d kills", total, kills)
 
 	p := startCommand(t, clock, "run", "--only", "cdc", "-c", cfg)
@@ -162,5 +114,65 @@ sources:
 	}
 	if raw != total || distinct != total {
 		t.Errorf("raw change rows %d (%d distinct), want exactly %d", raw, distinct, total)
+	}
+}
+
+// orderWriter commits transactions of inserts, updates and deletes on the
+// source table orders (ids 1 to 1,000 seeded) and counts every row change
+// committed.
+type orderWriter struct {
+	maxOps  int           // statements a transaction: 1 to maxOps
+	large   bool          // one transaction in 25 inserts 3,000 rows instead
+	pace    time.Duration // between transactions
+	changes atomic.Int64
+}
+
+// run writes until stop closes, and returns the first error.
+func (w *orderWriter) run(ctx context.Context, src *pgxpool.Pool, stop <-chan struct{}) error {
+	rng := rand.New(rand.NewPCG(1, 2))
+	next := int64(100_000)
+	for {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		var n int64
+		err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+			n = 0
+			if w.large && rng.IntN(25) == 0 {
+				// A large transaction, some of its notes NULL: the
+				// source streams it, the reader spills it.
+				tag, err := tx.Exec(ctx, `INSERT INTO orders SELECT g, 2, CASE WHEN g % 3 = 0 THEN NULL ELSE repeat('b', 400) END
+					FROM generate_series($1::bigint, $1::bigint + 2999) AS g`, next+1)
+				next += 3000
+				n = tag.RowsAffected()
+				return err
+			}
+			for range 1 + rng.IntN(w.maxOps) {
+				var q string
+				var arg int64
+				switch rng.IntN(3) {
+				case 0:
+					next++
+					q, arg = `INSERT INTO orders VALUES ($1, 1, 'new')`, next
+				case 1:
+					q, arg = `UPDATE orders SET amount = amount + 1, note = 'upd' WHERE id = $1`, 1+rng.Int64N(next)
+				default:
+					q, arg = `DELETE FROM orders WHERE id = $1`, 1+rng.Int64N(next)
+				}
+				tag, err := tx.Exec(ctx, q, arg)
+				if err != nil {
+					return err
+				}
+				n += tag.RowsAffected()
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		w.changes.Add(n)
+		time.Sleep(w.pace) // the pace of the writer, not a wait
 	}
 }

@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
@@ -55,7 +52,7 @@ type cdcFault struct {
 	now     time.Time
 	proc    *process
 
-	changes atomic.Int64 // row changes committed at the source
+	w       *orderWriter // commits changes at the source
 	stop    chan struct{}
 	written chan error
 }
@@ -64,23 +61,12 @@ func newCDCFault(t *testing.T) *cdcFault {
 	t.Helper()
 	ctx := context.Background()
 	c := pgtest.StartCluster(t, 2)
-	w1 := c.Workers[1]
-	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", w1.Host, w1.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	whDSN := c.NewDatabase(t, pgtest.ClusterOptions{
-		WorkerAddrs: []string{fmt.Sprintf("%s:%d", c.Workers[0].Host, c.Workers[0].Port), proxy.Addr()},
-	})
+	whDSN, proxy := c.NewDatabaseBehindProxy(t, 1)
 	srcDSN := pgtest.NewDatabaseOn(t, c.Coordinator)
 	f := &cdcFault{t: t, cluster: c, proxy: proxy, wh: pgtest.Pool(t, whDSN), src: pgtest.Pool(t, srcDSN),
-		now: time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC), stop: make(chan struct{}), written: make(chan error, 1)}
-	for _, q := range []string{"ALTER SYSTEM SET citus.recover_2pc_interval = '1s'", "SELECT pg_reload_conf()"} {
-		if _, err := f.wh.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		now: time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC), w: &orderWriter{maxOps: 20, pace: 2 * time.Millisecond},
+		stop: make(chan struct{}), written: make(chan error, 1)}
+	recoverQuickly(t, f.wh)
 	if _, err := f.src.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2) NOT NULL, note text);
 		INSERT INTO orders SELECT i, i, 'seed' FROM generate_series(1, 1000) AS i`); err != nil {
 		t.Fatal(err)
@@ -101,56 +87,11 @@ sources:
 	if kind := ingesttest.Scalar(t, f.wh, `SELECT count(*) FROM citus_tables WHERE table_name = 'raw.shop'::regclass AND citus_table_type = 'distributed'`); kind != 1 {
 		t.Fatal("raw.shop is not distributed: the test would not cover two-phase commits")
 	}
-	go f.write()
+	go func() { f.written <- f.w.run(context.Background(), f.src, f.stop) }()
 	waitfor.Within(t, time.Minute, "changes to be applied", func() bool {
 		return ingesttest.Scalar(t, f.wh, "SELECT count(*) FROM raw.shop") > 0
 	})
 	return f
-}
-
-// write commits transactions of 1 to 20 inserts, updates and deletes at
-// the source until f.stop closes, counting every row change.
-func (f *cdcFault) write() {
-	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(1, 2))
-	next := int64(100_000)
-	for {
-		select {
-		case <-f.stop:
-			f.written <- nil
-			return
-		default:
-		}
-		var n int64
-		err := pgx.BeginFunc(ctx, f.src, func(tx pgx.Tx) error {
-			n = 0
-			for range 1 + rng.IntN(20) {
-				var q string
-				var arg int64
-				switch rng.IntN(3) {
-				case 0:
-					next++
-					q, arg = `INSERT INTO orders VALUES ($1, 1, 'new')`, next
-				case 1:
-					q, arg = `UPDATE orders SET amount = amount + 1, note = 'upd' WHERE id = $1`, 1+rng.Int64N(1000)
-				default:
-					q, arg = `DELETE FROM orders WHERE id = $1`, 1+rng.Int64N(next)
-				}
-				tag, err := tx.Exec(ctx, q, arg)
-				if err != nil {
-					return err
-				}
-				n += tag.RowsAffected()
-			}
-			return nil
-		})
-		if err != nil {
-			f.written <- err
-			return
-		}
-		f.changes.Add(n)
-		time.Sleep(2 * time.Millisecond) // the pace of the writer, not a wait
-	}
 }
 
 // killApplyHolding holds back the next message to the second worker that
@@ -159,18 +100,13 @@ func (f *cdcFault) write() {
 func killApplyHolding(what string) func(f *cdcFault) {
 	return func(f *cdcFault) {
 		f.t.Helper()
-		f.proxy.Hold([]byte(what))
-		select {
-		case <-f.proxy.Held():
-		case <-time.After(time.Minute):
-			f.t.Fatalf("no %s reached the second worker within a minute", what)
-		}
-		f.t.Logf("killing tidemark with %s held, %d changes committed at the source", what, f.changes.Load())
-		if err := f.proc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			f.t.Fatal(err)
-		}
-		<-f.proc.exited
-		f.proxy.Release()
+		holdThen(f.t, f.proxy, what, func() {
+			f.t.Logf("killing tidemark with %s held, %d changes committed at the source", what, f.w.changes.Load())
+			if err := f.proc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				f.t.Fatal(err)
+			}
+			<-f.proc.exited
+		})
 		f.proc = startCommand(f.t, f.now, "run", "--only", "cdc", "-c", f.cfg)
 	}
 }
@@ -179,7 +115,7 @@ func killApplyHolding(what string) func(f *cdcFault) {
 // tidemark rides it out.
 func (f *cdcFault) crashWorker() {
 	f.t.Helper()
-	f.t.Logf("crashing worker 0 with %d changes committed at the source", f.changes.Load())
+	f.t.Logf("crashing worker 0 with %d changes committed at the source", f.w.changes.Load())
 	if err := f.cluster.Workers[0].Restart(context.Background(), true); err != nil {
 		f.t.Fatal(err)
 	}
@@ -191,15 +127,15 @@ func (f *cdcFault) finish() {
 	t := f.t
 	t.Helper()
 	ctx := context.Background()
-	after := f.changes.Load()
+	after := f.w.changes.Load()
 	waitfor.Within(t, time.Minute, "the source to commit changes after the fault", func() bool {
-		return f.changes.Load() >= after+500
+		return f.w.changes.Load() >= after+500
 	})
 	close(f.stop)
 	if err := <-f.written; err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	total := f.changes.Load()
+	total := f.w.changes.Load()
 	const rows = `SELECT id, amount::text, note FROM %s ORDER BY id`
 	var equal bool
 	var rawRows int64

@@ -82,13 +82,7 @@ func newCitusFault(t *testing.T, workers int) *citusFault {
 		Register:    2,
 	})
 	pool := pgtest.Pool(t, dsn)
-	// Citus recovers a commit left in doubt every recover_2pc_interval
-	// (1 min by default); a faster pace keeps the test short.
-	for _, q := range []string{"ALTER SYSTEM SET citus.recover_2pc_interval = '1s'", "SELECT pg_reload_conf()"} {
-		if _, err := pool.Exec(context.Background(), q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	recoverQuickly(t, pool)
 
 	n := 30_000
 	if testing.Short() {
@@ -218,14 +212,33 @@ func killHolding(what string) func(f *citusFault) {
 // what, runs fault while it is held, and releases it.
 func (f *citusFault) holdThen(what string, fault func()) {
 	f.t.Helper()
-	f.proxy.Hold([]byte(what))
+	holdThen(f.t, f.proxy, what, fault)
+}
+
+// holdThen holds back the next message through proxy (to a worker)
+// containing what, runs fault while it is held, and releases it.
+func holdThen(t *testing.T, proxy *faultproxy.Proxy, what string, fault func()) {
+	t.Helper()
+	proxy.Hold([]byte(what))
 	select {
-	case <-f.proxy.Held():
+	case <-proxy.Held():
 	case <-time.After(time.Minute):
-		f.t.Fatalf("no %s reached the second worker within a minute", what)
+		t.Fatalf("no %s reached the worker within a minute", what)
 	}
 	fault()
-	f.proxy.Release()
+	proxy.Release()
+}
+
+// recoverQuickly makes the Citus coordinator behind pool recover commits
+// left in doubt every second instead of every recover_2pc_interval (a
+// minute by default), which keeps the fault tests short.
+func recoverQuickly(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for _, q := range []string{"ALTER SYSTEM SET citus.recover_2pc_interval = '1s'", "SELECT pg_reload_conf()"} {
+		if _, err := pool.Exec(context.Background(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 }
 
 // rebalance registers the third worker while records are loading and
