@@ -16,7 +16,8 @@ import (
 
 // TestDistributeOnCitus: on a Citus warehouse the raw tables of Kafka,
 // Debezium and CDC sources are created distributed by event_id, and their
-// partitions with them; a poll source's and every table under
+// partitions with them, colocated with each other (not with a table
+// distributed before them); a poll source's and every table under
 // warehouse.distribute: false stay on the coordinator, and Ensure does
 // not convert a table that exists.
 func TestDistributeOnCitus(t *testing.T) {
@@ -26,16 +27,7 @@ func TestDistributeOnCitus(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn := pgtest.Conn(t, dsn)
-	// citusKind is how Citus knows the table: "" when it does not.
-	citusKind := func(table string) string {
-		t.Helper()
-		var kind string
-		err := conn.QueryRow(ctx, `SELECT coalesce((SELECT citus_table_type || ' by ' || distribution_column FROM citus_tables WHERE table_name = $1::regclass), '')`, table).Scan(&kind)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return kind
-	}
+	citusKind := func(table string) string { return pgtest.Placement(t, conn, table) }
 	day := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)
 	const sources = `
 kafka: {brokers: ["127.0.0.1:1"]}
@@ -54,6 +46,14 @@ sources:
 			t.Fatal(err)
 		}
 		return cfg
+	}
+	// A table distributed first by a text column of another collation,
+	// as a mirror with a text key is: Citus would choose its colocation
+	// group for a raw table by type and shard count, then refuse it for
+	// the collation.
+	if _, err := conn.Exec(ctx, `CREATE TABLE first_mirror (k text COLLATE "C" PRIMARY KEY, v int);
+		SELECT create_distributed_table('first_mirror', 'k', colocate_with => 'none')`); err != nil {
+		t.Fatal(err)
 	}
 	cfg := parse("warehouse: {dsn: \"postgres://127.0.0.1:1/w\"}" + sources)
 	local := parse("warehouse: {dsn: \"postgres://127.0.0.1:1/w\", distribute: false}" + strings.NewReplacer(
@@ -83,6 +83,13 @@ sources:
 				t.Errorf("%s: %q, want %q", name, got, tc.want)
 			}
 		}
+	}
+	// The raw tables are colocated with each other, not with the table
+	// distributed before them.
+	groups := pgtest.Rows(t, conn, `SELECT string_agg(logicalrelid::text, ' ' ORDER BY logicalrelid::text) FROM pg_dist_partition
+		WHERE logicalrelid::text IN ('first_mirror', 'raw.events', 'raw.dbz', 'raw.shop') GROUP BY colocationid ORDER BY 1`)
+	if want := []string{"first_mirror", "raw.dbz raw.events raw.shop"}; strings.Join(groups, "\n") != strings.Join(want, "\n") {
+		t.Errorf("colocation groups %q, want %q", groups, want)
 	}
 	// A second Ensure of a table that exists changes nothing.
 	again := raw.NewTable("local_events", "day")

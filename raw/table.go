@@ -267,10 +267,11 @@ func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // distribute makes the table, just created, a Citus distributed table by
-// event_id on a Citus warehouse unless t.Local: the partitions attached to
-// it later are distributed with it, each row on the worker its event id
-// hashes to. A table that exists is left as it is, distributed or not:
-// converting one copies all its rows.
+// event_id on a Citus warehouse unless t.Local, colocated with the raw
+// tables distributed before it that have the shard count asked for: the
+// partitions attached to it later are distributed with it, each row on
+// the worker its event id hashes to. A table that exists is left as it
+// is, distributed or not: converting one copies all its rows.
 func (t *Table) distribute(ctx context.Context, tx pgx.Tx) error {
 	if t.Local {
 		return nil
@@ -279,8 +280,26 @@ func (t *Table) distribute(ctx context.Context, tx pgx.Tx) error {
 	if err != nil || !on {
 		return err
 	}
-	return citus.Distribute(ctx, tx, t.Ident(), "event_id")
+	var with string
+	if err := tx.QueryRow(ctx, distributedRawTableSQL).Scan(&with); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("look for a distributed raw table: %w", err)
+	}
+	return citus.Distribute(ctx, tx, t.Ident(), "event_id", with)
 }
+
+// distributedRawTableSQL names a raw table distributed before (a
+// partitioned parent hashed by event_id) with as many shards as
+// citus.shard_count asks for now, the one a new raw table is colocated
+// with: the first of them.
+const distributedRawTableSQL = `
+SELECT p.logicalrelid::regclass::text
+FROM pg_dist_partition p
+JOIN pg_class c ON c.oid = p.logicalrelid
+WHERE c.relnamespace = 'raw'::regnamespace AND c.relkind = 'p' AND p.partmethod = 'h'
+  AND column_to_column_name(p.logicalrelid, p.partkey) = 'event_id'
+  AND (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) = current_setting('citus.shard_count')::int
+ORDER BY p.colocationid, c.oid
+LIMIT 1`
 
 // dropLegacyIndex drops the load_xid b-tree of a raw table created before
 // the BRIN index on ingested_at. DROP INDEX needs an ACCESS EXCLUSIVE lock

@@ -38,7 +38,9 @@ const (
 	// (distributed, reference or Citus-local).
 	isCitusTableSQL = `SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`
 
-	distributeSQL = `SELECT create_distributed_table($1, $2)`
+	// distributeSQL distributes table $1 by column $2, colocated with
+	// table $3, or in a colocation group of its own when $3 is 'none'.
+	distributeSQL = `SELECT create_distributed_table($1, $2, colocate_with => $3)`
 
 	// preparedOnWorkersSQL lists, from each worker, the prepared
 	// transactions of this database whose names say that this node
@@ -65,7 +67,13 @@ func Enabled(ctx context.Context, q Querier) (bool, error) {
 // Distribute makes table (a quoted, qualified name) a distributed table
 // hashed by column, unless Citus knows it already. On an empty table it is
 // quick; on a table holding rows, Citus copies them to the workers.
-func Distribute(ctx context.Context, q Querier, table, column string) error {
+//
+// colocateWith names the distributed table whose shards the table's are
+// to be placed with, or is "" for a colocation group of the table's own.
+// tidemark never leaves the choice to Citus: by default Citus joins any
+// group of the same column type and shard count, whichever table made
+// it, and refuses when the tables' collations differ.
+func Distribute(ctx context.Context, q Querier, table, column, colocateWith string) error {
 	var known bool
 	if err := q.QueryRow(ctx, isCitusTableSQL, table).Scan(&known); err != nil {
 		return fmt.Errorf("is %s distributed: %w", table, err)
@@ -73,7 +81,10 @@ func Distribute(ctx context.Context, q Querier, table, column string) error {
 	if known {
 		return nil
 	}
-	if _, err := q.Exec(ctx, distributeSQL, table, column); err != nil {
+	if colocateWith == "" {
+		colocateWith = "none"
+	}
+	if _, err := q.Exec(ctx, distributeSQL, table, column, colocateWith); err != nil {
 		return fmt.Errorf("distribute %s by %s: %w", table, column, err)
 	}
 	return nil

@@ -224,18 +224,25 @@ func (c *Cluster) NewDatabase(tb testing.TB, opts ClusterOptions) string {
 // traffic to that worker (a COMMIT PREPARED, say) can then be held back.
 func (c *Cluster) NewDatabaseBehindProxy(tb testing.TB, worker int) (string, *faultproxy.Proxy) {
 	tb.Helper()
+	return c.NewDatabaseBehindProxyWith(tb, worker, ClusterOptions{})
+}
+
+// NewDatabaseBehindProxyWith is NewDatabaseBehindProxy with opts, whose
+// WorkerAddrs it fills in itself.
+func (c *Cluster) NewDatabaseBehindProxyWith(tb testing.TB, worker int, opts ClusterOptions) (string, *faultproxy.Proxy) {
+	tb.Helper()
 	w := c.Workers[worker]
 	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", w.Host, w.Port))
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	tb.Cleanup(func() { _ = proxy.Close() })
-	addrs := make([]string, len(c.Workers))
+	opts.WorkerAddrs = make([]string, len(c.Workers))
 	for i, w := range c.Workers {
-		addrs[i] = fmt.Sprintf("%s:%d", w.Host, w.Port)
+		opts.WorkerAddrs[i] = fmt.Sprintf("%s:%d", w.Host, w.Port)
 	}
-	addrs[worker] = proxy.Addr()
-	return c.NewDatabase(tb, ClusterOptions{WorkerAddrs: addrs}), proxy
+	opts.WorkerAddrs[worker] = proxy.Addr()
+	return c.NewDatabase(tb, opts), proxy
 }
 
 func exec1(ctx context.Context, tb testing.TB, dsn, sql string) {
@@ -248,4 +255,23 @@ func exec1(ctx context.Context, tb testing.TB, dsn, sql string) {
 	if _, err := conn.Exec(ctx, sql); err != nil {
 		tb.Fatalf("pgtest: %s: %v", sql, err)
 	}
+}
+
+// placementSQL says how Citus knows a table: "distributed by <column>",
+// "reference by <column>" and the like, or "" when it does not.
+const placementSQL = `
+SELECT coalesce((SELECT citus_table_type || ' by ' || distribution_column FROM citus_tables WHERE table_name = $1::regclass), '')`
+
+// Placement returns how the Citus warehouse q is connected to places
+// table (a quoted, qualified name): "distributed by event_id", say, or
+// "" for a table Citus does not know, which stays on the coordinator.
+func Placement(tb testing.TB, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, table string) string {
+	tb.Helper()
+	var kind string
+	if err := q.QueryRow(context.Background(), placementSQL, table).Scan(&kind); err != nil {
+		tb.Fatalf("placement of %s: %v", table, err)
+	}
+	return kind
 }
