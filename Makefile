@@ -33,11 +33,12 @@ CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./cdc/ ./retention/ ./backfill/ .
 CITUS_FLAGS    ?=
 # Of the poll suite, three tests run there (a poll source's tables stay on
 # the coordinator). The cluster fault tests (TestCitusFaults,
-# TestCitusCDCFaults) and the demo on Citus start clusters of their own.
+# TestCitusCDCFaults) and the demo on Citus start clusters of their own;
+# keys --dry-run and mirror placement run on the shared cluster.
 test-citus:
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 25m $(CITUS_FLAGS) $(CITUS_PACKAGES)
 	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 10m $(CITUS_FLAGS) -run '^TestPoll(LessonCustomers|SoftDelete|OverlappingRuns)$$' ./ingest/poll/
-	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 15m $(CITUS_FLAGS) -run '^TestCitus' ./cmd/tidemark/ ./cmd/tidemark/demo/
+	TIDEMARK_TEST_CITUS=1 TIDEMARK_REQUIRE_CITUS=1 $(GO) test -count=1 -timeout 15m $(CITUS_FLAGS) -run '^TestCitus|^TestKeysDebezium$$|^TestDistributeOnCitus$$' ./cmd/tidemark/ ./cmd/tidemark/demo/ ./mirror/
 
 ## fuzz: each fuzz target for FUZZTIME (go test -fuzz takes one target a run)
 # FUZZMINIMIZETIME bounds the minimization of each new interesting input: with

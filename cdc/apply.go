@@ -59,15 +59,19 @@ UPDATE %[1]s AS t SET %[3]s
 FROM %[2]s AS s %[5]s
 WHERE s."tidemark kind" = 'upsert' AND %[4]s`
 
-	// insertMirrorSQL inserts the staged upserts whose key the mirror does
-	// not have. %[1]s mirror, %[2]s stage, %[3]s columns, %[4]s values,
-	// %[5]s key match of t and s, %[6]s loaded and deleted columns, %[7]s
-	// the join of the old key's row o (or nothing).
+	// insertMirrorSQL inserts, after updateMirrorSQL, the staged upserts
+	// whose key the mirror does not have: those it has were updated. (A
+	// correlated NOT EXISTS would say the same, but Citus does not plan
+	// one over a distributed mirror and a local stage.) %[1]s mirror,
+	// %[2]s stage, %[3]s columns, %[4]s values, %[5]s key columns, %[6]s
+	// loaded and deleted columns, %[7]s the join of the old key's row o
+	// (or nothing).
 	insertMirrorSQL = `
 INSERT INTO %[1]s (%[3]s, %[6]s)
 SELECT %[4]s, $1, NULL
 FROM %[2]s AS s %[7]s
-WHERE s."tidemark kind" = 'upsert' AND NOT EXISTS (SELECT 1 FROM %[1]s AS t WHERE %[5]s)`
+WHERE s."tidemark kind" = 'upsert'
+ON CONFLICT (%[5]s) DO NOTHING`
 
 	// upsertMirrorSQL writes staged upserts that carry every column, in
 	// one statement: a chunk holds one upsert per key at most. %[1]s
@@ -1044,6 +1048,11 @@ func (a *applier) applyUpserts(ctx context.Context, g *group, st *stageRows) (st
 		q := quote(c.name)
 		cols = append(cols, q)
 		switch {
+		case slices.Contains(m.Key, c.name):
+			// A row is matched by its key, so its key columns keep their
+			// values; a distributed mirror refuses a SET of its
+			// distribution column, even to the same value.
+			vals = append(vals, "s."+q)
 		case !st.absent:
 			sets = append(sets, fmt.Sprintf("%[1]s = s.%[1]s", q))
 			vals = append(vals, "s."+q)
@@ -1071,8 +1080,10 @@ func (a *applier) applyUpserts(ctx context.Context, g *group, st *stageRows) (st
 	case st.upserts == 0:
 	case !st.absent:
 		var excluded []string
-		for _, c := range cols {
-			excluded = append(excluded, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", c))
+		for _, c := range st.t.columns {
+			if !slices.Contains(m.Key, c.name) {
+				excluded = append(excluded, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(c.name)))
+			}
 		}
 		excluded = append(excluded, quote(m.LoadedColumn)+" = EXCLUDED."+quote(m.LoadedColumn), quote(m.DeletedColumn)+" = NULL")
 		if _, err := g.tx.Exec(ctx, fmt.Sprintf(upsertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "),
@@ -1083,7 +1094,7 @@ func (a *applier) applyUpserts(ctx context.Context, g *group, st *stageRows) (st
 		if _, err := g.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), g.ingestedAt); err != nil {
 			return "", fmt.Errorf("update %s: %w", target, err)
 		}
-		if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), keyMatch,
+		if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), mirror.QuoteAll(m.Key),
 			loadedDeleted, join), g.ingestedAt); err != nil {
 			return "", fmt.Errorf("insert into %s: %w", target, err)
 		}

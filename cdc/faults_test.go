@@ -644,7 +644,7 @@ func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, 
 // reader does not restart.
 func TestWaitingGroupStaysAlive(t *testing.T) {
 	e := newCDCEnv(t)
-	_, logs, done := e.startReaderWith(t, e.config("snapshot: never", "deletes: hard"), "", 10*time.Second,
+	_, logs, done := e.startReaderWith(t, withTriggers(e.config("snapshot: never", "deletes: hard")), "", 10*time.Second,
 		cdc.Options{GroupChanges: 1, GroupAge: time.Second})
 	e.waitStreaming(done)
 	if _, err := e.wh.Exec(e.ctx, `CREATE FUNCTION slow_apply() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -86,6 +86,9 @@ type Reader struct {
 	raw   *raw.Table
 	m     *metrics
 	specs []pgx.Identifier
+	// distribute creates missing mirrors distributed on a Citus warehouse
+	// (warehouse.distribute).
+	distribute bool
 	// stopAt, once set, stops the next run before a transaction (see
 	// stopBefore).
 	stopAt *stopBefore
@@ -128,7 +131,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 	}
 	opts = opts.withDefaults()
 	r := &Reader{src: src, pool: pool, log: opts.Logger.With("source", name), now: opts.Now, opts: opts, raw: raw.ForSource(cfg, name),
-		step: cfg.Warehouse.WriteTimeout.D()}
+		step: cfg.Warehouse.WriteTimeout.D(), distribute: cfg.Warehouse.Distribute}
 	r.keep = r.step / 4
 	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.D(); idle > 0 {
 		r.keep = min(r.step, idle) / 4
@@ -436,7 +439,7 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 	for _, id := range r.specs {
 		name := id[0] + "." + id[1]
 		dctx, cancel := context.WithTimeout(ctx, r.step)
-		m, err := describeMirror(dctx, src, r.src, id)
+		m, err := describeMirror(dctx, src, r.src, id, r.distribute)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -456,7 +459,7 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 
 // describeMirror describes a source table, with its primary key as the
 // mirror's key, and returns its mirror.
-func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx.Identifier) (*mirror.Table, error) {
+func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx.Identifier, distribute bool) (*mirror.Table, error) {
 	name := id[0] + "." + id[1]
 	var key []string
 	if err := src.QueryRow(ctx, primaryKeySQL, id.Sanitize()).Scan(&key); err != nil {
@@ -468,7 +471,8 @@ func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx
 	}
 	ts, tn := config.SplitTable(s.MirrorTables()[name])
 	m := &mirror.Table{Name: s.Name, Source: id, Target: pgx.Identifier{ts, tn}, Key: key,
-		DeletedColumn: s.Mirror.DeletedColumn, LoadedColumn: s.Mirror.LoadedColumn, Hard: s.Mirror.Deletes == config.DeletesHard}
+		DeletedColumn: s.Mirror.DeletedColumn, LoadedColumn: s.Mirror.LoadedColumn, Hard: s.Mirror.Deletes == config.DeletesHard,
+		Distribute: distribute}
 	if err := m.Describe(ctx, src); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSetup, err)
 	}
@@ -491,7 +495,7 @@ func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Ta
 	var out []*mirror.Table
 	for _, t := range s.CDC.Tables {
 		schema, table := config.SplitTable(t)
-		m, err := describeMirror(ctx, src, s, pgx.Identifier{schema, table})
+		m, err := describeMirror(ctx, src, s, pgx.Identifier{schema, table}, cfg.Warehouse.Distribute)
 		if err != nil {
 			return nil, err
 		}

@@ -61,7 +61,7 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := describeMirror(ctx, setup, src, id)
+	m, err := describeMirror(ctx, setup, src, id, false)
 	setup.Close(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ sources:
 	}
 	defer conn.Close(ctx)
 	id := pgx.Identifier{"public", "orders"}
-	m, err := describeMirror(ctx, conn, cfg.Sources["shop"], id)
+	m, err := describeMirror(ctx, conn, cfg.Sources["shop"], id, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,8 +66,8 @@ type Warehouse struct {
 	Migrate  bool `yaml:"migrate"`
 	MaxConns Int  `yaml:"max_conns"` // pool size
 	// Distribute makes, on a warehouse with the citus extension, the raw
-	// tables of Kafka, Debezium and CDC sources distributed tables,
-	// created so.
+	// tables of Kafka, Debezium and CDC sources and the mirrors of CDC
+	// and Debezium sources distributed tables, created so.
 	Distribute bool `yaml:"distribute"`
 	// WarehouseLimits are the session settings and client deadlines.
 	WarehouseLimits `yaml:",inline"`

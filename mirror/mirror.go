@@ -10,7 +10,9 @@
 // mirror whose columns disagree with the source. A mirror without a
 // reachable source (a Debezium source's) is read from the warehouse
 // catalog, or created from the columns its change events declare
-// (ReadTarget, EnsureTarget).
+// (ReadTarget, EnsureTarget). On a Citus warehouse a mirror created with
+// Table.Distribute set is a distributed table hashed by its first key
+// column.
 //
 // # Key reconciliation
 //
@@ -32,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
@@ -58,6 +61,11 @@ type Table struct {
 	// Hard is true when rows deleted at the source are removed from the
 	// mirror rather than flagged.
 	Hard bool
+	// Distribute makes Ensure, on a Citus warehouse, create the mirror as
+	// a distributed table hashed by its first key column (see
+	// distribute). A poll source's mirror stays on the coordinator: its
+	// merge statement writes the mirror and the change table at once.
+	Distribute bool
 	// TableKey and KeyKey are the configuration keys, below the source,
 	// that name the source table and its key, for Describe's errors;
 	// empty: a poll source's poll.table and poll.key.
@@ -280,7 +288,27 @@ func (t *Table) create(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("create the mirror (a source type the warehouse lacks must be created first, or the table by hand): %w", err)
 	}
-	return nil
+	return t.distribute(ctx, tx)
+}
+
+// distribute makes the mirror, just created, a Citus distributed table
+// hashed by its first key column, in a colocation group of its own, when
+// t.Distribute is set and the warehouse has the citus extension; it does
+// nothing otherwise. A mirror that exists is left as it is: converting
+// one copies all its rows.
+//
+// Changes never move a row between shards: a source update that changes
+// a row's key is applied as a delete of the old key and an insert of the
+// new one, and no statement sets a key column.
+func (t *Table) distribute(ctx context.Context, tx pgx.Tx) error {
+	if !t.Distribute {
+		return nil
+	}
+	on, err := citus.Enabled(ctx, tx)
+	if err != nil || !on {
+		return err
+	}
+	return citus.Distribute(ctx, tx, t.Target.Sanitize(), t.Key[0], "")
 }
 
 func (t *Table) extend(ctx context.Context, tx pgx.Tx) error {

@@ -49,11 +49,13 @@ func ReadTarget(ctx context.Context, conn *pgx.Conn, target pgx.Identifier) (col
 	return cols, key, true, nil
 }
 
-// EnsureTarget makes sure the mirror target exists with at least the
-// columns cols (in the warehouse's types) and own, tidemark's columns:
-// it creates the table with key as primary key when missing, and adds
-// the columns it lacks. The key columns must be among cols.
-func EnsureTarget(ctx context.Context, conn *pgx.Conn, target pgx.Identifier, cols []Column, key []string, own []Column) error {
+// EnsureTarget makes sure the mirror t.Target exists with at least the
+// columns t.Columns (in the warehouse's types) and own, tidemark's
+// columns: it creates the table with t.Key as primary key when missing
+// (distributed when t.Distribute is set, as Ensure does), and adds the
+// columns it lacks. The key columns must be among t.Columns.
+func EnsureTarget(ctx context.Context, conn *pgx.Conn, t *Table, own []Column) error {
+	target, cols, key := t.Target, t.Columns, t.Key
 	for _, k := range key {
 		if !slices.ContainsFunc(cols, func(c Column) bool { return c.Name == k }) {
 			return fmt.Errorf("%w %s: key column %s is not among the columns %v", ErrMirror, target.Sanitize(), k, names(cols))
@@ -73,7 +75,6 @@ func EnsureTarget(ctx context.Context, conn *pgx.Conn, target pgx.Identifier, co
 			return err
 		}
 		if !exists {
-			t := &Table{Target: target, Key: key}
 			return t.createWith(ctx, tx, append(slices.Clone(cols), own...))
 		}
 		have, err := readColumns(ctx, tx.Conn(), target)
@@ -118,7 +119,7 @@ func (t *Table) createWith(ctx context.Context, tx pgx.Tx, cols []Column) error 
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("create the mirror %s: %w", t.Target.Sanitize(), err)
 	}
-	return nil
+	return t.distribute(ctx, tx)
 }
 
 func names(cols []Column) []string {

@@ -13,8 +13,20 @@ import (
 // TestKeysDebezium: `tidemark keys --dry-run` compares a Debezium source's
 // mirror with the source table named by mirror.source_dsn and
 // source_table, reporting the live mirror rows whose key the source no
-// longer has, and never changes the mirror.
+// longer has, and never changes the mirror. On a Citus warehouse it runs
+// again with the mirror distributed, as tidemark creates one there.
 func TestKeysDebezium(t *testing.T) {
+	for _, distributed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "local", true: "distributed"}[distributed], func(t *testing.T) {
+			if distributed {
+				pgtest.OnlyOnCitus(t)
+			}
+			testKeysDebezium(t, distributed)
+		})
+	}
+}
+
+func testKeysDebezium(t *testing.T, distributed bool) {
 	ctx := context.Background()
 	src, srcDSN := pgtest.NewPool(t)
 	wh, whDSN := pgtest.NewPool(t)
@@ -31,6 +43,11 @@ func TestKeysDebezium(t *testing.T) {
 		CREATE TABLE dw.customers (id integer PRIMARY KEY, name text, loaded_at timestamptz NOT NULL, deleted_at timestamptz, source_position bigint[]);
 		INSERT INTO dw.customers SELECT i, 'c' || i, now(), CASE WHEN i = 51 THEN now() END, '{1,1,1}' FROM generate_series(1, 52) AS i`); err != nil {
 		t.Fatal(err)
+	}
+	if distributed {
+		if _, err := wh.Exec(ctx, `SELECT create_distributed_table('dw.customers', 'id', colocate_with => 'none')`); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg := writeFile(t, "tidemark.yaml", fmt.Sprintf(`warehouse: {dsn: %q, migrate: false}
 http: {listen: "off"}

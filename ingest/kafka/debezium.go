@@ -54,27 +54,30 @@ CREATE TEMP TABLE IF NOT EXISTS %s (kind text, pos bigint[], at timestamptz, "ro
 	// mirror's row type populated from the JSON row (r), so PostgreSQL
 	// converts them with its input functions. A column the row lacks (a
 	// value Debezium did not have) keeps its stored value. %[1]s mirror,
-	// %[2]s stage, %[3]s SET list, %[4]s loaded column, %[5]s deleted
-	// column, %[6]s position column, %[7]s the key match of t and r,
-	// %[8]s columns, %[9]s r's columns.
+	// %[2]s stage, %[3]s SET list of the columns besides the key, each
+	// followed by a comma, %[4]s loaded column, %[5]s deleted column,
+	// %[6]s position column, %[7]s the key match of t and r, %[8]s
+	// columns, %[9]s r's columns.
 	updateUpsertsSQL = `
-UPDATE %[1]s AS t SET %[3]s, %[4]s = $1, %[5]s = s.gone, %[6]s = s.pos
+UPDATE %[1]s AS t SET %[3]s%[4]s = $1, %[5]s = s.gone, %[6]s = s.pos
 FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
 WHERE s.kind = 'upsert' AND %[7]s AND (t.%[6]s IS NULL OR t.%[6]s < s.pos)`
 	updateDeletesSQL = `
-UPDATE %[1]s AS t SET %[3]s, %[5]s = s.at, %[6]s = s.pos
+UPDATE %[1]s AS t SET %[3]s%[5]s = s.at, %[6]s = s.pos
 FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
 WHERE s.kind = 'delete' AND %[7]s AND (t.%[6]s IS NULL OR t.%[6]s < s.pos)`
 	// A delete flags the row with the values the batch gave it, or those
-	// the mirror holds. insertChangesSQL inserts the keys the mirror
-	// lacks, a delete as a flagged row of its key: the row keeps the
-	// delete's position, so that the change before it, sent again, does
-	// not bring it back.
+	// the mirror holds. insertChangesSQL, run after the updates, inserts
+	// the keys the mirror lacks, a delete as a flagged row of its key:
+	// the row keeps the delete's position, so that the change before it,
+	// sent again, does not bring it back. (ON CONFLICT rather than a
+	// correlated NOT EXISTS, which Citus does not plan over a distributed
+	// mirror and a local stage.) %[10]s are the key columns.
 	insertChangesSQL = `
 INSERT INTO %[1]s (%[8]s, %[4]s, %[5]s, %[6]s)
 SELECT %[9]s, $1, CASE WHEN s.kind = 'delete' THEN s.at ELSE s.gone END, s.pos
 FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
-WHERE NOT EXISTS (SELECT FROM %[1]s AS t WHERE %[7]s)`
+ON CONFLICT (%[10]s) DO NOTHING`
 
 	// readTruncateSQL reads the position and time of the source's last
 	// truncate, locked against a truncate committing meanwhile.
@@ -100,6 +103,9 @@ type changeMirror struct {
 	source                    string
 	target                    pgx.Identifier
 	loaded, deleted, position string
+	// distribute creates the mirror distributed on a Citus warehouse
+	// (warehouse.distribute).
+	distribute bool
 
 	mu   sync.Mutex
 	cols []string // the mirror's columns, tidemark's own left out; nil until read
@@ -109,10 +115,10 @@ type changeMirror struct {
 	textual map[string]string
 }
 
-func newChangeMirror(name string, m *config.Mirror) *changeMirror {
+func newChangeMirror(name string, m *config.Mirror, distribute bool) *changeMirror {
 	schema, table := config.SplitTable(m.Table)
 	return &changeMirror{source: name, target: pgx.Identifier{schema, table},
-		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn}
+		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn, distribute: distribute}
 }
 
 // own are the mirror's columns of tidemark's own.
@@ -142,7 +148,7 @@ func (m *changeMirror) load(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		return !slices.ContainsFunc(cols, func(c mirror.Column) bool { return c.Name == o.Name })
 	})
 	if missing {
-		if err := mirror.EnsureTarget(ctx, conn, m.target, nil, nil, m.own()); err != nil {
+		if err := mirror.EnsureTarget(ctx, conn, &mirror.Table{Target: m.target}, m.own()); err != nil {
 			return true, err
 		}
 	}
@@ -203,7 +209,7 @@ func (m *changeMirror) ensure(ctx context.Context, conn *pgx.Conn, src *source, 
 		// Only the key is NOT NULL: a delete may write a row of its key.
 		want[i] = mirror.Column{Name: c.Name, Type: c.Type, NotNull: slices.Contains(declared.KeyColumns, c.Name)}
 	}
-	if err := mirror.EnsureTarget(ctx, conn, m.target, want, declared.KeyColumns, m.own()); err != nil {
+	if err := mirror.EnsureTarget(ctx, conn, &mirror.Table{Target: m.target, Columns: want, Key: declared.KeyColumns, Distribute: m.distribute}, m.own()); err != nil {
 		return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
 	}
 	if _, err := m.load(ctx, conn); err != nil {
@@ -389,14 +395,24 @@ func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []stri
 	var sets, match, rcols []string
 	for _, c := range cols {
 		q := quoteIdent(c)
-		sets = append(sets, fmt.Sprintf(`%[1]s = CASE WHEN s."row" ? %[2]s THEN r.%[1]s ELSE t.%[1]s END`, q, literal(c)))
 		rcols = append(rcols, "r."+q)
+		if slices.Contains(key, c) {
+			// Matched by key, the key columns keep their values; a
+			// distributed mirror refuses a SET of its distribution
+			// column, even to the same value.
+			continue
+		}
+		sets = append(sets, fmt.Sprintf(`%[1]s = CASE WHEN s."row" ? %[2]s THEN r.%[1]s ELSE t.%[1]s END`, q, literal(c)))
 	}
 	for _, k := range key {
 		match = append(match, fmt.Sprintf("t.%[1]s = r.%[1]s", quoteIdent(k)))
 	}
-	args := []any{target, stage, strings.Join(sets, ", "), quoteIdent(m.loaded), quoteIdent(m.deleted), quoteIdent(m.position),
-		strings.Join(match, " AND "), mirror.QuoteAll(cols), strings.Join(rcols, ", ")}
+	setList := ""
+	if len(sets) > 0 {
+		setList = strings.Join(sets, ", ") + ", "
+	}
+	args := []any{target, stage, setList, quoteIdent(m.loaded), quoteIdent(m.deleted), quoteIdent(m.position),
+		strings.Join(match, " AND "), mirror.QuoteAll(cols), strings.Join(rcols, ", "), mirror.QuoteAll(key)}
 	qb := &pgx.Batch{}
 	qb.Queue(fmt.Sprintf(updateUpsertsSQL, args...), ingestedAt)
 	qb.Queue(fmt.Sprintf(updateDeletesSQL, args...))

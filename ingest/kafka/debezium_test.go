@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 	"github.com/tidemark-dev/tidemark/reconcile"
@@ -147,6 +148,13 @@ func TestDebeziumStream(t *testing.T) {
 			if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_attribute
 				WHERE attrelid = 'dw.customers'::regclass AND attnum > 0 AND NOT attisdropped`); n != 7 && n != 8 {
 				t.Errorf("the mirror has %d columns, want those of the table and tidemark's three", n)
+			}
+			if pgtest.OnCitus() && tt.schemas {
+				// A mirror tidemark created is distributed; one the user
+				// created stays as it is.
+				if got := pgtest.Placement(t, b.pool, "dw.customers"); got != "distributed by id" {
+					t.Errorf("the mirror tidemark created on a Citus warehouse is %q, want distributed by id", got)
+				}
 			}
 			b.produce(t, p, s.Again())
 			b.waitStored(t, p.end, time.Minute)

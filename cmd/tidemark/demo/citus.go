@@ -89,9 +89,9 @@ func execOn(ctx context.Context, node *pgserver.Server, sql string, args ...any)
 }
 
 // cluster shows where a Citus warehouse keeps the rows: the raw events
-// spread over the workers by event id, tidemark's own tables and the
-// aggregate on the coordinator, and the rebuild's plan aggregating on
-// each worker.
+// spread over the workers by event id, the CDC mirror distributed by its
+// key, tidemark's own tables, the poll mirror and the aggregate on the
+// coordinator, and the rebuild's plan aggregating on each worker.
 func (d *run) cluster() error {
 	for _, t := range []struct{ title, sql string }{
 		{"on Citus: raw.app_events is distributed by event_id; each worker holds the rows of its shards", `
@@ -102,13 +102,13 @@ w AS (SELECT nodename, nodeport, 'worker ' || row_number() OVER (ORDER BY nodepo
 SELECT w.node, count(*) AS events, count(DISTINCT (p.event_time AT TIME ZONE 'UTC')::date) AS event_dates
 FROM placed p JOIN citus_shards s USING (shardid) JOIN w USING (nodename, nodeport)
 GROUP BY 1 ORDER BY 1`},
-		{"on Citus: what else the warehouse holds; tidemark's own tables stay on the coordinator, written in the same transactions as the rows", `
+		{"on Citus: what else the warehouse holds; the CDC mirror is distributed by its key, tidemark's own tables stay on the coordinator, written in the same transactions as the rows", `
 SELECT c.oid::regclass::text AS "table",
        coalesce(p.citus_table_type, 'on the coordinator') AS placement
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN citus_tables p ON p.table_name = c.oid
 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-  AND (n.nspname = 'raw' OR c.relname IN ('daily_sales', 'ingest_ledger', 'kafka_offsets', 'load_watermarks', 'partitions', 'dead_letters'))
+  AND (n.nspname = 'raw' OR c.relname IN ('daily_sales', 'dw_orders', 'dw_customers', 'ingest_ledger', 'kafka_offsets', 'load_watermarks', 'partitions', 'dead_letters'))
 ORDER BY placement, 1`},
 	} {
 		if err := d.table(t.title, t.sql); err != nil {

@@ -24,8 +24,9 @@ func TestDemo(t *testing.T) {
 }
 
 // TestCitusDemo runs `tidemark demo --citus`: the same story, on a Citus
-// cluster, with the raw events spread over both workers and tidemark's
-// own tables and the aggregate on the coordinator.
+// cluster, with the raw events spread over both workers, the CDC mirror
+// distributed, and tidemark's own tables, the poll mirror and the
+// aggregate on the coordinator.
 func TestCitusDemo(t *testing.T) {
 	pgtest.OnlyOnCitus(t)
 	pgtest.RequireCitus(t)
@@ -48,6 +49,7 @@ func TestCitusDemo(t *testing.T) {
 	}
 	for table, placement := range map[string]string{
 		"raw.app_events": "distributed", "raw.customers": "on the coordinator", "raw.shop": "distributed",
+		"dw_orders": "distributed", "dw_customers": "on the coordinator",
 		"daily_sales": "on the coordinator", "tidemark.ingest_ledger": "on the coordinator", "tidemark.kafka_offsets": "on the coordinator",
 	} {
 		if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(table) + `\s+` + placement + `$`).MatchString(text) {
