@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
@@ -19,23 +20,26 @@ import (
 // TestCitusCDCFaults: `tidemark run` follows a source table through
 // logical replication into a Citus warehouse (a coordinator and two
 // workers of its own, the second behind a fault proxy; the change table
-// distributed over both, the mirror on the coordinator) while the source
-// commits a stream of inserts, updates and deletes and the cluster fails
-// under it. Afterwards the mirror equals the source, every change has
-// exactly one raw change row, and no transaction is left prepared on a
-// worker.
+// and the mirror distributed over both) while the source, a server of
+// its own, commits a stream of inserts, updates and deletes and the
+// cluster fails under it, or grows by a third worker that shards move to. Afterwards the mirror
+// equals the source, every change has exactly one raw change row, and no
+// transaction is left prepared on a worker.
 func TestCitusCDCFaults(t *testing.T) {
 	pgtest.OnlyOnCitus(t)
 	for _, tt := range []struct {
-		name  string
-		fault func(f *cdcFault)
+		name    string
+		workers int // started; two are registered
+		fault   func(f *cdcFault)
 	}{
-		{"tidemark killed before a worker's PREPARE TRANSACTION", killApplyHolding("PREPARE TRANSACTION")},
-		{"tidemark killed before a worker's COMMIT PREPARED", killApplyHolding("COMMIT PREPARED")},
-		{"a worker crashes mid-apply", (*cdcFault).crashWorker},
+		{"tidemark killed before a worker's PREPARE TRANSACTION", 2, killApplyHolding("PREPARE TRANSACTION")},
+		{"tidemark killed before a worker's COMMIT PREPARED", 2, killApplyHolding("COMMIT PREPARED")},
+		{"a worker crashes mid-apply", 2, (*cdcFault).crashWorker},
+		{"the coordinator crashes before a worker's COMMIT PREPARED", 2, (*cdcFault).crashCoordinator},
+		{"a worker added and the shards rebalanced", 3, (*cdcFault).rebalance},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newCDCFault(t)
+			f := newCDCFault(t, tt.workers)
 			tt.fault(f)
 			f.finish()
 		})
@@ -57,12 +61,14 @@ type cdcFault struct {
 	written chan error
 }
 
-func newCDCFault(t *testing.T) *cdcFault {
+func newCDCFault(t *testing.T, workers int) *cdcFault {
 	t.Helper()
 	ctx := context.Background()
-	c := pgtest.StartCluster(t, 2)
-	whDSN, proxy := c.NewDatabaseBehindProxy(t, 1)
-	srcDSN := pgtest.NewDatabaseOn(t, c.Coordinator)
+	c := pgtest.StartCluster(t, workers)
+	whDSN, proxy := c.NewDatabaseBehindProxyWith(t, 1, pgtest.ClusterOptions{Register: 2})
+	// The source is a server of its own, which a crash of the
+	// coordinator leaves running.
+	srcDSN := pgtest.NewDatabaseOn(t, pgtest.NewServer(t, pgserver.Options{}))
 	f := &cdcFault{t: t, cluster: c, proxy: proxy, wh: pgtest.Pool(t, whDSN), src: pgtest.Pool(t, srcDSN),
 		now: time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC), w: &orderWriter{maxOps: 20, pace: 2 * time.Millisecond},
 		stop: make(chan struct{}), written: make(chan error, 1)}
@@ -84,8 +90,10 @@ sources:
 		var state string
 		return f.wh.QueryRow(ctx, "SELECT snapshot FROM tidemark.cdc_positions WHERE source = 'shop'").Scan(&state) == nil && state == "done"
 	})
-	if kind := ingesttest.Scalar(t, f.wh, `SELECT count(*) FROM citus_tables WHERE table_name = 'raw.shop'::regclass AND citus_table_type = 'distributed'`); kind != 1 {
-		t.Fatal("raw.shop is not distributed: the test would not cover two-phase commits")
+	for table, want := range map[string]string{"raw.shop": "distributed by event_id", "dw_orders": "distributed by id"} {
+		if got := pgtest.Placement(t, f.wh, table); got != want {
+			t.Fatalf("%s is %q, want %s: the test would not cover two-phase commits of its writes", table, got, want)
+		}
 	}
 	go func() { f.written <- f.w.run(context.Background(), f.src, f.stop) }()
 	waitfor.Within(t, time.Minute, "changes to be applied", func() bool {
@@ -118,6 +126,38 @@ func (f *cdcFault) crashWorker() {
 	f.t.Logf("crashing worker 0 with %d changes committed at the source", f.w.changes.Load())
 	if err := f.cluster.Workers[0].Restart(context.Background(), true); err != nil {
 		f.t.Fatal(err)
+	}
+}
+
+// crashCoordinator holds back the second worker's COMMIT PREPARED, so
+// that a group is committed on the coordinator and only prepared on that
+// worker, then crashes the coordinator and starts it again: Citus's
+// recovery must commit the worker's part, and tidemark rides it out.
+func (f *cdcFault) crashCoordinator() {
+	f.t.Helper()
+	holdThen(f.t, f.proxy, "COMMIT PREPARED", func() {
+		f.t.Logf("crashing the coordinator with %d changes committed at the source", f.w.changes.Load())
+		if err := f.cluster.Coordinator.Halt(true); err != nil {
+			f.t.Fatal(err)
+		}
+	})
+	if err := f.cluster.Coordinator.Resume(context.Background()); err != nil {
+		f.t.Fatal(err)
+	}
+	// The test's own connections died with the coordinator.
+	f.wh.Reset()
+}
+
+// rebalance registers the third worker while changes are applied and
+// moves shards (the change table's and the mirror's) onto it.
+func (f *cdcFault) rebalance() {
+	f.t.Helper()
+	f.t.Logf("adding worker 2 with %d changes committed at the source", f.w.changes.Load())
+	moved := addWorkerAndRebalance(f.t, f.wh, f.cluster.Workers[2])
+	mirrored := ingesttest.Scalar(f.t, f.wh, "SELECT count(*) FROM citus_shards WHERE nodeport = $1 AND table_name = 'dw_orders'::regclass", f.cluster.Workers[2].Port)
+	f.t.Logf("rebalanced: %d shards on the new worker (%d of the mirror), %d changes committed", moved, mirrored, f.w.changes.Load())
+	if mirrored == 0 {
+		f.t.Error("the rebalance moved none of the mirror's shards")
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
@@ -71,16 +72,7 @@ const citusFaultGroup = "citus-faults"
 func newCitusFault(t *testing.T, workers int) *citusFault {
 	t.Helper()
 	c := pgtest.StartCluster(t, workers)
-	w1 := c.Workers[1]
-	proxy, err := faultproxy.New(fmt.Sprintf("%s:%d", w1.Host, w1.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	dsn := c.NewDatabase(t, pgtest.ClusterOptions{
-		WorkerAddrs: []string{fmt.Sprintf("%s:%d", c.Workers[0].Host, c.Workers[0].Port), proxy.Addr()},
-		Register:    2,
-	})
+	dsn, proxy := c.NewDatabaseBehindProxyWith(t, 1, pgtest.ClusterOptions{Register: 2})
 	pool := pgtest.Pool(t, dsn)
 	recoverQuickly(t, pool)
 
@@ -245,24 +237,33 @@ func recoverQuickly(t *testing.T, pool *pgxpool.Pool) {
 // moves shards onto it with citus_rebalance_start.
 func (f *citusFault) rebalance() {
 	f.t.Helper()
+	f.t.Logf("adding worker 2 with %d records stored", f.stored())
+	moved := addWorkerAndRebalance(f.t, f.pool, f.cluster.Workers[2])
+	f.t.Logf("rebalanced: %d shards on the new worker, %d records stored", moved, f.stored())
+}
+
+// addWorkerAndRebalance registers worker w with the coordinator of pool,
+// moves shards onto it with citus_rebalance_start and waits for the moves
+// to finish; it returns the number of shards on w, and fails the test
+// when there are none.
+func addWorkerAndRebalance(t *testing.T, pool *pgxpool.Pool, w *pgserver.Server) int64 {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	w := f.cluster.Workers[2]
-	f.t.Logf("adding worker 2 with %d records stored", f.stored())
 	for _, q := range []string{
 		fmt.Sprintf("SELECT citus_add_node('%s', %d)", w.Host, w.Port),
 		"SELECT citus_rebalance_start()",
 		"SELECT citus_rebalance_wait()",
 	} {
-		if _, err := f.pool.Exec(ctx, q); err != nil {
-			f.t.Fatalf("%s: %v", q, err)
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	moved := ingesttest.Scalar(f.t, f.pool, "SELECT count(*) FROM citus_shards WHERE nodeport = $1", w.Port)
+	moved := ingesttest.Scalar(t, pool, "SELECT count(*) FROM citus_shards WHERE nodeport = $1", w.Port)
 	if moved == 0 {
-		f.t.Fatal("the rebalance moved no shard onto the new worker")
+		t.Fatal("the rebalance moved no shard onto the new worker")
 	}
-	f.t.Logf("rebalanced: %d shards on the new worker, %d records stored", moved, f.stored())
+	return moved
 }
 
 // alive fails the test when tidemark has exited: it must ride out each
