@@ -125,24 +125,11 @@ aggregates:
 // stream produces the workload in 100 chunks, one every 200 ms, so that a
 // fault lands while records still arrive and are written.
 func (f *citusFault) stream(producer *kgo.Client) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	n := len(f.w.Records)
-	chunk := n / 100
-	for i := 0; i < n; i += chunk {
-		res := producer.ProduceSync(ctx, f.w.Records[i:min(i+chunk, n)]...)
-		if err := res.FirstErr(); err != nil {
-			f.streamed <- err
-			return
-		}
+	f.streamed <- <-kafkatest.ProduceStream(producer, f.w.Records, len(f.w.Records)/100, 200*time.Millisecond, func(res kgo.ProduceResults) {
 		f.mu.Lock()
-		for _, r := range res {
-			f.end[r.Record.Partition] = max(f.end[r.Record.Partition], r.Record.Offset+1)
-		}
-		f.mu.Unlock()
-		time.Sleep(200 * time.Millisecond) // the pace of the stream, not a wait
-	}
-	f.streamed <- nil
+		defer f.mu.Unlock()
+		kafkatest.AdvanceEnd(f.end, res)
+	})
 }
 
 // waitLoading waits until the process has stored records.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -102,28 +101,13 @@ sources:
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	var mu sync.Mutex
 	end := map[int32]int64{}
-	streamed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		// A slow, steady stream: every kill must land while records are
-		// still arriving and being written.
-		chunk := n / 100
-		for i := 0; i < n; i += chunk {
-			res := producer.ProduceSync(ctx, w.Records[i:min(i+chunk, n)]...)
-			if err := res.FirstErr(); err != nil {
-				streamed <- err
-				return
-			}
-			mu.Lock()
-			for _, r := range res {
-				end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
-			}
-			mu.Unlock()
-			time.Sleep(250 * time.Millisecond) // the pace of the stream, not a wait
-		}
-		streamed <- nil
-	}()
+	// A slow, steady stream: every kill must land while records are
+	// still arriving and being written.
+	streamed := kafkatest.ProduceStream(producer, w.Records, n/100, 250*time.Millisecond, func(res kgo.ProduceResults) {
+		mu.Lock()
+		defer mu.Unlock()
+		kafkatest.AdvanceEnd(end, res)
+	})
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	midStream := 0

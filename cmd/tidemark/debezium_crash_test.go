@@ -93,26 +93,11 @@ sources:
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	var mu sync.Mutex
 	end := map[int32]int64{}
-	streamed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		chunk := len(records) / 60
-		for i := 0; i < len(records); i += chunk {
-			res := producer.ProduceSync(ctx, records[i:min(i+chunk, len(records))]...)
-			if err := res.FirstErr(); err != nil {
-				streamed <- err
-				return
-			}
-			mu.Lock()
-			for _, r := range res {
-				end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
-			}
-			mu.Unlock()
-			time.Sleep(250 * time.Millisecond) // the pace of the stream, not a wait
-		}
-		streamed <- nil
-	}()
+	streamed := kafkatest.ProduceStream(producer, records, len(records)/60, 250*time.Millisecond, func(res kgo.ProduceResults) {
+		mu.Lock()
+		defer mu.Unlock()
+		kafkatest.AdvanceEnd(end, res)
+	})
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	again := 0 // kills while the stream is sent again

@@ -207,26 +207,11 @@ func (b *bundle) produce(t *testing.T, p *produced, recs []*kgo.Record) {
 // background, recording end offsets in p; the returned channel yields the
 // outcome once everything is produced.
 func (b *bundle) produceStream(p *produced, recs []*kgo.Record, chunk int, pause time.Duration) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		for i := 0; i < len(recs); i += chunk {
-			results := b.producer.ProduceSync(ctx, recs[i:min(i+chunk, len(recs))]...)
-			if err := results.FirstErr(); err != nil {
-				done <- fmt.Errorf("produce: %w", err)
-				return
-			}
-			p.mu.Lock()
-			for _, r := range results {
-				p.end[r.Record.Partition] = max(p.end[r.Record.Partition], r.Record.Offset+1)
-			}
-			p.mu.Unlock()
-			time.Sleep(pause) // the producer's pace, not a wait
-		}
-		done <- nil
-	}()
-	return done
+	return kafkatest.ProduceStream(b.producer, recs, chunk, pause, func(res kgo.ProduceResults) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		kafkatest.AdvanceEnd(p.end, res)
+	})
 }
 
 // storedTotal is the sum of the stored next offsets.

@@ -5,6 +5,7 @@ package kafkatest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -54,5 +55,39 @@ func Produce(tb testing.TB, cl *kgo.Client, records ...*kgo.Record) {
 	defer cancel()
 	if err := cl.ProduceSync(ctx, records...).FirstErr(); err != nil {
 		tb.Fatalf("kafkatest: produce: %v", err)
+	}
+}
+
+// ProduceStream produces recs through cl in the background, chunk records
+// at a time with a pause between chunks (the stream's pace, so that a
+// fault lands while records still arrive), and calls produced with the
+// results of each chunk. The channel yields the outcome once every record
+// is produced, or the first error; the stream gives up after five
+// minutes.
+func ProduceStream(cl *kgo.Client, recs []*kgo.Record, chunk int, pause time.Duration, produced func(kgo.ProduceResults)) <-chan error {
+	done := make(chan error, 1)
+	chunk = max(chunk, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		for i := 0; i < len(recs); i += chunk {
+			res := cl.ProduceSync(ctx, recs[i:min(i+chunk, len(recs))]...)
+			if err := res.FirstErr(); err != nil {
+				done <- fmt.Errorf("kafkatest: produce: %w", err)
+				return
+			}
+			produced(res)
+			time.Sleep(pause) // the pace of the stream, not a wait
+		}
+		done <- nil
+	}()
+	return done
+}
+
+// AdvanceEnd raises end, the next offset of each partition, past the
+// records of res.
+func AdvanceEnd(end map[int32]int64, res kgo.ProduceResults) {
+	for _, r := range res {
+		end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
 	}
 }
