@@ -1,12 +1,10 @@
 package cdc_test
 
 import (
-	"os"
-	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/internal/testkit/docsql"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 )
 
@@ -37,7 +35,7 @@ func TestCitusConvertMirror(t *testing.T) {
 		t.Fatalf("mirror.orders is %q under warehouse.distribute false", got)
 	}
 
-	for _, q := range mirrorConversionSQL(t) {
+	for _, q := range docsql.Statements(t, "../docs/citus.md", "Converting an existing warehouse", "mirror.orders") {
 		if _, err := e.wh.Exec(e.ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
@@ -55,33 +53,4 @@ func TestCitusConvertMirror(t *testing.T) {
 	if got := pgtest.Placement(t, e.wh, "mirror.customers"); got != "" {
 		t.Errorf("mirror.customers, which existed on the coordinator, is now %q", got)
 	}
-}
-
-// mirrorConversionSQL returns the statements of the sql block that
-// converts mirror.orders under "Converting an existing warehouse" in
-// docs/citus.md.
-func mirrorConversionSQL(t *testing.T) []string {
-	t.Helper()
-	page, err := os.ReadFile("../docs/citus.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	section := regexp.MustCompile(`(?s)\n## Converting an existing warehouse\n(.*?)(\n## |$)`).FindSubmatch(page)
-	if section == nil {
-		t.Fatal(`docs/citus.md: no section "Converting an existing warehouse"`)
-	}
-	for _, block := range regexp.MustCompile("(?s)```sql\n(.*?)```").FindAllSubmatch(section[1], -1) {
-		if !strings.Contains(string(block[1]), "mirror.orders") {
-			continue
-		}
-		var stmts []string
-		for _, line := range strings.Split(string(block[1]), "\n") {
-			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "--") {
-				stmts = append(stmts, line)
-			}
-		}
-		return stmts
-	}
-	t.Fatal("docs/citus.md: no sql block converting mirror.orders under \"Converting an existing warehouse\"")
-	return nil
 }

@@ -87,7 +87,7 @@ type Reader struct {
 	m     *metrics
 	specs []pgx.Identifier
 	// distribute creates missing mirrors distributed on a Citus warehouse
-	// (warehouse.distribute).
+	// (config.Config.Distributes).
 	distribute bool
 	// stopAt, once set, stops the next run before a transaction (see
 	// stopBefore).
@@ -131,7 +131,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 	}
 	opts = opts.withDefaults()
 	r := &Reader{src: src, pool: pool, log: opts.Logger.With("source", name), now: opts.Now, opts: opts, raw: raw.ForSource(cfg, name),
-		step: cfg.Warehouse.WriteTimeout.D(), distribute: cfg.Warehouse.Distribute}
+		step: cfg.Warehouse.WriteTimeout.D(), distribute: cfg.Distributes(name)}
 	r.keep = r.step / 4
 	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.D(); idle > 0 {
 		r.keep = min(r.step, idle) / 4
@@ -495,7 +495,7 @@ func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Ta
 	var out []*mirror.Table
 	for _, t := range s.CDC.Tables {
 		schema, table := config.SplitTable(t)
-		m, err := describeMirror(ctx, src, s, pgx.Identifier{schema, table}, cfg.Warehouse.Distribute)
+		m, err := describeMirror(ctx, src, s, pgx.Identifier{schema, table}, cfg.Distributes(name))
 		if err != nil {
 			return nil, err
 		}

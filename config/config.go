@@ -568,6 +568,17 @@ func (c *Config) validateKafkaSource(ix *index, name string, s *Source, topics m
 	}
 }
 
+// Distributes reports whether, on a Citus warehouse, the tables tidemark
+// creates for the source called name (its raw table, and its mirrors for
+// CDC and Debezium sources) are created distributed: unless
+// warehouse.distribute is false or the source is a poll source, whose
+// merge statement writes its mirror and its change table at once, which
+// Citus does not plan over distributed tables.
+func (c *Config) Distributes(name string) bool {
+	s := c.Sources[name]
+	return c.Warehouse.Distribute && s != nil && s.Poll == nil
+}
+
 // SourceNames returns the source names in sorted order.
 func (c *Config) SourceNames() []string {
 	names := make([]string, 0, len(c.Sources))

@@ -1016,3 +1016,37 @@ func TestValidPointer(t *testing.T) {
 		}
 	}
 }
+
+// TestDistributes: the tables of Kafka, Debezium and CDC sources are
+// distributed on a Citus warehouse, a poll source's are not, and none are
+// under warehouse.distribute: false.
+func TestDistributes(t *testing.T) {
+	for _, distribute := range []bool{true, false} {
+		cfg := mustParse(t, fmt.Sprintf(`warehouse:
+  dsn: postgres://127.0.0.1:1/w
+  distribute: %v
+kafka:
+  brokers: ["127.0.0.1:1"]
+sources:
+  clicks:
+    kafka: {topics: [clicks]}
+    event_id: /id
+    event_time: /at
+  accounts:
+    kafka: {topics: [accounts]}
+    format: debezium
+    mirror: {table: accounts}
+  orders:
+    cdc: {dsn: "postgres://127.0.0.1:1/shop", tables: [orders]}
+    mirror: {table: orders}
+  items:
+    poll: {dsn: "postgres://127.0.0.1:1/shop", table: items, key: [id], updated_at: updated_at}
+    mirror: {table: items}
+`, distribute), nil)
+		for name, want := range map[string]bool{"clicks": true, "accounts": true, "orders": true, "items": false, "missing": false} {
+			if got := cfg.Distributes(name); got != (want && distribute) {
+				t.Errorf("distribute: %v: Distributes(%q) = %v, want %v", distribute, name, got, want && distribute)
+			}
+		}
+	}
+}

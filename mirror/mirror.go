@@ -63,8 +63,8 @@ type Table struct {
 	Hard bool
 	// Distribute makes Ensure, on a Citus warehouse, create the mirror as
 	// a distributed table hashed by its first key column (see
-	// distribute). A poll source's mirror stays on the coordinator: its
-	// merge statement writes the mirror and the change table at once.
+	// distribute); config.Config.Distributes says which sources' mirrors
+	// are.
 	Distribute bool
 	// TableKey and KeyKey are the configuration keys, below the source,
 	// that name the source table and its key, for Describe's errors;

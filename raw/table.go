@@ -155,15 +155,13 @@ func NewTable(source, by string) *Table {
 // ForSource returns the manager for raw.<name>, the raw table of the
 // source name of cfg: a table of row changes for the sources that mirror
 // rows (poll, CDC and Debezium), of Kafka events otherwise. On a Citus
-// warehouse Ensure creates it distributed by event_id, unless
-// warehouse.distribute is false or the source is a poll source: a poll
-// run writes its mirror and its change rows in one statement, which Citus
-// does not plan across a distributed and a local table.
+// warehouse Ensure creates it distributed by event_id when
+// cfg.Distributes(name).
 func ForSource(cfg *config.Config, name string) *Table {
 	src := cfg.Sources[name]
 	t := NewTable(name, src.RawPartition)
 	t.Changes = src.RowChanges()
-	t.Local = !cfg.Warehouse.Distribute || src.Poll != nil
+	t.Local = !cfg.Distributes(name)
 	return t
 }
 

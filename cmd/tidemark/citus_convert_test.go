@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/internal/testkit/docsql"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
@@ -75,21 +74,19 @@ aggregates:
 		})
 		stopRun(t, p)
 	}
-	distributed := func() int64 {
-		return ingesttest.Scalar(t, pool, `SELECT count(*) FROM citus_tables WHERE table_name = 'raw.app_events'::regclass AND citus_table_type = 'distributed'`)
-	}
+	placement := func() string { return pgtest.Placement(t, pool, "raw.app_events") }
 
 	before := ingesttest.Make("events", 2000, 2, 21, 0.01, 0.01, now)
 	load(config(", distribute: false"), before)
-	if distributed() != 0 {
+	if placement() != "" {
 		t.Fatal("warehouse.distribute false created a distributed raw table")
 	}
-	for _, q := range conversionSQL(t) {
+	for _, q := range docsql.Statements(t, "../../docs/citus.md", "Converting an existing warehouse", "raw.app_events") {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	if distributed() != 1 {
+	if placement() != "distributed by event_id" {
 		t.Fatal("the conversion left raw.app_events on the coordinator")
 	}
 	after := ingesttest.Make("events", 2000, 2, 22, 0.01, 0.01, now)
@@ -107,28 +104,4 @@ aggregates:
 	if code != exitOK || !strings.Contains(out, " 0 differ") {
 		t.Errorf("verify: exit %d\n%s%s", code, out, errOut)
 	}
-}
-
-// conversionSQL returns the statements of the sql block under
-// "Converting an existing warehouse" in docs/citus.md.
-func conversionSQL(t *testing.T) []string {
-	t.Helper()
-	page, err := os.ReadFile("../../docs/citus.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile("(?s)## Converting an existing warehouse.*?```sql\n(.*?)```").FindSubmatch(page)
-	if m == nil {
-		t.Fatal("docs/citus.md: no sql block under \"Converting an existing warehouse\"")
-	}
-	var stmts []string
-	for _, line := range strings.Split(string(m[1]), "\n") {
-		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "--") {
-			stmts = append(stmts, line)
-		}
-	}
-	if len(stmts) == 0 {
-		t.Fatal("docs/citus.md: the conversion block holds no statement")
-	}
-	return stmts
 }

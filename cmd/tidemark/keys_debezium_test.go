@@ -15,16 +15,7 @@ import (
 // source_table, reporting the live mirror rows whose key the source no
 // longer has, and never changes the mirror. On a Citus warehouse it runs
 // again with the mirror distributed, as tidemark creates one there.
-func TestKeysDebezium(t *testing.T) {
-	for _, distributed := range []bool{false, true} {
-		t.Run(map[bool]string{false: "local", true: "distributed"}[distributed], func(t *testing.T) {
-			if distributed {
-				pgtest.OnlyOnCitus(t)
-			}
-			testKeysDebezium(t, distributed)
-		})
-	}
-}
+func TestKeysDebezium(t *testing.T) { pgtest.LocalAndDistributed(t, testKeysDebezium) }
 
 func testKeysDebezium(t *testing.T, distributed bool) {
 	ctx := context.Background()

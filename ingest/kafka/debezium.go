@@ -104,7 +104,7 @@ type changeMirror struct {
 	target                    pgx.Identifier
 	loaded, deleted, position string
 	// distribute creates the mirror distributed on a Citus warehouse
-	// (warehouse.distribute).
+	// (config.Config.Distributes).
 	distribute bool
 
 	mu   sync.Mutex

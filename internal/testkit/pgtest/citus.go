@@ -275,3 +275,19 @@ func Placement(tb testing.TB, q interface {
 	}
 	return kind
 }
+
+// LocalAndDistributed runs test as the subtest "local", and where this
+// test binary puts its databases on a Citus cluster (OnCitus) again as
+// "distributed", telling it which: a test of a table that a Citus
+// warehouse may hold either way.
+func LocalAndDistributed(t *testing.T, test func(t *testing.T, distributed bool)) {
+	t.Helper()
+	for _, distributed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "local", true: "distributed"}[distributed], func(t *testing.T) {
+			if distributed {
+				OnlyOnCitus(t)
+			}
+			test(t, distributed)
+		})
+	}
+}
