@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -249,6 +250,14 @@ func (r *Reader) rollback(ctx context.Context, tx pgx.Tx) {
 	_ = tx.Rollback(rctx)
 }
 
+// copyPipeBuffer is how many bytes of a chunk's COPY pass through the
+// pipe at a time. COPY TO STDOUT hands over one row per write, and the
+// warehouse's COPY FROM STDIN sends each read as one CopyData message:
+// unbuffered, every row would be a message, a socket write and a hand-over
+// between goroutines of its own. 32 KiB fits one read of COPY FROM's 64 KiB
+// buffer.
+const copyPipeBuffer = 32 << 10
+
 // progressWriter passes writes on to w and touches wd as bytes pass, at
 // most once per every: a watchdog's deadline then moves on while data
 // flows, at a cost that does not grow with the number of rows.
@@ -308,10 +317,13 @@ func (r *Reader) copyChunkOn(ctx context.Context, wd *pgconnect.Watchdog, wh *pg
 	}
 	defer r.rollback(ctx, tx)
 	pr, pw := io.Pipe()
-	out := &progressWriter{w: pw, wd: wd, every: r.step / 16}
+	out := bufio.NewWriterSize(&progressWriter{w: pw, wd: wd, every: r.step / 16}, copyPipeBuffer)
 	done := make(chan error, 1)
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, out, fmt.Sprintf(copyChunkSQL, cols, literal(loaded), c.id.Sanitize(), c.where))
+		if err == nil {
+			err = out.Flush()
+		}
 		pw.CloseWithError(err)
 		done <- err
 	}()
