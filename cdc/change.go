@@ -191,7 +191,7 @@ func (t *table) appendJSON(b []byte, r row) []byte {
 			b = append(b, ',')
 		}
 		first = false
-		b = appendJSONString(b, c.name)
+		b = pgjson.AppendString(b, c.name)
 		b = append(b, ':')
 		switch {
 		case v == nil:
@@ -199,7 +199,7 @@ func (t *table) appendJSON(b []byte, r row) []byte {
 		case c.oid == jsonbOID, c.oid == jsonOID && pgjson.JSONBTakes(*v):
 			b = append(b, *v...)
 		default:
-			b = appendJSONString(b, *v)
+			b = pgjson.AppendString(b, *v)
 		}
 	}
 	return append(b, '}')

@@ -374,7 +374,7 @@ func sameRow(a, b row) bool {
 }
 
 // replaceInvalid replaces each byte of s that is not part of valid UTF-8
-// with U+FFFD, as appendJSONString and encoding/json do (unlike
+// with U+FFFD, as pgjson.AppendString and encoding/json do (unlike
 // strings.ToValidUTF8, which replaces a run of such bytes with one).
 func replaceInvalid(s string) string { return string([]rune(s)) }
 

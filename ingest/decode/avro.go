@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/hamba/avro/v2"
+
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
 )
 
 // avroKind is what an avroNode decodes.
@@ -120,7 +122,7 @@ func (b *avroBuilder) node(s avro.Schema) (*avroNode, error) {
 			if err != nil {
 				return nil, err
 			}
-			key := appendJSONString(nil, f.Name()) + ":"
+			key := string(pgjson.AppendString(nil, f.Name())) + ":"
 			if i > 0 {
 				key = "," + key
 			}
@@ -129,7 +131,7 @@ func (b *avroBuilder) node(s avro.Schema) (*avroNode, error) {
 	case *avro.EnumSchema:
 		n.kind, n.branch = avroEnum, s.FullName()
 		for _, sym := range s.Symbols() {
-			n.symbols = append(n.symbols, appendJSONString(nil, sym))
+			n.symbols = append(n.symbols, string(pgjson.AppendString(nil, sym)))
 		}
 	case *avro.ArraySchema:
 		items, err := b.node(s.Items())
@@ -395,7 +397,7 @@ func (r *avroReader) union(out []byte, n *avroNode, depth int) ([]byte, error) {
 		return r.value(out, b, depth+1)
 	}
 	out = append(out, '{')
-	out = appendJSONStringBytes(out, b.branch)
+	out = pgjson.AppendString(out, b.branch)
 	out = append(out, ':')
 	if out, err = r.value(out, b, depth+1); err != nil {
 		return nil, err
@@ -576,41 +578,5 @@ func appendUTF8(out, b []byte) ([]byte, error) {
 	if !utf8.Valid(b) {
 		return nil, mismatch("a string is not valid UTF-8")
 	}
-	return appendJSONStringBytes(out, string(b)), nil
-}
-
-func appendJSONString(out []byte, s string) string {
-	return string(appendJSONStringBytes(out, s))
-}
-
-const hexDigits = "0123456789abcdef"
-
-// appendJSONStringBytes appends s, valid UTF-8, as a quoted JSON string.
-// U+0000 is written as \u0000, which jsonb refuses: the JSON check that
-// follows decoding turns it into a dead letter.
-func appendJSONStringBytes(out []byte, s string) []byte {
-	out = append(out, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		out = append(out, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			out = append(out, '\\', c)
-		case '\n':
-			out = append(out, '\\', 'n')
-		case '\r':
-			out = append(out, '\\', 'r')
-		case '\t':
-			out = append(out, '\\', 't')
-		default:
-			out = append(out, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		start = i + 1
-	}
-	out = append(out, s[start:]...)
-	return append(out, '"')
+	return pgjson.AppendString(out, string(b)), nil
 }

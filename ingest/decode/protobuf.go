@@ -451,31 +451,7 @@ func (w *protoWriter) string(s string) error {
 	if strings.IndexByte(s, 0) >= 0 {
 		return errors.New("string holds the character U+0000, which jsonb cannot store")
 	}
-	const hex = "0123456789abcdef"
-	w.buf = append(w.buf, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		w.buf = append(w.buf, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			w.buf = append(w.buf, '\\', c)
-		case '\n':
-			w.buf = append(w.buf, '\\', 'n')
-		case '\r':
-			w.buf = append(w.buf, '\\', 'r')
-		case '\t':
-			w.buf = append(w.buf, '\\', 't')
-		default:
-			w.buf = append(w.buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
-		start = i + 1
-	}
-	w.buf = append(w.buf, s[start:]...)
-	w.buf = append(w.buf, '"')
+	w.buf = pgjson.AppendString(w.buf, s)
 	return nil
 }
 

@@ -1,0 +1,31 @@
+package pgjson_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
+)
+
+func TestAppendString(t *testing.T) {
+	for _, in := range []string{"", "plain", `q"uote`, `back\slash`, "tab\tnl\ncr\r", "\x01\x1f", "héllo ✓", "bad\xffutf8", "cut\xe3\x86short", "<&>", "\x00", "end\xf0"} {
+		b := pgjson.AppendString([]byte("prefix "), in)
+		if string(b[:7]) != "prefix " {
+			t.Errorf("%q: the prefix was overwritten: %s", in, b)
+			continue
+		}
+		var out string
+		if err := json.Unmarshal(b[7:], &out); err != nil {
+			t.Errorf("%q: %s is not JSON: %v", in, b[7:], err)
+			continue
+		}
+		want := string([]rune(in)) // each invalid byte as U+FFFD
+		if out != want {
+			t.Errorf("%q: round trip gives %q, want %q", in, out, want)
+		}
+	}
+	// Only what JSON requires is escaped, so valid text passes as it is.
+	if got, want := string(pgjson.AppendString(nil, "<&> héllo ✓ /")), `"<&> héllo ✓ /"`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
