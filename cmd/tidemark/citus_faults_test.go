@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -61,10 +60,9 @@ type citusFault struct {
 	now     time.Time
 	w       *ingesttest.Workload
 	proc    *process
-
-	mu       sync.Mutex
-	end      map[int32]int64 // the offsets produced so far
-	streamed chan error
+	// stream produces the workload in 100 chunks, one every 200 ms, so
+	// that a fault lands while records still arrive and are written.
+	stream *kafkatest.Stream
 }
 
 const citusFaultGroup = "citus-faults"
@@ -84,9 +82,7 @@ func newCitusFault(t *testing.T, workers int) *citusFault {
 	kafkatest.ExpireSilentMembers(t, kc)
 	f := &citusFault{
 		t: t, cluster: c, proxy: proxy, dsn: dsn, pool: pool,
-		now:      time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC),
-		end:      map[int32]int64{},
-		streamed: make(chan error, 1),
+		now: time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC),
 	}
 	f.cfg = writeFile(t, "tidemark.yaml", fmt.Sprintf(`
 warehouse: {dsn: %q}
@@ -118,18 +114,8 @@ aggregates:
 	f.w = ingesttest.Make("events", n, 4, 11, 0.005, 0.01, f.now)
 	f.proc = startRun(t, f.cfg, f.now)
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	go f.stream(producer)
+	f.stream = kafkatest.ProduceStream(producer, f.w.Records, len(f.w.Records)/100, 200*time.Millisecond)
 	return f
-}
-
-// stream produces the workload in 100 chunks, one every 200 ms, so that a
-// fault lands while records still arrive and are written.
-func (f *citusFault) stream(producer *kgo.Client) {
-	f.streamed <- <-kafkatest.ProduceStream(producer, f.w.Records, len(f.w.Records)/100, 200*time.Millisecond, func(res kgo.ProduceResults) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		kafkatest.AdvanceEnd(f.end, res)
-	})
 }
 
 // waitLoading waits until the process has stored records.
@@ -269,12 +255,10 @@ func (f *citusFault) alive() {
 func (f *citusFault) finish() {
 	t := f.t
 	t.Helper()
-	if err := <-f.streamed; err != nil {
+	end, err := f.stream.Wait()
+	if err != nil {
 		t.Fatalf("produce: %v", err)
 	}
-	f.mu.Lock()
-	end := f.end
-	f.mu.Unlock()
 	var total int64
 	for _, o := range end {
 		total += o

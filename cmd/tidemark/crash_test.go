@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -99,15 +98,9 @@ sources:
 	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
 	w := ingesttest.Make(topic, n, 4, 7, 0.005, 0.01, now)
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	var mu sync.Mutex
-	end := map[int32]int64{}
 	// A slow, steady stream: every kill must land while records are
 	// still arriving and being written.
-	streamed := kafkatest.ProduceStream(producer, w.Records, n/100, 250*time.Millisecond, func(res kgo.ProduceResults) {
-		mu.Lock()
-		defer mu.Unlock()
-		kafkatest.AdvanceEnd(end, res)
-	})
+	stream := kafkatest.ProduceStream(producer, w.Records, n/100, 250*time.Millisecond)
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	midStream := 0
@@ -131,7 +124,8 @@ sources:
 		}
 		t.Logf("kill %d: stored records %d -> %d when killed", i+1, before, at)
 	}
-	if err := <-streamed; err != nil {
+	end, err := stream.Wait()
+	if err != nil {
 		t.Fatalf("produce: %v", err)
 	}
 	if midStream < 5 {

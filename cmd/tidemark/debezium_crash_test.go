@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -91,13 +90,7 @@ sources:
 
 	records := append(s.Records, s.Again()...)
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	var mu sync.Mutex
-	end := map[int32]int64{}
-	streamed := kafkatest.ProduceStream(producer, records, len(records)/60, 250*time.Millisecond, func(res kgo.ProduceResults) {
-		mu.Lock()
-		defer mu.Unlock()
-		kafkatest.AdvanceEnd(end, res)
-	})
+	stream := kafkatest.ProduceStream(producer, records, len(records)/60, 250*time.Millisecond)
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	again := 0 // kills while the stream is sent again
@@ -118,7 +111,8 @@ sources:
 		}
 		t.Logf("kill %d: stored records %d -> %d when killed, of %d", i+1, before, at, len(records))
 	}
-	if err := <-streamed; err != nil {
+	end, err := stream.Wait()
+	if err != nil {
 		t.Fatalf("produce: %v", err)
 	}
 	t.Logf("%d kills while the stream was sent again", again)

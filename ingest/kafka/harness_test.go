@@ -204,14 +204,21 @@ func (b *bundle) produce(t *testing.T, p *produced, recs []*kgo.Record) {
 }
 
 // produceStream produces recs in chunks with a pause between them, in the
-// background, recording end offsets in p; the returned channel yields the
-// outcome once everything is produced.
+// background; the returned channel yields the outcome once everything is
+// produced, and p's end offsets include the stream's from then on.
 func (b *bundle) produceStream(p *produced, recs []*kgo.Record, chunk int, pause time.Duration) <-chan error {
-	return kafkatest.ProduceStream(b.producer, recs, chunk, pause, func(res kgo.ProduceResults) {
+	stream := kafkatest.ProduceStream(b.producer, recs, chunk, pause)
+	done := make(chan error, 1)
+	go func() {
+		end, err := stream.Wait()
 		p.mu.Lock()
-		defer p.mu.Unlock()
-		kafkatest.AdvanceEnd(p.end, res)
-	})
+		for part, o := range end {
+			p.end[part] = max(p.end[part], o)
+		}
+		p.mu.Unlock()
+		done <- err
+	}()
+	return done
 }
 
 // storedTotal is the sum of the stored next offsets.

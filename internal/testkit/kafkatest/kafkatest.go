@@ -6,6 +6,8 @@ package kafkatest
 import (
 	"context"
 	"fmt"
+	"maps"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,14 +60,20 @@ func Produce(tb testing.TB, cl *kgo.Client, records ...*kgo.Record) {
 	}
 }
 
+// Stream is a stream of records produced in the background by
+// ProduceStream.
+type Stream struct {
+	done chan error
+	mu   sync.Mutex
+	end  map[int32]int64 // the next offset of each partition produced to
+}
+
 // ProduceStream produces recs through cl in the background, chunk records
 // at a time with a pause between chunks (the stream's pace, so that a
-// fault lands while records still arrive), and calls produced with the
-// results of each chunk. The channel yields the outcome once every record
-// is produced, or the first error; the stream gives up after five
+// fault lands while records still arrive). The stream gives up after five
 // minutes.
-func ProduceStream(cl *kgo.Client, recs []*kgo.Record, chunk int, pause time.Duration, produced func(kgo.ProduceResults)) <-chan error {
-	done := make(chan error, 1)
+func ProduceStream(cl *kgo.Client, recs []*kgo.Record, chunk int, pause time.Duration) *Stream {
+	s := &Stream{done: make(chan error, 1), end: map[int32]int64{}}
 	chunk = max(chunk, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -73,21 +81,29 @@ func ProduceStream(cl *kgo.Client, recs []*kgo.Record, chunk int, pause time.Dur
 		for i := 0; i < len(recs); i += chunk {
 			res := cl.ProduceSync(ctx, recs[i:min(i+chunk, len(recs))]...)
 			if err := res.FirstErr(); err != nil {
-				done <- fmt.Errorf("kafkatest: produce: %w", err)
+				s.done <- fmt.Errorf("kafkatest: produce: %w", err)
 				return
 			}
-			produced(res)
+			s.mu.Lock()
+			for _, r := range res {
+				s.end[r.Record.Partition] = max(s.end[r.Record.Partition], r.Record.Offset+1)
+			}
+			s.mu.Unlock()
 			time.Sleep(pause) // the pace of the stream, not a wait
 		}
-		done <- nil
+		s.done <- nil
 	}()
-	return done
+	return s
 }
 
-// AdvanceEnd raises end, the next offset of each partition, past the
-// records of res.
-func AdvanceEnd(end map[int32]int64, res kgo.ProduceResults) {
-	for _, r := range res {
-		end[r.Record.Partition] = max(end[r.Record.Partition], r.Record.Offset+1)
+// Wait waits until every record is produced, or the first error, and
+// returns the next offset of each partition the stream produced to. It
+// may be called once.
+func (s *Stream) Wait() (map[int32]int64, error) {
+	if err := <-s.done; err != nil {
+		return nil, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.end), nil
 }
