@@ -102,27 +102,11 @@ sources:
 	// still arriving and being written.
 	stream := kafkatest.ProduceStream(producer, w.Records, n/100, 250*time.Millisecond)
 
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	midStream := 0
-	for i := 0; i < kills; i++ {
-		before := storedTotal(t, pool, group, topic)
-		p := startRun(t, cfgPath, now)
-		// Wait until this process writes (it has joined the group and been
-		// assigned partitions), then kill it at a random moment while it
-		// keeps writing.
-		waitfor.Within(t, 2*time.Minute, fmt.Sprintf("kill %d: the process to store records", i+1), func() bool {
-			return storedTotal(t, pool, group, topic) != before
-		})
-		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond) // the random moment of the kill, not a wait
-		at := storedTotal(t, pool, group, topic)
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatalf("kill: %v", err)
-		}
-		<-p.exited
+	for _, at := range killWhileStoring(t, cfgPath, now, pool, group, topic, kills, 500*time.Millisecond) {
 		if at < int64(n) {
 			midStream++
 		}
-		t.Logf("kill %d: stored records %d -> %d when killed", i+1, before, at)
 	}
 	end, err := stream.Wait()
 	if err != nil {
@@ -144,6 +128,33 @@ sources:
 	ingesttest.AssertDeadLetters(t, pool, w)
 	ingesttest.AssertStoredEqual(t, pool, group, topic, end)
 	ingesttest.AssertLedger(t, pool, "app_events")
+}
+
+// killWhileStoring starts `tidemark run` kills times. Each time it waits
+// until the process stores records (it has joined the group and been
+// assigned partitions), then SIGKILLs it at a random moment within
+// maxDelay while it keeps writing. It returns the records stored at each
+// kill.
+func killWhileStoring(t *testing.T, cfgPath string, now time.Time, pool *pgxpool.Pool, group, topic string, kills int, maxDelay time.Duration) []int64 {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	var stored []int64
+	for i := range kills {
+		before := storedTotal(t, pool, group, topic)
+		p := startRun(t, cfgPath, now)
+		waitfor.Within(t, 2*time.Minute, fmt.Sprintf("kill %d: the process to store records", i+1), func() bool {
+			return storedTotal(t, pool, group, topic) != before
+		})
+		time.Sleep(time.Duration(rng.Int64N(int64(maxDelay)))) // the random moment of the kill, not a wait
+		at := storedTotal(t, pool, group, topic)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatalf("kill: %v", err)
+		}
+		<-p.exited
+		t.Logf("kill %d: stored records %d -> %d when killed", i+1, before, at)
+		stored = append(stored, at)
+	}
+	return stored
 }
 
 func storedTotal(t *testing.T, pool *pgxpool.Pool, group, topic string) int64 {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"syscall"
 	"testing"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/testkit/kafkatest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
-	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestDebeziumCrashSafety is acceptance item 2 of the Debezium source:
@@ -92,24 +90,11 @@ sources:
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	stream := kafkatest.ProduceStream(producer, records, len(records)/60, 250*time.Millisecond)
 
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	again := 0 // kills while the stream is sent again
-	for i := 0; i < kills; i++ {
-		before := storedTotal(t, pool, group, topic)
-		p := startRun(t, cfgPath, now)
-		waitfor.Within(t, 2*time.Minute, fmt.Sprintf("kill %d: the process to store records", i+1), func() bool {
-			return storedTotal(t, pool, group, topic) != before
-		})
-		time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond) // the random moment of the kill, not a wait
-		at := storedTotal(t, pool, group, topic)
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatalf("kill: %v", err)
-		}
-		<-p.exited
+	for _, at := range killWhileStoring(t, cfgPath, now, pool, group, topic, kills, 1500*time.Millisecond) {
 		if at > int64(len(s.Records)) && at < int64(len(records)) {
 			again++
 		}
-		t.Logf("kill %d: stored records %d -> %d when killed, of %d", i+1, before, at, len(records))
 	}
 	end, err := stream.Wait()
 	if err != nil {
