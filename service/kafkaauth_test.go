@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -91,27 +90,8 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- service.Run(ctx, cfg, service.Options{Now: func() time.Time { return testNow }, Listening: func(a string) { addr <- a }})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("service.Run: %v", err)
-		}
-	})
-	select {
-	case a := <-addr:
-		return a
-	case err := <-done:
-		t.Fatalf("service.Run: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("service did not start")
-	}
-	return ""
+	addr, _ := runService(t, cfg, service.Options{Now: func() time.Time { return testNow }})
+	return addr
 }
 
 // readyz returns the status code and the checks of /readyz.

@@ -103,26 +103,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
-	svcCtx, stop := context.WithCancel(ctx)
-	addrCh, done := make(chan string, 1), make(chan error, 1)
-	go func() {
-		done <- service.Run(svcCtx, cfg, service.Options{Registry: prometheus.NewRegistry(), Now: clk.Now,
-			Only: []string{service.ComponentIngest}, Listening: func(a string) { addrCh <- a }})
-	}()
-	var addr string
-	select {
-	case addr = <-addrCh:
-	case err := <-done:
-		t.Fatalf("service.Run: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("service did not start")
-	}
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("service.Run: %v", err)
-		}
-	})
+	addr, _ := runService(t, cfg, service.Options{Registry: prometheus.NewRegistry(), Now: clk.Now, Only: []string{service.ComponentIngest}})
 	loadHistory(t, ctx, cfg, pool, kc.ListenAddrs()[0], clk)
 
 	url := "http://" + addr + "/"

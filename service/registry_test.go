@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -46,24 +45,7 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- service.Run(ctx, cfg, service.Options{Now: func() time.Time { return testNow }, Listening: func(a string) { addrs <- a }})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("service.Run: %v", err)
-		}
-	})
-	var addr string
-	select {
-	case addr = <-addrs:
-	case err := <-done:
-		t.Fatalf("service.Run: %v", err)
-	}
+	addr, _ := runService(t, cfg, service.Options{Now: func() time.Time { return testNow }})
 	var code int
 	var checks map[string]string
 	if waitfor.Poll(waitfor.Timeout, func() bool {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,33 +87,44 @@ aggregates:
 	}
 	b := &bundle{srv: srv, reg: prometheus.NewRegistry(), prod: kafkatest.Producer(t, kc)}
 	before(srv)
+	b.addr, b.stop = runService(t, cfg, service.Options{Registry: b.reg, Now: func() time.Time { return testNow }})
+	return b
+}
+
+// runService runs service.Run with cfg and opts until stop is called or
+// the test ends, and returns the HTTP address once it listens. Run
+// failing to start, or returning an error, fails the test.
+func runService(t *testing.T, cfg *config.Config, opts service.Options) (addr string, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
+	addrs := make(chan string, 1)
+	done := make(chan struct{})
+	var runErr error // set once done is closed
+	opts.Listening = func(a string) { addrs <- a }
 	go func() {
-		done <- service.Run(ctx, cfg, service.Options{Registry: b.reg, Now: func() time.Time { return testNow },
-			Listening: func(a string) { addr <- a }})
+		runErr = service.Run(ctx, cfg, opts)
+		close(done)
 	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			if runErr != nil {
+				t.Errorf("service.Run: %v", runErr)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	select {
-	case b.addr = <-addr:
-	case err := <-done:
-		t.Fatalf("service.Run: %v", err)
+	case addr = <-addrs:
+	case <-done:
+		once.Do(cancel)
+		t.Fatalf("service.Run ended before it listened: %v", runErr)
 	case <-time.After(time.Minute):
 		t.Fatal("service did not start")
 	}
-	stopped := false
-	b.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("service.Run: %v", err)
-		}
-	}
-	t.Cleanup(b.stop)
-	return b
+	return addr, stop
 }
 
 func (b *bundle) get(t *testing.T, path string) (int, string) {
