@@ -13,10 +13,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
+	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 )
 
 // allTypesProto has a field of every kind the mapping covers.
@@ -106,27 +106,6 @@ func mustCompileProtobuf(t testing.TB, schema string, refs ...schemaRef) *protoC
 	return c.(*protoCodec)
 }
 
-// protoFiles registers the compiled file and everything it imports, for
-// protojson to resolve Any types while building test messages.
-func protoFiles(t testing.TB, fd protoreflect.FileDescriptor) *dynamicpb.Types {
-	t.Helper()
-	files := new(protoregistry.Files)
-	var add func(protoreflect.FileDescriptor)
-	add = func(fd protoreflect.FileDescriptor) {
-		if _, err := files.FindFileByPath(fd.Path()); err == nil {
-			return
-		}
-		for i := range fd.Imports().Len() {
-			add(fd.Imports().Get(i).FileDescriptor)
-		}
-		if err := files.RegisterFile(fd); err != nil {
-			t.Fatalf("register %s: %v", fd.Path(), err)
-		}
-	}
-	add(fd)
-	return dynamicpb.NewTypes(files)
-}
-
 // protoMessage builds a message of the named type from its protojson form
 // (which takes .proto and lowerCamelCase names, 64-bit integers as
 // numbers or strings, "NaN"), then lets edit change it further.
@@ -137,7 +116,7 @@ func protoMessage(t testing.TB, c *protoCodec, name, pjson string, edit func(*dy
 		t.Fatalf("no message %s in the schema", name)
 	}
 	m := dynamicpb.NewMessage(md)
-	opts := protojson.UnmarshalOptions{Resolver: protoFiles(t, c.file)}
+	opts := protojson.UnmarshalOptions{Resolver: srtest.ProtoTypes(t, c.file)}
 	if err := opts.Unmarshal([]byte(pjson), m); err != nil {
 		t.Fatalf("protojson %s: %v", pjson, err)
 	}

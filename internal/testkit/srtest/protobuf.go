@@ -43,6 +43,13 @@ func CompileProto(tb testing.TB, schema string, imports map[string]string) *Prot
 	if err != nil {
 		tb.Fatalf("compile the producer's .proto: %v", err)
 	}
+	return &ProtoFile{FileDescriptor: files[0], types: ProtoTypes(tb, files[0])}
+}
+
+// ProtoTypes returns the types of fd and of every file it imports, to
+// resolve Any values and message names with.
+func ProtoTypes(tb testing.TB, fd protoreflect.FileDescriptor) *dynamicpb.Types {
+	tb.Helper()
 	reg := new(protoregistry.Files)
 	var add func(protoreflect.FileDescriptor)
 	add = func(fd protoreflect.FileDescriptor) {
@@ -56,8 +63,8 @@ func CompileProto(tb testing.TB, schema string, imports map[string]string) *Prot
 			tb.Fatalf("register %s: %v", fd.Path(), err)
 		}
 	}
-	add(files[0])
-	return &ProtoFile{FileDescriptor: files[0], types: dynamicpb.NewTypes(reg)}
+	add(fd)
+	return dynamicpb.NewTypes(reg)
 }
 
 // Message returns the message type of the file or of its imports with
