@@ -589,7 +589,8 @@ func (e *cdcEnv) startReader(t *testing.T, cfg *config.Config, side string) (*fa
 
 // startReaderWith is startReader with the warehouse's write_timeout and
 // the reader's options; side "" puts no proxy in front of either database.
-func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, write time.Duration, opts cdc.Options) (*faultproxy.Proxy, *syncbuf.Buffer, chan error) {
+// Each of before is called with the proxy before the reader starts.
+func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, write time.Duration, opts cdc.Options, before ...func(*faultproxy.Proxy)) (*faultproxy.Proxy, *syncbuf.Buffer, chan error) {
 	t.Helper()
 	srcDSN, whDSN := e.srcDSN+faultSettings, e.whDSN+"&connect_timeout=2"
 	var px *faultproxy.Proxy
@@ -616,6 +617,9 @@ func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, f := range before {
+		f(px)
+	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -633,6 +637,34 @@ func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, 
 		}
 	})
 	return px, logs, done
+}
+
+// TestSourceLostWhileDescribing: the connection to the source reset while
+// the reader describes a source table at start (the mirror's column query
+// held back by the proxy until then) is a lost connection, retried like
+// any other, not a setup the reader cannot use: the reader restarts and
+// streams, and Run does not end.
+func TestSourceLostWhileDescribing(t *testing.T) {
+	e := newCDCEnv(t)
+	px, logs, done := e.startReaderWith(t, e.config("snapshot: never", "deletes: hard"), "source", time.Second,
+		cdc.Options{GroupAge: 20 * time.Millisecond}, func(px *faultproxy.Proxy) {
+			px.Hold([]byte("AND NOT a.attisdropped"))
+		})
+	select {
+	case <-px.Held():
+	case err := <-done:
+		t.Fatalf("the reader stopped before it described the table: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the reader did not describe the source table within a minute")
+	}
+	px.Reset()
+	px.Release()
+	e.waitStreaming(done)
+	if !strings.Contains(logs.String(), "mirror shop: read source columns") {
+		t.Errorf("the reader did not restart after losing the source while describing its table:\n%s", logs.String())
+	}
+	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 09:00+00')`)
+	waitfor.Until(t, "the insert to be mirrored", func() bool { return e.count("SELECT count(*) FROM mirror.orders") == 1 })
 }
 
 // TestWaitingGroupStaysAlive: a group that waits for a commit slot (two

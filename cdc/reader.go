@@ -474,7 +474,12 @@ func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx
 		DeletedColumn: s.Mirror.DeletedColumn, LoadedColumn: s.Mirror.LoadedColumn, Hard: s.Mirror.Deletes == config.DeletesHard,
 		Distribute: distribute}
 	if err := m.Describe(ctx, src); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSetup, err)
+		if errors.Is(err, mirror.ErrSource) {
+			// The table cannot be mirrored as configured.
+			return nil, fmt.Errorf("%w: %w", ErrSetup, err)
+		}
+		// The source could not answer (a lost connection, say): retry.
+		return nil, err
 	}
 	return m, nil
 }
