@@ -653,6 +653,7 @@ func TestSourceLostWhileDescribing(t *testing.T) {
 	select {
 	case <-px.Held():
 	case err := <-done:
+		done <- err // for the cleanup that waits for the reader
 		t.Fatalf("the reader stopped before it described the table: %v", err)
 	case <-time.After(time.Minute):
 		t.Fatal("the reader did not describe the source table within a minute")
