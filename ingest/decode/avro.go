@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -572,11 +573,14 @@ func appendFloat(out []byte, f float64, bits int) []byte {
 	return strconv.AppendFloat(out, f, 'g', -1, bits)
 }
 
-// appendUTF8 appends b as a JSON string; b must be UTF-8 without U+0000,
-// which jsonb cannot store.
+// appendUTF8 appends b as a JSON string. Text jsonb cannot store (invalid
+// UTF-8, the character U+0000) is an error.
 func appendUTF8(out, b []byte) ([]byte, error) {
 	if !utf8.Valid(b) {
 		return nil, mismatch("a string is not valid UTF-8")
+	}
+	if bytes.IndexByte(b, 0) >= 0 {
+		return nil, mismatch("a string holds the character U+0000, which jsonb cannot store")
 	}
 	return pgjson.AppendString(out, string(b)), nil
 }

@@ -109,6 +109,8 @@ func TestAvroMismatch(t *testing.T) {
 		{"truncated", good[:len(good)-2], "at /m/k: truncated"},
 		{"trailing", append(append([]byte{}, good...), 0), "1 bytes after the value"},
 		{"bad utf-8", []byte{2, 4, 0xff, 0xfe, 0}, "at /s: a string is not valid UTF-8"},
+		{"NUL in a string", []byte{2, 4, 'a', 0, 0}, "at /s: a string holds the character U+0000"},
+		{"NUL in a map key", []byte{2, 0, 2, 2, 0, 0, 0}, "a string holds the character U+0000"},
 		{"long varint", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, "at /a: a variable-length integer is longer"},
 		{"int out of range", []byte{0xff, 0xff, 0xff, 0xff, 0x7f}, "at /a: int"},
 		{"enum index", []byte{2, 0, 2, 2, 'k', 4, 0}, "at /m/k: enum index 2 of 1 symbols"},
