@@ -691,7 +691,13 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	b := in.b
 	res, err := w.write(wctx, b, in.stored, ingestedAt, in.checkRows)
 	in.applyConflictsLocked(res.conflicts)
-	if err != nil {
+	if errors.Is(err, errCommitUnknown) {
+		in.dropConnLocked()
+		if err := in.resolveCommitLocked(ctx, res.xid, err); err != nil {
+			return err
+		}
+		res.committed = true
+	} else if err != nil {
 		// An error PostgreSQL reported (one with an SQLSTATE) rolled the
 		// transaction back: the connection is fine. Anything else leaves
 		// it in an unknown state.
@@ -736,6 +742,40 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	}
 	in.b = newBatch()
 	return nil
+}
+
+// commitCheckTimeout bounds asking the warehouse whether a batch whose
+// commit went unanswered was stored.
+const commitCheckTimeout = 10 * time.Second
+
+// resolveCommitLocked asks the warehouse, on a new connection, whether
+// the batch transaction xid, whose COMMIT went unanswered (lost), committed.
+// It returns nil if it did: the batch is stored and counted as written.
+// Otherwise it returns lost, and the batch is written again: if the
+// warehouse could not tell, the next attempt finds its partitions either
+// as they were or already stored, which it treats as another member's
+// (fenced, read again from the stored offsets); nothing is stored twice.
+// The question is asked even when ctx has ended, within
+// commitCheckTimeout.
+func (in *Ingester) resolveCommitLocked(ctx context.Context, xid string, lost error) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitCheckTimeout)
+	defer cancel()
+	w, err := in.writerLocked(cctx)
+	if err == nil {
+		var committed bool
+		if committed, err = committedTxn(cctx, w.conn, xid); err == nil {
+			if !committed {
+				return lost
+			}
+			in.log.Info("the answer to a batch's commit was lost; the warehouse says it committed",
+				"xid", xid, "err", lost)
+			return nil
+		}
+		in.dropConnLocked()
+	}
+	in.log.Warn("the answer to a batch's commit was lost and the warehouse could not say whether it committed; "+
+		"the next attempt finds out", "xid", xid, "err", err)
+	return lost
 }
 
 // applyConflictsLocked takes note of partitions that another member has

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
@@ -41,6 +42,11 @@ SELECT $1, u.topic, u.partition, u.source, -1
 FROM unnest($2::text[], $3::integer[], $4::text[]) AS u (topic, partition, source)
 ORDER BY u.topic, u.partition
 ON CONFLICT DO NOTHING`
+
+// currentXactSQL reads the id of the batch transaction. It is a statement
+// of its own so that on Citus the coordinator answers it, whose
+// transaction decides the outcome.
+const currentXactSQL = `SELECT pg_current_xact_id()::text`
 
 // lockOffsetsSQL locks the batch's offsets rows and reads what is stored.
 // A stored position other than the one this ingester last wrote means
@@ -90,6 +96,9 @@ type writeResult struct {
 	rejected []deadLetter
 	// committed is false when nothing was left to write.
 	committed bool
+	// xid is the batch transaction's id (pg_current_xact_id), by which
+	// the outcome of a commit whose answer was lost is asked for.
+	xid string
 	// idDuplicates counts, per source with dedupe.by: event_id, the rows
 	// dropped because their id was loaded within the window or came
 	// earlier in the batch; they are among the duplicates too.
@@ -132,6 +141,12 @@ var errBadRow = errors.New("the warehouse rejected a row")
 // it (a retry finds it stored), or a serialization failure or deadlock.
 var errRetryNow = errors.New("conflict with a concurrent transaction")
 
+// errCommitUnknown means the answer to the batch's COMMIT was lost (the
+// connection broke or the attempt's deadline passed): the batch may be
+// stored or not. The result's xid names the transaction, whose outcome
+// the warehouse keeps (committedTxn).
+var errCommitUnknown = errors.New("the batch's commit was sent and its answer lost")
+
 // errStoredBefore wraps errRetryNow when a COPY that did not probe failed
 // on an event stored before: the retry probes, finds it and counts it as a
 // duplicate. It is not a write error.
@@ -171,10 +186,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	}
 	defer pgconnect.Rollback(ctx, tx)
 
-	stored, err := w.lockOffsets(ctx, tx, b)
+	stored, xid, err := w.lockOffsets(ctx, tx, b)
 	if err != nil {
 		return res, err
 	}
+	res.xid = xid
 	stale := map[topicPartition]bool{}
 	for tp := range b.parts {
 		exp, ok := expected[tp]
@@ -242,6 +258,10 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		return res, err
 	}
 	if err := commit(ctx, tx); err != nil {
+		if pgerr.Code(err) == "" { // not the server's refusal: the answer was lost
+			res.inserted, res.rejected = inserted, rejected
+			return res, fmt.Errorf("%w: %w", errCommitUnknown, err)
+		}
 		return res, err
 	}
 	res.inserted, res.rejected, res.committed = inserted, rejected, true
@@ -264,6 +284,39 @@ func commit(ctx context.Context, tx pgx.Tx) error {
 		defer cancel()
 	}
 	return tx.Commit(cctx)
+}
+
+// commitStatusSQL reads the outcome of a transaction of this server:
+// committed, aborted, in progress, or NULL once too old to be known.
+const commitStatusSQL = `SELECT pg_xact_status($1::xid8)`
+
+// commitStatusPoll is how often committedTxn asks again while the
+// transaction is in progress.
+const commitStatusPoll = 20 * time.Millisecond
+
+// committedTxn reports, asking on conn, whether the transaction xid
+// committed. While it is in progress (a server still finishing the COMMIT
+// whose answer was lost, or not yet aware that its client is gone) it asks
+// again until ctx ends. On Citus the coordinator's transaction decides:
+// the workers' prepared parts follow its outcome.
+func committedTxn(ctx context.Context, conn *pgx.Conn, xid string) (bool, error) {
+	for {
+		var status *string
+		if err := conn.QueryRow(ctx, commitStatusSQL, xid).Scan(&status); err != nil {
+			return false, fmt.Errorf("status of transaction %s: %w", xid, err)
+		}
+		switch {
+		case status == nil:
+			return false, fmt.Errorf("transaction %s is too old for its status to be known", xid)
+		case *status == "committed":
+			return true, nil
+		case *status == "aborted":
+			return false, nil
+		}
+		if err := backoff.Sleep(ctx, commitStatusPoll); err != nil {
+			return false, fmt.Errorf("transaction %s still in progress: %w", xid, err)
+		}
+	}
 }
 
 // ensurePartitions creates the raw partitions the batch's rows need.
@@ -298,7 +351,7 @@ func sortedParts(b *batch) []topicPartition {
 	return tps
 }
 
-func (w *writer) lockOffsets(ctx context.Context, tx pgx.Tx, b *batch) (map[topicPartition]position, error) {
+func (w *writer) lockOffsets(ctx context.Context, tx pgx.Tx, b *batch) (map[topicPartition]position, string, error) {
 	tps := sortedParts(b)
 	topics := make([]string, len(tps))
 	parts := make([]int32, len(tps))
@@ -309,28 +362,33 @@ func (w *writer) lockOffsets(ctx context.Context, tx pgx.Tx, b *batch) (map[topi
 	qb := &pgx.Batch{}
 	qb.Queue(claimOffsetsSQL, w.group, topics, parts, sources)
 	qb.Queue(lockOffsetsSQL, w.group, topics, parts)
+	qb.Queue(currentXactSQL)
 	br := tx.SendBatch(ctx, qb)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("claim offsets: %w", err)
+		return nil, "", fmt.Errorf("claim offsets: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("lock offsets: %w", err)
+		return nil, "", fmt.Errorf("lock offsets: %w", err)
 	}
 	stored := map[topicPartition]position{}
 	for rows.Next() {
 		var tp topicPartition
 		var p position
 		if err := rows.Scan(&tp.Topic, &tp.Partition, &p.Offset, &p.Epoch); err != nil {
-			return nil, fmt.Errorf("lock offsets: %w", err)
+			return nil, "", fmt.Errorf("lock offsets: %w", err)
 		}
 		stored[tp] = p
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("lock offsets: %w", err)
+		return nil, "", fmt.Errorf("lock offsets: %w", err)
 	}
-	return stored, br.Close()
+	var xid string
+	if err := br.QueryRow().Scan(&xid); err != nil {
+		return nil, "", fmt.Errorf("transaction id: %w", err)
+	}
+	return stored, xid, br.Close()
 }
 
 // eventKey identifies an event: (event_id, event_time).

@@ -59,10 +59,12 @@ type Proxy struct {
 	stalled bool
 	refuse  bool
 	closed  bool
-	// hold is the byte string Hold waits for, nil when nothing is held;
-	// release is closed by Release; held is closed when a chunk is first
-	// held.
+	// hold is the byte string Hold or HoldReply waits for, nil when
+	// nothing is held; holdReply says it is looked for in what the server
+	// sends; release is closed by Release; held is closed when a chunk is
+	// first held.
 	hold          []byte
+	holdReply     bool
 	release, held chan struct{}
 
 	accepted, resets, stalls, halfOpen atomic.Int64
@@ -179,21 +181,30 @@ func (p *Proxy) Refuse() {
 // sent by the client that contains pattern, and everything the client
 // sends after it on that connection, until Release. Held reports when a
 // chunk has been kept back.
-func (p *Proxy) Hold(pattern []byte) {
+func (p *Proxy) Hold(pattern []byte) { p.holdFrom(pattern, false) }
+
+// HoldReply is Hold for what the server sends: the first chunk of a reply
+// that contains pattern, and everything after it on that connection, is
+// kept from the client until Release. A Reset meanwhile loses it, as a
+// network that fails after the server has answered does.
+func (p *Proxy) HoldReply(pattern []byte) { p.holdFrom(pattern, true) }
+
+func (p *Proxy) holdFrom(pattern []byte, reply bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.hold = bytes.Clone(pattern)
+	p.hold, p.holdReply = bytes.Clone(pattern), reply
 	p.release, p.held = make(chan struct{}), make(chan struct{})
 }
 
-// Held is closed once a chunk is kept back after Hold.
+// Held is closed once a chunk is kept back after Hold or HoldReply.
 func (p *Proxy) Held() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.held
 }
 
-// Release forwards what Hold kept back and stops holding.
+// Release forwards what Hold or HoldReply kept back (unless its
+// connection was reset meanwhile) and stops holding.
 func (p *Proxy) Release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -203,11 +214,11 @@ func (p *Proxy) Release() {
 	p.hold, p.release = nil, nil
 }
 
-// waitHeld blocks while chunk is to be held back (see Hold), or until
-// the link dies.
-func (p *Proxy) waitHeld(chunk []byte) {
+// waitHeld blocks while chunk, sent by the client or (fromClient false)
+// the server, is to be held back (see Hold and HoldReply).
+func (p *Proxy) waitHeld(chunk []byte, fromClient bool) {
 	p.mu.Lock()
-	if p.hold == nil || !bytes.Contains(chunk, p.hold) {
+	if p.hold == nil || p.holdReply == fromClient || !bytes.Contains(chunk, p.hold) {
 		p.mu.Unlock()
 		return
 	}
@@ -345,13 +356,14 @@ func (p *Proxy) connect() (net.Conn, error) {
 
 // pump copies src to dst until src ends; while the link is dead it reads
 // and discards. A nil dst discards everything. fromClient says that src is
-// the client, whose chunks Hold may keep back.
+// the client (Hold may keep its chunks back) rather than the server
+// (HoldReply may).
 func (p *Proxy) pump(l *link, dst, src net.Conn, fromClient bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && fromClient {
-			p.waitHeld(buf[:n])
+		if n > 0 {
+			p.waitHeld(buf[:n], fromClient)
 		}
 		if n > 0 && dst != nil && !l.dead.Load() {
 			p.mu.Lock()

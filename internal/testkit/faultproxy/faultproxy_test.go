@@ -249,3 +249,33 @@ func TestHold(t *testing.T) {
 		t.Fatalf("after Release: %q, %v", line, err)
 	}
 }
+
+// TestHoldReply: the server's reply holding the pattern is kept from the
+// client, after the server has taken what the client sent; a Reset
+// meanwhile loses it, and the client learns only that its connection
+// broke.
+func TestHoldReply(t *testing.T) {
+	addr, _ := echoServer(t)
+	p := newProxy(t, addr)
+	t.Cleanup(p.Release)
+	c := dial(t, p)
+	p.HoldReply([]byte("ANSWER"))
+	if err := roundTrip(c, 2*time.Second); err != nil {
+		t.Fatalf("before the pattern: %v", err)
+	}
+	if _, err := io.WriteString(c, "ANSWER\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Held():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reply with the pattern was not held")
+	}
+	p.Reset()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err == nil {
+		t.Fatalf("the held reply arrived after a Reset: %q", line)
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the client's connection was not reset")
+	}
+}
