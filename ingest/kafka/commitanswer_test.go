@@ -2,28 +2,36 @@ package kafka_test
 
 import (
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/faultproxy"
 	"github.com/tidemark-dev/tidemark/internal/testkit/faulttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
 
 // TestShutdownWaitsForCommit: a stop that comes while a batch's COMMIT is
 // on its way waits for the answer. Given up on, the commit still succeeds
-// on the server, and the shutdown's last write found the batch stored,
-// took it for another member's (a conflict) and never counted its rows.
+// on the server: the ingester must then ask what became of it, and
+// before it asked, the shutdown's last write found the batch stored, took
+// it for another member's (a conflict) and never counted its rows.
 func TestShutdownWaitsForCommit(t *testing.T) {
-	b, px, r, _ := heldAtCommit(t, func(px *faultproxy.Proxy) { px.Hold([]byte("commit\x00")) })
+	b, px, r, _, logs := heldAtCommit(t, func(px *faultproxy.Proxy) { px.Hold([]byte("commit\x00")) })
 	r.cancel()
 	px.Release()
 	stopWithin(t, r, time.Minute, func() {})
 	assertCountedOnce(t, b, r)
+	if strings.Contains(logs.String(), answerLost) {
+		t.Errorf("the stop gave up on the commit's answer:\n%s", logs)
+	}
 }
 
 // TestCommitAnswerLost: when the connection breaks after the server
@@ -32,18 +40,25 @@ func TestShutdownWaitsForCommit(t *testing.T) {
 // written. Without asking, the retry found the batch stored, took it for
 // another member's (a conflict) and never counted its rows.
 func TestCommitAnswerLost(t *testing.T) {
-	b, px, r, p := heldAtCommit(t, func(px *faultproxy.Proxy) { px.HoldReply([]byte("COMMIT\x00")) })
+	b, px, r, p, logs := heldAtCommit(t, func(px *faultproxy.Proxy) { px.HoldReply([]byte("COMMIT\x00")) })
 	px.Reset()
 	b.waitStored(t, p.end, time.Minute)
 	r.stop(t)
 	assertCountedOnce(t, b, r)
+	if !strings.Contains(logs.String(), answerLost+"; the warehouse says it committed") {
+		t.Errorf("the lost answer was not logged as resolved:\n%s", logs)
+	}
 }
+
+// answerLost begins the ingester's log lines about a batch whose commit
+// was sent and its answer lost.
+const answerLost = "the answer to a batch's commit was lost"
 
 // TestCommitNeverArrived: when the connection breaks before the COMMIT
 // reached the server, the warehouse says the transaction aborted, and the
 // batch is written again, once.
 func TestCommitNeverArrived(t *testing.T) {
-	b, px, r, p := heldAtCommit(t, func(px *faultproxy.Proxy) { px.Hold([]byte("commit\x00")) })
+	b, px, r, p, _ := heldAtCommit(t, func(px *faultproxy.Proxy) { px.Hold([]byte("commit\x00")) })
 	px.Reset()
 	px.Release()
 	b.waitStored(t, p.end, time.Minute)
@@ -55,8 +70,9 @@ func TestCommitNeverArrived(t *testing.T) {
 // behind a fault proxy, and holds the commit of a batch with hold: after
 // a first record is stored and the raw partitions around now are created,
 // so that the batch's transaction is the only one left to commit. It
-// returns once the proxy holds something, with what was produced.
-func heldAtCommit(t *testing.T, hold func(*faultproxy.Proxy)) (*bundle, *faultproxy.Proxy, *running, *produced) {
+// returns once the proxy holds something, with what was produced and the
+// ingester's log (info and above).
+func heldAtCommit(t *testing.T, hold func(*faultproxy.Proxy)) (*bundle, *faultproxy.Proxy, *running, *produced, *syncbuf.Buffer) {
 	t.Helper()
 	dsn := pgtest.NewDatabase(t)
 	b := setupOn(t, 1, dsn)
@@ -71,7 +87,8 @@ func heldAtCommit(t *testing.T, hold func(*faultproxy.Proxy)) (*bundle, *faultpr
 			Value: []byte(fmt.Sprintf(`{"event_id":"e%d","event_time":"2026-10-05T10:00:00Z"}`, i))})
 	}
 	p := &produced{end: map[int32]int64{}}
-	r := b.start(t)
+	logs := &syncbuf.Buffer{}
+	r := b.startWith(t, kafka.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	b.produce(t, p, recs[:1])
 	b.waitStored(t, p.end, time.Minute)
 	// Creating the partitions around now commits too.
@@ -87,7 +104,7 @@ func heldAtCommit(t *testing.T, hold func(*faultproxy.Proxy)) (*bundle, *faultpr
 	case <-time.After(time.Minute):
 		t.Fatal("no batch reached its commit within a minute")
 	}
-	return b, px, r, p
+	return b, px, r, p, logs
 }
 
 // assertCountedOnce checks, after r stopped, that the held batch was

@@ -32,7 +32,8 @@ type Options struct {
 	Now func() time.Time
 	// KafkaOpts are appended to the client options (tests use them).
 	KafkaOpts []kgo.Opt
-	// ShutdownGrace bounds the final flush on shutdown; default 30s.
+	// ShutdownGrace bounds, from the stop, the batch write under way and
+	// the final flush; default 30s.
 	ShutdownGrace time.Duration
 
 	kafkaLogEvery time.Duration // rate limit of Kafka client errors; default kafkaLogEvery
@@ -73,17 +74,22 @@ func newSource(cfg *config.Config, name string, reg *decode.Registry) (*source, 
 // consumer group and writes them to the warehouse. See the package
 // documentation for its guarantees.
 type Ingester struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	m       *metrics
-	now     func() time.Time
-	grace   time.Duration
-	byTopic map[string]*source
-	sources []*source
-	start   kgo.Offset
-	cl      *kgo.Client
-	klog    *kafkaLog // the client's log, rate limited
-	auth    *kafkaAuth
+	cfg   *config.Config
+	log   *slog.Logger
+	m     *metrics
+	now   func() time.Time
+	grace time.Duration
+	// writes ends the shutdown grace after the stop (Run's context
+	// cancelled): batch writes under way, the last flush and the
+	// questions about lost commit answers share it.
+	writes    context.Context
+	endWrites context.CancelFunc
+	byTopic   map[string]*source
+	sources   []*source
+	start     kgo.Offset
+	cl        *kgo.Client
+	klog      *kafkaLog // the client's log, rate limited
+	auth      *kafkaAuth
 	// stopClient cancels the client's context: requests in flight, such
 	// as a JoinGroup the coordinator holds open, fail at once.
 	stopClient context.CancelFunc
@@ -167,6 +173,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		paused:    map[topicPartition]bool{},
 		health:    registryHealth{retry: backoff.Backoff{First: registryRetryFirst, Max: registryRetryMax, Jitter: 0.5}},
 	}
+	in.writes, in.endWrites = context.WithCancel(context.Background())
 	if opts.registryRetry != nil {
 		in.health.retry = *opts.registryRetry
 	}
@@ -288,6 +295,8 @@ func (in *Ingester) LastError() error {
 // Run consumes until ctx is cancelled, then writes the batch in flight,
 // commits and leaves the group. It returns nil after a clean shutdown.
 func (in *Ingester) Run(ctx context.Context) error {
+	unwatch := context.AfterFunc(ctx, func() { time.AfterFunc(in.grace, in.endWrites) })
+	defer unwatch()
 	if err := in.prepare(ctx); err != nil {
 		in.closeClient()
 		if ctx.Err() != nil {
@@ -379,11 +388,11 @@ func (in *Ingester) ensureTables(ctx context.Context) error {
 // group together, on shutdown.
 const leaveTimeout = 5 * time.Second
 
-// shutdown writes the batch in flight within the grace, then commits to
-// Kafka and leaves the group within leaveTimeout, and closes the client.
+// shutdown writes the batch in flight within the grace that began with
+// the stop, then commits to Kafka and leaves the group within
+// leaveTimeout, and closes the client.
 func (in *Ingester) shutdown() error {
-	ctx, cancel := context.WithTimeout(context.Background(), in.grace)
-	defer cancel()
+	ctx := in.writes
 	var err error
 	for {
 		in.mu.Lock()
@@ -677,10 +686,7 @@ func (in *Ingester) flushLocked(ctx context.Context) error {
 }
 
 func (in *Ingester) writeOnceLocked(ctx context.Context) error {
-	// warehouse.write_timeout bounds one attempt, connecting included,
-	// so that a lock wait or a stalled server cannot hold the ingester
-	// (and its rebalance callbacks) indefinitely.
-	wctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.WriteTimeout.D())
+	wctx, cancel := in.writeContext(ctx)
 	defer cancel()
 	w, err := in.writerLocked(wctx)
 	if err != nil {
@@ -693,7 +699,7 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	in.applyConflictsLocked(res.conflicts)
 	if errors.Is(err, errCommitUnknown) {
 		in.dropConnLocked()
-		if err := in.resolveCommitLocked(ctx, res.xid, err); err != nil {
+		if err := in.resolveCommitLocked(res.xid, err); err != nil {
 			return err
 		}
 		res.committed = true
@@ -744,6 +750,31 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 	return nil
 }
 
+// writeContext bounds one attempt of a batch write: by
+// warehouse.write_timeout, connecting included, so that a lock wait or a
+// stalled server cannot hold the ingester (and its rebalance callbacks)
+// indefinitely; by ctx's deadline; and by the shutdown grace, but not by
+// a stop itself. A write under way when the ingester stops goes on, its
+// commit's answer included: a commit given up on may still succeed (on
+// Citus the coordinator shows the batch before the workers confirm), and
+// the next attempt would find its own batch stored.
+func (in *Ingester) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	unwatch := context.AfterFunc(in.writes, cancel)
+	var wctx context.Context = base
+	cancelDeadline := context.CancelFunc(func() {})
+	if deadline, ok := ctx.Deadline(); ok {
+		wctx, cancelDeadline = context.WithDeadline(base, deadline)
+	}
+	wctx, cancelTimeout := context.WithTimeout(wctx, in.cfg.Warehouse.WriteTimeout.D())
+	return wctx, func() {
+		unwatch()
+		cancelTimeout()
+		cancelDeadline()
+		cancel()
+	}
+}
+
 // commitCheckTimeout bounds asking the warehouse whether a batch whose
 // commit went unanswered was stored.
 const commitCheckTimeout = 10 * time.Second
@@ -755,10 +786,10 @@ const commitCheckTimeout = 10 * time.Second
 // warehouse could not tell, the next attempt finds its partitions either
 // as they were or already stored, which it treats as another member's
 // (fenced, read again from the stored offsets); nothing is stored twice.
-// The question is asked even when ctx has ended, within
-// commitCheckTimeout.
-func (in *Ingester) resolveCommitLocked(ctx context.Context, xid string, lost error) error {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitCheckTimeout)
+// The question is asked within commitCheckTimeout, and after a stop
+// within the shutdown grace.
+func (in *Ingester) resolveCommitLocked(xid string, lost error) error {
+	cctx, cancel := context.WithTimeout(in.writes, commitCheckTimeout)
 	defer cancel()
 	w, err := in.writerLocked(cctx)
 	if err == nil {

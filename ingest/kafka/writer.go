@@ -257,7 +257,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err := w.storeLedgerAndOffsets(ctx, tx, b, ledger, ingestedAt, inserted, rejected); err != nil {
 		return res, err
 	}
-	if err := commit(ctx, tx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		if pgerr.Code(err) == "" { // not the server's refusal: the answer was lost
 			res.inserted, res.rejected = inserted, rejected
 			return res, fmt.Errorf("%w: %w", errCommitUnknown, err)
@@ -266,24 +266,6 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	}
 	res.inserted, res.rejected, res.committed = inserted, rejected, true
 	return res, nil
-}
-
-// commit commits tx and waits for the answer even when ctx is cancelled
-// meanwhile (the ingester stopping), until ctx's deadline
-// (warehouse.write_timeout). Once COMMIT is sent only the answer tells
-// whether the batch was stored: a commit given up on may still succeed
-// (on Citus, the coordinator's rows are visible before the workers'
-// COMMIT PREPARED answers), and the next attempt would then find its own
-// batch stored and take it for another member's, leaving its rows,
-// duplicates and dead letters uncounted.
-func commit(ctx context.Context, tx pgx.Tx) error {
-	cctx := context.WithoutCancel(ctx)
-	if deadline, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		cctx, cancel = context.WithDeadline(cctx, deadline)
-		defer cancel()
-	}
-	return tx.Commit(cctx)
 }
 
 // commitStatusSQL reads the outcome of a transaction of this server:
