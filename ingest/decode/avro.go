@@ -1,7 +1,6 @@
 package decode
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/hamba/avro/v2"
 
@@ -576,11 +574,12 @@ func appendFloat(out []byte, f float64, bits int) []byte {
 // appendUTF8 appends b as a JSON string. Text jsonb cannot store (invalid
 // UTF-8, the character U+0000) is an error.
 func appendUTF8(out, b []byte) ([]byte, error) {
-	if !utf8.Valid(b) {
+	out, err := pgjson.AppendText(out, string(b))
+	switch {
+	case errors.Is(err, pgjson.ErrInvalidUTF8):
 		return nil, mismatch("a string is not valid UTF-8")
+	case err != nil:
+		return nil, mismatch("a string holds %v", err)
 	}
-	if bytes.IndexByte(b, 0) >= 0 {
-		return nil, mismatch("a string holds the character U+0000, which jsonb cannot store")
-	}
-	return pgjson.AppendString(out, string(b)), nil
+	return out, nil
 }

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/bufbuild/protocompile"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -445,13 +444,14 @@ func (w *protoWriter) float(f float64, bits int) {
 // string writes s as a JSON string. Text jsonb cannot hold (invalid UTF-8,
 // the NUL character) is an error.
 func (w *protoWriter) string(s string) error {
-	if !utf8.ValidString(s) {
+	buf, err := pgjson.AppendText(w.buf, s)
+	switch {
+	case errors.Is(err, pgjson.ErrInvalidUTF8):
 		return errors.New("string is not valid UTF-8")
+	case err != nil:
+		return errors.New("string holds " + err.Error())
 	}
-	if strings.IndexByte(s, 0) >= 0 {
-		return errors.New("string holds the character U+0000, which jsonb cannot store")
-	}
-	w.buf = pgjson.AppendString(w.buf, s)
+	w.buf = buf
 	return nil
 }
 
