@@ -759,18 +759,14 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 // Citus the coordinator shows the batch before the workers confirm), and
 // the next attempt would find its own batch stored.
 func (in *Ingester) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	unwatch := context.AfterFunc(in.writes, cancel)
-	var wctx context.Context = base
-	cancelDeadline := context.CancelFunc(func() {})
+	timeout := in.cfg.Warehouse.WriteTimeout.D()
 	if deadline, ok := ctx.Deadline(); ok {
-		wctx, cancelDeadline = context.WithDeadline(base, deadline)
+		timeout = min(timeout, time.Until(deadline))
 	}
-	wctx, cancelTimeout := context.WithTimeout(wctx, in.cfg.Warehouse.WriteTimeout.D())
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	unwatch := context.AfterFunc(in.writes, cancel)
 	return wctx, func() {
 		unwatch()
-		cancelTimeout()
-		cancelDeadline()
 		cancel()
 	}
 }
