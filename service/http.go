@@ -150,6 +150,9 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if in := h.in.Load(); in != nil {
 		check("kafka", in.Ping(ctx))
 		check("ingest_writes", in.LastError())
+		for _, st := range in.Stalls() {
+			check("source "+st.Source, st)
+		}
 		if in.UsesRegistry() {
 			check("schema_registry", in.RegistryError())
 		}

@@ -36,8 +36,32 @@ type Page struct {
 	// SchemaRegistry, when set, says since when the schema registry is
 	// unreachable and why, as this instance's ingester last saw it.
 	SchemaRegistry string
+	// Stalled lists the sources whose writes the warehouse refuses, as
+	// this instance's ingester last saw them.
+	Stalled []StalledSource
+	// Resets lists, as this instance's ingester found them, the latest
+	// partitions whose stored position was beyond the broker's log (the
+	// topic recreated, or records lost at the broker), read again from
+	// below it.
+	Resets []OffsetReset
 	// Refresh, when positive, reloads the page every Refresh seconds.
 	Refresh int
+}
+
+// StalledSource is a source whose writes the warehouse refuses: its
+// partitions wait while the other sources go on.
+type StalledSource struct {
+	Name  string
+	Since time.Time
+	// Cause is the last failure, Fix what to do about it.
+	Cause, Fix string
+}
+
+// OffsetReset is a partition read again from below its stored position,
+// its log at the broker having lost records.
+type OffsetReset struct {
+	At   time.Time
+	What string
 }
 
 // LatenessWindow is how far back in event time the page measures

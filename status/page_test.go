@@ -84,3 +84,26 @@ func TestPageSchemaRegistry(t *testing.T) {
 		}
 	}
 }
+
+// TestPageIngestTrouble checks that the page names each stalled source
+// with its cause and fix, and each partition read again from below its
+// stored position.
+func TestPageIngestTrouble(t *testing.T) {
+	now := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
+	p := &Page{Report: &Report{GeneratedAt: now}, Lateness: map[string]*lateness.Report{}, LatenessError: map[string]string{},
+		Curves: map[string]*lateness.ArrivalCurve{}, CurveError: map[string]string{}, Slots: map[string]cdc.SlotReading{},
+		Stalled: []StalledSource{{Name: "orders", Since: now.Add(-time.Minute), Cause: "permission denied for table orders <x>", Fix: "grant INSERT"}},
+		Resets:  []OffsetReset{{At: now, What: "events/0: stored position 6, but the broker's log ends at 3"}},
+	}
+	var b strings.Builder
+	if err := p.WriteHTML(&b); err != nil {
+		t.Fatal(err)
+	}
+	html := b.String()
+	for _, want := range []string{`data-stalled="orders"`, "permission denied for table orders &lt;x&gt;", "grant INSERT",
+		"data-reset", "events/0: stored position 6, but the broker&#39;s log ends at 3"} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+}

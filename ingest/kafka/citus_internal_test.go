@@ -41,7 +41,7 @@ func TestCitusLoadsCommitInTwoPhases(t *testing.T) {
 			// The first batch creates the day's raw partition, whose DDL
 			// commits in two phases too.
 			first := h.batchOf(0, "e0")
-			if _, err := h.w.write(ctx, first, stored, now, false); err != nil {
+			if _, err := h.w.write(ctx, first, stored, now, nil); err != nil {
 				t.Fatal(err)
 			}
 			stored[tp0] = first.parts[tp0].next
@@ -51,7 +51,7 @@ func TestCitusLoadsCommitInTwoPhases(t *testing.T) {
 			h.w.probeLeft = tc.probeLeft
 			done := make(chan error, 1)
 			go func() {
-				_, err := h.w.write(ctx, h.batchOf(1, "e0", ids[0], ids[1]), stored, now, tc.checkRows)
+				_, err := h.w.write(ctx, h.batchOf(1, "e0", ids[0], ids[1]), stored, now, checkAll(h.src, tc.checkRows))
 				done <- err
 			}()
 			select {

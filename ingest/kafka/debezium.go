@@ -98,6 +98,22 @@ WHERE d.position < EXCLUDED.position`
 // says what its columns are.
 var errNoMirror = errors.New("the mirror table does not exist")
 
+// errOwnColumn means a change carries a column with the name of one of
+// tidemark's own columns of the mirror.
+var errOwnColumn = errors.New("a column of the source table has the name of one of the mirror's own columns")
+
+// ownColumn returns an error naming the setting to change when name is
+// one of tidemark's own columns of the mirror.
+func (m *changeMirror) ownColumn(name string) error {
+	for _, o := range []struct{ col, key string }{{m.loaded, "loaded_column"}, {m.deleted, "deleted_column"}, {m.position, "position_column"}} {
+		if name == o.col {
+			return &fixError{err: fmt.Errorf("%w: the changes carry a column %q, the name of the mirror's %s", errOwnColumn, name, o.key),
+				fix: fmt.Sprintf("set sources.%s.mirror.%s to a name the source table does not use (and rename the column of an existing mirror to match), then restart", m.source, o.key)}
+		}
+	}
+	return nil
+}
+
 // changeMirror is the mirror of a Debezium source.
 type changeMirror struct {
 	source                    string
@@ -200,12 +216,15 @@ func (m *changeMirror) ensure(ctx context.Context, conn *pgx.Conn, src *source, 
 			return m.ensure(ctx, conn, src, rows)
 		}
 		if declared == nil {
-			return fmt.Errorf("%w: %s, and the change events carry no schema (the JSON converter without schemas.enable); "+
-				"create it with the source table's columns and primary key (sources.%s.mirror.table)", errNoMirror, m.target.Sanitize(), m.source)
+			return &fixError{err: fmt.Errorf("%w: %s, and the change events carry no schema (the JSON converter without schemas.enable)", errNoMirror, m.target.Sanitize()),
+				fix: fmt.Sprintf("create it with the source table's columns and primary key (sources.%s.mirror.table), or send the events with schemas", m.source)}
 		}
 	}
 	want := make([]mirror.Column, len(declared.Columns))
 	for i, c := range declared.Columns {
+		if err := m.ownColumn(c.Name); err != nil {
+			return err
+		}
 		// Only the key is NOT NULL: a delete may write a row of its key.
 		want[i] = mirror.Column{Name: c.Name, Type: c.Type, NotNull: slices.Contains(declared.KeyColumns, c.Name)}
 	}
@@ -267,6 +286,11 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 		vals := map[string]json.RawMessage{}
 		if err := json.Unmarshal(c.Row, &vals); err != nil {
 			return fmt.Errorf("%w: the row of change %s: %w", errBadRow, r.ev.ID, err)
+		}
+		for name := range vals {
+			if err := m.ownColumn(name); err != nil {
+				return err
+			}
 		}
 		if c.Columns == nil {
 			if err := m.fromText(vals); err != nil {
@@ -501,16 +525,20 @@ func insertChange(ctx context.Context, tx pgx.Tx, r *row, ingestedAt time.Time) 
 func (w *writer) ensureMirrors(ctx context.Context, b *batch) error {
 	for src, rows := range changeRows(b.rows) {
 		if err := src.mirror.ensure(ctx, w.conn, src, rows); err != nil {
-			return err
+			return forSource(src, err)
 		}
 	}
 	return nil
 }
 
 // applyMirrors applies the changes of the batch's Debezium sources to
-// their mirrors, in the batch transaction.
-func (w *writer) applyMirrors(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time) error {
+// their mirrors, in the batch transaction, but for the sources in checked,
+// whose changes insertCheckingChanges applies one at a time.
+func (w *writer) applyMirrors(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time, checked map[*source]bool) error {
 	for src, rows := range changeRows(b.rows) {
+		if checked[src] {
+			continue
+		}
 		if err := src.mirror.applyChanges(ctx, tx, rows, ingestedAt); err != nil {
 			return classifyRowError(err, src)
 		}
@@ -530,24 +558,27 @@ func changeRows(rows []row) map[*source][]*row {
 	return out
 }
 
-// insertCheckingChanges stores, for a batch checked row by row, each
-// change of a Debezium source under a savepoint: its change row when it
-// is among fresh, and its mirror change. It returns the fresh rows
-// stored and, as dead letters, the changes the warehouse refused.
-func (w *writer) insertCheckingChanges(ctx context.Context, tx pgx.Tx, b *batch, fresh []*row, ingestedAt time.Time) ([]*row, []deadLetter, error) {
-	isFresh := map[*row]bool{}
-	for _, r := range fresh {
-		isFresh[r] = true
-	}
+// insertCheckingChanges stores, for the Debezium sources in checked, whose
+// rows are checked one by one, each change under a savepoint: its change
+// row unless inRaw or an earlier row stored its event (a change refused
+// leaves the next copy of it to be stored), and its mirror change. It
+// returns the change rows stored and, as dead letters, the changes the
+// warehouse refused.
+func (w *writer) insertCheckingChanges(ctx context.Context, tx pgx.Tx, b *batch, inRaw map[eventKey]bool, ingestedAt time.Time, checked map[*source]bool) ([]*row, []deadLetter, error) {
+	stored := map[eventKey]bool{}
 	var kept []*row
 	var rejected []deadLetter
 	for src, rows := range changeRows(b.rows) {
+		if !checked[src] {
+			continue
+		}
 		for _, r := range rows {
 			sp, err := tx.Begin(ctx)
 			if err != nil {
 				return nil, nil, err
 			}
-			if isFresh[r] {
+			fresh := !inRaw[keyOf(r)] && !stored[keyOf(r)]
+			if fresh {
 				err = insertChange(ctx, sp, r, ingestedAt)
 			}
 			if err == nil {
@@ -557,13 +588,14 @@ func (w *writer) insertCheckingChanges(ctx context.Context, tx pgx.Tx, b *batch,
 				if err := sp.Commit(ctx); err != nil {
 					return nil, nil, err
 				}
-				if isFresh[r] {
+				if fresh {
 					kept = append(kept, r)
+					stored[keyOf(r)] = true
 				}
 				continue
 			}
 			if rbErr := sp.Rollback(ctx); rbErr != nil {
-				return nil, nil, rbErr
+				return nil, nil, forSource(src, rbErr)
 			}
 			if err := classifyRowError(err, src); !errors.Is(err, errBadRow) {
 				return nil, nil, err

@@ -25,73 +25,127 @@ RETURNING e.event_id`
 // refused, so that a later event with the id loads.
 const releaseIDsSQL = `DELETE FROM tidemark.event_ids WHERE source = $1 AND event_id = ANY($2::text[])`
 
-// dedupeIDs drops the rows of sources with dedupe.by: event_id whose id was
-// loaded within the source's window, or came earlier in rows, and records
-// the ids of the rows it keeps as loaded at ingestedAt, in the batch
-// transaction tx. It returns the rows to write and how many it dropped per
-// source. Rows of other sources are kept. Ids are claimed sorted by
-// source and id, so that writers that claim the same ids at once take
-// their locks in one order and cannot deadlock.
-func (w *writer) dedupeIDs(ctx context.Context, tx pgx.Tx, rows []*row, ingestedAt time.Time) ([]*row, map[*source]int, error) {
-	// load[src][id] is whether the id is still to be loaded: set once the
-	// claim returns it, cleared when its first row is kept.
-	load := map[*source]map[string]bool{}
-	for _, r := range rows {
-		if r.src.dedupeWindow == 0 {
-			continue
+// idKey is an event id of a source.
+type idKey struct {
+	src *source
+	id  string
+}
+
+// idClaims are the event ids a batch claimed, of its sources with
+// dedupe.by: event_id: true for an id the batch is to load, false for an
+// id loaded within the source's window (its rows are duplicates).
+type idClaims map[idKey]bool
+
+// ours reports whether the batch is to load id.
+func (c idClaims) ours(id idKey) bool { return c[id] }
+
+// claimIDs claims the ids of the rows of sources with dedupe.by: event_id
+// (each of rowSets) as loaded at ingestedAt, in the batch transaction tx.
+// Ids are claimed sorted by source and id, all in one round trip, so that
+// writers that claim the same ids at once take their locks in one order
+// and cannot deadlock.
+func (w *writer) claimIDs(ctx context.Context, tx pgx.Tx, ingestedAt time.Time, rowSets ...[]*row) (idClaims, error) {
+	ids := map[*source]map[string]bool{}
+	for _, rows := range rowSets {
+		for _, r := range rows {
+			if r.src.dedupeWindow == 0 {
+				continue
+			}
+			m := ids[r.src]
+			if m == nil {
+				m = map[string]bool{}
+				ids[r.src] = m
+			}
+			m[r.ev.ID] = true
 		}
-		m := load[r.src]
-		if m == nil {
-			m = map[string]bool{}
-			load[r.src] = m
-		}
-		m[r.ev.ID] = false
 	}
-	if len(load) == 0 {
-		return rows, nil, nil
+	claims := idClaims{}
+	if len(ids) == 0 {
+		return claims, nil
 	}
-	srcs := make([]*source, 0, len(load))
-	for src := range load {
+	srcs := make([]*source, 0, len(ids))
+	for src := range ids {
 		srcs = append(srcs, src)
 	}
 	sort.Slice(srcs, func(i, j int) bool { return srcs[i].name < srcs[j].name })
 	qb := &pgx.Batch{}
 	for _, src := range srcs {
-		ids := make([]string, 0, len(load[src]))
-		for id := range load[src] {
-			ids = append(ids, id)
+		list := make([]string, 0, len(ids[src]))
+		for id := range ids[src] {
+			list = append(list, id)
+			claims[idKey{src, id}] = false
 		}
-		sort.Strings(ids) // byte order: the column's collation "C"
-		qb.Queue(claimIDsSQL, src.name, ingestedAt, ids, ingestedAt.Add(-src.dedupeWindow))
+		sort.Strings(list) // byte order: the column's collation "C"
+		qb.Queue(claimIDsSQL, src.name, ingestedAt, list, ingestedAt.Add(-src.dedupeWindow))
 	}
 	br := tx.SendBatch(ctx, qb)
 	defer br.Close()
 	for _, src := range srcs {
-		if err := scanClaimed(br, load[src]); err != nil {
-			return nil, nil, classifyRowError(fmt.Errorf("claim event ids of %s: %w", src.name, err), src)
+		if err := scanClaimed(br, src, claims); err != nil {
+			return nil, classifyRowError(fmt.Errorf("claim event ids of %s: %w", src.name, err), src)
 		}
 	}
 	if err := br.Close(); err != nil {
-		return nil, nil, fmt.Errorf("claim event ids: %w", err)
+		return nil, fmt.Errorf("claim event ids: %w", err)
+	}
+	return claims, nil
+}
+
+// keep returns the rows to write of rows, each of which is written unless
+// the warehouse refuses the whole write: rows of other sources, and the
+// first row of each id the batch claimed; and how many it dropped per
+// source (ids loaded within the window, or repeated).
+func (c idClaims) keep(rows []*row) ([]*row, map[*source]int) {
+	if len(c) == 0 {
+		return rows, nil
 	}
 	kept, dropped := rows[:0:0], map[*source]int{}
+	taken := map[idKey]bool{}
 	for _, r := range rows {
-		m := load[r.src]
-		switch {
-		case m == nil:
-		case m[r.ev.ID]:
-			m[r.ev.ID] = false
-		default:
-			dropped[r.src]++
-			continue
+		if r.src.dedupeWindow > 0 {
+			k := idKey{r.src, r.ev.ID}
+			if !c[k] || taken[k] {
+				dropped[r.src]++
+				continue
+			}
+			taken[k] = true
 		}
 		kept = append(kept, r)
 	}
+	return kept, dropped
+}
+
+// unused returns the ids of rows that the batch claimed and stored none
+// of, each once: they are released.
+func (c idClaims) unused(rows []*row, stored map[idKey]bool) []idKey {
+	var out []idKey
+	seen := map[idKey]bool{}
+	for _, r := range rows {
+		k := idKey{r.src, r.ev.ID}
+		if r.src.dedupeWindow > 0 && c[k] && !stored[k] && !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// dedupeIDs drops the rows of sources with dedupe.by: event_id whose id was
+// loaded within the source's window, or came earlier in rows, and records
+// the ids of the rows it keeps as loaded at ingestedAt, in the batch
+// transaction tx (claimIDs, then keep). It returns the rows to write and
+// how many it dropped per source. Rows of other sources are kept.
+func (w *writer) dedupeIDs(ctx context.Context, tx pgx.Tx, rows []*row, ingestedAt time.Time) ([]*row, map[*source]int, error) {
+	claims, err := w.claimIDs(ctx, tx, ingestedAt, rows)
+	if err != nil {
+		return nil, nil, err
+	}
+	kept, dropped := claims.keep(rows)
 	return kept, dropped, nil
 }
 
-// scanClaimed reads the ids one claim returned into load.
-func scanClaimed(br pgx.BatchResults, load map[string]bool) error {
+// scanClaimed reads the ids one claim of src returned into claims.
+func scanClaimed(br pgx.BatchResults, src *source, claims idClaims) error {
 	rows, err := br.Query()
 	if err != nil {
 		return err
@@ -102,46 +156,31 @@ func scanClaimed(br pgx.BatchResults, load map[string]bool) error {
 		if err := rows.Scan(&id); err != nil {
 			return err
 		}
-		load[id] = true
+		claims[idKey{src, id}] = true
 	}
 	return rows.Err()
 }
 
-// releaseIDs removes the ids that dedupeIDs claimed for rows, which the
-// warehouse refused: nothing with those ids was loaded.
-func (w *writer) releaseIDs(ctx context.Context, tx pgx.Tx, refused []*row) error {
-	ids := map[*source][]string{}
-	for _, r := range refused {
-		if r.src.dedupeWindow > 0 {
-			ids[r.src] = append(ids[r.src], r.ev.ID)
-		}
+// releaseIDs removes ids that a batch claimed and stored no row of (the
+// warehouse refused each): nothing with those ids was loaded.
+func (w *writer) releaseIDs(ctx context.Context, tx pgx.Tx, ids []idKey) error {
+	bySource := map[*source][]string{}
+	for _, k := range ids {
+		bySource[k.src] = append(bySource[k.src], k.id)
 	}
-	for src, list := range ids {
+	for src, list := range bySource {
 		if _, err := tx.Exec(ctx, releaseIDsSQL, src.name, list); err != nil {
-			return fmt.Errorf("release event ids of %s: %w", src.name, err)
+			return forSource(src, fmt.Errorf("release event ids of %s: %w", src.name, err))
 		}
 	}
 	return nil
 }
 
-// missing returns the rows of all that kept, a subsequence of it, lacks.
-func missing(all, kept []*row) []*row {
-	var out []*row
-	for _, r := range all {
-		if len(kept) > 0 && kept[0] == r {
-			kept = kept[1:]
-			continue
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// repeats reports whether rows holds an (event_id, event_time) twice.
+// repeats reports whether rows holds an event twice.
 func repeats(rows []*row) bool {
 	seen := make(map[eventKey]bool, len(rows))
 	for _, r := range rows {
-		k := eventKey{r.ev.ID, r.ev.Time.UnixMicro()}
+		k := keyOf(r)
 		if seen[k] {
 			return true
 		}

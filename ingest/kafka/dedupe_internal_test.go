@@ -48,9 +48,9 @@ func (h *writerHarness) writeAt(t *testing.T) func(b *batch, now time.Time, chec
 	stored := map[topicPartition]position{}
 	return func(b *batch, now time.Time, checkRows bool) writeResult {
 		t.Helper()
-		res, err := h.w.write(context.Background(), b, stored, now, checkRows)
+		res, err := h.w.write(context.Background(), b, stored, now, checkAll(h.src, checkRows))
 		if errors.Is(err, errStoredBefore) {
-			res, err = h.w.write(context.Background(), b, stored, now, checkRows)
+			res, err = h.w.write(context.Background(), b, stored, now, checkAll(h.src, checkRows))
 		}
 		if err != nil {
 			t.Fatalf("write: %v", err)
@@ -155,13 +155,13 @@ func TestWriterDedupeRetries(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := batchAt(h.src, 0, 0, idAt{"b", 0}, idAt{"a", 0}, idAt{"c", 0})
-		if _, err := h.w.write(ctx, b, map[topicPartition]position{}, dedupeNow, false); !errors.Is(err, errStoredBefore) {
+		if _, err := h.w.write(ctx, b, map[topicPartition]position{}, dedupeNow, nil); !errors.Is(err, errStoredBefore) {
 			t.Fatalf("first attempt = %v, want errStoredBefore", err)
 		}
 		if n := h.count(t, "SELECT count(*) FROM tidemark.event_ids"); n != 0 {
 			t.Fatalf("%d ids recorded by the failed attempt", n)
 		}
-		res, err := h.w.write(ctx, b, map[topicPartition]position{}, dedupeNow, false)
+		res, err := h.w.write(ctx, b, map[topicPartition]position{}, dedupeNow, nil)
 		if err != nil || res.inserted[tp0] != 2 {
 			t.Fatalf("retry: %v %+v", err, res)
 		}
@@ -237,7 +237,7 @@ func TestWriterDedupeConcurrent(t *testing.T) {
 				done <- errors.Join(waited, end(ctx))
 			}()
 			// The second, on partition 0, with "x" at another time.
-			res, err := h.w.write(ctx, batchAt(h.src, 0, 0, idAt{"w", 0}, idAt{"x", 9}), map[topicPartition]position{}, dedupeNow, false)
+			res, err := h.w.write(ctx, batchAt(h.src, 0, 0, idAt{"w", 0}, idAt{"x", 9}), map[topicPartition]position{}, dedupeNow, nil)
 			if err := <-done; err != nil {
 				t.Fatalf("end the first transaction: %v", err)
 			}

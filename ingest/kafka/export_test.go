@@ -19,3 +19,7 @@ func SetAfterSeek(o *Options, f func()) { o.afterSeek = f }
 func SetRegistryRetry(o *Options, first, limit time.Duration) {
 	o.registryRetry = &backoff.Backoff{First: first, Max: limit}
 }
+
+// SetStallRetry sets the first wait before a stalled source is tried
+// again (stallRetryFirst by default).
+func SetStallRetry(o *Options, first time.Duration) { o.stallRetry = first }

@@ -40,7 +40,10 @@ type Options struct {
 	// registryRetry overrides the waits between attempts at an
 	// unavailable schema registry (tests).
 	registryRetry *backoff.Backoff
-	afterSeek     func() // called after fencing moved the consumer (tests)
+	// stallRetry overrides the first wait before a stalled source is
+	// tried again (tests).
+	stallRetry time.Duration
+	afterSeek  func() // called after fencing moved the consumer (tests)
 }
 
 // source is one configured source as the ingester uses it.
@@ -53,6 +56,9 @@ type source struct {
 	dedupeWindow time.Duration
 	// mirror is the mirror of a Debezium source, nil for others.
 	mirror *changeMirror
+	// prepared is set once its raw table is made and its mirror read
+	// (writer.prepare); guarded by the ingester's mu.
+	prepared bool
 }
 
 // newSource is the source named name as cfg configures it, for the
@@ -108,7 +114,9 @@ type Ingester struct {
 	stopAhead func()
 	afterSeek func() // Options.afterSeek
 	w         *writer
-	checkRows bool // the last attempt hit a bad row: check each row
+	// checkRows holds the sources whose rows the last attempt found one
+	// refused in: their rows are written one at a time.
+	checkRows map[*source]bool
 	// retry counts the failed attempts in a row (of writes, of preparing
 	// the raw tables, of reading the stored offsets) and spaces them:
 	// retryIn is the wait it gave after the last.
@@ -125,7 +133,13 @@ type Ingester struct {
 	reg    *decode.Registry
 	rlog   *kafkaLog // the registry's warnings, rate limited as the client's
 	health registryHealth
-	paused map[topicPartition]bool
+	// stalls are the sources whose writes the warehouse refuses
+	// (stall.go); stallLog logs them, rate limited per source.
+	stalls   stalls
+	stallLog *kafkaLog
+	// paused (guarded by mu) holds the partitions paused while their
+	// records wait for the registry or for their stalled source.
+	paused map[topicPartition]pauseKind
 }
 
 // newRegistry returns the schema registry client when a Kafka source of
@@ -170,7 +184,8 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		reseeked:  map[topicPartition]bool{},
 		afterSeek: opts.afterSeek,
 		retry:     backoff.Backoff{First: retryFirst, Max: retryMax, Jitter: 0.5},
-		paused:    map[topicPartition]bool{},
+		paused:    map[topicPartition]pauseKind{},
+		checkRows: map[*source]bool{},
 		health:    registryHealth{retry: backoff.Backoff{First: registryRetryFirst, Max: registryRetryMax, Jitter: 0.5}},
 	}
 	in.writes, in.endWrites = context.WithCancel(context.Background())
@@ -184,6 +199,8 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	in.reg = reg
 	in.klog = newKafkaLog(in.log.With("component", "kafka"), opts.kafkaLogEvery)
 	in.rlog = newKafkaLog(in.log.With("component", "schema_registry"), opts.kafkaLogEvery)
+	in.stallLog = newKafkaLog(in.log.With("component", "ingest"), opts.kafkaLogEvery)
+	in.stalls.first = opts.stallRetry
 	in.log = in.log.With("component", "ingest")
 	var topics, names []string
 	for _, name := range cfg.SourceNames() {
@@ -318,11 +335,9 @@ func (in *Ingester) Run(ctx context.Context) error {
 			}
 			continue // the records decoded ahead may fill the next batch
 		}
-		if in.reg != nil { // only registry outages pause partitions
-			in.mu.Lock()
-			in.resumeDueLocked()
-			in.mu.Unlock()
-		}
+		in.mu.Lock()
+		in.resumeDueLocked()
+		in.mu.Unlock()
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
 		if deadline, ok := in.pollDeadline(); ok {
 			pollCtx, cancel = context.WithDeadline(ctx, deadline)
@@ -335,7 +350,9 @@ func (in *Ingester) Run(ctx context.Context) error {
 	return in.shutdown()
 }
 
-// prepare creates the raw tables, retrying while the warehouse is down.
+// prepare creates the raw tables and reads the mirrors, retrying while the
+// warehouse is down. A source whose table the warehouse refuses stalls
+// (stall.go); its writes prepare it later.
 func (in *Ingester) prepare(ctx context.Context) error {
 	for {
 		err := in.ensureTables(ctx)
@@ -359,26 +376,23 @@ func (in *Ingester) ensureTables(ctx context.Context) error {
 	defer in.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.WriteTimeout.D())
 	defer cancel()
-	w, err := in.writerLocked(ctx)
-	if err != nil {
-		return err
-	}
 	for _, s := range in.sources {
-		if err := s.raw.Ensure(ctx, w.conn); err != nil {
-			in.dropConnLocked()
-			return err
-		}
-		if s.mirror == nil {
+		if s.prepared {
 			continue
 		}
-		// A mirror that does not exist yet is created from the first
-		// change that declares its columns.
-		if exists, err := s.mirror.load(ctx, w.conn); err != nil {
+		w, err := in.writerLocked(ctx)
+		if err != nil {
+			return err
+		}
+		err = w.prepare(ctx, s)
+		switch {
+		case err == nil:
+		case errors.Is(err, raw.ErrPartitioningChanged) || pgerr.Unavailable(err) || ctx.Err() != nil:
 			in.dropConnLocked()
-			return fmt.Errorf("source %s: the mirror (sources.%s.mirror.table): %w", s.name, s.name, err)
-		} else if exists {
-			_, key := s.mirror.known()
-			s.dec.SetMirrorKey(key)
+			return err
+		default:
+			in.dropConnLocked()
+			in.stallSourceLocked(s, forSource(s, err))
 		}
 	}
 	return nil
@@ -587,7 +601,10 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 				var pause bool
 				schemas, n, pause = in.resolve(ctx, d.src, d.tp, p.Records, until)
 				if n < len(p.Records) {
-					d.wait = &pendingPart{offset: p.Records[n].Offset, pause: pause}
+					d.wait = &pendingPart{offset: p.Records[n].Offset}
+					if pause {
+						d.wait.pause = pausedRegistry
+					}
 					d.recs = p.Records[:n]
 				}
 			}
@@ -624,6 +641,17 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 		if owned && floor.Offset >= 0 {
 			in.m.lag.WithLabelValues(d.tp.Topic, partLabel(d.tp.Partition)).Set(float64(max(0, d.hwm-floor.Offset)))
 		}
+		if in.stalls.waiting(d.src) {
+			// Its source is stalled: the records wait with their
+			// partition, from the first not stored.
+			for _, r := range d.recs {
+				if !owned || r.Offset >= floor.Offset {
+					waiting[d.tp] = pendingPart{offset: r.Offset, pause: pausedStalled}
+					break
+				}
+			}
+			continue
+		}
 		added := 0
 		for i, r := range d.recs {
 			if owned && r.Offset < floor.Offset {
@@ -646,23 +674,20 @@ func (in *Ingester) flush(ctx context.Context) error {
 }
 
 // flushLocked writes the batch in flight, retrying at once for bad rows
-// (row by row), vanished partitions and conflicts with concurrent
-// transactions; other failures are returned for the caller to back off.
+// (the source's rows one by one), vanished partitions, conflicts with
+// concurrent transactions and without a source the warehouse refuses
+// (stalled); other failures are returned for the caller to back off.
 func (in *Ingester) flushLocked(ctx context.Context) error {
-	if in.b.empty() {
-		return nil
-	}
 	immediate := 0
-	for {
+	for !in.b.empty() {
 		err := in.writeOnceLocked(ctx)
 		switch {
 		case err == nil:
 			in.succeededLocked()
 			return nil
-		case errors.Is(err, errBadRow) && !in.checkRows:
+		case errors.Is(err, errBadRow) && in.checkRowsOf(err):
 			in.m.writeErrors.WithLabelValues("bad_row").Inc()
-			in.log.Warn("the warehouse rejected a row; checking the batch row by row", "err", err)
-			in.checkRows = true
+			in.log.Warn("the warehouse rejected a row; checking the source's rows one by one", "err", err)
 			continue
 		case errors.Is(err, errStoredBefore) && immediate < 5:
 			immediate++ // the retry probes: not a write error
@@ -675,6 +700,8 @@ func (in *Ingester) flushLocked(ctx context.Context) error {
 			immediate++
 			in.m.writeErrors.WithLabelValues("concurrent").Inc()
 			continue
+		case in.stallLocked(err):
+			continue // the batch without the stalled source
 		}
 		in.failedLocked(err)
 		in.m.writeErrors.WithLabelValues("retry").Inc()
@@ -683,6 +710,29 @@ func (in *Ingester) flushLocked(ctx context.Context) error {
 		}
 		return err
 	}
+	return nil
+}
+
+// checkRowsOf marks the source of err, a row refused, to have its rows
+// written one at a time from the next attempt on (every source of the
+// batch when err names none). It reports false when they already were:
+// the refusal is then the source's, not a row's.
+func (in *Ingester) checkRowsOf(err error) bool {
+	var se *sourceError
+	if errors.As(err, &se) {
+		if in.checkRows[se.src] {
+			return false
+		}
+		in.checkRows[se.src] = true
+		return true
+	}
+	added := false
+	for _, pb := range in.b.parts {
+		if !in.checkRows[pb.source] {
+			in.checkRows[pb.source], added = true, true
+		}
+	}
+	return added
 }
 
 func (in *Ingester) writeOnceLocked(ctx context.Context) error {
@@ -712,8 +762,9 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 		}
 		return err
 	}
-	in.checkRows = false
+	clear(in.checkRows)
 	if res.committed {
+		in.resumedLocked(b)
 		in.m.commitSeconds.Observe(time.Since(started).Seconds())
 		in.m.batchRows.Observe(float64(b.len()))
 		commit := map[topicPartition]kgo.EpochOffset{}
@@ -1072,4 +1123,15 @@ func (in *Ingester) forgetLocked(tps map[string][]int32) {
 		}
 	}
 	in.b.drop(drop)
+	// A stalled source that this member owned partitions of and owns none
+	// of any more is another member's to write, or to find stalled.
+	owned := map[*source]bool{}
+	for tp := range in.stored {
+		owned[in.byTopic[tp.Topic]] = true
+	}
+	for tp := range drop {
+		if src := in.byTopic[tp.Topic]; src != nil && !owned[src] {
+			in.endStall(src, "a stalled source's partitions went to other members")
+		}
+	}
 }

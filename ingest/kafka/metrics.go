@@ -24,6 +24,8 @@ type metrics struct {
 	kafkaCommits  *prometheus.CounterVec
 	lag           *prometheus.GaugeVec
 	assigned      prometheus.Gauge
+	stalled       *prometheus.GaugeVec
+	offsetResets  *prometheus.CounterVec
 
 	registryErrors *prometheus.CounterVec
 	registryCache  prometheus.Gauge
@@ -70,7 +72,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		}),
 		writeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_write_errors_total",
-			Help: "Failed batch transaction attempts by kind (retry: transient, retried with backoff; bad_row: retried checking each row; partition: raw partition recreated; concurrent: an event was stored by another ingester meanwhile, retried at once).",
+			Help: "Failed batch transaction attempts by kind (retry: transient, retried with backoff; bad_row: retried checking the source's rows one by one; partition: raw partition recreated; concurrent: an event was stored by another ingester meanwhile, retried at once; stalled: the warehouse refused one source's part, retried at once without it).",
 		}, []string{"kind"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tidemark_ingest_offset_conflicts_total",
@@ -88,6 +90,14 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 			Name: "tidemark_ingest_assigned_partitions",
 			Help: "Kafka partitions currently assigned to this ingester.",
 		}),
+		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tidemark_ingest_source_stalled",
+			Help: "1 while the warehouse refuses a source's writes: its partitions wait, tried again after a backoff, while the other sources go on; 0 otherwise.",
+		}, []string{"source"}),
+		offsetResets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tidemark_ingest_offset_resets_total",
+			Help: "Partitions whose stored position was beyond the end of the broker's log (the topic recreated, or records lost at the broker), read again from kafka.start_offset or where the client resumed, per source.",
+		}, []string{"source"}),
 		registryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_schema_registry_errors_total",
 			Help: "Attempts to get a schema that the schema registry could not answer (unreachable, timed out, an error status), per source; the records waiting for the schema are read again after a backoff.",
@@ -113,6 +123,8 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		m.kafkaCommits = promreg.Shared(reg, m.kafkaCommits)
 		m.lag = promreg.Shared(reg, m.lag)
 		m.assigned = promreg.Shared(reg, m.assigned)
+		m.stalled = promreg.Shared(reg, m.stalled)
+		m.offsetResets = promreg.Shared(reg, m.offsetResets)
 	}
 	for _, s := range sources {
 		m.consumed.WithLabelValues(s)
@@ -120,11 +132,13 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		m.duplicates.WithLabelValues(s)
 		m.duplicateIDs.WithLabelValues(s)
 		m.registryErrors.WithLabelValues(s)
+		m.stalled.WithLabelValues(s)
+		m.offsetResets.WithLabelValues(s)
 		for _, r := range decode.Reasons {
 			m.deadLetters.WithLabelValues(s, r)
 		}
 	}
-	for _, k := range []string{"retry", "bad_row", "partition", "concurrent"} {
+	for _, k := range []string{"retry", "bad_row", "partition", "concurrent", "stalled"} {
 		m.writeErrors.WithLabelValues(k)
 	}
 	for _, r := range []string{"ok", "error"} {

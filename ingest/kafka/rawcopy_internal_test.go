@@ -51,7 +51,7 @@ func TestRawCopyMatchesPgx(t *testing.T) {
 			b.add(src, r, ev, nil, time.Now())
 		}
 	}
-	res, err := h.w.write(ctx, b, map[topicPartition]position{}, time.Date(2026, 10, 5, 12, 0, 0, 999, time.UTC), false)
+	res, err := h.w.write(ctx, b, map[topicPartition]position{}, time.Date(2026, 10, 5, 12, 0, 0, 999, time.UTC), nil)
 	if err != nil || !res.committed {
 		t.Fatalf("write: %v (committed %v)", err, res.committed)
 	}

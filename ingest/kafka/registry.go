@@ -159,11 +159,11 @@ func (in *Ingester) resolve(ctx context.Context, src *source, tp topicPartition,
 	return s, first, true
 }
 
-// rewindLocked moves the partitions whose records wait for a schema back
-// to the first of them, and pauses those that wait for the registry
-// until the next attempt is due. Their later records in this fetch were
-// not added: the batch never holds, nor commits, a position past a
-// record not yet decoded.
+// rewindLocked moves the partitions whose records wait (for a schema, or
+// for their stalled source) back to the first of them, and pauses those
+// that wait for the registry or their source until the next attempt is
+// due. Their later records in this fetch were not added: the batch never
+// holds, nor commits, a position past a record not yet decoded.
 func (in *Ingester) rewindLocked(waiting map[topicPartition]pendingPart) {
 	if len(waiting) == 0 {
 		return
@@ -175,8 +175,8 @@ func (in *Ingester) rewindLocked(waiting map[topicPartition]pendingPart) {
 			seek[tp.Topic] = map[int32]kgo.EpochOffset{}
 		}
 		seek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: p.offset}
-		if p.pause && !in.paused[tp] {
-			in.paused[tp] = true
+		if p.pause != notPaused && in.paused[tp] == notPaused {
+			in.paused[tp] = p.pause
 			pause[tp.Topic] = append(pause[tp.Topic], tp.Partition)
 		}
 	}
@@ -186,20 +186,31 @@ func (in *Ingester) rewindLocked(waiting map[topicPartition]pendingPart) {
 	}
 }
 
-// resumeDueLocked fetches the paused partitions again once the next
-// attempt at the registry is due.
+// resumeDueLocked fetches the paused partitions again whose next attempt
+// is due: at the registry, or at their stalled source.
 func (in *Ingester) resumeDueLocked() {
-	if len(in.paused) == 0 || time.Now().Before(in.health.resumeAt()) {
+	if len(in.paused) == 0 {
 		return
 	}
-	in.resumeLocked(in.paused)
+	registryDue := !time.Now().Before(in.health.resumeAt())
+	due := map[topicPartition]bool{}
+	for tp, why := range in.paused {
+		switch why {
+		case pausedRegistry:
+			due[tp] = registryDue
+		case pausedStalled:
+			due[tp] = !in.stalls.waiting(in.byTopic[tp.Topic])
+		}
+	}
+	in.resumeLocked(due)
 }
 
-// resumeLocked fetches the partitions in tps again, if paused.
+// resumeLocked fetches the partitions in tps whose value is true again, if
+// paused.
 func (in *Ingester) resumeLocked(tps map[topicPartition]bool) {
 	resume := map[string][]int32{}
-	for tp := range tps {
-		if in.paused[tp] {
+	for tp, ok := range tps {
+		if ok && in.paused[tp] != notPaused {
 			resume[tp.Topic] = append(resume[tp.Topic], tp.Partition)
 			delete(in.paused, tp)
 		}
@@ -210,17 +221,20 @@ func (in *Ingester) resumeLocked(tps map[topicPartition]bool) {
 }
 
 // pollDeadline is when a poll must return: the batch's age limit, or the
-// next attempt at the registry while partitions are paused for it.
+// next attempt at the registry or at a stalled source while partitions are
+// paused for it.
 func (in *Ingester) pollDeadline() (time.Time, bool) {
 	deadline, ok := in.batchDeadline()
-	if in.reg == nil {
-		return deadline, ok // nothing is paused for the registry
-	}
 	in.mu.Lock()
-	paused := len(in.paused) > 0
-	in.mu.Unlock()
-	if paused {
-		at := in.health.resumeAt()
+	defer in.mu.Unlock()
+	for tp, why := range in.paused {
+		var at time.Time
+		switch why {
+		case pausedRegistry:
+			at = in.health.resumeAt()
+		case pausedStalled:
+			at = in.stalls.retryAt(in.byTopic[tp.Topic])
+		}
 		if !ok || at.Before(deadline) {
 			deadline, ok = at, true
 		}
@@ -228,8 +242,18 @@ func (in *Ingester) pollDeadline() (time.Time, bool) {
 	return deadline, ok
 }
 
-// pendingPart is where a partition's records wait for their schema.
+// pendingPart is where a partition's records wait: for their schema, or
+// for their stalled source.
 type pendingPart struct {
-	offset int64 // the first record not decoded
-	pause  bool  // waiting for the registry, not for a write that ended
+	offset int64     // the first record not decoded, or not to be added
+	pause  pauseKind // what it waits for; notPaused: a write that ended
 }
+
+// pauseKind is why a partition is paused.
+type pauseKind uint8
+
+const (
+	notPaused      pauseKind = iota
+	pausedRegistry           // its records wait for the schema registry
+	pausedStalled            // its source is stalled (stall.go)
+)

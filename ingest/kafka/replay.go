@@ -396,7 +396,7 @@ func scanRecord(rows pgx.Rows) (int64, *kgo.Record, error) {
 // already, with the writer's probe over the raw partitions that exist;
 // events of partitions not yet created would all load.
 func (r *replayer) probe(ctx context.Context, tx pgx.Tx, b *batch, res chunkResult) (chunkResult, error) {
-	fresh := firstOfEach(b)
+	fresh := firstOfEach(rowsOf(b))
 	names := map[time.Time]string{}
 	for _, row := range fresh {
 		start := r.src.raw.PartitionStart(row.ev.Time)
@@ -424,11 +424,11 @@ func (r *replayer) probe(ctx context.Context, tx pgx.Tx, b *batch, res chunkResu
 			probed.rows = append(probed.rows, *row)
 		}
 	}
-	inRaw, err := probeStored(ctx, tx, firstOfEach(probed))
+	inRaw, err := probeStored(ctx, tx, firstOfEach(rowsOf(probed)))
 	if err != nil {
 		return res, err
 	}
-	kept := newRows(probed, true, true, inRaw)
+	kept := newRows(rowsOf(probed), true, true, inRaw)
 	stored := map[*kgo.Record]bool{}
 	for _, row := range probed.rows {
 		stored[row.rec] = true
@@ -454,38 +454,43 @@ func (r *replayer) probe(ctx context.Context, tx pgx.Tx, b *batch, res chunkResu
 // storeReplayed writes the rows of b that raw.<source> does not hold yet,
 // and their ledger rows, in tx: the steps writer.write takes for a
 // batch's rows (newRows with probing, then COPY, or with checkRows row by
-// row), without the offsets, which a replay does not move. It returns the
-// rows stored and, as dead letters, the rows the warehouse refused.
+// row, where a copy refused leaves the next copy of its event to be
+// stored), without the offsets, which a replay does not move. It returns
+// the rows stored and, as dead letters, the rows the warehouse refused.
 func (w *writer) storeReplayed(ctx context.Context, tx pgx.Tx, b *batch, ingestedAt time.Time, checkRows bool) ([]*row, []deadLetter, error) {
-	inRaw, err := probeStored(ctx, tx, firstOfEach(b))
+	rows := rowsOf(b)
+	inRaw, err := probeStored(ctx, tx, firstOfEach(rows))
 	if err != nil {
-		return nil, nil, err
-	}
-	fresh := newRows(b, true, true, inRaw)
-	if fresh, _, err = w.dedupeIDs(ctx, tx, fresh, ingestedAt); err != nil {
 		return nil, nil, err
 	}
 	if !checkRows {
 		// The probe read the raw shards in this transaction, and on Citus
 		// a COPY over those connections would commit on the workers
 		// without two-phase commit; rows inserted one by one do.
-		dist, err := w.distributedSource(ctx, tx, fresh)
+		dist, err := w.distributedSource(ctx, tx, rows)
 		if err != nil {
 			return nil, nil, err
 		}
 		checkRows = dist != nil
 	}
+	var fresh []*row
 	var rejected []deadLetter
 	if checkRows {
-		claimed := fresh
-		if fresh, rejected, err = w.insertCheckingRows(ctx, tx, fresh, ingestedAt); err == nil {
-			err = w.releaseIDs(ctx, tx, missing(claimed, fresh))
+		candidates := notStored(rows, inRaw)
+		claims, err := w.claimIDs(ctx, tx, ingestedAt, candidates)
+		if err != nil {
+			return nil, nil, err
+		}
+		if fresh, rejected, _, err = w.insertCheckingRows(ctx, tx, candidates, claims, ingestedAt); err != nil {
+			return nil, nil, err
 		}
 	} else {
-		err = w.copyRows(ctx, tx, fresh, ingestedAt)
-	}
-	if err != nil {
-		return nil, nil, err
+		if fresh, _, err = w.dedupeIDs(ctx, tx, newRows(rows, true, true, inRaw), ingestedAt); err != nil {
+			return nil, nil, err
+		}
+		if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
+			return nil, nil, err
+		}
 	}
 	_, ledger := written(b, fresh)
 	if err := ledger.Write(ctx, tx, ingestedAt); err != nil {

@@ -153,12 +153,13 @@ var errCommitUnknown = errors.New("the batch's commit was sent and its answer lo
 var errStoredBefore = errors.New("the batch holds an event stored before")
 
 // write runs one attempt of the batch transaction. expected holds the
-// positions this ingester believes are stored. When checkRows is set,
-// every row is inserted on its own and rows the warehouse refuses become
-// dead letters (reported in the result; the batch is not changed). The
-// batch loses only the records of fenced partitions, which are stale
-// whatever becomes of the attempt.
-func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartition]position, ingestedAt time.Time, checkRows bool) (writeResult, error) {
+// positions this ingester believes are stored. The rows of the sources in
+// check are inserted one at a time, and those the warehouse refuses become
+// dead letters (reported in the result; the batch is not changed); the
+// other sources' rows are copied. The batch loses only the records of
+// fenced partitions, which are stale whatever becomes of the attempt. A
+// failed step of one source's part is attributed to it (sourceError).
+func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartition]position, ingestedAt time.Time, check map[*source]bool) (writeResult, error) {
 	res := writeResult{conflicts: map[topicPartition]position{}, inserted: map[topicPartition]int{}}
 	if err := w.ensurePartitions(ctx, b); err != nil {
 		return res, err
@@ -166,6 +167,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	if err := w.ensureMirrors(ctx, b); err != nil {
 		return res, err
 	}
+	checkRows := len(check) > 0
 	probe := checkRows || w.probeLeft > 0
 	var inRaw map[eventKey]bool
 	if probe {
@@ -176,7 +178,7 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 		// event stored meanwhile fails the COPY on the primary key, and
 		// the batch is retried.
 		var err error
-		if inRaw, err = probeStored(ctx, w.conn, firstOfEach(b)); err != nil {
+		if inRaw, err = probeStored(ctx, w.conn, firstOfEach(rowsOf(b))); err != nil {
 			return res, err
 		}
 	}
@@ -219,27 +221,37 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	case w.dedupeLeft > 0:
 		w.dedupeLeft--
 	}
-	fresh := newRows(b, dedupe, probe, inRaw)
-	if fresh, res.idDuplicates, err = w.dedupeIDs(ctx, tx, fresh, ingestedAt); err != nil {
+	// The rows of sources checked one by one keep every copy of an event
+	// not stored yet: a copy the warehouse refuses leaves the next to be
+	// stored.
+	copied, checked := splitChecked(rowsOf(b), check)
+	copied, checked = newRows(copied, dedupe, probe, inRaw), notStored(checked, inRaw)
+	claims, err := w.claimIDs(ctx, tx, ingestedAt, copied, checked)
+	if err != nil {
 		return res, err
 	}
+	copied, res.idDuplicates = claims.keep(copied)
 	var rejected []deadLetter
 	if checkRows {
-		claimed := fresh
-		if fresh, rejected, err = w.insertCheckingRows(ctx, tx, fresh, ingestedAt); err != nil {
-			return res, err
-		}
-		if err := w.releaseIDs(ctx, tx, missing(claimed, fresh)); err != nil {
-			return res, err
-		}
-		changes, refused, err := w.insertCheckingChanges(ctx, tx, b, claimed, ingestedAt)
+		kept, refused, idDups, err := w.insertCheckingRows(ctx, tx, checked, claims, ingestedAt)
 		if err != nil {
 			return res, err
 		}
-		fresh, rejected = append(fresh, changes...), append(rejected, refused...)
-	} else if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
+		changes, refusedChanges, err := w.insertCheckingChanges(ctx, tx, b, inRaw, ingestedAt, check)
+		if err != nil {
+			return res, err
+		}
+		checked, rejected = append(kept, changes...), append(refused, refusedChanges...)
+		for src, n := range idDups {
+			if res.idDuplicates == nil {
+				res.idDuplicates = map[*source]int{}
+			}
+			res.idDuplicates[src] += n
+		}
+	}
+	if err := w.copyRows(ctx, tx, copied, ingestedAt); err != nil {
 		if !probe && errors.Is(err, errRetryNow) && pgerr.UniqueViolation(err) {
-			if !dedupe && repeats(fresh) {
+			if !dedupe && repeats(copied) {
 				w.dedupeLeft = probeAfterDuplicate
 			} else {
 				w.probeLeft = probeAfterDuplicate
@@ -247,10 +259,11 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 			err = fmt.Errorf("%w: %w", errStoredBefore, err)
 		}
 		return res, err
-	} else if err := w.applyMirrors(ctx, tx, b, ingestedAt); err != nil {
+	}
+	if err := w.applyMirrors(ctx, tx, b, ingestedAt, check); err != nil {
 		return res, err
 	}
-	inserted, ledger := written(b, fresh)
+	inserted, ledger := written(b, append(copied, checked...))
 	if err := w.copyDeadLetters(ctx, tx, append(append([]deadLetter(nil), b.dead...), rejected...), ingestedAt); err != nil {
 		return res, err
 	}
@@ -301,6 +314,29 @@ func committedTxn(ctx context.Context, conn *pgx.Conn, xid string) (bool, error)
 	}
 }
 
+// prepare creates the raw table of src and reads its mirror, once: a
+// source the warehouse refused at the start is prepared by its writes.
+func (w *writer) prepare(ctx context.Context, src *source) error {
+	if src.prepared {
+		return nil
+	}
+	if err := src.raw.Ensure(ctx, w.conn); err != nil {
+		return err
+	}
+	if src.mirror != nil {
+		// A mirror that does not exist yet is created from the first
+		// change that declares its columns.
+		if exists, err := src.mirror.load(ctx, w.conn); err != nil {
+			return fmt.Errorf("source %s: the mirror (sources.%s.mirror.table): %w", src.name, src.name, err)
+		} else if exists {
+			_, key := src.mirror.known()
+			src.dec.SetMirrorKey(key)
+		}
+	}
+	src.prepared = true
+	return nil
+}
+
 // ensurePartitions creates the raw partitions the batch's rows need.
 // Partitions begin on a UTC hour, so the start of each of a source's hours
 // in the batch's ledger stands for the rows in it.
@@ -312,8 +348,11 @@ func (w *writer) ensurePartitions(ctx context.Context, b *batch) error {
 			continue
 		}
 		done[src] = true
+		if err := w.prepare(ctx, src); err != nil {
+			return forSource(src, err)
+		}
 		if err := src.raw.EnsurePartitions(ctx, w.conn, src.raw.Missing(b.ledger.Hours(src.name))); err != nil {
-			return err
+			return forSource(src, err)
 		}
 	}
 	return nil
@@ -373,32 +412,49 @@ func (w *writer) lockOffsets(ctx context.Context, tx pgx.Tx, b *batch) (map[topi
 	return stored, xid, br.Close()
 }
 
-// eventKey identifies an event: (event_id, event_time).
+// eventKey identifies an event of a source: (event_id, event_time).
 type eventKey struct {
-	id string
-	us int64 // event time in unix microseconds
+	src *source
+	id  string
+	us  int64 // event time in unix microseconds
 }
 
-// newRows returns the batch's rows to COPY: every row, or with dedupe the
-// first of each (event_id, event_time) within the batch, and with probe
-// (which implies dedupe) minus those in stored, which probeStored found in
-// the raw partitions. Rows neither step removed fail the COPY on the
-// primary key, and the batch is retried with the step it lacked.
-func newRows(b *batch, dedupe, probe bool, stored map[eventKey]bool) []*row {
-	if !dedupe && !probe {
-		fresh := make([]*row, len(b.rows))
-		for i := range b.rows {
-			fresh[i] = &b.rows[i]
-		}
-		return fresh
+// keyOf is the event r holds.
+func keyOf(r *row) eventKey { return eventKey{r.src, r.ev.ID, r.ev.Time.UnixMicro()} }
+
+// rowsOf returns pointers to the rows of b, in order.
+func rowsOf(b *batch) []*row {
+	rows := make([]*row, len(b.rows))
+	for i := range b.rows {
+		rows[i] = &b.rows[i]
 	}
-	fresh := firstOfEach(b)
+	return rows
+}
+
+// newRows returns the rows to COPY: every row, or with dedupe the first of
+// each event (source, event_id, event_time), and with probe (which implies
+// dedupe) minus those in stored, which probeStored found in the raw
+// partitions. Rows neither step removed fail the COPY on the primary key,
+// and the batch is retried with the step it lacked.
+func newRows(rows []*row, dedupe, probe bool, stored map[eventKey]bool) []*row {
+	if !dedupe && !probe {
+		return rows
+	}
+	fresh := firstOfEach(rows)
 	if !probe || len(stored) == 0 {
 		return fresh
 	}
-	kept := fresh[:0]
-	for _, r := range fresh {
-		if !stored[eventKey{r.ev.ID, r.ev.Time.UnixMicro()}] {
+	return notStored(fresh, stored)
+}
+
+// notStored returns the rows whose event is not in stored.
+func notStored(rows []*row, stored map[eventKey]bool) []*row {
+	if len(stored) == 0 {
+		return rows
+	}
+	kept := make([]*row, 0, len(rows))
+	for _, r := range rows {
+		if !stored[keyOf(r)] {
 			kept = append(kept, r)
 		}
 	}
@@ -447,7 +503,7 @@ func probeStored(ctx context.Context, q batchSender, rows []*row) (map[eventKey]
 				rows.Close()
 				return nil, fmt.Errorf("probe raw partitions: %w", err)
 			}
-			stored[eventKey{id, t.UnixMicro()}] = true
+			stored[eventKey{p.src, id, t.UnixMicro()}] = true
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -460,14 +516,12 @@ func probeStored(ctx context.Context, q batchSender, rows []*row) (map[eventKey]
 	return stored, nil
 }
 
-// firstOfEach returns the first of the batch's rows of each (event_id,
-// event_time).
-func firstOfEach(b *batch) []*row {
-	seen := make(map[eventKey]bool, len(b.rows))
-	fresh := make([]*row, 0, len(b.rows))
-	for i := range b.rows {
-		r := &b.rows[i]
-		k := eventKey{r.ev.ID, r.ev.Time.UnixMicro()}
+// firstOfEach returns the first row of each event among rows.
+func firstOfEach(rows []*row) []*row {
+	seen := make(map[eventKey]bool, len(rows))
+	fresh := make([]*row, 0, len(rows))
+	for _, r := range rows {
+		k := keyOf(r)
 		if !seen[k] {
 			seen[k] = true
 			fresh = append(fresh, r)
@@ -476,8 +530,28 @@ func firstOfEach(b *batch) []*row {
 	return fresh
 }
 
+// splitChecked splits rows into those of sources not in check, to be
+// copied, and those of sources in check, to be inserted one at a time;
+// each keeps the order of rows.
+func splitChecked(rows []*row, check map[*source]bool) (copied, checked []*row) {
+	if len(check) == 0 {
+		return rows, nil
+	}
+	for _, r := range rows {
+		if check[r.src] {
+			checked = append(checked, r)
+		} else {
+			copied = append(copied, r)
+		}
+	}
+	return copied, checked
+}
+
 // copyRows writes the new rows into their raw tables with COPY.
 func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) error {
+	if len(fresh) == 0 {
+		return nil
+	}
 	bySource := map[*source][]*row{}
 	if oneSource(fresh) {
 		bySource[fresh[0].src] = fresh
@@ -493,7 +567,7 @@ func (w *writer) copyRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingested
 				// A worker refused a row and the coordinator did not say
 				// why: the rows are checked one by one, whose refusals
 				// carry their SQLSTATE.
-				return fmt.Errorf("%w: %w", errBadRow, err)
+				return forSource(src, fmt.Errorf("%w: %w", errBadRow, err))
 			}
 			return classifyRowError(err, src)
 		}
@@ -545,42 +619,61 @@ func (w *writer) copySource(ctx context.Context, tx pgx.Tx, src *source, rows []
 	return err
 }
 
-// insertCheckingRows stores rows one at a time, each under a savepoint.
-// It returns the rows stored and, as dead letters, the rows the warehouse
-// refused; the batch itself is left as it is, so a failed attempt leaves
-// nothing behind.
-func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, fresh []*row, ingestedAt time.Time) ([]*row, []deadLetter, error) {
-	if err := w.commitInTwoPhases(ctx, tx, fresh); err != nil {
-		return nil, nil, err
+// insertCheckingRows stores rows one at a time, in order, each under a
+// savepoint. A row is a duplicate, and skipped, when an earlier row stored
+// its event, or, for a source with dedupe.by: event_id, when claims does
+// not give its id to the batch or an earlier row stored it: an event is a
+// duplicate only of a copy that was stored, so a copy the warehouse
+// refuses leaves the next copy to be stored. It returns the rows stored,
+// the rows refused as dead letters and the id duplicates per source, and
+// releases the ids claimed for which no row was stored. The batch itself
+// is left as it is, so a failed attempt leaves nothing behind.
+func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, rows []*row, claims idClaims, ingestedAt time.Time) ([]*row, []deadLetter, map[*source]int, error) {
+	if err := w.commitInTwoPhases(ctx, tx, rows); err != nil {
+		return nil, nil, nil, err
 	}
-	kept := make([]*row, 0, len(fresh))
+	kept := make([]*row, 0, len(rows))
 	var rejected []deadLetter
-	for _, r := range fresh {
+	idDups := map[*source]int{}
+	storedEvents, storedIDs := map[eventKey]bool{}, map[idKey]bool{}
+	for _, r := range rows {
 		if r.src.mirror != nil {
 			continue // insertCheckingChanges stores it with its mirror change
 		}
+		if storedEvents[keyOf(r)] {
+			continue
+		}
+		ik := idKey{r.src, r.ev.ID}
+		if r.src.dedupeWindow > 0 && (!claims.ours(ik) || storedIDs[ik]) {
+			idDups[r.src]++
+			continue
+		}
 		sp, err := tx.Begin(ctx)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		_, err = sp.Exec(ctx, fmt.Sprintf(insertRowSQL, r.src.raw.Ident()),
 			r.ev.ID, r.ev.Time, ingestedAt, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset)
 		if err == nil {
 			if err := sp.Commit(ctx); err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			kept = append(kept, r)
+			storedEvents[keyOf(r)], storedIDs[ik] = true, true
 			continue
 		}
 		if rbErr := sp.Rollback(ctx); rbErr != nil {
-			return nil, nil, rbErr
+			return nil, nil, nil, forSource(r.src, rbErr)
 		}
 		if err := classifyRowError(err, r.src); !errors.Is(err, errBadRow) {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		rejected = append(rejected, deadLetter{src: r.src, rej: decode.Rejection{Reason: decode.ReasonRejectedByStore, Detail: err.Error()}, rec: r.rec})
 	}
-	return kept, rejected, nil
+	if err := w.releaseIDs(ctx, tx, claims.unused(rows, storedIDs)); err != nil {
+		return nil, nil, nil, err
+	}
+	return kept, rejected, idDups, nil
 }
 
 // commitInTwoPhases makes tx commit with two-phase commit on the Citus
@@ -593,7 +686,7 @@ func (w *writer) commitInTwoPhases(ctx context.Context, tx pgx.Tx, rows []*row) 
 	if err != nil || src == nil {
 		return err
 	}
-	return citus.CommitInTwoPhases(ctx, tx.Conn().PgConn(), src.raw.Ident())
+	return forSource(src, citus.CommitInTwoPhases(ctx, tx.Conn().PgConn(), src.raw.Ident()))
 }
 
 // distributedSource returns the first source of rows whose raw table is a
@@ -624,22 +717,22 @@ func (w *writer) distributedSource(ctx context.Context, tx pgx.Tx, rows []*row) 
 	return nil, nil
 }
 
-// classifyRowError sorts the errors of writing rows: a missing raw
+// classifyRowError sorts the errors of writing src's rows: a missing raw
 // partition (dropped, or never attached), a conflict with a concurrent
 // transaction (a duplicate key another ingester stored meanwhile, a
 // serialization failure or a deadlock), and rows the warehouse refuses;
-// anything else is returned as it is.
+// anything else is returned as it is. Each is attributed to src.
 func classifyRowError(err error, src *source) error {
 	switch {
 	case pgerr.MissingPartition(err):
 		src.raw.Forget()
-		return fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
+		err = fmt.Errorf("%w: %w", raw.ErrMissingPartition, err)
 	case pgerr.UniqueViolation(err) || pgerr.Retryable(err):
-		return fmt.Errorf("%w: %w", errRetryNow, err)
+		err = fmt.Errorf("%w: %w", errRetryNow, err)
 	case pgerr.BadRow(err):
-		return fmt.Errorf("%w: %w", errBadRow, err)
+		err = fmt.Errorf("%w: %w", errBadRow, err)
 	}
-	return err
+	return forSource(src, err)
 }
 
 // written counts the rows a write stored, fresh of batch b: per Kafka

@@ -26,13 +26,22 @@ type writerHarness struct {
 	dsn string
 }
 
+// checkAll is the set of sources whose rows a write checks one by one:
+// src when on, none otherwise.
+func checkAll(src *source, on bool) map[*source]bool {
+	if !on {
+		return nil
+	}
+	return map[*source]bool{src: true}
+}
+
 func newWriterHarness(t *testing.T) *writerHarness {
 	t.Helper()
 	return newWriterHarnessOn(t, pgtest.NewDatabase(t))
 }
 
 // newWriterHarnessOn is newWriterHarness on the warehouse at dsn.
-func newWriterHarnessOn(t *testing.T, dsn string) *writerHarness {
+func newWriterHarnessOn(t testing.TB, dsn string) *writerHarness {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
@@ -43,7 +52,7 @@ func newWriterHarnessOn(t *testing.T, dsn string) *writerHarness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	src := &source{name: "app_events", raw: raw.NewTable("app_events", config.PartitionDay)}
+	src := &source{name: "app_events", raw: raw.NewTable("app_events", config.PartitionDay), prepared: true}
 	if err := src.raw.Ensure(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +62,7 @@ func newWriterHarnessOn(t *testing.T, dsn string) *writerHarness {
 // source adds another source, with its raw table, to the warehouse.
 func (h *writerHarness) source(t *testing.T, name string) *source {
 	t.Helper()
-	src := &source{name: name, raw: raw.NewTable(name, config.PartitionDay)}
+	src := &source{name: name, raw: raw.NewTable(name, config.PartitionDay), prepared: true}
 	if err := src.raw.Ensure(context.Background(), h.w.conn); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +125,7 @@ func (h *writerHarness) writeBatches(t *testing.T) func(*batch) (writeResult, er
 	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
 	return func(b *batch) (writeResult, error) {
 		t.Helper()
-		res, err := h.w.write(context.Background(), b, stored, now, false)
+		res, err := h.w.write(context.Background(), b, stored, now, nil)
 		if err == nil && res.committed {
 			for tp, pb := range b.parts {
 				stored[tp] = pb.next
@@ -135,18 +144,18 @@ func TestWriterFencesStalePartitions(t *testing.T) {
 	now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
 
 	// This member stores offsets 0..2.
-	res, err := h.w.write(ctx, h.batchOf(0, "a", "b", "c"), map[topicPartition]position{}, now, false)
+	res, err := h.w.write(ctx, h.batchOf(0, "a", "b", "c"), map[topicPartition]position{}, now, nil)
 	if err != nil || !res.committed {
 		t.Fatalf("first write: %v %+v", err, res)
 	}
 	// Another member then stores 3..5.
-	res, err = h.w.write(ctx, h.batchOf(3, "d", "e", "f"), map[topicPartition]position{tp0: {3, 0}}, now, false)
+	res, err = h.w.write(ctx, h.batchOf(3, "d", "e", "f"), map[topicPartition]position{tp0: {3, 0}}, now, nil)
 	if err != nil || !res.committed {
 		t.Fatalf("second member's write: %v %+v", err, res)
 	}
 	// The first member, unaware, writes 3..5 again expecting 3 stored.
 	b := h.batchOf(3, "d", "e", "f")
-	res, err = h.w.write(ctx, b, map[topicPartition]position{tp0: {3, 0}}, now, false)
+	res, err = h.w.write(ctx, b, map[topicPartition]position{tp0: {3, 0}}, now, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +163,7 @@ func TestWriterFencesStalePartitions(t *testing.T) {
 		t.Fatalf("stale write: committed=%v conflicts=%v batch empty=%v", res.committed, res.conflicts, b.empty())
 	}
 	// A member that never stored this partition is fenced as well.
-	res, err = h.w.write(ctx, h.batchOf(0, "a"), map[topicPartition]position{}, now, false)
+	res, err = h.w.write(ctx, h.batchOf(0, "a"), map[topicPartition]position{}, now, nil)
 	if err != nil || res.committed || res.conflicts[tp0].Offset != 6 {
 		t.Fatalf("write without a stored position: %v %+v", err, res)
 	}
@@ -226,14 +235,14 @@ func TestWriterConcurrentInsert(t *testing.T) {
 		committed <- errors.Join(waited, tx.Commit(ctx))
 	}()
 	b := h.batchOf(0, "a", "b", "c")
-	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, false)
+	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, nil)
 	if err := <-committed; err != nil {
 		t.Fatalf("commit the concurrent insert: %v", err)
 	}
 	if !errors.Is(err, errRetryNow) {
 		t.Fatalf("write = %v, want errRetryNow", err)
 	}
-	res, err := h.w.write(ctx, b, map[topicPartition]position{}, now, false)
+	res, err := h.w.write(ctx, b, map[topicPartition]position{}, now, nil)
 	if err != nil || !res.committed || res.inserted[tp0] != 2 {
 		t.Fatalf("retry: %v %+v", err, res)
 	}
@@ -324,14 +333,14 @@ func TestRefusedRowThenConflict(t *testing.T) {
 		committed <- errors.Join(waited, tx.Commit(ctx))
 	}()
 	b := h.batchOf(0, "bad", "b", "c")
-	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, true)
+	_, err = h.w.write(ctx, b, map[topicPartition]position{}, now, checkAll(h.src, true))
 	if err := <-committed; err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(err, errRetryNow) {
 		t.Fatalf("first attempt = %v, want errRetryNow", err)
 	}
-	res, err := h.w.write(ctx, b, map[topicPartition]position{}, now, true)
+	res, err := h.w.write(ctx, b, map[topicPartition]position{}, now, checkAll(h.src, true))
 	if err != nil || !res.committed || len(res.rejected) != 1 || res.inserted[tp0] != 1 {
 		t.Fatalf("retry: %v %+v", err, res)
 	}
@@ -485,4 +494,48 @@ func TestWriterLedger(t *testing.T) {
 	}
 	want = append(want[:3:3], append([]string{"app_events 2026-10-05 13:00:00+00 1 2026-10-05 13:00:00+00 2026-10-05 13:00:00+00"}, want[3:]...)...)
 	pgtest.Equal(t, "ledger after a fenced partition", ledger(), want)
+}
+
+// TestWriterEventsOfTwoSources: two sources' events with the same id and
+// time are two events. A batch that probes the raw tables (as the batches
+// after a duplicate do), or drops repeats, or checks its rows one by one,
+// stores each source's, whatever the other source holds or sends.
+func TestWriterEventsOfTwoSources(t *testing.T) {
+	for _, mode := range []string{"probe", "repeats", "check rows"} {
+		t.Run(mode, func(t *testing.T) {
+			h := newWriterHarness(t)
+			other := h.source(t, "other")
+			ctx := context.Background()
+			now := time.Date(2026, 10, 5, 12, 0, 0, 0, time.UTC)
+			stored := map[topicPartition]position{}
+			if _, err := h.w.write(ctx, batchAt(h.src, 0, 0, idAt{"a", 0}), stored, now, nil); err != nil {
+				t.Fatal(err)
+			}
+			stored[tp0] = position{1, 0}
+			b := batchAt(h.src, 0, 1, idAt{"b", 0})
+			ob := batchAt(other, 1, 0, idAt{"a", 0}, idAt{"b", 0})
+			for _, r := range ob.rows {
+				r.rec.Topic = "other"
+				b.add(other, r.rec, r.ev, nil, now)
+			}
+			var check map[*source]bool
+			switch mode {
+			case "probe":
+				h.w.probeLeft = 1
+			case "repeats":
+				h.w.dedupeLeft = 1
+			case "check rows":
+				check = map[*source]bool{h.src: true, other: true}
+			}
+			if _, err := h.w.write(ctx, b, stored, now, check); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(h.strings(t, "SELECT event_id FROM raw.other ORDER BY 1"), ","); got != "a,b" {
+				t.Errorf("raw.other holds %s, want a,b", got)
+			}
+			if got := strings.Join(h.strings(t, "SELECT event_id FROM raw.app_events ORDER BY 1"), ","); got != "a,b" {
+				t.Errorf("raw.app_events holds %s, want a,b", got)
+			}
+		})
+	}
 }

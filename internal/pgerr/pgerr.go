@@ -133,6 +133,10 @@ func UniqueViolation(err error) bool { return Is(err, pgerrcode.UniqueViolation)
 // LockNotAvailable reports a lock_timeout (55P03).
 func LockNotAvailable(err error) bool { return Is(err, pgerrcode.LockNotAvailable) }
 
+// QueryCanceled reports a statement cancelled (57014), by
+// statement_timeout or by a request to cancel it.
+func QueryCanceled(err error) bool { return Is(err, pgerrcode.QueryCanceled) }
+
 // ObjectInUse reports an object in use by another session (55006), such
 // as a replication slot another process holds.
 func ObjectInUse(err error) bool { return Is(err, pgerrcode.ObjectInUse) }
