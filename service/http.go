@@ -198,6 +198,12 @@ func (h *handler) page(w http.ResponseWriter, r *http.Request) {
 		if err := in.RegistryError(); err != nil {
 			p.SchemaRegistry = err.Error()
 		}
+		for _, st := range in.Stalls() {
+			p.Stalled = append(p.Stalled, status.StalledSource{Name: st.Source, Since: st.Since, Cause: st.Err.Error(), Fix: st.Fix})
+		}
+		for _, r := range in.Resets() {
+			p.Resets = append(p.Resets, status.OffsetReset{At: r.At, What: r.String()})
+		}
 	}
 	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && n > 0 {
 		p.Refresh = max(n, 5)

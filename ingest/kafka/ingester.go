@@ -105,7 +105,11 @@ type Ingester struct {
 	mu     sync.Mutex
 	b      *batch
 	stored map[topicPartition]position // what the warehouse holds for owned partitions
-	hwm    map[topicPartition]int64
+	// resetFrom holds the partitions whose stored position was beyond the
+	// broker's log (reset.go): their records from this offset load,
+	// below the stored position, until their next write.
+	resetFrom map[topicPartition]int64
+	hwm       map[topicPartition]int64
 	// reseeked collects the partitions writes moved to another member's
 	// stored position (fencing); flushDecodingAhead clears it.
 	reseeked map[topicPartition]bool
@@ -124,12 +128,14 @@ type Ingester struct {
 	retryIn time.Duration
 
 	lastErr atomic.Pointer[error]
-	commits *committer
+	// resets are the latest partitions read again below their stored
+	// position (reset.go), for the status page.
+	resetsMu sync.Mutex
+	resets   []OffsetReset
+	commits  *committer
 
 	// reg is the schema registry of the sources of a registry format, nil
-	// when there are none; health is what the ingester knows of it, and
-	// paused (guarded by mu) the partitions paused while their records
-	// wait for it.
+	// when there are none; health is what the ingester knows of it.
 	reg    *decode.Registry
 	rlog   *kafkaLog // the registry's warnings, rate limited as the client's
 	health registryHealth
@@ -180,6 +186,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		byTopic:   map[string]*source{},
 		b:         newBatch(),
 		stored:    map[topicPartition]position{},
+		resetFrom: map[topicPartition]int64{},
 		hwm:       map[topicPartition]int64{},
 		reseeked:  map[topicPartition]bool{},
 		afterSeek: opts.afterSeek,
@@ -561,6 +568,9 @@ type decodedPart struct {
 	// wait, when set, is where the records not decoded begin: they wait
 	// for their schema (recs holds only those before).
 	wait *pendingPart
+	// loss, when set, is a loss of records the client detected at the
+	// broker (reset.go); the part holds no records.
+	loss *kgo.ErrDataLoss
 }
 
 // absorb decodes polled records into the batch.
@@ -575,7 +585,13 @@ func (in *Ingester) absorb(ctx context.Context, fetches kgo.Fetches) {
 // schemas of a registry format first (within ctx); it reads nothing that
 // mu guards.
 func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPart {
+	var parts []decodedPart
 	fetches.EachError(func(topic string, partition int32, err error) {
+		if dl, ok := dataLoss(err); ok {
+			tp := topicPartition{topic, partition}
+			parts = append(parts, decodedPart{tp: tp, src: in.byTopic[topic], loss: dl})
+			return
+		}
 		var session *kgo.ErrGroupSession
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) ||
 			errors.As(err, &session) { // the client logs why the group session ended
@@ -590,7 +606,6 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 	// rebalances until its records are decoded. The partitions left
 	// waiting are read again at the next poll.
 	until := time.Now().Add(in.cfg.SchemaRegistry.Timeout.D())
-	var parts []decodedPart
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
 		if d.src != nil {
@@ -637,7 +652,12 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 		if d.wait != nil {
 			waiting[d.tp] = *d.wait
 		}
+		if d.loss != nil {
+			in.dataLossLocked(d.tp, d.loss)
+			continue
+		}
 		floor, owned := in.stored[d.tp]
+		from, reset := in.resetFrom[d.tp]
 		if owned && floor.Offset >= 0 {
 			in.m.lag.WithLabelValues(d.tp.Topic, partLabel(d.tp.Partition)).Set(float64(max(0, d.hwm-floor.Offset)))
 		}
@@ -645,7 +665,7 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 			// Its source is stalled: the records wait with their
 			// partition, from the first not stored.
 			for _, r := range d.recs {
-				if !owned || r.Offset >= floor.Offset {
+				if !owned || r.Offset >= floor.Offset || reset && r.Offset >= from {
 					waiting[d.tp] = pendingPart{offset: r.Offset, pause: pausedStalled}
 					break
 				}
@@ -654,7 +674,7 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 		}
 		added := 0
 		for i, r := range d.recs {
-			if owned && r.Offset < floor.Offset {
+			if owned && r.Offset < floor.Offset && !(reset && r.Offset >= from) {
 				continue // already stored; never write a record twice
 			}
 			in.b.add(d.src, r, d.evs[i], d.rejs[i], now)
@@ -778,6 +798,7 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 				in.m.skipped.WithLabelValues(pb.source.name, decode.SkipTombstone).Add(float64(pb.skipped))
 			}
 			in.stored[tp] = pb.next
+			delete(in.resetFrom, tp)
 			written[pb.source] += res.inserted[tp]
 			dups[pb.source] += pb.good - refused[tp] - res.inserted[tp]
 			commit[tp] = kgo.EpochOffset{Epoch: pb.next.Epoch, Offset: pb.next.Offset}
@@ -1006,6 +1027,7 @@ func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[in
 		in.mu.Unlock()
 		in.backoff(ctx)
 	}
+	ends := in.logEnds(ctx, stored)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.retry.Failures() > 0 {
@@ -1015,7 +1037,12 @@ func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[in
 		for p := range parts {
 			tp := topicPartition{topic, p}
 			pos, ok := stored[tp]
-			if ok && pos.Offset >= 0 {
+			if end, known := ends[tp]; ok && known && pos.Offset > end {
+				// The broker's log lost records (reset.go).
+				parts[p] = in.start
+				in.stored[tp] = pos
+				in.resetLocked(tp, OffsetReset{Stored: pos.Offset, LogEnd: end, ResumedAt: "kafka.start_offset (" + in.cfg.Kafka.StartOffset + ")"}, 0)
+			} else if ok && pos.Offset >= 0 {
 				parts[p] = kgo.NewOffset().At(pos.Offset).WithEpoch(pos.Epoch)
 				in.stored[tp] = pos
 			} else {
@@ -1116,6 +1143,7 @@ func (in *Ingester) forgetLocked(tps map[string][]int32) {
 			tp := topicPartition{topic, p}
 			drop[tp] = true
 			delete(in.stored, tp)
+			delete(in.resetFrom, tp)
 			delete(in.hwm, tp)
 			in.commits.forget(tp)
 			in.m.lag.DeleteLabelValues(topic, partLabel(p))
