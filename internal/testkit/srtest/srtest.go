@@ -1,7 +1,8 @@
 // Package srtest is an in-test Confluent schema registry: an httptest
 // server with the endpoints tidemark's registry client uses
 // (/schemas/ids/{id} and /subjects/{subject}/versions/{version}), whose
-// answers a test can turn into an outage, and producers' encoders built on
+// answers a test can turn into an outage, or replace for one schema id as
+// a misbehaving proxy would, and producers' encoders built on
 // franz-go's own serde, so that records carry the bytes real producers
 // send.
 package srtest
@@ -33,7 +34,8 @@ type Registry struct {
 	subjects map[string][]int // the ids of each subject's versions, version 1 first
 	nextID   int
 	fail     func(w http.ResponseWriter, r *http.Request) bool
-	heal     func() // releases the requests Hang holds
+	answers  map[string]answer // replaced answers by path, until Heal
+	heal     func()            // releases the requests Hang holds
 	auth     func(r *http.Request) bool
 
 	requests atomic.Int64
@@ -78,7 +80,7 @@ func NewWith(tb testing.TB, opts Options) *Registry {
 func (g *Registry) URL() string { return g.srv.URL }
 
 // Requests counts the requests served, failed ones included; Failed
-// counts those that an outage failed.
+// counts those that an outage failed or Answer answered.
 func (g *Registry) Requests() int64 { return g.requests.Load() }
 
 // Failed counts the requests that an outage failed.
@@ -133,11 +135,36 @@ func (g *Registry) Hang() {
 	g.mu.Unlock()
 }
 
-// Heal ends an outage that Fail or Hang began.
+// answer is what Answer makes the registry say for a schema id.
+type answer struct {
+	status int
+	body   string
+}
+
+// Answer makes the requests for schema id (GET /schemas/ids/{id}) answer
+// with status and body, whatever the registry holds, until Heal; the
+// other requests are answered as before. It stands for a proxy, or a
+// registry, that answers one id wrongly: Answer(60, 200, "{}").
+func (g *Registry) Answer(id, status int, body string) {
+	g.AnswerPath("/schemas/ids/"+strconv.Itoa(id), status, body)
+}
+
+// AnswerPath is Answer for the GET requests of path, as sent (escaped):
+// "/subjects/item/versions/1", say.
+func (g *Registry) AnswerPath(path string, status int, body string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.answers == nil {
+		g.answers = map[string]answer{}
+	}
+	g.answers[path] = answer{status, body}
+}
+
+// Heal ends an outage that Fail or Hang began, and the answers of Answer.
 func (g *Registry) Heal() {
 	g.mu.Lock()
 	h := g.heal
-	g.fail, g.heal = nil, nil
+	g.fail, g.heal, g.answers = nil, nil, nil
 	g.mu.Unlock()
 	if h != nil {
 		h()
@@ -166,11 +193,22 @@ func (g *Registry) serve(w http.ResponseWriter, r *http.Request) {
 		g.failed.Add(1)
 		return
 	}
+	parts := strings.Split(strings.Trim(r.URL.EscapedPath(), "/"), "/")
+	if r.Method == http.MethodGet {
+		g.mu.Lock()
+		a, ok := g.answers[r.URL.EscapedPath()]
+		g.mu.Unlock()
+		if ok {
+			g.failed.Add(1)
+			w.WriteHeader(a.status)
+			_, _ = w.Write([]byte(a.body))
+			return
+		}
+	}
 	if g.auth != nil && !g.auth(r) {
 		confluentError(w, http.StatusUnauthorized, 40101, "Unauthorized")
 		return
 	}
-	parts := strings.Split(strings.Trim(r.URL.EscapedPath(), "/"), "/")
 	switch {
 	case r.Method == http.MethodGet && len(parts) == 3 && parts[0] == "schemas" && parts[1] == "ids":
 		id, _ := strconv.Atoi(parts[2])
