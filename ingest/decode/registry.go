@@ -1,16 +1,20 @@
 package decode
 
 import (
+	"bytes"
 	"container/list"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,9 +27,16 @@ import (
 
 // ErrRegistryUnavailable marks a failure to get a schema that is the
 // registry's, not the record's: a connection error, a timeout, a 5xx or
-// 429 answer, a 404 without Confluent's error code 40403 (a wrong URL, a
-// proxy). The record is not dead-lettered but decoded again later.
+// 429 answer, a 401 or 403 (ErrRegistryCredentials), a 404 without
+// Confluent's error code 40403 (a wrong URL, a proxy), or an answer 200
+// that is not a schema (an empty object, an HTML page, a body without the
+// schema's text). The record is not dead-lettered but decoded again later.
 var ErrRegistryUnavailable = errors.New("schema registry unavailable")
+
+// ErrRegistryCredentials marks an answer 401 or 403: the registry refused
+// the credentials of schema_registry.basic or schema_registry.bearer, or
+// their absence. An error that wraps it wraps ErrRegistryUnavailable too.
+var ErrRegistryCredentials = errors.New("the registry refused the credentials")
 
 // Confluent's error codes that say a schema, a subject or a version does
 // not exist.
@@ -35,9 +46,10 @@ const (
 	codeSchemaNotFound  = 40403
 )
 
-// MaxCachedSchemas bounds the compiled schemas a Registry keeps; the least
-// recently used is evicted first. Schema ids are immutable, so an entry
-// never goes stale.
+// MaxCachedSchemas bounds the schema ids a Registry keeps; the least
+// recently used is evicted first. Schema ids are immutable, so a compiled
+// schema never goes stale; the answers that records of an id are dead
+// letters expire (unknownTTL, invalidTTL).
 const MaxCachedSchemas = 4096
 
 // unknownTTL is how long the registry's answer that a schema id, or a
@@ -45,6 +57,15 @@ const MaxCachedSchemas = 4096
 // later (a registry restored from a backup, or producers that ran ahead
 // of a replicated registry).
 const unknownTTL = time.Minute
+
+// invalidTTL is how long a schema that does not compile, or whose type
+// tidemark does not read, is kept. A registry never changes an id's
+// schema, so the failure is lasting unless the registry, or a proxy in
+// front of it, served the wrong text; asking again lets a repaired
+// registry's schema load without a restart. A schema that truly does not
+// compile costs, per expiry and whatever the number of its records, one
+// request for the id, one per reference and one compilation.
+const invalidTTL = 5 * time.Minute
 
 // cacheClock is the time the cache's expiries are measured in (tests move it).
 var cacheClock = time.Now
@@ -73,7 +94,7 @@ type schemaEntry struct {
 	format  string // one of config.Format*
 	codec   codec
 	rej     *Rejection // unknown_schema or invalid_schema
-	expires time.Time  // for unknown_schema: when to ask again
+	expires time.Time  // with rej: when to ask the registry again
 }
 
 // Registry gets schemas from a Confluent-compatible schema registry and
@@ -81,6 +102,8 @@ type schemaEntry struct {
 // safe for concurrent use.
 type Registry struct {
 	cl       *sr.Client
+	url      string // the base URL, for messages
+	creds    string // the settings of the credentials sent, "" for none
 	timeout  time.Duration
 	answered atomic.Int64 // requests the registry answered
 
@@ -143,7 +166,15 @@ func NewRegistry(c config.SchemaRegistry) (*Registry, error) {
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}
-	return &Registry{cl: cl, timeout: timeout, lru: list.New(), byID: map[int]*list.Element{}, limit: MaxCachedSchemas}, nil
+	var creds string
+	switch {
+	case c.Basic.Username != "":
+		creds = fmt.Sprintf("schema_registry.basic (username %q)", c.Basic.Username)
+	case c.Bearer.TokenFile != "":
+		creds = "schema_registry.bearer (token_file " + c.Bearer.TokenFile + ")"
+	}
+	return &Registry{cl: cl, url: strings.TrimSuffix(c.URL, "/"), creds: creds, timeout: timeout,
+		lru: list.New(), byID: map[int]*list.Element{}, limit: MaxCachedSchemas}, nil
 }
 
 // Answered counts the requests the registry answered, with a schema or
@@ -210,9 +241,8 @@ func (g *Registry) schema(ctx context.Context, id int) (*schemaEntry, error) {
 // it.
 func (g *Registry) fetch(ctx context.Context, id int) (*schemaEntry, error) {
 	e := &schemaEntry{id: id}
-	rctx, cancel := context.WithTimeout(ctx, g.timeout)
-	s, err := g.cl.SchemaByID(rctx, id)
-	cancel()
+	what := "schema id " + strconv.Itoa(id)
+	s, err := g.get(ctx, "/schemas/ids/"+strconv.Itoa(id))
 	if err == nil || registryCode(err) == codeSchemaNotFound {
 		g.answered.Add(1)
 	}
@@ -222,7 +252,7 @@ func (g *Registry) fetch(ctx context.Context, id int) (*schemaEntry, error) {
 			e.expires = cacheClock().Add(unknownTTL)
 			return e, nil
 		}
-		return nil, unavailable(ctx, "schema id "+strconv.Itoa(id), err)
+		return nil, g.unavailable(ctx, what, err)
 	}
 	var refs []schemaRef
 	if bad, err := g.references(ctx, s.References, map[string]bool{}, &refs); err != nil {
@@ -235,21 +265,82 @@ func (g *Registry) fetch(ctx context.Context, id int) (*schemaEntry, error) {
 		return e, nil
 	}
 	var compile func(string, []schemaRef) (codec, error)
-	switch s.Type {
-	case sr.TypeAvro:
+	switch strings.ToUpper(s.Type) {
+	case "", "AVRO":
 		e.format, compile = config.FormatAvro, compileAvro
-	case sr.TypeProtobuf:
+	case "PROTOBUF":
 		e.format, compile = config.FormatProtobuf, compileProtobuf
-	case sr.TypeJSON:
+	case "JSON":
 		e.format, compile = config.FormatJSONSchema, compileJSONSchema
 	default:
 		e.rej = &Rejection{ReasonInvalidSchema, fmt.Sprintf("schema id %d has the type %s, which tidemark does not read", id, s.Type)}
+		e.expires = cacheClock().Add(invalidTTL)
 		return e, nil
 	}
 	if e.codec, err = compile(s.Schema, refs); err != nil {
 		e.rej = &Rejection{ReasonInvalidSchema, fmt.Sprintf("schema id %d (%s): %v", id, e.format, err)}
+		e.expires = cacheClock().Add(invalidTTL)
 	}
 	return e, nil
+}
+
+// schemaAnswer is the registry's answer with a schema, read strictly: the
+// fields tidemark uses of Confluent's answers to /schemas/ids/{id} and
+// /subjects/{subject}/versions/{version}.
+type schemaAnswer struct {
+	Schema     string
+	Type       string // schemaType: AVRO when empty
+	References []sr.SchemaReference
+}
+
+// notSchemaError is an answer 200 that is not a schema: the registry, or
+// a proxy in front of it, did not answer the question asked.
+type notSchemaError struct {
+	url  string
+	why  string
+	body []byte
+}
+
+func (e *notSchemaError) Error() string {
+	return fmt.Sprintf("HTTP 200 from %s is not a schema (%s): %q", e.url, e.why, truncate(e.body, 200))
+}
+
+// get asks the registry for the schema at path, bounded by the request
+// timeout. An answer 200 is a schema only if it is a JSON object whose
+// "schema" is a non-empty string and whose other fields tidemark reads
+// have their types; any other is a *notSchemaError. Fields tidemark does
+// not read are ignored, as registries add some over versions.
+func (g *Registry) get(ctx context.Context, path string) (schemaAnswer, error) {
+	rctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	var body []byte
+	if err := g.cl.Do(rctx, http.MethodGet, path, nil, &body); err != nil {
+		return schemaAnswer{}, err
+	}
+	var a struct {
+		Schema     *string              `json:"schema"`
+		Type       *string              `json:"schemaType"`
+		References []sr.SchemaReference `json:"references"`
+	}
+	bad := func(why string) (schemaAnswer, error) {
+		return schemaAnswer{}, &notSchemaError{url: g.url + path, why: why, body: body}
+	}
+	trimmed := bytes.TrimSpace(body)
+	switch {
+	case len(trimmed) == 0 || trimmed[0] != '{':
+		return bad("not a JSON object")
+	case json.Unmarshal(trimmed, &a) != nil:
+		return bad("not a schema object")
+	case a.Schema == nil:
+		return bad(`no "schema"`)
+	case strings.TrimSpace(*a.Schema) == "":
+		return bad(`an empty "schema"`)
+	}
+	s := schemaAnswer{Schema: *a.Schema, References: a.References}
+	if a.Type != nil {
+		s.Type = *a.Type
+	}
+	return s, nil
 }
 
 // references appends the schemas refs name, each after those it
@@ -262,9 +353,7 @@ func (g *Registry) references(ctx context.Context, refs []sr.SchemaReference, se
 			continue
 		}
 		seen[key] = true
-		rctx, cancel := context.WithTimeout(ctx, g.timeout)
-		s, err := g.cl.SchemaByVersion(rctx, ref.Subject, ref.Version)
-		cancel()
+		s, err := g.get(ctx, "/subjects/"+url.PathEscape(ref.Subject)+"/versions/"+strconv.Itoa(ref.Version))
 		if code := registryCode(err); err == nil || code == codeSubjectNotFound || code == codeVersionNotFound || code == codeSchemaNotFound {
 			g.answered.Add(1)
 		}
@@ -272,12 +361,12 @@ func (g *Registry) references(ctx context.Context, refs []sr.SchemaReference, se
 			return fmt.Sprintf("the reference %s (subject %s, version %d) does not exist in the registry", ref.Name, ref.Subject, ref.Version), nil
 		}
 		if err != nil {
-			return "", unavailable(ctx, fmt.Sprintf("reference %s (subject %s, version %d)", ref.Name, ref.Subject, ref.Version), err)
+			return "", g.unavailable(ctx, fmt.Sprintf("reference %s (subject %s, version %d)", ref.Name, ref.Subject, ref.Version), err)
 		}
 		if bad, err := g.references(ctx, s.References, seen, out); bad != "" || err != nil {
 			return bad, err
 		}
-		*out = append(*out, schemaRef{Name: ref.Name, Schema: s.Schema.Schema})
+		*out = append(*out, schemaRef{Name: ref.Name, Schema: s.Schema})
 	}
 	return "", nil
 }
@@ -293,16 +382,32 @@ func registryCode(err error) int {
 }
 
 // unavailable wraps a failed request as ErrRegistryUnavailable, saying
-// what was asked and, for an HTTP answer, its status.
-func unavailable(ctx context.Context, what string, err error) error {
+// what was asked and, for an HTTP answer, its status; a 401 or 403 wraps
+// ErrRegistryCredentials too and names the settings to check.
+func (g *Registry) unavailable(ctx context.Context, what string, err error) error {
 	var re *sr.ResponseError
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %s: %w", ErrRegistryUnavailable, what, ctx.Err())
+	case errors.As(err, &re) && (re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden):
+		return fmt.Errorf("%w: %s: %w (HTTP %d from %s: %s); %s", ErrRegistryUnavailable, what, ErrRegistryCredentials,
+			re.StatusCode, re.URL, truncate([]byte(re.Error()), 200), g.credentialsHint(re.StatusCode))
 	case errors.As(err, &re):
 		return fmt.Errorf("%w: %s: HTTP %d from %s: %s", ErrRegistryUnavailable, what, re.StatusCode, re.URL, truncate([]byte(re.Error()), 200))
 	}
 	return fmt.Errorf("%w: %s: %w", ErrRegistryUnavailable, what, err)
+}
+
+// credentialsHint says what to change when the registry answered status
+// 401 or 403.
+func (g *Registry) credentialsHint(status int) string {
+	switch {
+	case g.creds == "":
+		return "no credentials are configured: set schema_registry.basic or schema_registry.bearer"
+	case status == http.StatusForbidden:
+		return "the credentials of " + g.creds + " may not read this schema: grant them read access at the registry, or configure others"
+	}
+	return "check " + g.creds
 }
 
 // Schemas are the registry schemas that a set of records needs, resolved

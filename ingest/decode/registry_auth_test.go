@@ -122,3 +122,66 @@ func TestRegistryAuthAndTLS(t *testing.T) {
 		}
 	})
 }
+
+// TestRegistryRefusedCredentials checks that a 401 or 403 is an outage
+// that says the registry refused the credentials and names the settings
+// to check, and that other failures do not say so.
+func TestRegistryRefusedCredentials(t *testing.T) {
+	g := srtest.NewWith(t, srtest.Options{Auth: func(r *http.Request) bool {
+		u, p, ok := r.BasicAuth()
+		return ok && u == "reader" && p == "s3cret"
+	}})
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("t-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	good := config.SchemaRegistry{Basic: config.RegistryBasic{Username: "reader", Password: "s3cret"}}
+	tests := []struct {
+		name  string
+		c     config.SchemaRegistry
+		fail  func(id int) // the registry's answer, when not its own
+		creds bool         // wraps ErrRegistryCredentials
+		says  string
+	}{
+		{"wrong password", config.SchemaRegistry{Basic: config.RegistryBasic{Username: "reader", Password: "nope"}}, nil, true,
+			`the registry refused the credentials (HTTP 401 from ` + g.URL() + `/schemas/ids/%d: Unauthorized); check schema_registry.basic (username "reader")`},
+		{"refused token", config.SchemaRegistry{Bearer: config.RegistryBearer{TokenFile: tokenFile}}, nil, true,
+			"the registry refused the credentials (HTTP 401 from " + g.URL() + "/schemas/ids/%d: Unauthorized); check schema_registry.bearer (token_file " + tokenFile + ")"},
+		{"no credentials", config.SchemaRegistry{}, nil, true,
+			"no credentials are configured: set schema_registry.basic or schema_registry.bearer"},
+		{"forbidden", good, func(id int) {
+			g.Answer(id, http.StatusForbidden, `{"error_code":40301,"message":"User cannot access the resource."}`)
+		}, true,
+			`the registry refused the credentials (HTTP 403 from ` + g.URL() + `/schemas/ids/%d: User cannot access the resource.); the credentials of schema_registry.basic (username "reader") may not read this schema`},
+		{"unavailable", good, func(id int) { g.Answer(id, http.StatusServiceUnavailable, "down") }, false, "HTTP 503"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := g.Register(tt.name+"-value", sr.Schema{Schema: orderSchema})
+			if tt.fail != nil {
+				tt.fail(id)
+				defer g.Heal()
+			}
+			tt.c.URL, tt.c.Timeout = g.URL(), config.Duration(2*time.Second)
+			reg, err := decode.NewRegistry(tt.c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := decode.NewRegistryDecoder(&config.Source{Name: "orders", Format: config.FormatAvro, EventID: "/id", EventTime: "/ts",
+				EventTimeFormat: config.TimeAuto, MaxAge: config.Duration(24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)}, reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &kgo.Record{Value: srtest.AvroEncoder(t, id, orderSchema)(map[string]any{"id": "o-1", "ts": regNow})}
+			_, err = d.Resolve(context.Background(), []*kgo.Record{r})
+			says := tt.says
+			if strings.Contains(says, "%d") {
+				says = fmt.Sprintf(says, id)
+			}
+			if !errors.Is(err, decode.ErrRegistryUnavailable) || errors.Is(err, decode.ErrRegistryCredentials) != tt.creds ||
+				!strings.Contains(err.Error(), says) {
+				t.Errorf("Resolve: %v\nwant ErrRegistryUnavailable (credentials %v) saying %q", err, tt.creds, says)
+			}
+		})
+	}
+}

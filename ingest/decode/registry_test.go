@@ -3,6 +3,7 @@ package decode_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -182,5 +183,181 @@ func TestRegistryAsksAgain(t *testing.T) {
 	decode.AdvanceCacheClock(t, time.Minute+time.Second)
 	if rej := decodeOnce(); rej != nil {
 		t.Fatalf("a minute later, with the reference registered: %+v", rej)
+	}
+}
+
+// TestRegistryNotASchema checks that an answer 200 that is not a schema,
+// for an id or for a reference, is an outage that says what came back:
+// nothing is resolved, so nothing is dead-lettered, the registry does not
+// count as answering, and once the answers are right again the record
+// decodes.
+func TestRegistryNotASchema(t *testing.T) {
+	g := srtest.New(t)
+	itemSchema := `{"type":"record","name":"Item","namespace":"shop","fields":[{"name":"sku","type":"string"}]}`
+	g.Register("item", sr.Schema{Schema: itemSchema})
+	id := g.Register("orders-value", sr.Schema{Schema: orderSchema})
+	refID := g.Register("order-item-value", sr.Schema{Schema: `{"type":"record","name":"Order","namespace":"shop","fields":[
+		{"name":"id","type":"string"},{"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}},
+		{"name":"item","type":["null","shop.Item"],"default":null}]}`,
+		References: []sr.SchemaReference{{Name: "shop.Item", Subject: "item", Version: 1}}})
+	plain := srtest.AvroEncoder(t, id, orderSchema)(map[string]any{"id": "o-1", "ts": regNow})
+	withRef := srtest.AvroEncoder(t, refID, orderSchema)(map[string]any{"id": "o-1", "ts": regNow})
+	withRef = append(withRef[:len(withRef):len(withRef)], 0) // item: null (union branch 0)
+	bodies := []struct {
+		name, body, says string
+	}{
+		{"empty object", `{}`, `is not a schema (no "schema"): "{}"`},
+		{"empty schema text", `{"schema":""}`, `an empty "schema"`},
+		{"blank schema text", `{"schema":" \n"}`, `an empty "schema"`},
+		{"null schema", `{"schema":null}`, `no "schema"`},
+		{"other fields only", `{"status":"ok","message":"maintenance"}`, `no "schema"`},
+		{"schema not a string", `{"schema":{"type":"record"}}`, "not a schema object"},
+		{"references not a list", `{"schema":"\"string\"","references":"shop.Item"}`, "not a schema object"},
+		{"null", `null`, "not a JSON object"},
+		{"array", `[]`, "not a JSON object"},
+		{"string", `"ok"`, "not a JSON object"},
+		{"no body", ``, "not a JSON object"},
+		{"html", `<html><body>Welcome</body></html>`, "not a JSON object"},
+	}
+	targets := []struct {
+		name  string
+		value []byte
+		path  string
+	}{
+		{"id", plain, fmt.Sprintf("/schemas/ids/%d", id)},
+		{"reference", withRef, "/subjects/item/versions/1"},
+	}
+	for _, target := range targets {
+		for _, tt := range bodies {
+			t.Run(target.name+"/"+tt.name, func(t *testing.T) {
+				reg, d := registryAndDecoder(t, g)
+				g.AnswerPath(target.path, http.StatusOK, tt.body)
+				defer g.Heal()
+				r := &kgo.Record{Value: target.value}
+				s, err := d.Resolve(context.Background(), []*kgo.Record{r})
+				if !errors.Is(err, decode.ErrRegistryUnavailable) || !strings.Contains(err.Error(), tt.says) ||
+					!strings.Contains(err.Error(), g.URL()+target.path) {
+					t.Fatalf("Resolve: %v, want ErrRegistryUnavailable naming %s and saying %q", err, target.path, tt.says)
+				}
+				if s.Has(r) {
+					t.Fatalf("the record's schema is resolved from an answer that is not a schema")
+				}
+				if reg.Answered() != 0 && target.name == "id" {
+					t.Errorf("an answer that is not a schema counts as answered")
+				}
+				g.Heal()
+				if s, err = d.Resolve(context.Background(), []*kgo.Record{r}); err != nil || !s.Has(r) {
+					t.Fatalf("once the registry answers the schema: %v", err)
+				}
+				if _, rej := d.DecodeWith(r, regNow, s); rej != nil {
+					t.Errorf("once the registry answers the schema: %+v", rej)
+				}
+			})
+		}
+	}
+}
+
+// registryAndDecoder is registryDecoder with its registry, whose cache
+// is empty.
+func registryAndDecoder(t *testing.T, g *srtest.Registry) (*decode.Registry, *decode.Decoder) {
+	t.Helper()
+	reg, err := decode.NewRegistry(config.SchemaRegistry{URL: g.URL(), Timeout: config.Duration(2 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := decode.NewRegistryDecoder(&config.Source{Name: "orders", Format: config.FormatAvro, EventID: "/id", EventTime: "/ts",
+		EventTimeFormat: config.TimeAuto, MaxAge: config.Duration(24 * time.Hour), MaxFutureSkew: config.Duration(time.Hour)}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg, d
+}
+
+// TestRegistryInvalidSchemaAsksAgain checks that a schema that does not
+// compile (here text that a proxy served in place of the registered one)
+// is kept as invalid_schema for InvalidTTL, without a request, and asked
+// again once then: once per id whatever the number of records, so that
+// the repaired registry's schema loads without a restart.
+func TestRegistryInvalidSchemaAsksAgain(t *testing.T) {
+	g := srtest.New(t)
+	id := g.Register("orders-value", sr.Schema{Schema: orderSchema})
+	enc := srtest.AvroEncoder(t, id, orderSchema)
+	recs := make([]*kgo.Record, 100)
+	for i := range recs {
+		recs[i] = &kgo.Record{Value: enc(map[string]any{"id": "o-1", "ts": regNow})}
+	}
+	_, d := registryAndDecoder(t, g)
+	g.Answer(id, http.StatusOK, `{"schema":"{\"type\":\"record\",\"name\":\"B\",\"fields\":[{\"name\":\"x\",\"type\":\"Nope\"}]}"}`)
+	decodeAll := func() (reason string, requests int64) {
+		t.Helper()
+		before := g.Requests()
+		s, err := d.Resolve(context.Background(), recs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reasons := map[string]int{}
+		for _, r := range recs {
+			if _, rej := d.DecodeWith(r, regNow, s); rej != nil {
+				reasons[rej.Reason]++
+			} else {
+				reasons["loaded"]++
+			}
+		}
+		if len(reasons) != 1 {
+			t.Fatalf("the records of one id decode differently: %v", reasons)
+		}
+		for reason := range reasons {
+			return reason, g.Requests() - before
+		}
+		return "", 0
+	}
+	steps := []struct {
+		name    string
+		advance time.Duration
+		heal    bool
+		reason  string
+		asks    int64
+	}{
+		{"served a schema that does not compile", 0, false, decode.ReasonInvalidSchema, 1},
+		{"repaired, at once", 0, true, decode.ReasonInvalidSchema, 0},
+		{"repaired, before the expiry", decode.InvalidTTL - time.Second, false, decode.ReasonInvalidSchema, 0},
+		{"repaired, after the expiry", 2 * time.Second, false, "loaded", 1},
+		{"long after", 24 * time.Hour, false, "loaded", 0},
+	}
+	for _, st := range steps {
+		if st.heal {
+			g.Heal()
+		}
+		decode.AdvanceCacheClock(t, st.advance)
+		if reason, asks := decodeAll(); reason != st.reason || asks != st.asks {
+			t.Errorf("%s: %d records %s after %d requests, want %s after %d", st.name, len(recs), reason, asks, st.reason, st.asks)
+		}
+	}
+}
+
+// TestRegistryInvalidSchemaCost checks what a schema that truly does not
+// compile costs over time: one request per InvalidTTL for its id, however
+// many records carry it.
+func TestRegistryInvalidSchemaCost(t *testing.T) {
+	g := srtest.New(t)
+	badID := g.Register("bad-value", sr.Schema{Schema: `{"type":"record","name":"B","fields":[{"name":"x","type":"Nope"}]}`})
+	_, d := registryAndDecoder(t, g)
+	rec := &kgo.Record{Value: []byte{0, 0, 0, 0, byte(badID), 2, 'x'}}
+	const expiries = 5
+	start := g.Requests()
+	for range expiries {
+		for range 1000 {
+			s, err := d.Resolve(context.Background(), []*kgo.Record{rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, rej := d.DecodeWith(rec, regNow, s); rej == nil || rej.Reason != decode.ReasonInvalidSchema {
+				t.Fatalf("got %+v, want invalid_schema", rej)
+			}
+		}
+		decode.AdvanceCacheClock(t, decode.InvalidTTL+time.Second)
+	}
+	if n := g.Requests() - start; n != expiries {
+		t.Errorf("%d requests for %d records over %d expiries, want %d", n, expiries*1000, expiries, expiries)
 	}
 }
