@@ -95,7 +95,11 @@ type registryDownError struct {
 
 func (e *registryDownError) Error() string {
 	why := strings.TrimPrefix(e.err.Error(), decode.ErrRegistryUnavailable.Error()+": ")
-	return fmt.Sprintf("schema registry unreachable since %s: %s", e.since.UTC().Format(time.RFC3339), why)
+	state := "unreachable"
+	if errors.Is(e.err, decode.ErrRegistryCredentials) {
+		state = "refusing the credentials"
+	}
+	return fmt.Sprintf("schema registry %s since %s: %s", state, e.since.UTC().Format(time.RFC3339), why)
 }
 
 func (e *registryDownError) Unwrap() error { return e.err }
