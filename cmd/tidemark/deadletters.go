@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -129,11 +130,42 @@ func deadLettersReplay(ctx context.Context, f deadLetterFlags, stdout, stderr io
 	defer conn.Release()
 	opts.Logger = logger(cfg, stderr)
 	rep, err := kafka.Replay(ctx, conn.Conn(), cfg, opts)
+	if errors.Is(err, decode.ErrRegistryUnavailable) {
+		return replayRegistryDown(stdout, stderr, cfg.SchemaRegistry.URL, opts.Source, rep, err)
+	}
 	printReplay(stdout, rep)
 	if err != nil {
 		return failed(stderr, app, err)
 	}
 	return exitOK
+}
+
+// replayRegistryDown reports a replay that stopped because the schema
+// registry did not answer (err wraps decode.ErrRegistryUnavailable): why,
+// what the chunks before the outage did, if anything, and that the other
+// dead letters are unchanged. It returns exitFailure.
+func replayRegistryDown(stdout, stderr io.Writer, url, source string, rep kafka.ReplayReport, err error) int {
+	const app = "tidemark dead-letters replay"
+	state := "is unavailable"
+	if errors.Is(err, decode.ErrRegistryCredentials) {
+		state = "refused the credentials"
+	}
+	why := err.Error()
+	if _, after, ok := strings.Cut(why, decode.ErrRegistryUnavailable.Error()+": "); ok {
+		why = after
+	}
+	fmt.Fprintf(stderr, "%s: the schema registry at %s %s: %s\n", app, url, state, why)
+	switch {
+	case rep.Read == 0:
+		fmt.Fprintf(stderr, "%s: nothing was changed: the dead letters of %s stay as they were; replay again once the registry answers\n", app, source)
+	case rep.DryRun:
+		printReplay(stdout, rep)
+		fmt.Fprintf(stderr, "%s: the counts above are of the %d dead letters read before the registry stopped answering (dry run: nothing written); replay again once it answers\n", app, rep.Read)
+	default:
+		printReplay(stdout, rep)
+		fmt.Fprintf(stderr, "%s: the counts above are of the %d dead letters replayed before the registry stopped answering; the others are unchanged: replay again once it answers\n", app, rep.Read)
+	}
+	return exitFailure
 }
 
 // replayOptions checks the replay flags against the configuration: it
