@@ -145,6 +145,10 @@ func ObjectInUse(err error) bool { return Is(err, pgerrcode.ObjectInUse) }
 // a replication slot.
 func UndefinedObject(err error) bool { return Is(err, pgerrcode.UndefinedObject) }
 
+// UndefinedTable reports a table, view or sequence that does not exist
+// (42P01): one of tidemark's own when the warehouse has not been migrated.
+func UndefinedTable(err error) bool { return Is(err, pgerrcode.UndefinedTable) }
+
 // InsufficientPrivilege reports a missing privilege (42501).
 func InsufficientPrivilege(err error) bool { return Is(err, pgerrcode.InsufficientPrivilege) }
 

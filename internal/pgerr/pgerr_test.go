@@ -99,6 +99,10 @@ func TestFromServer(t *testing.T) {
 	if !pgerr.MissingPartition(err) || pgerr.BadRow(err) {
 		t.Errorf("no partition for the row: %v", err)
 	}
+	_, err = pool.Exec(ctx, "SELECT * FROM tidemark_missing.kafka_offsets")
+	if !pgerr.UndefinedTable(err) || !pgerr.Refused(err) || pgerr.UndefinedTable(sqlstate("42704")) {
+		t.Errorf("missing table: %v", err)
+	}
 	_, err = pool.Exec(ctx, "SELEC 1")
 	if pos, ok := pgerr.SyntaxError(err); !ok || pos != 1 {
 		t.Errorf("syntax error: %v at %d", err, pos)
