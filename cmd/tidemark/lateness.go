@@ -69,6 +69,7 @@ func cmdLateness(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w (--timeout %s; a shorter --since reads fewer rows)", err, *timeout)
 	}
+	err = schemaHint(ctx, pool, err)
 	if err != nil {
 		return failed(stderr, "tidemark lateness", err)
 	}

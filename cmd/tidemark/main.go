@@ -45,6 +45,7 @@ import (
 	// calendars and poll time zones name IANA zones.
 	_ "time/tzdata"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -55,6 +56,7 @@ import (
 	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/ingest/poll"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/migrate"
 	"github.com/tidemark-dev/tidemark/mirror"
@@ -77,6 +79,45 @@ func failed(stderr io.Writer, app string, err error) int {
 	msg = strings.TrimPrefix(msg, strings.TrimPrefix(app, "tidemark ")+": ")
 	fmt.Fprintf(stderr, "%s: %s\n", app, msg)
 	return exitFailure
+}
+
+// schemaCurrent returns nil when the warehouse's tidemark schema is at
+// this binary's version (or later), and otherwise an error saying to run
+// `tidemark migrate`: the one message of every command that finds the
+// schema missing or behind.
+func schemaCurrent(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	v, err := migrate.Version(ctx, q)
+	switch {
+	case err != nil:
+		return err
+	case v == 0:
+		return fmt.Errorf("the warehouse has no tidemark schema (this binary's is version %d): run `tidemark migrate` first", migrate.Latest())
+	case v < migrate.Latest():
+		return fmt.Errorf("the warehouse's tidemark schema is at version %d, behind this binary's %d: run `tidemark migrate` first", v, migrate.Latest())
+	}
+	return nil
+}
+
+// schemaHint returns err, or, when err is a missing table
+// (pgerr.UndefinedTable) of a warehouse whose tidemark schema is missing
+// or behind, the error of schemaCurrent: a command that only reads, and
+// so applies no migration, says what to run rather than which relation
+// does not exist.
+func schemaHint(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, err error) error {
+	if !pgerr.UndefinedTable(err) {
+		return err
+	}
+	// The command's own deadline may have passed meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if serr := schemaCurrent(ctx, q); serr != nil {
+		return serr
+	}
+	return err
 }
 
 // shutdownLimit bounds how long `run` takes to stop after SIGTERM or
@@ -380,7 +421,7 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	rep, err := status.Gather(ctx, pool, cfg, adm, time.Now())
 	if err != nil {
-		return failed(stderr, "tidemark status", err)
+		return failed(stderr, "tidemark status", schemaHint(ctx, pool, err))
 	}
 	if *asJSON {
 		err = rep.WriteJSON(stdout)
@@ -534,7 +575,7 @@ func prepareWarehouse(ctx context.Context, cfg *config.Config, app string, stder
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return nil, false
 	}
-	if err := migrate.Check(ctx, pool); err != nil {
+	if err := schemaCurrent(ctx, pool); err != nil {
 		pool.Close()
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return nil, false
