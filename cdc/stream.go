@@ -59,9 +59,13 @@ type stream struct {
 }
 
 // pluginArgs selects pgoutput protocol 2 with streaming of large
-// in-progress transactions.
+// in-progress transactions. publication_names is a string literal of the
+// replication grammar, which doubles quotes and reads no backslash escape,
+// holding a list of identifiers that pgoutput splits on commas and folds
+// to lower case unless double-quoted: the name is quoted as the
+// identifier CREATE PUBLICATION was given, then as a literal.
 func pluginArgs(publication string) []string {
-	return []string{"proto_version '2'", fmt.Sprintf("publication_names '%s'", publication), "streaming 'on'"}
+	return []string{"proto_version '2'", "publication_names " + literal(quote(publication)), "streaming 'on'"}
 }
 
 // slotBusyWait bounds how long a start waits for the slot to be released
