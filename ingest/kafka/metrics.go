@@ -100,7 +100,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		}, []string{"source"}),
 		registryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_schema_registry_errors_total",
-			Help: "Attempts to get a schema that the schema registry could not answer (unreachable, timed out, an error status), per source; the records waiting for the schema are read again after a backoff.",
+			Help: "Attempts to get a schema that the schema registry could not answer (unreachable, timed out, an error status, refused credentials, an answer that is not a schema), per source; the records waiting for the schema are read again after a backoff.",
 		}, []string{"source"}),
 		registryCache: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tidemark_schema_registry_cached_schemas",
