@@ -141,11 +141,32 @@ type Log struct {
 	Format string `yaml:"format"` // text or json
 }
 
-// Ingest tunes how records are batched into warehouse transactions.
+// Ingest tunes how records are batched into warehouse transactions, and
+// bounds what one record may decode to.
 type Ingest struct {
 	BatchMaxRows  Int      `yaml:"batch_max_rows"`
 	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"`
 	BatchMaxAge   Duration `yaml:"batch_max_age"`
+	// DecodeMaxBytes caps the JSON that one record of a registry format,
+	// or one Debezium change, decodes to.
+	DecodeMaxBytes ByteSize `yaml:"decode_max_bytes"`
+	// DecodeMaxExpansion bounds that JSON to this many times the
+	// record's size, plus DecodeSlack.
+	DecodeMaxExpansion Int `yaml:"decode_max_expansion"`
+}
+
+// DecodeSlack is what any record may decode to beyond
+// ingest.decode_max_expansion times its size: room for a small record
+// whose schema adds many field names.
+const DecodeSlack = 64 << 10
+
+// DecodeLimits bound the decoding of one record of a source: the ingest
+// settings, as every source carries them.
+type DecodeLimits struct {
+	// MaxBytes is ingest.decode_max_bytes.
+	MaxBytes int64
+	// Expansion is ingest.decode_max_expansion.
+	Expansion int64
 }
 
 // Source is one stream of events loaded into raw.<name>.
@@ -183,6 +204,9 @@ type Source struct {
 
 	// Name is the key under sources.
 	Name string `yaml:"-"`
+	// Decode bounds the decoding of one record: the ingest block's
+	// decode_max_bytes and decode_max_expansion, set at load.
+	Decode DecodeLimits `yaml:"-"`
 }
 
 // KafkaSource is a source fed by Kafka topics.
@@ -420,7 +444,8 @@ func (c *Config) validate(ix *index) {
 			c.HTTP.validateToken(ix, t)
 		}
 	}
-	for _, key := range []string{"log.level", "log.format", "ingest.batch_max_rows", "ingest.batch_max_bytes", "ingest.batch_max_age"} {
+	for _, key := range []string{"log.level", "log.format", "ingest.batch_max_rows", "ingest.batch_max_bytes", "ingest.batch_max_age",
+		"ingest.decode_max_bytes", "ingest.decode_max_expansion"} {
 		c.check(ix, key, "")
 	}
 

@@ -159,6 +159,8 @@ func TestParseFullFile(t *testing.T) {
 		"  batch_max_rows: 5000",
 		"  batch_max_bytes: 8MiB",
 		"  batch_max_age: 250ms",
+		"  decode_max_bytes: 8MiB",
+		"  decode_max_expansion: 16",
 		"sources:",
 		"  app_events:",
 		"    kafka:",
@@ -201,9 +203,10 @@ func TestParseFullFile(t *testing.T) {
 			SASL:                   &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret", AllowPlaintext: true},
 		},
 		SchemaRegistry: defaultRegistry,
-		Ingest:         Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond)},
-		Reconcile:      Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
-		Retention:      defaultRetention,
+		Ingest: Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond),
+			DecodeMaxBytes: 8 << 20, DecodeMaxExpansion: 16},
+		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
+		Retention: defaultRetention,
 		Sources: map[string]*Source{
 			"app_events": {
 				Kafka:             &KafkaSource{Topics: []string{"app.events", "app.events.v2"}},
@@ -219,6 +222,7 @@ func TestParseFullFile(t *testing.T) {
 				Name:              "app_events",
 				EventIDFallback:   "",
 				EventTimeFallback: "",
+				Decode:            DecodeLimits{MaxBytes: 8 << 20, Expansion: 16},
 			},
 			"billing": {
 				Kafka:             &KafkaSource{Topics: []string{"billing"}},
@@ -233,6 +237,7 @@ func TestParseFullFile(t *testing.T) {
 				Watermark:         Watermark{IdleTimeout: Duration(5 * time.Minute)},
 				Retention:         defaultSourceRetention,
 				Name:              "billing",
+				Decode:            DecodeLimits{MaxBytes: 8 << 20, Expansion: 16},
 			},
 		},
 		File: file,
@@ -264,7 +269,10 @@ var (
 		Every: Duration(time.Hour), Ledger: Duration(7 * 24 * time.Hour), Corrections: Duration(90 * 24 * time.Hour),
 		Arrivals: Duration(90 * 24 * time.Hour), Runs: Duration(90 * 24 * time.Hour), LockTimeout: Duration(2 * time.Second),
 	}
-	defaultRegistry        = SchemaRegistry{Timeout: Duration(10 * time.Second)}
+	defaultRegistry = SchemaRegistry{Timeout: Duration(10 * time.Second)}
+	defaultIngest   = Ingest{BatchMaxRows: 50000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second),
+		DecodeMaxBytes: 64 << 20, DecodeMaxExpansion: 64}
+	defaultDecode          = DecodeLimits{MaxBytes: 64 << 20, Expansion: 64}
 	defaultSourceRetention = SourceRetention{Raw: Duration(400 * 24 * time.Hour), DeadLetters: Duration(30 * 24 * time.Hour)}
 )
 
@@ -285,7 +293,7 @@ func TestParseDefaults(t *testing.T) {
 			FetchMaxPartitionBytes: 1 << 20,
 		},
 		SchemaRegistry: defaultRegistry,
-		Ingest:         Ingest{BatchMaxRows: 50000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second)},
+		Ingest:         defaultIngest,
 		Reconcile:      Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
 		Retention:      defaultRetention,
 		Sources: map[string]*Source{
@@ -301,6 +309,7 @@ func TestParseDefaults(t *testing.T) {
 				Watermark:       Watermark{OutOfOrderness: 0, IdleTimeout: Duration(5 * time.Minute)},
 				Retention:       defaultSourceRetention,
 				Name:            "app_events",
+				Decode:          defaultDecode,
 			},
 		},
 		File: file,
@@ -590,6 +599,10 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{12, "ingest.batch_max_bytes", "must be at least 1KiB"}}},
 		{"batch_max_age too small", base("ingest:", "  batch_max_age: 500us"), nil,
 			[]wantErr{{12, "ingest.batch_max_age", "must be at least 1ms"}}},
+		{"decode_max_bytes beyond jsonb", base("ingest:", "  decode_max_bytes: 1GiB"), nil,
+			[]wantErr{{12, "ingest.decode_max_bytes", "must be between 1MiB and 256MiB (a jsonb value holds at most 256 MiB), got 1GiB"}}},
+		{"decode_max_expansion zero", base("ingest:", "  decode_max_expansion: -1"), nil,
+			[]wantErr{{12, "ingest.decode_max_expansion", "must be between 1 and 65536, got -1"}}},
 
 		// Durations and sizes.
 		{"bad duration 3x", base("    max_age: 3x"), nil, []wantErr{{11, "sources.app_events.max_age", `invalid duration "3x"`}}},

@@ -164,6 +164,15 @@ var keys = []Key{
 	{Path: "ingest.batch_max_rows", Default: "50000", Min: "1", Max: "1000000"},
 	{Path: "ingest.batch_max_bytes", Default: "16MiB", Min: "1KiB"},
 	{Path: "ingest.batch_max_age", Default: "1s", Min: "1ms"},
+	// A record of a registry format or a Debezium change may decode to
+	// at most decode_max_expansion times its size plus 64 KiB, and never
+	// more than decode_max_bytes: one hostile record costs memory and
+	// time in proportion to its size. 64 times covers what a schema adds
+	// to its values (field names, nulls, defaults), and then a record at
+	// Kafka's default size limit (1 MB) meets the default cap.
+	{Path: "ingest.decode_max_bytes", Default: "64MiB", Min: "1MiB", Max: "256MiB",
+		Why: " (a jsonb value holds at most 256 MiB)"},
+	{Path: "ingest.decode_max_expansion", Default: "64", Min: "1", Max: "65536"},
 
 	{Path: "sources.<name>.kafka.topics", Note: "required", Allowed: "Kafka topic names, each read by one source"},
 	{Path: "sources.<name>.format", Default: FormatJSON, OneOf: Formats,
@@ -533,6 +542,11 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool), written func(
 		}
 		for _, s := range c.settings(k.Path, "") {
 			c.fill(k, s, lookup, written)
+		}
+	}
+	for _, s := range c.Sources {
+		if s != nil {
+			s.Decode = DecodeLimits{MaxBytes: int64(c.Ingest.DecodeMaxBytes), Expansion: int64(c.Ingest.DecodeMaxExpansion)}
 		}
 	}
 }

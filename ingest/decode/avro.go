@@ -56,6 +56,10 @@ type avroNode struct {
 	nullable int         // union of null and one other type: the index of null; -1 otherwise
 	size     int         // fixed
 	scale    int         // decimal
+	// minSize is the fewest bytes a value takes: 0 for null, a record
+	// of such fields or an empty fixed, whose items an array may hold
+	// any number of in no bytes.
+	minSize int
 }
 
 type avroField struct {
@@ -90,7 +94,41 @@ func compileAvro(schema string, refs []schemaRef) (codec, error) {
 	if err != nil {
 		return nil, err
 	}
+	minSize(root, map[*avroNode]bool{})
 	return &avroCodec{root: root, connect: connectOfAvro(s)}, nil
+}
+
+// minSize sets n.minSize and those of the types it holds; open holds the
+// records under way (a record that holds itself does so through a union
+// or an array, which take a byte).
+func minSize(n *avroNode, open map[*avroNode]bool) int {
+	if open[n] {
+		return 1
+	}
+	open[n] = true
+	defer delete(open, n)
+	switch n.kind {
+	case avroNull:
+		n.minSize = 0
+	case avroRecord:
+		n.minSize = 0
+		for _, f := range n.fields {
+			n.minSize += minSize(f.node, open)
+		}
+	case avroFixed, avroDecimalFixed, avroDuration:
+		n.minSize = n.size
+	case avroArray, avroMap:
+		minSize(n.items, open)
+		n.minSize = 1
+	case avroUnion:
+		for _, b := range n.branches {
+			minSize(b, open)
+		}
+		n.minSize = 1
+	default:
+		n.minSize = 1
+	}
+	return n.minSize
 }
 
 type avroBuilder struct{ named map[string]*avroNode }
@@ -111,6 +149,9 @@ func (b *avroBuilder) node(s avro.Schema) (*avroNode, error) {
 	case *avro.PrimitiveSchema:
 		n.kind = primitiveKind(s)
 		if d, ok := s.Logical().(*avro.DecimalLogicalSchema); ok && s.Type() == avro.Bytes {
+			if err := checkScale(d); err != nil {
+				return nil, err
+			}
 			n.kind, n.scale = avroDecimalBytes, d.Scale()
 		}
 	case *avro.RecordSchema:
@@ -160,6 +201,9 @@ func (b *avroBuilder) node(s avro.Schema) (*avroNode, error) {
 		n.kind, n.branch, n.size = avroFixed, s.FullName(), s.Size()
 		switch l := s.Logical().(type) {
 		case *avro.DecimalLogicalSchema:
+			if err := checkScale(l); err != nil {
+				return nil, err
+			}
 			n.kind, n.scale = avroDecimalFixed, l.Scale()
 		case avro.LogicalSchema:
 			if l.Type() == avro.Duration {
@@ -170,6 +214,16 @@ func (b *avroBuilder) node(s avro.Schema) (*avroNode, error) {
 		return nil, fmt.Errorf("unsupported Avro type %s", s.Type())
 	}
 	return n, nil
+}
+
+// checkScale refuses a decimal whose values no jsonb number can hold:
+// one of more digits after the point than PostgreSQL's numeric has.
+func checkScale(d *avro.DecimalLogicalSchema) error {
+	if d.Scale() > maxNumericScale {
+		return fmt.Errorf("decimal scale %d: PostgreSQL's numeric, which a jsonb number is, holds at most %d digits after the point",
+			d.Scale(), maxNumericScale)
+	}
+	return nil
 }
 
 func primitiveKind(s *avro.PrimitiveSchema) avroKind {
@@ -204,10 +258,12 @@ func primitiveKind(s *avro.PrimitiveSchema) avroKind {
 	return avroString // uuid is a string too
 }
 
-// avroError is where and why bytes do not match their schema.
+// avroError is where and why bytes do not match their schema, or (limit)
+// why decoding them would cost more than the record's budget.
 type avroError struct {
-	path []string // innermost last
-	msg  string
+	path  []string // innermost last
+	msg   string
+	limit bool
 }
 
 func (e *avroError) Error() string {
@@ -215,6 +271,20 @@ func (e *avroError) Error() string {
 		return e.msg
 	}
 	return "at /" + strings.Join(e.path, "/") + ": " + e.msg
+}
+
+// Unwrap makes an error over the budget errLimit.
+func (e *avroError) Unwrap() error {
+	if e.limit {
+		return errLimit
+	}
+	return nil
+}
+
+// avroLimit is err, an error of the budget, as an avroError that takes
+// the path it happened at.
+func avroLimit(err error) error {
+	return &avroError{msg: err.Error(), limit: true}
 }
 
 // in adds an outer step to err's path.
@@ -232,25 +302,37 @@ func mismatch(format string, args ...any) error {
 
 const errTruncated = "truncated: the value ends early"
 
-// maxAvroDepth bounds the nesting of values, so that a recursive schema
-// cannot take the stack (jsonb refuses deep nesting anyway).
-const maxAvroDepth = 1000
-
-func (c *avroCodec) toJSON(payload []byte) ([]byte, error) {
-	r := avroReader{b: payload}
-	out, err := r.value(make([]byte, 0, len(payload)*2+16), c.root, 0)
+func (c *avroCodec) toJSON(payload []byte, b *budget) ([]byte, error) {
+	r := avroReader{b: payload, bud: b}
+	out, err := r.value(make([]byte, 0, min(len(payload)*2+16, b.limit)), c.root, 0)
 	if err != nil {
 		return nil, err
 	}
 	if r.i != len(r.b) {
 		return nil, mismatch("%d bytes after the value", len(r.b)-r.i)
 	}
+	if err := b.spend(len(out)); err != nil {
+		return nil, avroLimit(err)
+	}
 	return out, nil
 }
 
+// avroReader decodes one value. The JSON it writes nests at most
+// MaxDepth levels, which bounds its recursion too: a union, the one type
+// that may add a level of recursion without one of JSON, holds no union.
 type avroReader struct {
-	b []byte
-	i int
+	b   []byte
+	i   int
+	bud *budget
+}
+
+// openLevel checks that a JSON object or array may open inside depth
+// others.
+func openLevel(depth int) error {
+	if depth >= MaxDepth {
+		return avroLimit(errDepth())
+	}
+	return nil
 }
 
 func (r *avroReader) long() (int64, error) {
@@ -297,10 +379,14 @@ func (r *avroReader) lengthPrefixed() ([]byte, error) {
 	return r.take(n)
 }
 
-// value appends the JSON of one value of n to out.
+// value appends the JSON of one value of n to out, inside depth JSON
+// objects and arrays.
 func (r *avroReader) value(out []byte, n *avroNode, depth int) ([]byte, error) {
-	if depth > maxAvroDepth {
-		return nil, mismatch("nested more than %d levels", maxAvroDepth)
+	// Each value writes at most a few times the bytes it takes (a
+	// string, a decimal checks its own), so checking before each keeps
+	// the JSON near its budget.
+	if !r.bud.fits(len(out), 0) {
+		return nil, avroLimit(r.bud.overBytes())
 	}
 	switch n.kind {
 	case avroNull:
@@ -361,7 +447,7 @@ func (r *avroReader) value(out []byte, n *avroNode, depth int) ([]byte, error) {
 	case avroUnion:
 		return r.union(out, n, depth)
 	}
-	return r.logical(out, n)
+	return r.logical(out, n, depth)
 }
 
 func (r *avroReader) bytesOf(n *avroNode) ([]byte, error) {
@@ -372,6 +458,9 @@ func (r *avroReader) bytesOf(n *avroNode) ([]byte, error) {
 }
 
 func (r *avroReader) record(out []byte, n *avroNode, depth int) ([]byte, error) {
+	if err := openLevel(depth); err != nil {
+		return nil, err
+	}
 	out = append(out, '{')
 	for _, f := range n.fields {
 		out = append(out, f.key...)
@@ -393,7 +482,10 @@ func (r *avroReader) union(out []byte, n *avroNode, depth int) ([]byte, error) {
 	}
 	b := n.branches[i]
 	if n.nullable >= 0 || b.kind == avroNull {
-		return r.value(out, b, depth+1)
+		return r.value(out, b, depth)
+	}
+	if err := openLevel(depth); err != nil {
+		return nil, err
 	}
 	out = append(out, '{')
 	out = pgjson.AppendString(out, b.branch)
@@ -408,11 +500,14 @@ func (r *avroReader) union(out []byte, n *avroNode, depth int) ([]byte, error) {
 // negative, its absolute value, followed by the block's size in bytes),
 // ending with a count of 0.
 func (r *avroReader) blocks(out []byte, n *avroNode, depth int) ([]byte, error) {
-	open, end := byte('['), byte(']')
-	if n.kind == avroMap {
-		open, end = '{', '}'
+	if err := openLevel(depth); err != nil {
+		return nil, err
 	}
-	out = append(out, open)
+	start, end := byte('['), byte(']')
+	if n.kind == avroMap {
+		start, end = '{', '}'
+	}
+	out = append(out, start)
 	first := true
 	for idx := 0; ; {
 		count, err := r.long()
@@ -431,10 +526,18 @@ func (r *avroReader) blocks(out []byte, n *avroNode, depth int) ([]byte, error) 
 				return nil, err
 			}
 		}
-		// Every item takes a byte at least, but nulls; a count that the
-		// remaining bytes cannot hold is a corrupt value.
-		if count > int64(len(r.b)-r.i) && (n.kind == avroMap || n.items.kind != avroNull) || count > 1<<24 {
+		// A count that the remaining bytes cannot hold is a corrupt
+		// value. Items of no bytes (nulls, records of nulls) can be any
+		// number: the budget bounds those, as it does all.
+		size := int64(n.items.minSize)
+		if n.kind == avroMap {
+			size++ // the key's length
+		}
+		if size > 0 && count > int64(len(r.b)-r.i)/size {
 			return nil, mismatch("a block of %d items in %d bytes", count, len(r.b)-r.i)
+		}
+		if err := r.bud.takeItems(count); err != nil {
+			return nil, avroLimit(err)
 		}
 		for range count {
 			if !first {
@@ -463,15 +566,27 @@ func (r *avroReader) blocks(out []byte, n *avroNode, depth int) ([]byte, error) 
 }
 
 // logical decodes the logical types.
-func (r *avroReader) logical(out []byte, n *avroNode) ([]byte, error) {
+func (r *avroReader) logical(out []byte, n *avroNode, depth int) ([]byte, error) {
 	switch n.kind {
 	case avroDecimalBytes, avroDecimalFixed:
 		b, err := r.bytesOf(n)
 		if err != nil {
 			return nil, err
 		}
+		b = trimSignExtension(b)
+		if len(b) > maxDecimalBytes {
+			return nil, mismatch("a decimal of %d bytes has more digits than PostgreSQL's numeric holds", len(b))
+		}
+		// 2.41 digits a byte, the point, a sign, the zeros before a
+		// small value's digits.
+		if !r.bud.fits(len(out), max(len(b)*241/100+1, n.scale+1)+2) {
+			return nil, avroLimit(r.bud.overBytes())
+		}
 		return appendDecimal(out, b, n.scale), nil
 	case avroDuration:
+		if err := openLevel(depth); err != nil {
+			return nil, err
+		}
 		b, err := r.take(12)
 		if err != nil {
 			return nil, err
@@ -513,6 +628,15 @@ func (r *avroReader) logical(out []byte, n *avroNode) ([]byte, error) {
 	out = append(out, '"')
 	out = t.UTC().AppendFormat(out, layout)
 	return append(out, '"'), nil
+}
+
+// trimSignExtension drops the leading bytes of a two's-complement
+// big-endian number that only extend its sign.
+func trimSignExtension(b []byte) []byte {
+	for len(b) > 1 && (b[0] == 0 && b[1]&0x80 == 0 || b[0] == 0xff && b[1]&0x80 != 0) {
+		b = b[1:]
+	}
+	return b
 }
 
 // appendDecimal appends the two's-complement big-endian unscaled value b

@@ -28,7 +28,7 @@ func BenchmarkAvroToJSON(b *testing.B) {
 	b.SetBytes(int64(len(v)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := c.toJSON(v); err != nil {
+		if _, err := toJSON(c, v); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,7 +1,10 @@
 package decode
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"math"
 	"math/big"
 	"strings"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/hamba/avro/v2"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
 )
 
@@ -74,7 +78,7 @@ func TestAvroToJSON(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := c.toJSON(b)
+			got, err := toJSON(c, b)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -118,7 +122,7 @@ func TestAvroMismatch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := c.toJSON(tt.payload)
+			_, err := toJSON(c, tt.payload)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("got %v, want an error containing %q", err, tt.want)
 			}
@@ -140,7 +144,7 @@ func TestAvroInvalidSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := c.toJSON([]byte{4})
+	got, err := toJSON(c, []byte{4})
 	if err != nil || string(got) != `{"i":{"x":2}}` {
 		t.Errorf("got %s, %v", got, err)
 	}
@@ -181,14 +185,14 @@ func FuzzAvro(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	if _, err := c.toJSON(good); err != nil {
+	if _, err := toJSON(c, good); err != nil {
 		f.Fatalf("the seed does not decode: %v", err)
 	}
 	f.Add(good)
 	f.Add(good[:len(good)/2])
 	f.Add([]byte{0xfe, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		got, err := c.toJSON(payload)
+		got, err := toJSON(c, payload)
 		if err != nil {
 			return
 		}
@@ -196,4 +200,114 @@ func FuzzAvro(f *testing.F) {
 			t.Fatalf("output %q: %v", got, err)
 		}
 	})
+}
+
+// hostileAvroSchema is the schema of hostileAvroNulls.
+const hostileAvroSchema = `{"type":"record","name":"Z","fields":[{"name":"event_id","type":"string"},` +
+	`{"name":"event_time","type":"string"},{"name":"xs","type":{"type":"array","items":"null"}}]}`
+
+// appendAvroString appends s as an Avro string.
+func appendAvroString(b []byte, s string) []byte {
+	return append(binary.AppendVarint(b, int64(len(s))), s...)
+}
+
+// hostileAvroNulls is a value of hostileAvroSchema of 425 bytes (430 in
+// the wire format) whose array has 100 blocks of 16,777,216 nulls each,
+// which take no bytes.
+func hostileAvroNulls() []byte {
+	b := appendAvroString(appendAvroString(nil, "e1"), "2026-10-05T09:15:00Z")
+	for range 100 {
+		b = binary.AppendVarint(b, 1<<24)
+	}
+	return append(b, 0)
+}
+
+// avroNested is a value of avroListSchema nested depth levels deep.
+func avroNested(depth int) []byte {
+	return append(bytes.Repeat([]byte{2}, depth), 0) // branch 1 (a Node) depth times, then null
+}
+
+// avroListSchema is a recursive schema: a list of nodes.
+const avroListSchema = `{"type":"record","name":"Node","fields":[{"name":"next","type":["null","Node"]}]}`
+
+// TestAvroLimits checks that values whose JSON would be larger than
+// their budget, or nested deeper than MaxDepth, are refused as over a
+// limit having allocated a few times their budget at most, and that
+// values near the limits decode.
+func TestAvroLimits(t *testing.T) {
+	emptyRecords := `{"type":"array","items":{"type":"record","name":"E","fields":[]}}`
+	tests := []struct {
+		name    string
+		schema  string
+		payload []byte
+		lim     config.DecodeLimits
+		want    string // the JSON, or a part of the error
+		limit   bool   // whether the error is over a limit
+	}{
+		{"100 blocks of 2^24 nulls", hostileAvroSchema, hostileAvroNulls(), config.DecodeLimits{},
+			"at /xs: 16777216 items: more than the 46368 its budget has left (half its 92736 bytes of JSON, 64 times the record's 425 bytes plus 65536: ingest.decode_max_expansion)", true},
+		{"nulls within the budget", `{"type":"array","items":"null"}`, binary.AppendVarint(binary.AppendVarint(nil, 3), 0),
+			config.DecodeLimits{}, `[null,null,null]`, false},
+		{"2^31 empty records", emptyRecords, binary.AppendVarint(binary.AppendVarint(nil, 1<<31), 0), config.DecodeLimits{},
+			"2147483648 items: more than", true},
+		{"empty records in no bytes", emptyRecords, binary.AppendVarint(binary.AppendVarint(nil, 4), 0), config.DecodeLimits{},
+			`[{},{},{},{}]`, false},
+		{"a negative block of 2^62 nulls", `{"type":"array","items":"null"}`,
+			binary.AppendVarint(binary.AppendVarint(nil, -(1<<62)), 0), config.DecodeLimits{}, "items: more than", true},
+		{"a string longer than the cap", `"string"`, appendAvroString(nil, strings.Repeat("\x01", 200_000)),
+			config.DecodeLimits{MaxBytes: 1 << 20}, "more than its budget of 1048576 bytes of JSON (ingest.decode_max_bytes)", true},
+		{"JSON over the expansion", `{"type":"array","items":{"type":"record","name":"N","fields":[{"name":"a_long_field_name","type":"null"}]}}`,
+			binary.AppendVarint(binary.AppendVarint(nil, 10_000), 0), config.DecodeLimits{Expansion: 2},
+			"more than its budget of 65544 bytes of JSON (2 times the record's 4 bytes plus 65536: ingest.decode_max_expansion)", true},
+		{"nested 100,000 deep", avroListSchema, avroNested(100_000), config.DecodeLimits{},
+			"nested more than 256 levels deep", true},
+		{"nested 256 deep", avroListSchema, avroNested(MaxDepth - 1), config.DecodeLimits{},
+			strings.Repeat(`{"next":`, MaxDepth) + "null" + strings.Repeat("}", MaxDepth), false},
+		{"2^31 bytes", `"bytes"`, binary.AppendVarint(nil, 1<<31), config.DecodeLimits{}, "truncated", false},
+		{"a negative length", `"string"`, binary.AppendVarint(nil, -5), config.DecodeLimits{}, "negative length -5", false},
+		{"a map of 2^31 entries", `{"type":"map","values":"null"}`, binary.AppendVarint(nil, 1<<31), config.DecodeLimits{},
+			"a block of 2147483648 items in 0 bytes", false},
+		{"a decimal of a million bytes", `{"type":"bytes","logicalType":"decimal","precision":10,"scale":2}`,
+			append(binary.AppendVarint(nil, 1<<20), bytes.Repeat([]byte{0x7f}, 1<<20)...), config.DecodeLimits{},
+			"a decimal of 1048576 bytes has more digits than PostgreSQL's numeric holds", false},
+		{"a decimal of a million sign bytes", `{"type":"bytes","logicalType":"decimal","precision":10,"scale":2}`,
+			append(append(binary.AppendVarint(nil, 1<<20), bytes.Repeat([]byte{0xff}, 1<<20-1)...), 0x85), config.DecodeLimits{},
+			`-1.23`, false},
+		{"a decimal of scale 16383", `{"type":"bytes","logicalType":"decimal","precision":16383,"scale":16383}`,
+			[]byte{2, 1}, config.DecodeLimits{}, "0." + strings.Repeat("0", 16382) + "1", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := compileAvro(tt.schema, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []byte
+			b := newBudget(tt.lim, len(tt.payload))
+			n := allocated(func() { got, err = c.toJSON(tt.payload, b) })
+			if bound := allocBound(b.limit); n > bound {
+				t.Errorf("allocated %d bytes, more than %d", n, bound)
+			}
+			switch {
+			case err == nil && (tt.limit || string(got) != tt.want):
+				t.Fatalf("got %.200s, want %.200s", got, tt.want)
+			case err != nil && (!strings.Contains(err.Error(), tt.want) || errors.Is(err, errLimit) != tt.limit):
+				t.Fatalf("got %v (over a limit: %t), want an error containing %q (%t)", err, errors.Is(err, errLimit), tt.want, tt.limit)
+			}
+		})
+	}
+}
+
+// TestAvroDecimalScale checks that a decimal whose scale no jsonb number
+// can hold is refused with its schema.
+func TestAvroDecimalScale(t *testing.T) {
+	for _, s := range []string{
+		`{"type":"bytes","logicalType":"decimal","precision":300000000,"scale":300000000}`,
+		`{"type":"bytes","logicalType":"decimal","precision":16384,"scale":16384}`,
+	} {
+		_, err := compileAvro(s, nil)
+		if err == nil || !strings.Contains(err.Error(), "holds at most 16383 digits after the point") {
+			t.Errorf("%s: got %v", s, err)
+		}
+	}
 }

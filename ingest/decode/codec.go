@@ -3,12 +3,14 @@ package decode
 // A codec turns the records of one registered schema into JSON text that
 // jsonb accepts, mapping the format's types as docs/formats.md says.
 type codec interface {
-	// toJSON returns the record's value as JSON. payload is the record
-	// value after the Confluent wire header (the magic byte and the
-	// schema id); for Protobuf it starts with the message indexes. An
-	// error means the bytes do not match the schema (a schema_mismatch
-	// dead letter); its text says where.
-	toJSON(payload []byte) ([]byte, error)
+	// toJSON returns the record's value as JSON, within the record's
+	// budget b, which it spends. payload is the record value after the
+	// Confluent wire header (the magic byte and the schema id); for
+	// Protobuf it starts with the message indexes. An error means the
+	// bytes do not match the schema (a schema_mismatch dead letter), or,
+	// when it wraps errLimit, that decoding them would cost more than b
+	// (a decode_limit); its text says where.
+	toJSON(payload []byte, b *budget) ([]byte, error)
 }
 
 // schemaRef is a schema that another schema references.

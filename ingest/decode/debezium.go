@@ -100,13 +100,15 @@ func (d *Decoder) decodeDebezium(r *kgo.Record, s Schemas) (Event, *Rejection) {
 	if len(bytes.TrimSpace(r.Value)) == 0 || string(bytes.TrimSpace(r.Value)) == "null" {
 		return Event{Skip: SkipTombstone}, nil
 	}
-	value, rej := d.changeDoc(r.Value, s, "")
+	// One budget for the key and the value, which are decoded alike.
+	b := newBudget(d.limits, len(r.Value)+len(r.Key))
+	value, rej := d.changeDoc(r.Value, s, "", b)
 	if rej != nil {
 		return Event{}, rej
 	}
 	var key *changeDoc
 	if len(bytes.TrimSpace(r.Key)) > 0 {
-		k, rej := d.changeDoc(r.Key, s, "record key: ")
+		k, rej := d.changeDoc(r.Key, s, "record key: ", b)
 		if rej != nil {
 			return Event{}, rej
 		}
@@ -116,8 +118,9 @@ func (d *Decoder) decodeDebezium(r *kgo.Record, s Schemas) (Event, *Rejection) {
 }
 
 // changeDoc reads a record's value or key (what says which in a
-// rejection's detail) as a document of a change event.
-func (d *Decoder) changeDoc(v []byte, s Schemas, what string) (changeDoc, *Rejection) {
+// rejection's detail) as a document of a change event, within the
+// record's budget b.
+func (d *Decoder) changeDoc(v []byte, s Schemas, what string, b *budget) (changeDoc, *Rejection) {
 	id, payload, ok := wireID(v)
 	if len(v) > 0 && v[0] == 0 && !ok {
 		return changeDoc{}, &Rejection{ReasonWrongFormat, what + "a value that begins with the byte 0 is neither JSON nor in the Confluent wire format: " + hexPrefix(v, wireHeader)}
@@ -135,9 +138,9 @@ func (d *Decoder) changeDoc(v []byte, s Schemas, what string) (changeDoc, *Rejec
 	if rej != nil {
 		return changeDoc{}, &Rejection{rej.Reason, what + rej.Detail}
 	}
-	js, err := e.codec.toJSON(payload)
+	js, err := e.codec.toJSON(payload, b)
 	if err != nil {
-		return changeDoc{}, &Rejection{ReasonSchemaMismatch, fmt.Sprintf("%sschema id %d: %v", what, id, err)}
+		return changeDoc{}, decodeRejection(fmt.Sprintf("%sschema id %d: ", what, id), err)
 	}
 	var cs *connectSchema
 	if ac, ok := e.codec.(*avroCodec); ok {

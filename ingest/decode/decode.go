@@ -31,12 +31,21 @@ const (
 	ReasonUnknownSchema  = "unknown_schema"  // the registry says the schema id does not exist
 	ReasonInvalidSchema  = "invalid_schema"  // the schema does not compile, or uses what tidemark does not read
 	ReasonSchemaMismatch = "schema_mismatch" // the bytes do not decode with their schema
+
+	// ReasonDecodeLimit: a value of a registry format, or a Debezium
+	// change, whose decoding would cost more than its record's budget
+	// (limits.go): more JSON than ingest.decode_max_expansion times the
+	// record's size plus config.DecodeSlack, or than
+	// ingest.decode_max_bytes; more items than that JSON can hold;
+	// nesting deeper than MaxDepth. Such a record may be valid: raising
+	// the limit and replaying it loads it.
+	ReasonDecodeLimit = "decode_limit"
 )
 
 // Reasons lists every dead-letter reason.
 var Reasons = []string{ReasonInvalidJSON, ReasonMissingID, ReasonInvalidID, ReasonMissingTime,
 	ReasonInvalidTime, ReasonTimeOutOfRange, ReasonRejectedByStore,
-	ReasonWrongFormat, ReasonUnknownSchema, ReasonInvalidSchema, ReasonSchemaMismatch,
+	ReasonWrongFormat, ReasonUnknownSchema, ReasonInvalidSchema, ReasonSchemaMismatch, ReasonDecodeLimit,
 	ReasonInvalidEnvelope, ReasonMissingKey}
 
 // MaxIDBytes bounds event ids so they always fit a btree index entry.
@@ -75,6 +84,8 @@ type Decoder struct {
 	valueFormat string
 	reg         *Registry
 	dbz         *debezium // set for a Debezium source
+	// limits bound the decoding of one record (the source's Decode).
+	limits config.DecodeLimits
 }
 
 // NewDecoder builds the decoder for a validated source configuration of
@@ -113,6 +124,7 @@ func newDecoder(src *config.Source) (*Decoder, error) {
 		format:       src.EventTimeFormat,
 		maxAge:       src.MaxAge.D(),
 		maxTS:        src.MaxFutureSkew.D(),
+		limits:       src.Decode,
 	}
 	d.idIdx, d.tsIdx = -1, -1
 	if src.Debezium() {
@@ -301,11 +313,21 @@ func (d *Decoder) fromRegistry(v []byte, s Schemas) ([]byte, *Rejection) {
 	if rej != nil {
 		return nil, rej
 	}
-	js, err := e.codec.toJSON(payload)
+	js, err := e.codec.toJSON(payload, newBudget(d.limits, len(v)))
 	if err != nil {
-		return nil, &Rejection{ReasonSchemaMismatch, fmt.Sprintf("schema id %d: %v", id, err)}
+		return nil, decodeRejection(fmt.Sprintf("schema id %d: ", id), err)
 	}
 	return js, nil
+}
+
+// decodeRejection is the rejection of a value that a codec could not
+// decode: a decode_limit when decoding it would cost more than its
+// budget, else a schema_mismatch; the detail is prefix and err.
+func decodeRejection(prefix string, err error) *Rejection {
+	if errors.Is(err, errLimit) {
+		return &Rejection{ReasonDecodeLimit, prefix + err.Error()}
+	}
+	return &Rejection{ReasonSchemaMismatch, prefix + err.Error()}
 }
 
 // entry is the schema of id, from s or the cache, when it is of format

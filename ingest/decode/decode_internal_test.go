@@ -526,6 +526,7 @@ func TestDecodeReasonNames(t *testing.T) {
 		ReasonUnknownSchema:   "unknown_schema",
 		ReasonInvalidSchema:   "invalid_schema",
 		ReasonSchemaMismatch:  "schema_mismatch",
+		ReasonDecodeLimit:     "decode_limit",
 		ReasonInvalidEnvelope: "invalid_envelope",
 		ReasonMissingKey:      "missing_key",
 	}

@@ -170,7 +170,7 @@ func (l refLoader) Load(u string) (any, error) {
 
 // toJSON checks that payload is JSON that jsonb accepts and valid against
 // the schema, and returns it unchanged.
-func (c *jsonSchemaCodec) toJSON(payload []byte) ([]byte, error) {
+func (c *jsonSchemaCodec) toJSON(payload []byte, _ *budget) ([]byte, error) {
 	if err := pgjson.Scan(payload, nil, nil); err != nil {
 		return nil, err
 	}

@@ -43,7 +43,7 @@ func mustCompileJSONSchema(t *testing.T, schema string, refs ...schemaRef) codec
 // checkValid fails unless c takes payload and returns it unchanged.
 func checkValid(t *testing.T, c codec, payload string) {
 	t.Helper()
-	got, err := c.toJSON([]byte(payload))
+	got, err := toJSON(c, []byte(payload))
 	if err != nil {
 		t.Fatalf("toJSON(%s): %v", payload, err)
 	}
@@ -56,7 +56,7 @@ func checkValid(t *testing.T, c codec, payload string) {
 // of wants.
 func checkInvalid(t *testing.T, c codec, payload string, wants ...string) {
 	t.Helper()
-	got, err := c.toJSON([]byte(payload))
+	got, err := toJSON(c, []byte(payload))
 	if err == nil {
 		t.Fatalf("toJSON(%s) = %s, want an error", payload, got)
 	}
@@ -124,7 +124,7 @@ func TestJSONSchemaErrorLength(t *testing.T) {
 		b.WriteString(`"ééééééééééééééééééééééééééééééééééééééé"`)
 	}
 	b.WriteString("]")
-	_, err := c.toJSON([]byte(b.String()))
+	_, err := toJSON(c, []byte(b.String()))
 	if err == nil {
 		t.Fatal("toJSON: want an error")
 	}

@@ -111,7 +111,7 @@ func (c *protoCodec) index(fd protoreflect.FileDescriptor, seen map[string]bool)
 
 // toJSON reads the message indexes, decodes the message they name and
 // writes it as JSON.
-func (c *protoCodec) toJSON(payload []byte) ([]byte, error) {
+func (c *protoCodec) toJSON(payload []byte, _ *budget) ([]byte, error) {
 	md, msgBytes, err := c.messageAt(payload)
 	if err != nil {
 		return nil, err

@@ -309,7 +309,7 @@ func TestProtobufTypes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			m := protoMessage(t, c, "shop.v1.All", tc.input, tc.edit)
-			got, err := c.toJSON(framed(t, []int{0}, marshalProto(t, m)))
+			got, err := toJSON(c, framed(t, []int{0}, marshalProto(t, m)))
 			if err != nil {
 				t.Fatalf("toJSON: %v", err)
 			}
@@ -362,7 +362,7 @@ func TestProtobufValueErrors(t *testing.T) {
 				input = `{}`
 			}
 			m := protoMessage(t, c, "shop.v1.All", input, tc.edit)
-			got, err := c.toJSON(framed(t, []int{0}, marshalProto(t, m)))
+			got, err := toJSON(c, framed(t, []int{0}, marshalProto(t, m)))
 			if err == nil {
 				t.Fatalf("toJSON = %s, want an error", got)
 			}
@@ -404,7 +404,7 @@ func TestProtobufMalformed(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := c.toJSON(tc.payload)
+			got, err := toJSON(c, tc.payload)
 			if err == nil {
 				t.Fatalf("toJSON = %s, want an error", got)
 			}
@@ -448,7 +448,7 @@ message B { string b = 1; }
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			payload := framed(t, tc.index, marshalProto(t, protoMessage(t, c, tc.message, tc.input, nil)))
-			got, err := c.toJSON(payload)
+			got, err := toJSON(c, payload)
 			if err != nil {
 				t.Fatalf("toJSON: %v", err)
 			}
@@ -458,7 +458,7 @@ message B { string b = 1; }
 	// The long form of [0] (count 1, index 0), which some producers
 	// write instead of the single zero byte.
 	msg := marshalProto(t, protoMessage(t, c, "idx.A", `{"a":"long"}`, nil))
-	got, err := c.toJSON(append([]byte{0x02, 0x00}, msg...))
+	got, err := toJSON(c, append([]byte{0x02, 0x00}, msg...))
 	if err != nil {
 		t.Fatalf("toJSON: %v", err)
 	}
@@ -510,7 +510,7 @@ message Order {
 			w := mustCompileProtobuf(t, tc.writer)
 			r := mustCompileProtobuf(t, tc.reader)
 			payload := framed(t, []int{0}, marshalProto(t, protoMessage(t, w, "shop.Order", tc.input, nil)))
-			got, err := r.toJSON(payload)
+			got, err := toJSON(r, payload)
 			if err != nil {
 				t.Fatalf("toJSON: %v", err)
 			}
@@ -549,7 +549,7 @@ message Order {
 }`
 	c := mustCompileProtobuf(t, schema, money, currency, fakeTimestamp)
 	m := protoMessage(t, c, "shop.Order", `{"id":"o1","price":{"currency":"EUR","units":"12","as_of":"2026-10-05T09:15:00Z"}}`, nil)
-	got, err := c.toJSON(framed(t, []int{0}, marshalProto(t, m)))
+	got, err := toJSON(c, framed(t, []int{0}, marshalProto(t, m)))
 	if err != nil {
 		t.Fatalf("toJSON: %v", err)
 	}
@@ -569,7 +569,7 @@ message M {
   optional bytes raw = 5;
 }`)
 	m := protoMessage(t, c, "p2.M", `{"id":"x","s":""}`, nil)
-	got, err := c.toJSON(framed(t, []int{0}, marshalProto(t, m)))
+	got, err := toJSON(c, framed(t, []int{0}, marshalProto(t, m)))
 	if err != nil {
 		t.Fatalf("toJSON: %v", err)
 	}
@@ -578,10 +578,10 @@ message M {
 	// proto2 strings are not checked for UTF-8 by the decoder; the
 	// mapping refuses them.
 	b := []byte{0x0a, 0x01, 'x', 0x1a, 0x02, 0xc3, 0x28}
-	if got, err := c.toJSON(framed(t, []int{0}, b)); err == nil || !strings.Contains(err.Error(), "at s: string is not valid UTF-8") {
+	if got, err := toJSON(c, framed(t, []int{0}, b)); err == nil || !strings.Contains(err.Error(), "at s: string is not valid UTF-8") {
 		t.Fatalf("toJSON = %s, %v; want the UTF-8 error at s", got, err)
 	}
-	if got, err := c.toJSON(framed(t, []int{0}, []byte{0x10, 0x01})); err == nil || !strings.Contains(err.Error(), "required field p2.M.id not set") {
+	if got, err := toJSON(c, framed(t, []int{0}, []byte{0x10, 0x01})); err == nil || !strings.Contains(err.Error(), "required field p2.M.id not set") {
 		t.Fatalf("toJSON = %s, %v; want the missing required field", got, err)
 	}
 }
@@ -598,10 +598,10 @@ message N { N next = 1; int32 v = 2; }`)
 		}
 		return b
 	}
-	if _, err := c.toJSON(framed(t, []int{0}, nest(pgjson.MaxDepth))); err != nil {
+	if _, err := toJSON(c, framed(t, []int{0}, nest(pgjson.MaxDepth))); err != nil {
 		t.Fatalf("%d levels: %v", pgjson.MaxDepth, err)
 	}
-	if got, err := c.toJSON(framed(t, []int{0}, nest(pgjson.MaxDepth+1))); err == nil {
+	if got, err := toJSON(c, framed(t, []int{0}, nest(pgjson.MaxDepth+1))); err == nil {
 		t.Fatalf("%d levels: toJSON = %.40s…, want an error", pgjson.MaxDepth+1, got)
 	}
 }
@@ -656,7 +656,7 @@ func TestCompileProtobufErrors(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reference named %s: %v", protoMainFile, err)
 	}
-	got, err := c.toJSON([]byte{0, 0x0a, 0x02, 0x08, 0x03})
+	got, err := toJSON(c, []byte{0, 0x0a, 0x02, 0x08, 0x03})
 	if err != nil {
 		t.Fatalf("toJSON: %v", err)
 	}
@@ -673,7 +673,7 @@ func FuzzProtobuf(f *testing.F) {
 	}
 	f.Add([]byte{0x02, 0x02, 0x0a})
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		got, err := c.toJSON(payload)
+		got, err := toJSON(c, payload)
 		if err != nil {
 			return
 		}
@@ -694,7 +694,7 @@ func TestCodecsConcurrent(t *testing.T) {
 		t.Fatalf("compileJSONSchema: %v", err)
 	}
 	jsPayload := []byte(`{"id":"o1","qty":2,"items":[{"sku":"AB-1"}]}`)
-	want, err := pc.toJSON(pbPayload)
+	want, err := toJSON(pc, pbPayload)
 	if err != nil {
 		t.Fatalf("toJSON: %v", err)
 	}
@@ -702,12 +702,12 @@ func TestCodecsConcurrent(t *testing.T) {
 	for range cap(errs) {
 		go func() {
 			for range 50 {
-				got, err := pc.toJSON(pbPayload)
+				got, err := toJSON(pc, pbPayload)
 				if err == nil && !bytes.Equal(got, want) {
 					err = fmt.Errorf("protobuf: got %s, want %s", got, want)
 				}
 				if err == nil {
-					_, err = jc.toJSON(jsPayload)
+					_, err = toJSON(jc, jsPayload)
 				}
 				if err != nil {
 					errs <- err
