@@ -388,6 +388,7 @@ func (r *avroReader) value(out []byte, n *avroNode, depth int) ([]byte, error) {
 	if !r.bud.fits(len(out), 0) {
 		return nil, avroLimit(r.bud.overBytes())
 	}
+	out = r.bud.grow(out, 64)
 	switch n.kind {
 	case avroNull:
 		return append(out, "null"...), nil

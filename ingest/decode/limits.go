@@ -104,6 +104,29 @@ func (b *budget) takeItems(n int64) error {
 	return nil
 }
 
+// takeWork spends n bytes of decoding a second time; what says what.
+func (b *budget) takeWork(n int, what string) error {
+	if n > b.work {
+		return &limitError{fmt.Sprintf("%s: more than the %d bytes its budget has left to decode again (%s)", what, b.work, b.why)}
+	}
+	b.work -= n
+	return nil
+}
+
+// grow returns out, the JSON of the step under way, with room for n
+// more bytes at least: its capacity doubled, up to the budget, so that
+// JSON grown to its budget has cost about twice that in all (append
+// grows large slices by a quarter, which would cost five times).
+func (b *budget) grow(out []byte, n int) []byte {
+	if cap(out)-len(out) >= n {
+		return out
+	}
+	c := max(min(2*cap(out), b.limit-b.used+n), len(out)+n)
+	grown := make([]byte, len(out), c)
+	copy(grown, out)
+	return grown
+}
+
 // spend records n bytes of JSON written by a step that is done.
 func (b *budget) spend(n int) error {
 	if !b.fits(0, n) {

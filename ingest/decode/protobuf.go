@@ -15,6 +15,7 @@ import (
 
 	"github.com/bufbuild/protocompile"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -110,44 +111,142 @@ func (c *protoCodec) index(fd protoreflect.FileDescriptor, seen map[string]bool)
 }
 
 // toJSON reads the message indexes, decodes the message they name and
-// writes it as JSON.
-func (c *protoCodec) toJSON(payload []byte, _ *budget) ([]byte, error) {
+// writes it as JSON, within the budget b.
+func (c *protoCodec) toJSON(payload []byte, b *budget) ([]byte, error) {
 	md, msgBytes, err := c.messageAt(payload)
 	if err != nil {
 		return nil, err
 	}
-	m, err := unmarshalProto(md, msgBytes)
+	m, err := unmarshalProto(md, msgBytes, 0)
 	if err != nil {
 		return nil, err
 	}
-	w := protoWriter{types: c.types, buf: make([]byte, 0, 2*len(msgBytes)+64)}
+	w := protoWriter{types: c.types, buf: make([]byte, 0, min(2*len(msgBytes)+64, b.limit)), bud: b}
 	if err := w.message(m); err != nil {
+		return nil, err
+	}
+	if err := b.spend(len(w.buf)); err != nil {
 		return nil, err
 	}
 	return w.buf, nil
 }
 
-// unmarshalProto decodes b as a message of type md. Fields the descriptor
-// does not know (written by a newer or older schema) are kept aside by the
-// decoder and never written out.
+// unmarshalProto decodes b as a message of type md, nested in depth
+// levels of JSON. Fields the descriptor does not know (written by a newer
+// or older schema) are kept aside by the decoder and never written out.
 //
 // The decoder panics on some malformed map entries (a key field repeated
 // with another wire type, google.golang.org/protobuf v1.36.12); the bytes
 // are untrusted, so a panic in it is a malformed message.
-func unmarshalProto(md protoreflect.MessageDescriptor, b []byte) (_ protoreflect.Message, err error) {
+func unmarshalProto(md protoreflect.MessageDescriptor, b []byte, depth int) (_ protoreflect.Message, err error) {
+	// Each message level is at least one level of JSON nesting, so a
+	// message nested deeper than MaxDepth is refused before it is
+	// decoded; so are unknown groups nested as deep, which the decoder
+	// would skip up to its own limit of 10000 levels.
+	if err := protoDepth(md, b, depth); err != nil {
+		return nil, fmt.Errorf("%s: %w", md.FullName(), err)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%s: malformed message (the decoder failed: %v)", md.FullName(), r)
 		}
 	}()
 	m := dynamicpb.NewMessage(md)
-	// Each message level is at least one level of JSON nesting, so a
-	// message deeper than jsonb takes is refused while decoding.
-	opts := proto.UnmarshalOptions{RecursionLimit: pgjson.MaxDepth}
+	opts := proto.UnmarshalOptions{RecursionLimit: MaxDepth + 1}
 	if err := opts.Unmarshal(b, m); err != nil {
 		return nil, fmt.Errorf("%s: %w", md.FullName(), err)
 	}
 	return m, nil
+}
+
+// protoDepth checks that b, a message of type md at depth levels, nests
+// no message, map entry or group (of a known field or not) MaxDepth
+// levels deep or more; it recurses as deep as the messages it accepts,
+// and reads unknown groups without recursion. Malformed bytes are left to
+// the decoder, which says what is wrong with them.
+func protoDepth(md protoreflect.MessageDescriptor, b []byte, depth int) error {
+	if depth >= MaxDepth {
+		return errDepth()
+	}
+	fields := md.Fields()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		fd := fields.ByNumber(num)
+		var inner []byte // the bytes of a message or group of a known field
+		switch typ {
+		case protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil
+			}
+			b = b[n:]
+			if fd != nil && fd.Message() != nil && (fd.Kind() == protoreflect.MessageKind || fd.IsMap()) {
+				inner = v
+			}
+		case protowire.StartGroupType:
+			n, err := skipGroup(num, b, MaxDepth-depth-1)
+			if n < 0 || err != nil {
+				return err
+			}
+			if fd != nil && fd.Kind() == protoreflect.GroupKind {
+				inner = b[:n-protowire.SizeTag(num)]
+			}
+			b = b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return nil
+			}
+			b = b[n:]
+		}
+		if inner != nil {
+			if err := protoDepth(fd.Message(), inner, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// skipGroup returns the length of the group num that b begins with, its
+// end tag included, or a negative length when b is malformed; more than
+// levels groups open at once, this one included, are over the limit.
+func skipGroup(num protowire.Number, b []byte, levels int) (int, error) {
+	if levels < 1 {
+		return 0, errDepth()
+	}
+	open := []protowire.Number{num}
+	n0 := len(b)
+	for len(open) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return n, nil
+		}
+		b = b[n:]
+		switch typ {
+		case protowire.StartGroupType:
+			if len(open) >= levels {
+				return 0, errDepth()
+			}
+			open = append(open, num)
+		case protowire.EndGroupType:
+			if num != open[len(open)-1] {
+				return -1, nil
+			}
+			open = open[:len(open)-1]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return n, nil
+			}
+			b = b[n:]
+		}
+	}
+	return n0 - len(b), nil
 }
 
 // messageAt reads the Confluent message indexes at the start of payload:
@@ -219,11 +318,25 @@ func countDeclared(msgs protoreflect.MessageDescriptors) int {
 }
 
 // protoWriter appends a message to buf as JSON, following docs/formats.md:
-// every field under its .proto name, in declaration order.
+// every field under its .proto name, in declaration order, within the
+// record's budget bud. Every field and item writes a few bytes before the
+// next check of the budget, but for a string or bytes field, whose
+// content is the record's own bytes.
 type protoWriter struct {
 	types map[protoreflect.FullName]protoreflect.MessageDescriptor
 	buf   []byte
 	depth int
+	bud   *budget
+}
+
+// within checks that the JSON written so far is within the budget, and
+// makes room for the next field or item.
+func (w *protoWriter) within() error {
+	if !w.bud.fits(len(w.buf), 0) {
+		return w.bud.overBytes()
+	}
+	w.buf = w.bud.grow(w.buf, 256)
+	return nil
 }
 
 // protoPathError is an error inside a message, with the path of the
@@ -251,8 +364,8 @@ func atPath(err error, seg string) error {
 
 func (w *protoWriter) open(c byte) error {
 	w.depth++
-	if w.depth > pgjson.MaxDepth {
-		return fmt.Errorf("nesting deeper than %d", pgjson.MaxDepth)
+	if w.depth > MaxDepth {
+		return errDepth()
 	}
 	w.buf = append(w.buf, c)
 	return nil
@@ -290,6 +403,9 @@ func (w *protoWriter) object(m protoreflect.Message, typeURL string) error {
 		if i > 0 || typeURL != "" {
 			w.buf = append(w.buf, ',')
 		}
+		if err := w.within(); err != nil {
+			return err
+		}
 		w.buf = strconv.AppendQuote(w.buf, string(fd.Name())) // identifiers: ASCII letters, digits, _
 		w.buf = append(w.buf, ':')
 		if err := w.field(m, fd); err != nil {
@@ -308,12 +424,18 @@ func (w *protoWriter) field(m protoreflect.Message, fd protoreflect.FieldDescrip
 	switch {
 	case fd.IsList():
 		list := m.Get(fd).List()
+		if err := w.bud.takeItems(int64(list.Len())); err != nil {
+			return err
+		}
 		if err := w.open('['); err != nil {
 			return err
 		}
 		for i := range list.Len() {
 			if i > 0 {
 				w.buf = append(w.buf, ',')
+			}
+			if err := w.within(); err != nil {
+				return err
 			}
 			if err := w.single(fd, list.Get(i)); err != nil {
 				return atPath(err, "["+strconv.Itoa(i)+"]")
@@ -336,6 +458,9 @@ func (w *protoWriter) mapField(mp protoreflect.Map, fd protoreflect.FieldDescrip
 	type entry struct {
 		key string
 		val protoreflect.Value
+	}
+	if err := w.bud.takeItems(int64(mp.Len())); err != nil {
+		return err
 	}
 	entries := make([]entry, 0, mp.Len())
 	keyKind := fd.MapKey().Kind()
@@ -361,6 +486,9 @@ func (w *protoWriter) mapField(mp protoreflect.Map, fd protoreflect.FieldDescrip
 	for i, e := range entries {
 		if i > 0 {
 			w.buf = append(w.buf, ',')
+		}
+		if err := w.within(); err != nil {
+			return err
 		}
 		if err := w.string(e.key); err != nil {
 			return atPath(err, "[key]")
@@ -577,7 +705,13 @@ func (w *protoWriter) any(m protoreflect.Message) error {
 	if md == nil {
 		return fmt.Errorf("google.protobuf.Any: type %q is not in the schema or its references", typeURL)
 	}
-	inner, err := unmarshalProto(md, value)
+	// The content was decoded as bytes with the message around it and
+	// is decoded again now, as deep as it is nested: Anys within Anys
+	// would cost their depth times the record's size.
+	if err := w.bud.takeWork(len(value), "google.protobuf.Any "+string(name)); err != nil {
+		return err
+	}
+	inner, err := unmarshalProto(md, value, w.depth)
 	if err != nil {
 		return fmt.Errorf("google.protobuf.Any: %w", err)
 	}

@@ -3,18 +3,22 @@ package decode
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/sr"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 )
@@ -721,5 +725,137 @@ func TestCodecsConcurrent(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// hostileProto is a schema for the hostile Protobuf values: a recursive
+// message, one of many fields, a map of them, and Anys.
+var hostileProto = `syntax = "proto3";
+package hostile;
+import "google/protobuf/any.proto";
+message N { N next = 1; int32 v = 2; }
+message Big { ` + bigFields + ` }
+message Holder {
+  repeated Big bigs = 1;
+  map<string, Big> by_name = 2;
+  google.protobuf.Any any = 3;
+  repeated int32 packed = 4;
+  bytes pad = 5;
+}
+`
+
+// bigFields declares 50 string fields of long names.
+var bigFields = func() string {
+	var b strings.Builder
+	for i := 1; i <= 50; i++ {
+		fmt.Fprintf(&b, "string a_rather_long_field_name_%d = %d; ", i, i)
+	}
+	return b.String()
+}()
+
+// protoNested is a message N nested levels deep, as TestProtobufDepth
+// builds it, but without growing a copy at each level: the lengths are
+// written from the inside out.
+func protoNested(levels int) []byte {
+	inner := []byte{0x10, 0x01}
+	sizes := make([]int, levels)
+	sizes[levels-1] = len(inner)
+	for i := levels - 2; i >= 0; i-- {
+		sizes[i] = 1 + protowire.SizeVarint(uint64(sizes[i+1])) + sizes[i+1]
+	}
+	var b []byte
+	for i := range levels - 1 {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizes[i+1]))
+	}
+	return append(b, inner...)
+}
+
+// protoGroups is field 99, not in the schema, as groups nested levels
+// deep.
+func protoGroups(levels int) []byte {
+	start, end := protowire.AppendTag(nil, 99, protowire.StartGroupType), protowire.AppendTag(nil, 99, protowire.EndGroupType)
+	return append(bytes.Repeat(start, levels), bytes.Repeat(end, levels)...)
+}
+
+// protoAnys is a Holder whose Any holds an Any, levels deep, around a
+// Holder with pad bytes of padding.
+func protoAnys(levels, pad int) []byte {
+	b := protowire.AppendBytes(protowire.AppendTag(nil, 5, protowire.BytesType), make([]byte, pad))
+	url := "type.googleapis.com/hostile.Holder"
+	for range levels {
+		anyMsg := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), url)
+		anyMsg = protowire.AppendBytes(protowire.AppendTag(anyMsg, 2, protowire.BytesType), b)
+		b = protowire.AppendBytes(protowire.AppendTag(nil, 3, protowire.BytesType), anyMsg)
+	}
+	return b
+}
+
+// TestProtobufLimits checks that messages whose JSON would be larger
+// than their budget, or nested deeper than MaxDepth (messages, or groups
+// no field declares), are refused as over a limit having allocated a few
+// times their budget at most, and that messages within them decode.
+func TestProtobufLimits(t *testing.T) {
+	c := mustCompileProtobuf(t, hostileProto)
+	empties := func(field protowire.Number, n int) []byte {
+		var b []byte
+		for i := range n {
+			if field == 1 {
+				b = protowire.AppendBytes(protowire.AppendTag(b, 1, protowire.BytesType), nil)
+				continue
+			}
+			entry := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), strconv.Itoa(i))
+			b = protowire.AppendBytes(protowire.AppendTag(b, field, protowire.BytesType), entry)
+		}
+		return b
+	}
+	tests := []struct {
+		name    string
+		index   int // of the message: 0 N, 2 Holder
+		payload []byte
+		lim     config.DecodeLimits
+		want    string // a part of the JSON, or of the error
+		limit   bool
+	}{
+		{"nested 100,000 deep", 0, protoNested(100_000), config.DecodeLimits{}, "hostile.N: nested more than 256 levels deep", true},
+		{"nested 256 deep", 0, protoNested(MaxDepth), config.DecodeLimits{}, `{"next":{"next":`, false},
+		{"unknown groups 100,000 deep", 0, protoGroups(100_000), config.DecodeLimits{}, "hostile.N: nested more than 256 levels deep", true},
+		{"unknown groups 255 deep", 0, protoGroups(MaxDepth - 1), config.DecodeLimits{}, `{"next":null,"v":0}`, false},
+		{"unknown groups 255 deep in a message", 0, protowire.AppendBytes([]byte{0x0a}, protoGroups(MaxDepth-1)),
+			config.DecodeLimits{}, "nested more than 256 levels deep", true},
+		{"an unknown group not ended", 0, protowire.AppendTag(nil, 99, protowire.StartGroupType), config.DecodeLimits{},
+			"hostile.N: proto", false},
+		{"100,000 empty messages of 50 fields", 2, empties(1, 100_000), config.DecodeLimits{},
+			"at bigs[", true},
+		{"a map of 100,000 empty messages", 2, empties(2, 100_000), config.DecodeLimits{},
+			`at by_name["`, true},
+		{"a few empty messages", 2, empties(1, 3), config.DecodeLimits{}, `"bigs":[{"a_rather_long_field_name_1":""`, false},
+		{"Anys in Anys", 2, protoAnys(200, 10_000), config.DecodeLimits{},
+			"google.protobuf.Any hostile.Holder: more than the", true},
+		{"Anys in Anys within the budget", 2, protoAnys(3, 100), config.DecodeLimits{}, `"@type":"type.googleapis.com/hostile.Holder"`, false},
+		{"2^31 packed items", 2, protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.BytesType), 1<<31),
+			config.DecodeLimits{}, "hostile.Holder: proto", false},
+		{"a negative length", 2, protowire.AppendVarint(protowire.AppendTag(nil, 5, protowire.BytesType), 1<<63),
+			config.DecodeLimits{}, "hostile.Holder: proto", false},
+		{"over the cap", 2, protowire.AppendBytes(protowire.AppendTag(nil, 5, protowire.BytesType), make([]byte, 900_000)),
+			config.DecodeLimits{MaxBytes: 1 << 20}, "ingest.decode_max_bytes", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			payload := framed(t, []int{tt.index}, tt.payload)
+			b := newBudget(tt.lim, len(payload))
+			var got []byte
+			var err error
+			n := allocated(func() { got, err = c.toJSON(payload, b) })
+			if bound := allocBound(b.limit); n > bound {
+				t.Errorf("allocated %d bytes, more than %d", n, bound)
+			}
+			switch {
+			case err == nil && (tt.limit || !strings.Contains(string(got), tt.want)):
+				t.Fatalf("got %.300s, want %.300s", got, tt.want)
+			case err != nil && (!strings.Contains(err.Error(), tt.want) || errors.Is(err, errLimit) != tt.limit):
+				t.Fatalf("got %.300v (over a limit: %t), want an error containing %q (%t)", err, errors.Is(err, errLimit), tt.want, tt.limit)
+			}
+		})
 	}
 }
