@@ -675,7 +675,11 @@ func appendDecimal(out, b []byte, scale int) []byte {
 		return append(out, digits...)
 	}
 	if len(digits) <= scale {
-		digits = strings.Repeat("0", scale-len(digits)+1) + digits
+		out = append(out, '0', '.')
+		for range scale - len(digits) {
+			out = append(out, '0')
+		}
+		return append(out, digits...)
 	}
 	out = append(out, digits[:len(digits)-scale]...)
 	out = append(out, '.')

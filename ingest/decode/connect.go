@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
 	"strconv"
 	"strings"
 	"time"
@@ -97,11 +96,35 @@ func isUnavailableValue(raw json.RawMessage) bool {
 // logical type decoded: dates, times and timestamps as ISO 8601 text,
 // decimals as exact JSON numbers, bytes as PostgreSQL's hex text (\x...),
 // JSON text as JSON. Values without a schema are returned as they are.
-func convert(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
+// The values it makes are spent from the record's budget b, and the
+// structs and arrays it reads again taken from its work.
+func convert(raw json.RawMessage, s *connectSchema, b *budget) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
 	if s == nil || len(raw) == 0 || string(raw) == "null" || decoded(raw, s) {
 		return raw, nil
 	}
+	if (s.Type == "struct" || s.Type == "array") && s.Name != dbzVariableDecimal {
+		if err := b.takeWork(len(raw), "a "+s.Type+" read again"); err != nil {
+			return nil, err
+		}
+		if s.Type == "struct" {
+			return convertStruct(raw, s, b)
+		}
+		return convertArray(raw, s, b)
+	}
+	v, err := convertLeaf(raw, s)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.spend(len(v)); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// convertLeaf converts a value whose schema is of a logical type, or of
+// no struct or array.
+func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
 	switch s.Name {
 	case dbzDate, connectDate:
 		n, err := integer(raw)
@@ -160,29 +183,30 @@ func convert(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
 			return nil, fmt.Errorf("bytes must be base64: %w", err)
 		}
 		return quoted(`\x` + hex.EncodeToString(b)), nil
-	case "struct":
-		return convertStruct(raw, s)
-	case "array":
-		var items []json.RawMessage
-		if err := json.Unmarshal(raw, &items); err != nil {
-			return nil, fmt.Errorf("array expected, got %s", truncate(raw, 40))
-		}
-		var b bytes.Buffer
-		b.WriteByte('[')
-		for i, it := range items {
-			v, err := convert(it, s.Items)
-			if err != nil {
-				return nil, err
-			}
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.Write(v)
-		}
-		b.WriteByte(']')
-		return b.Bytes(), nil
 	}
 	return raw, nil
+}
+
+// convertArray converts each item of an array value by its schema.
+func convertArray(raw json.RawMessage, s *connectSchema, bud *budget) (json.RawMessage, error) {
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, fmt.Errorf("array expected, got %s", truncate(raw, 40))
+	}
+	var b bytes.Buffer
+	b.WriteByte('[')
+	for i, it := range items {
+		v, err := convert(it, s.Items, bud)
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(v)
+	}
+	b.WriteByte(']')
+	return b.Bytes(), nil
 }
 
 // decoded reports whether raw already holds the value of its logical type
@@ -200,13 +224,13 @@ func decoded(raw json.RawMessage, s *connectSchema) bool {
 }
 
 // convertStruct converts each field of a struct value by its schema.
-func convertStruct(raw json.RawMessage, s *connectSchema) (json.RawMessage, error) {
+func convertStruct(raw json.RawMessage, s *connectSchema, b *budget) (json.RawMessage, error) {
 	fields, err := objectFields(raw)
 	if err != nil {
 		return nil, err
 	}
 	for i := range fields {
-		if fields[i].value, err = convert(fields[i].value, s.field(fields[i].name)); err != nil {
+		if fields[i].value, err = convert(fields[i].value, s.field(fields[i].name), b); err != nil {
 			return nil, fmt.Errorf("%s: %w", fields[i].name, err)
 		}
 	}
@@ -264,23 +288,10 @@ func decimal(raw json.RawMessage, scale int) (json.RawMessage, error) {
 	if scale < 0 || scale > 1000 {
 		return nil, fmt.Errorf("decimal scale %d out of range", scale)
 	}
-	n := new(big.Int).SetBytes(b)
-	if b[0]&0x80 != 0 {
-		n.Sub(n, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+	if b = trimSignExtension(b); len(b) > maxDecimalBytes {
+		return nil, fmt.Errorf("a decimal of %d bytes has more digits than PostgreSQL's numeric holds", len(b))
 	}
-	digits := n.String()
-	neg := strings.HasPrefix(digits, "-")
-	digits = strings.TrimPrefix(digits, "-")
-	if scale > 0 {
-		if len(digits) <= scale {
-			digits = strings.Repeat("0", scale-len(digits)+1) + digits
-		}
-		digits = digits[:len(digits)-scale] + "." + digits[len(digits)-scale:]
-	}
-	if neg {
-		digits = "-" + digits
-	}
-	return json.RawMessage(digits), nil
+	return appendDecimal(make([]byte, 0, len(b)*241/100+scale+4), b, scale), nil
 }
 
 func quoted(s string) json.RawMessage {

@@ -114,7 +114,7 @@ func (d *Decoder) decodeDebezium(r *kgo.Record, s Schemas) (Event, *Rejection) {
 		}
 		key = &k
 	}
-	return d.decodeChange(r.Topic, key, value)
+	return d.decodeChange(r.Topic, key, value, b)
 }
 
 // changeDoc reads a record's value or key (what says which in a
@@ -180,12 +180,12 @@ func (d *Decoder) DecodeChange(topic string, key, value []byte) (Event, *Rejecti
 	if key != nil {
 		k = &changeDoc{doc: key}
 	}
-	return d.decodeChange(topic, k, changeDoc{doc: value})
+	return d.decodeChange(topic, k, changeDoc{doc: value}, newBudget(d.limits, len(key)+len(value)))
 }
 
 // decodeChange decodes a change event of record key key (nil for none)
-// and value value.
-func (d *Decoder) decodeChange(topic string, key *changeDoc, value changeDoc) (Event, *Rejection) {
+// and value value, within the record's budget b.
+func (d *Decoder) decodeChange(topic string, key *changeDoc, value changeDoc, b *budget) (Event, *Rejection) {
 	doc, schema, err := value.unwrap()
 	if err != nil {
 		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
@@ -206,7 +206,7 @@ func (d *Decoder) decodeChange(topic string, key *changeDoc, value changeDoc) (E
 	if err != nil {
 		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
 	}
-	return d.change(topic, key, &ev)
+	return d.change(topic, key, &ev, b)
 }
 
 // unwrap returns the payload of a document the JSON converter wrote with
@@ -365,7 +365,7 @@ func snapshotFlag(raw json.RawMessage) bool {
 }
 
 // change builds the event of a decoded envelope.
-func (d *Decoder) change(topic string, key *changeDoc, e *envelope) (Event, *Rejection) {
+func (d *Decoder) change(topic string, key *changeDoc, e *envelope, b *budget) (Event, *Rejection) {
 	c := &Change{Snapshot: e.snapshot, Table: tableName(e.source, topic)}
 	var err error
 	if c.Position, c.LSN, err = position(e.source, e.snapshot); err != nil {
@@ -378,7 +378,7 @@ func (d *Decoder) change(topic string, key *changeDoc, e *envelope) (Event, *Rej
 	c.Op = map[string]string{"c": OpInsert, "r": OpInsert, "u": OpUpdate, "d": OpDelete, "t": OpTruncate}[e.op]
 	ev := Event{Time: at, Change: c, Payload: []byte("{}")}
 	if c.Op != OpTruncate {
-		if rej := d.rowChange(c, key, e); rej != nil {
+		if rej := d.rowChange(c, key, e, b); rej != nil {
 			return Event{}, rej
 		}
 		ev.Payload = c.Row
@@ -387,8 +387,9 @@ func (d *Decoder) change(topic string, key *changeDoc, e *envelope) (Event, *Rej
 	return ev, nil
 }
 
-// rowChange fills the key and rows of a row change.
-func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope) *Rejection {
+// rowChange fills the key and rows of a row change, within the record's
+// budget b.
+func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope, b *budget) *Rejection {
 	if key == nil {
 		return &Rejection{ReasonMissingKey, "a row change without a record key (a table without a primary key needs message.key.columns)"}
 	}
@@ -401,16 +402,16 @@ func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope) *Rejection {
 		return &Rejection{ReasonMissingKey, "the record key is not an object of the key's fields"}
 	}
 	for i := range kfields {
-		if kfields[i].value, err = convert(kfields[i].value, kschema.field(kfields[i].name)); err != nil {
-			return &Rejection{ReasonInvalidEnvelope, fmt.Sprintf("key field %s: %v", kfields[i].name, err)}
+		if kfields[i].value, err = convert(kfields[i].value, kschema.field(kfields[i].name), b); err != nil {
+			return envelopeRejection(fmt.Sprintf("key field %s: ", kfields[i].name), err)
 		}
 		c.KeyColumns = append(c.KeyColumns, kfields[i].name)
 	}
 	c.Key = appendObject(nil, kfields)
 	c.RowKey = rowKey(kfields)
-	row, absent, err := decodeRow(e.row, e.rowSchema)
+	row, absent, err := decodeRow(e.row, e.rowSchema, b)
 	if err != nil {
-		return &Rejection{ReasonInvalidEnvelope, err.Error()}
+		return envelopeRejection("", err)
 	}
 	for _, k := range kfields {
 		if !hasField(row, k.name) {
@@ -419,9 +420,9 @@ func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope) *Rejection {
 	}
 	c.Row, c.Unavailable, c.Columns = appendObject(nil, row), absent, columns(e.rowSchema)
 	if e.before != nil && c.Op != OpInsert {
-		old, _, err := decodeRow(e.before, e.rowSchema)
+		old, _, err := decodeRow(e.before, e.rowSchema, b)
 		if err != nil {
-			return &Rejection{ReasonInvalidEnvelope, "before: " + err.Error()}
+			return envelopeRejection("before: ", err)
 		}
 		c.Old = appendObject(nil, old)
 	}
@@ -435,9 +436,19 @@ func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope) *Rejection {
 	return nil
 }
 
-// decodeRow converts a row's values by its schema and leaves out those
-// Debezium did not have, which it lists.
-func decodeRow(raw json.RawMessage, s *connectSchema) ([]field, []string, error) {
+// envelopeRejection is the rejection of a change whose values do not
+// convert: an invalid_envelope, or a decode_limit when converting them
+// would cost more than the record's budget.
+func envelopeRejection(prefix string, err error) *Rejection {
+	if errors.Is(err, errLimit) {
+		return &Rejection{ReasonDecodeLimit, prefix + err.Error()}
+	}
+	return &Rejection{ReasonInvalidEnvelope, prefix + err.Error()}
+}
+
+// decodeRow converts a row's values by its schema, within the record's
+// budget b, and leaves out those Debezium did not have, which it lists.
+func decodeRow(raw json.RawMessage, s *connectSchema, b *budget) ([]field, []string, error) {
 	if raw == nil {
 		return nil, nil, nil
 	}
@@ -452,7 +463,7 @@ func decodeRow(raw json.RawMessage, s *connectSchema) ([]field, []string, error)
 			absent = append(absent, f.name)
 			continue
 		}
-		if f.value, err = convert(f.value, s.field(f.name)); err != nil {
+		if f.value, err = convert(f.value, s.field(f.name), b); err != nil {
 			return nil, nil, fmt.Errorf("column %s: %w", f.name, err)
 		}
 		out = append(out, f)

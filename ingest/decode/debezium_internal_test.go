@@ -1,10 +1,12 @@
 package decode
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -269,7 +271,7 @@ func TestDebeziumLogicalTypes(t *testing.T) {
 			if err := json.Unmarshal([]byte(tt.schema), &s); err != nil {
 				t.Fatal(err)
 			}
-			got, err := convert(json.RawMessage(tt.value), &s)
+			got, err := convert(json.RawMessage(tt.value), &s, newBudget(config.DecodeLimits{}, len(tt.value)))
 			if err != nil {
 				t.Fatalf("convert(%s): %v", tt.value, err)
 			}
@@ -289,7 +291,7 @@ func TestDebeziumLogicalTypes(t *testing.T) {
 			if err := json.Unmarshal([]byte(tt.schema), &s); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := convert(json.RawMessage(tt.value), &s); err != nil || string(got) != tt.value {
+			if got, err := convert(json.RawMessage(tt.value), &s, newBudget(config.DecodeLimits{}, len(tt.value))); err != nil || string(got) != tt.value {
 				t.Errorf("convert(%s) = %s, %v; want it kept", tt.value, got, err)
 			}
 		}
@@ -307,4 +309,63 @@ func TestDebeziumLogicalTypes(t *testing.T) {
 			t.Errorf("unavailable = %v", ev.Change.Unavailable)
 		}
 	})
+}
+
+// TestDebeziumLimits checks that a change whose values convert to more
+// than the record's budget, or whose structs nest so deep that reading
+// them again costs more than it, is a decode_limit dead letter, having
+// allocated a few times the budget at most; and that a decimal of more
+// digits than numeric holds is an invalid envelope before it is
+// converted.
+func TestDebeziumLimits(t *testing.T) {
+	decimal := func(scale int) string {
+		return `{"field": "amounts", "type": "array", "items": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+			"parameters": {"scale": "` + strconv.Itoa(scale) + `"}}}`
+	}
+	change := func(column, value string) string {
+		return `{"schema": {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [` + column + `]}]},
+			"payload": {"op": "c", "after": {"id": 1, ` + value + `}, "source": {"connector": "postgresql", "ts_ms": 1, "lsn": 1}}}`
+	}
+	nested := func(levels int) (string, string) {
+		col := `{"field": "n", "type": "int32"}`
+		val := `{"n": 7, "pad": "` + strings.Repeat("x", 50_000) + `"}`
+		for range levels {
+			col = `{"field": "n", "type": "struct", "fields": [` + col + `]}`
+			val = `{"n": ` + val + `}`
+		}
+		return col, `"n": ` + val
+	}
+	deepCol, deepVal := nested(100)
+	tests := []struct {
+		name, value string
+		reason      string // "": a change
+		want        string
+	}{
+		{"50,000 decimals of scale 1000", change(decimal(1000), `"amounts": [`+strings.Repeat(`"AA==",`, 49_999)+`"AA=="]`),
+			ReasonDecodeLimit, "column amounts: the value decodes to more than its budget of"},
+		{"decimals within the budget", change(decimal(1000), `"amounts": ["AQ==", "/w=="]`), "", `"amounts": [0.` + strings.Repeat("0", 999) + `1, -0.` + strings.Repeat("0", 999) + `1]`},
+		{"a decimal of a million bytes", change(decimal(2), `"amounts": ["`+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x7f}, 1<<20))+`"]`),
+			ReasonInvalidEnvelope, "a decimal of 1048576 bytes has more digits than PostgreSQL's numeric holds"},
+		{"structs 100 deep read again", change(deepCol, deepVal), ReasonDecodeLimit, "a struct read again: more than the"},
+		{"structs 3 deep", change(`{"field": "n", "type": "struct", "fields": [{"field": "n", "type": "struct", "fields": [{"field": "n", "type": "int32"}]}]}`,
+			`"n": {"n": {"n": 7}}`), "", `"n": {"n": {"n": 7}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var ev Event
+			var rej *Rejection
+			n := allocated(func() { ev, rej = decodeChange(t, `{"id": 1}`, tt.value) })
+			if bound := allocBound(newBudget(config.DecodeLimits{}, len(tt.value)+len(`{"id": 1}`)).limit); n > bound {
+				t.Errorf("allocated %d bytes, more than %d", n, bound)
+			}
+			switch {
+			case tt.reason == "" && rej != nil:
+				t.Fatalf("rejected: %.300v", rej)
+			case tt.reason == "":
+				jsonEqual(t, "row", ev.Change.Row, `{"id": 1, `+tt.want+`}`)
+			case rej == nil || rej.Reason != tt.reason || !strings.Contains(rej.Detail, tt.want):
+				t.Fatalf("got %.300v, want %s: ...%s...", rej, tt.reason, tt.want)
+			}
+		})
+	}
 }

@@ -169,8 +169,14 @@ func (l refLoader) Load(u string) (any, error) {
 }
 
 // toJSON checks that payload is JSON that jsonb accepts and valid against
-// the schema, and returns it unchanged.
-func (c *jsonSchemaCodec) toJSON(payload []byte, _ *budget) ([]byte, error) {
+// the schema, within the budget b, and returns it unchanged.
+func (c *jsonSchemaCodec) toJSON(payload []byte, b *budget) ([]byte, error) {
+	if err := b.spend(len(payload)); err != nil {
+		return nil, err
+	}
+	if err := jsonWork(payload, b); err != nil {
+		return nil, err
+	}
 	if err := pgjson.Scan(payload, nil, nil); err != nil {
 		return nil, err
 	}
@@ -188,6 +194,64 @@ func (c *jsonSchemaCodec) toJSON(payload []byte, _ *budget) ([]byte, error) {
 		return nil, err
 	}
 	return payload, nil
+}
+
+// jsonWork checks, before the validator reads doc, that doc nests no
+// deeper than MaxDepth and that its numbers cost no more than the work
+// left in the budget b. The validator reads a number as an exact rational
+// to compare it or to check that it is an integer (type, minimum,
+// multipleOf, enum, uniqueItems), and that costs about the square of its
+// digits and its exponent: 1e131071, eight bytes, allocates 350 KB. It
+// reads nothing else of the document, whose errors Scan reports.
+func jsonWork(doc []byte, b *budget) error {
+	depth := 0
+	for i := 0; i < len(doc); i++ {
+		switch c := doc[i]; {
+		case c == '"':
+			for i++; i < len(doc) && doc[i] != '"'; i++ {
+				if doc[i] == '\\' {
+					i++
+				}
+			}
+		case c == '[' || c == '{':
+			if depth++; depth > MaxDepth {
+				return errDepth()
+			}
+		case c == ']' || c == '}':
+			depth--
+		case c == '-' || c >= '0' && c <= '9':
+			n, digits, exp := numberCost(doc[i:])
+			cost := digits + digits*digits/512 + 4*exp
+			if err := b.takeWork(cost, fmt.Sprintf("a number of %d digits and an exponent of %d", digits, exp)); err != nil {
+				return err
+			}
+			i += n - 1
+		}
+	}
+	return nil
+}
+
+// numberCost reads the JSON number that b begins with: its length, its
+// digits, and the magnitude of its exponent, up to 1<<40.
+func numberCost(b []byte) (n, digits, exp int) {
+	if n < len(b) && b[n] == '-' {
+		n++
+	}
+	for ; n < len(b) && (b[n] >= '0' && b[n] <= '9' || b[n] == '.'); n++ {
+		if b[n] != '.' {
+			digits++
+		}
+	}
+	if n < len(b) && (b[n] == 'e' || b[n] == 'E') {
+		n++
+		if n < len(b) && (b[n] == '+' || b[n] == '-') {
+			n++
+		}
+		for ; n < len(b) && b[n] >= '0' && b[n] <= '9'; n++ {
+			exp = min(exp*10+int(b[n]-'0'), 1<<40)
+		}
+	}
+	return max(n, 1), digits, exp
 }
 
 // describeFailures says where and why a value fails: the instance

@@ -2,9 +2,12 @@ package decode
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/tidemark-dev/tidemark/config"
 )
 
 // orderSchema is a 2020-12 schema (no $schema) with the keywords the
@@ -258,6 +261,50 @@ func TestCompileJSONSchemaErrors(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestJSONSchemaLimits checks that values nested deeper than MaxDepth,
+// larger than their budget, or holding numbers that would cost the
+// validator more than their size pays for, are refused as over a limit
+// having allocated a few times their budget at most; and that ordinary
+// numbers are not.
+func TestJSONSchemaLimits(t *testing.T) {
+	c := mustCompileJSONSchema(t, `{"type": "array", "items": {"type": ["integer", "array"], "minimum": 0}}`)
+	tests := []struct {
+		name    string
+		payload string
+		lim     config.DecodeLimits
+		want    string // an error's part; empty: valid
+		limit   bool
+	}{
+		{"10,000 numbers of exponent 131071", "[" + strings.Repeat("1e131071,", 9_999) + "1e131071]", config.DecodeLimits{},
+			"a number of 1 digits and an exponent of 131071: more than", true},
+		{"a number of 131,072 digits", "[1" + strings.Repeat("0", 131_071) + "]", config.DecodeLimits{},
+			"a number of 131072 digits and an exponent of 0: more than", true},
+		{"nested 100,000 deep", strings.Repeat("[", 100_000) + strings.Repeat("]", 100_000), config.DecodeLimits{},
+			"nested more than 256 levels deep", true},
+		{"nested 256 deep", strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth), config.DecodeLimits{}, "", false},
+		{"ordinary numbers", "[" + strings.Repeat("12345678901234567890,1e300,", 10_000) + "0]", config.DecodeLimits{}, "", false},
+		{"a string over the cap", `["` + strings.Repeat("x", 2<<20) + `"]`, config.DecodeLimits{MaxBytes: 1 << 20},
+			"ingest.decode_max_bytes", true},
+		{"escapes are no numbers", `[[], "\"1e131071\\", "1e131071"]`, config.DecodeLimits{}, "at /1: got string, want integer", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBudget(tt.lim, len(tt.payload))
+			var err error
+			n := allocated(func() { _, err = c.toJSON([]byte(tt.payload), b) })
+			if bound := allocBound(b.limit); n > bound {
+				t.Errorf("allocated %d bytes, more than %d", n, bound)
+			}
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("got %v, want the value", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || errors.Is(err, errLimit) != tt.limit):
+				t.Fatalf("got %.300v (over a limit: %t), want an error containing %q (%t)", err, errors.Is(err, errLimit), tt.want, tt.limit)
 			}
 		})
 	}
