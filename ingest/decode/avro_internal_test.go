@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,10 +166,14 @@ const fuzzAvroSchema = `{"type":"record","name":"All","namespace":"f","fields":[
 	{"name":"dec","type":{"type":"bytes","logicalType":"decimal","precision":38,"scale":4}},
 	{"name":"fdec","type":{"type":"fixed","name":"FD","size":8,"logicalType":"decimal","precision":18,"scale":2}},
 	{"name":"dur","type":{"type":"fixed","name":"Dur","size":12,"logicalType":"duration"}},
-	{"name":"r","type":["null",{"type":"record","name":"R","fields":[{"name":"next","type":["null","R"]}]}]}]}`
+	{"name":"r","type":["null",{"type":"record","name":"R","fields":[{"name":"next","type":["null","R"]}]}]},
+	{"name":"wide","type":{"type":"bytes","logicalType":"decimal","precision":16383,"scale":16383}},
+	{"name":"empties","type":{"type":"array","items":{"type":"record","name":"Empty","fields":[]}}},
+	{"name":"nulls","type":{"type":"array","items":"null"}}]}`
 
 // FuzzAvro: any payload either decodes to one JSON document that jsonb
-// accepts, or is an error; never a panic or a runaway allocation.
+// accepts, or is an error; never a panic, and never more allocated than
+// a few times the budget of a record of its size (see allocBound).
 func FuzzAvro(f *testing.F) {
 	c, err := compileAvro(fuzzAvroSchema, nil)
 	if err != nil {
@@ -180,7 +185,8 @@ func FuzzAvro(f *testing.F) {
 		"u": map[string]any{"long": int64(5)}, "ts": time.Date(2026, 10, 5, 9, 15, 0, 0, time.UTC),
 		"dt": time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC), "tm": 9 * time.Hour, "dec": big.NewRat(-12345, 100),
 		"fdec": big.NewRat(7, 100), "dur": avro.LogicalDuration{Months: 1, Days: 2, Milliseconds: 3},
-		"r": map[string]any{"f.R": map[string]any{"next": map[string]any{"f.R": map[string]any{"next": nil}}}},
+		"r":     map[string]any{"f.R": map[string]any{"next": map[string]any{"f.R": map[string]any{"next": nil}}}},
+		"nulls": []any{nil, nil}, "empties": []map[string]any{{}, {}}, "wide": big.NewRat(1, 3),
 	})
 	if err != nil {
 		f.Fatal(err)
@@ -191,8 +197,19 @@ func FuzzAvro(f *testing.F) {
 	f.Add(good)
 	f.Add(good[:len(good)/2])
 	f.Add([]byte{0xfe, 0xff, 0xff, 0xff, 0x0f})
+	// The array of nulls, last, of 100 blocks of 2^24 items each.
+	hostile := slices.Clone(good[:len(good)-1])
+	for range 100 {
+		hostile = binary.AppendVarint(hostile, 1<<24)
+	}
+	f.Add(append(hostile, 0))
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		got, err := toJSON(c, payload)
+		b := newBudget(config.DecodeLimits{}, len(payload))
+		var got []byte
+		var err error
+		if n := allocated(func() { got, err = c.toJSON(payload, b) }); n > allocBound(b.limit) {
+			t.Fatalf("%d bytes allocated for %d bytes, more than %d", n, len(payload), allocBound(b.limit))
+		}
 		if err != nil {
 			return
 		}

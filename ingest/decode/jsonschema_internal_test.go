@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
 )
 
 // orderSchema is a 2020-12 schema (no $schema) with the keywords the
@@ -308,4 +309,56 @@ func TestJSONSchemaLimits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fuzzJSONSchema uses the keywords that read numbers exactly (type
+// integer, minimum, multipleOf, enum, uniqueItems), a pattern, and
+// recursion through $ref.
+const fuzzJSONSchema = `{
+  "type": "object",
+  "properties": {
+    "qty": {"type": "integer", "minimum": 1, "multipleOf": 1},
+    "price": {"type": "number", "maximum": 1e9},
+    "status": {"enum": ["open", "closed", 1.5]},
+    "tags": {"type": "array", "uniqueItems": true},
+    "sku": {"type": "string", "pattern": "^[A-Z]+-[0-9]+$"},
+    "children": {"type": "array", "items": {"$ref": "#"}}
+  }
+}`
+
+// FuzzJSONSchema: any payload either is valid and comes back unchanged as
+// JSON that jsonb takes, or is an error; never a panic, and never more
+// allocated than a few times the budget of a record of its size (see
+// allocBound).
+func FuzzJSONSchema(f *testing.F) {
+	c, err := compileJSONSchema(fuzzJSONSchema, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range []string{
+		`{"qty": 2, "price": 9.5, "status": "open", "tags": [1, "1", [1]], "sku": "AB-1", "children": [{"qty": 1}]}`,
+		`{"qty": 1e131071}`,
+		`{"tags": [` + strings.Repeat(`1e1000,`, 100) + `1]}`,
+		strings.Repeat(`{"children": [`, 100) + strings.Repeat(`]}`, 100),
+		`{"qty": 0.5, "status": "lost"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		b := newBudget(config.DecodeLimits{}, len(payload))
+		var got []byte
+		var err error
+		if n := allocated(func() { got, err = c.toJSON(payload, b) }); n > allocBound(b.limit) {
+			t.Fatalf("%d bytes allocated for %d bytes, more than %d", n, len(payload), allocBound(b.limit))
+		}
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("toJSON changed %q into %q", payload, got)
+		}
+		if err := pgjson.Scan(got, nil, nil); err != nil {
+			t.Fatalf("output %q: %v", got, err)
+		}
+	})
 }

@@ -668,7 +668,8 @@ func TestCompileProtobufErrors(t *testing.T) {
 }
 
 // FuzzProtobuf: any payload either fails or gives JSON that jsonb takes;
-// never a panic.
+// never a panic, and never more allocated than a few times the budget of
+// a record of its size (see allocBound).
 func FuzzProtobuf(f *testing.F) {
 	c := mustCompileProtobuf(f, allTypesProto)
 	for _, in := range []string{`{}`, `{"s":"x","counts":{"a":1},"inners":[{"name":"y"}]}`,
@@ -676,8 +677,17 @@ func FuzzProtobuf(f *testing.F) {
 		f.Add(framed(f, []int{0}, marshalProto(f, protoMessage(f, c, "shop.v1.All", in, nil))))
 	}
 	f.Add([]byte{0x02, 0x02, 0x0a})
+	// Empty elements of inners (field 21), and unknown groups nested
+	// deep.
+	f.Add(framed(f, []int{0}, bytes.Repeat([]byte{0xaa, 0x01, 0x00}, 1000)))
+	f.Add(framed(f, []int{0}, protoGroups(1000)))
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		got, err := toJSON(c, payload)
+		b := newBudget(config.DecodeLimits{}, len(payload))
+		var got []byte
+		var err error
+		if n := allocated(func() { got, err = c.toJSON(payload, b) }); n > allocBound(b.limit) {
+			t.Fatalf("%d bytes allocated for %d bytes, more than %d", n, len(payload), allocBound(b.limit))
+		}
 		if err != nil {
 			return
 		}
