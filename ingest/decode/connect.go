@@ -245,15 +245,18 @@ func integer(raw json.RawMessage) (int64, error) {
 	return n, nil
 }
 
+// timeOfDay is a time of day of n units since midnight, truncated to
+// the microseconds PostgreSQL keeps (rounding would make 23:59:59.9999996
+// midnight).
 func timeOfDay(raw json.RawMessage, unit time.Duration) (json.RawMessage, error) {
 	n, err := integer(raw)
 	if err != nil {
 		return nil, err
 	}
-	d := time.Duration(n) * unit
-	if d < 0 || d > 24*time.Hour {
+	if n < 0 || n > int64(24*time.Hour/unit) {
 		return nil, fmt.Errorf("time of day %s out of range", raw)
 	}
+	d := (time.Duration(n) * unit).Truncate(time.Microsecond)
 	h, m, sec, frac := d/time.Hour, d%time.Hour/time.Minute, d%time.Minute/time.Second, d%time.Second
 	s := fmt.Sprintf("%02d:%02d:%02d", h, m, sec)
 	if frac != 0 {
@@ -262,12 +265,14 @@ func timeOfDay(raw json.RawMessage, unit time.Duration) (json.RawMessage, error)
 	return quoted(s), nil
 }
 
+// timestamp is the time at gives of n, truncated to the microseconds
+// PostgreSQL keeps, so that it stays on the day it names.
 func timestamp(raw json.RawMessage, at func(int64) time.Time) (json.RawMessage, error) {
 	n, err := integer(raw)
 	if err != nil {
 		return nil, err
 	}
-	t := at(n).UTC()
+	t := at(n).UTC().Truncate(time.Microsecond)
 	if t.Year() < -4712 || t.Year() > 9999 {
 		return nil, fmt.Errorf("timestamp %s out of range", raw)
 	}

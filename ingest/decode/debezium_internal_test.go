@@ -252,7 +252,10 @@ func TestDebeziumLogicalTypes(t *testing.T) {
 		{`{"type": "int64", "name": "io.debezium.time.NanoTime"}`, `45296000000000`, `"12:34:56"`, "time"},
 		{`{"type": "int64", "name": "io.debezium.time.Timestamp"}`, `1704067200123`, `"2024-01-01T00:00:00.123Z"`, "timestamp"},
 		{`{"type": "int64", "name": "io.debezium.time.MicroTimestamp"}`, `1704067200123456`, `"2024-01-01T00:00:00.123456Z"`, "timestamp"},
-		{`{"type": "int64", "name": "io.debezium.time.NanoTimestamp"}`, `1704067200123456789`, `"2024-01-01T00:00:00.123456789Z"`, "timestamp"},
+		{`{"type": "int64", "name": "io.debezium.time.NanoTimestamp"}`, `1704067200123456789`, `"2024-01-01T00:00:00.123456Z"`, "timestamp"},
+		{`{"type": "int64", "name": "io.debezium.time.NanoTimestamp"}`, `1751327999999999600`, `"2025-06-30T23:59:59.999999Z"`, "timestamp"},
+		{`{"type": "int64", "name": "io.debezium.time.NanoTimestamp"}`, `-400`, `"1969-12-31T23:59:59.999999Z"`, "timestamp"},
+		{`{"type": "int64", "name": "io.debezium.time.NanoTime"}`, `86399999999600`, `"23:59:59.999999"`, "time"},
 		{`{"type": "int64", "name": "org.apache.kafka.connect.data.Timestamp"}`, `0`, `"1970-01-01T00:00:00Z"`, "timestamp"},
 		{`{"type": "string", "name": "io.debezium.time.ZonedTimestamp"}`, `"2024-01-01T10:00:00+02:00"`, `"2024-01-01T10:00:00+02:00"`, "timestamptz"},
 		{`{"type": "string", "name": "io.debezium.time.ZonedTime"}`, `"10:00:00Z"`, `"10:00:00Z"`, "timetz"},
@@ -367,5 +370,15 @@ func TestDebeziumLimits(t *testing.T) {
 				t.Fatalf("got %.300v, want %s: ...%s...", rej, tt.reason, tt.want)
 			}
 		})
+	}
+}
+
+// TestDebeziumTimeOfDayRange: a time of day whose count of units would
+// overflow a duration is out of range, not a wrapped-around time.
+func TestDebeziumTimeOfDayRange(t *testing.T) {
+	s := connectSchema{Type: "int32", Name: dbzTime}
+	// 18446744073710 ms is 2^64 ns and 448384 more.
+	if got, err := convert(json.RawMessage(`18446744073710`), &s, newBudget(config.DecodeLimits{}, 14)); err == nil {
+		t.Errorf("convert = %s, want out of range", got)
 	}
 }

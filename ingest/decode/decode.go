@@ -288,9 +288,11 @@ func (d *Decoder) DecodeWith(r *kgo.Record, now time.Time, s Schemas) (Event, *R
 	default:
 		return Event{}, &Rejection{ReasonMissingTime, "no value at " + d.ptrs[d.tsIdx].String()}
 	}
-	// PostgreSQL stores microseconds; round first so that the row, the
-	// ledger, the watermarks and the range check all see the same time.
-	ev.Time = ev.Time.Round(time.Microsecond)
+	// PostgreSQL stores microseconds; truncate first (rounding would
+	// move 23:59:59.9999996 into the next day's partition) so that the
+	// row, the ledger, the watermarks and the range check all see the
+	// same time, on the day the event names.
+	ev.Time = ev.Time.Truncate(time.Microsecond)
 	if lo := now.Add(-d.maxAge); ev.Time.Before(lo) {
 		return Event{}, &Rejection{ReasonTimeOutOfRange, fmt.Sprintf("event time %s is older than max_age (%s before %s)",
 			ev.Time.UTC().Format(time.RFC3339Nano), d.maxAge, now.UTC().Format(time.RFC3339))}
@@ -435,7 +437,66 @@ func parseTime(raw []byte, format string) (time.Time, error) {
 	if math.IsInf(micros, 0) || math.Abs(micros) > maxUnixMicros {
 		return time.Time{}, fmt.Errorf("%w: event time %s is outside the years -9999 to 9999", errTimeRange, truncate(raw, 40))
 	}
-	return time.UnixMicro(int64(math.Round(micros))).UTC(), nil
+	return time.UnixMicro(unixMicros(raw, millis)).UTC(), nil
+}
+
+// unixMicros is the JSON number raw, of seconds (or, with millis,
+// milliseconds), in microseconds rounded down, toward the past, computed
+// from its decimal digits: as a float, 1751328000.000001 is a hair less
+// and would lose its microsecond. raw is within the years ±9999, so the
+// result has 18 digits at most.
+func unixMicros(raw []byte, millis bool) int64 {
+	neg := raw[0] == '-'
+	if neg {
+		raw = raw[1:]
+	}
+	var digits []byte // the significant digits, the point left out
+	exp := 6          // the power of ten that digits times gives microseconds
+	if millis {
+		exp = 3
+	}
+	i, frac := 0, false
+	for ; i < len(raw) && (raw[i] >= '0' && raw[i] <= '9' || raw[i] == '.'); i++ {
+		switch {
+		case raw[i] == '.':
+			frac = true
+			continue
+		case frac:
+			exp--
+		}
+		if len(digits) > 0 || raw[i] != '0' {
+			digits = append(digits, raw[i])
+		}
+	}
+	if i < len(raw) { // an exponent
+		e, err := strconv.Atoi(string(raw[i+1:]))
+		if err != nil {
+			e = -1 << 30 // out of int range: the range check leaves only tiny values
+		}
+		exp += max(min(e, 1<<30), -1<<30)
+	}
+	if len(digits) == 0 {
+		return 0 // zero, whatever its exponent
+	}
+	whole, rest := digits, []byte(nil)
+	if exp < 0 {
+		cut := max(len(digits)+exp, 0)
+		whole, rest = digits[:cut], digits[cut:]
+	}
+	var v int64
+	for _, c := range whole {
+		v = v*10 + int64(c-'0')
+	}
+	for range max(exp, 0) { // at most 18 digits in all
+		v *= 10
+	}
+	if neg {
+		v = -v
+		if strings.Trim(string(rest), "0") != "" {
+			v-- // rounded down
+		}
+	}
+	return v
 }
 
 // errTimeRange marks a well-formed time too far from any plausible date.

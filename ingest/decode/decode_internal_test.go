@@ -76,6 +76,9 @@ func doc(id, ts string) string {
 
 const goodTS = `"2026-10-05T09:00:00Z"`
 
+// lastMicro is the last microsecond of 2025-06-30 (UTC).
+var lastMicro = time.Date(2025, 6, 30, 23, 59, 59, 999_999_000, time.UTC)
+
 var goodTime = time.Date(2026, 10, 5, 9, 0, 0, 0, time.UTC)
 
 func TestDecode(t *testing.T) {
@@ -228,7 +231,7 @@ func TestDecode(t *testing.T) {
 		{name: "record timestamp is range checked", val: doc(`"a"`, ""), reason: ReasonTimeOutOfRange,
 			src: func(s *config.Source) { s.EventTimeFallback = config.FallbackRecordTimestamp },
 			rec: func(r *kgo.Record) { r.Timestamp = decodeNow.Add(-91 * 24 * time.Hour) }},
-		{name: "record timestamp is rounded", val: doc(`"a"`, ""), id: "a", time: decodeNow.Add(-time.Hour + 2*time.Microsecond),
+		{name: "record timestamp is truncated", val: doc(`"a"`, ""), id: "a", time: decodeNow.Add(-time.Hour + time.Microsecond),
 			src: func(s *config.Source) { s.EventTimeFallback = config.FallbackRecordTimestamp },
 			rec: func(r *kgo.Record) { r.Timestamp = decodeNow.Add(-time.Hour + 1500*time.Nanosecond) }},
 		{name: "both fallbacks", val: `{}`, id: "events/3/42", time: decodeNow.Add(-time.Minute),
@@ -308,12 +311,24 @@ func TestDecode(t *testing.T) {
 		{name: "unix_millis seconds value is far past", val: doc(`"a"`, fmt.Sprint(unixNow)), reason: ReasonTimeOutOfRange,
 			src: func(s *config.Source) { s.EventTimeFormat = config.TimeUnixMillis }},
 
-		// Microsecond rounding.
-		{name: "nanoseconds rounded down", val: doc(`"a"`, `"2026-10-05T09:00:00.123456499Z"`), id: "a", time: goodTime.Add(123456 * time.Microsecond)},
-		{name: "nanoseconds rounded up", val: doc(`"a"`, `"2026-10-05T09:00:00.1234565Z"`), id: "a", time: goodTime.Add(123457 * time.Microsecond)},
-		{name: "nanoseconds rounded up across a second", val: doc(`"a"`, `"2026-10-05T08:59:59.9999995Z"`), id: "a", time: goodTime},
-		{name: "sub-microsecond seconds rounded", val: doc(`"a"`, fmt.Sprintf("%d.0000016", unixNow-60)), id: "a", time: decodeNow.Add(-time.Minute + 2*time.Microsecond)},
-		{name: "sub-microsecond millis rounded", val: doc(`"a"`, fmt.Sprintf("%d.0016", unixNow*1000)), id: "a", time: decodeNow.Add(2 * time.Microsecond)},
+		// Microseconds, truncated: an event stays on the day it names.
+		{name: "nanoseconds truncated", val: doc(`"a"`, `"2026-10-05T09:00:00.123456499Z"`), id: "a", time: goodTime.Add(123456 * time.Microsecond)},
+		{name: "half a microsecond truncated", val: doc(`"a"`, `"2026-10-05T09:00:00.1234565Z"`), id: "a", time: goodTime.Add(123456 * time.Microsecond)},
+		{name: "the last nanoseconds of a day stay in it", val: doc(`"a"`, `"2025-06-30T23:59:59.9999996Z"`), id: "a",
+			now: lastMicro, time: lastMicro},
+		{name: "the last nanoseconds of a day in another zone", val: doc(`"a"`, `"2025-07-01T01:59:59.9999999+02:00"`), id: "a",
+			now: lastMicro, time: lastMicro},
+		{name: "sub-microsecond seconds truncated", val: doc(`"a"`, fmt.Sprintf("%d.0000016", unixNow-60)), id: "a", time: decodeNow.Add(-time.Minute + time.Microsecond)},
+		{name: "sub-microsecond millis truncated", val: doc(`"a"`, fmt.Sprintf("%d.0016", unixNow*1000)), id: "a", time: decodeNow.Add(time.Microsecond)},
+		{name: "the last seconds of a day stay in it", val: doc(`"a"`, `1751327999.9999996`), id: "a", now: lastMicro, time: lastMicro},
+		{name: "the last millis of a day stay in it", val: doc(`"a"`, `1751327999999.9999`), id: "a", now: lastMicro, time: lastMicro},
+		{name: "the last seconds with an exponent", val: doc(`"a"`, `17513279999999996e-7`), id: "a", now: lastMicro, time: lastMicro},
+		{name: "a microsecond after midnight is kept", val: doc(`"a"`, `1751328000.000001`), id: "a",
+			now: lastMicro, time: lastMicro.Add(2 * time.Microsecond)},
+		{name: "before 1970, toward the past", val: doc(`"a"`, `-0.0000005`), id: "a",
+			now: time.Unix(0, 0), time: time.Unix(0, -1000)},
+		{name: "before 1970, exact", val: doc(`"a"`, `-1.5e-5`), id: "a", now: time.Unix(0, 0), time: time.Unix(0, -15000)},
+		{name: "zero with a large exponent", val: doc(`"a"`, `0e999999999`), id: "a", now: time.Unix(0, 0), time: time.Unix(0, 0)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
