@@ -273,8 +273,11 @@ func (d *Decoder) DecodeWith(r *kgo.Record, now time.Time, s Schemas) (Event, *R
 		return Event{}, &Rejection{ReasonMissingID, "no value at " + d.ptrs[d.idIdx].String()}
 	}
 
+	// A null event time is no value, as a missing one: it is how Avro (a
+	// null union) and Protobuf (an unset Timestamp) say there is none,
+	// and the same event sent as JSON is the same document.
 	switch raw := d.field(found, d.tsIdx); {
-	case raw != nil:
+	case raw != nil && string(raw) != "null":
 		t, err := parseTime(raw, d.format)
 		if errors.Is(err, errTimeRange) {
 			return Event{}, &Rejection{ReasonTimeOutOfRange, err.Error()}
@@ -285,6 +288,8 @@ func (d *Decoder) DecodeWith(r *kgo.Record, now time.Time, s Schemas) (Event, *R
 		ev.Time = t
 	case d.timeFallback:
 		ev.Time = r.Timestamp
+	case raw != nil:
+		return Event{}, &Rejection{ReasonMissingTime, "null at " + d.ptrs[d.tsIdx].String() + ", which is no value"}
 	default:
 		return Event{}, &Rejection{ReasonMissingTime, "no value at " + d.ptrs[d.tsIdx].String()}
 	}

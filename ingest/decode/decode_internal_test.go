@@ -2,6 +2,9 @@ package decode
 
 import (
 	"bytes"
+	"cmp"
+	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,8 +12,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 )
 
 // decodeNow is the service clock in the decode tests.
@@ -195,7 +200,7 @@ func TestDecode(t *testing.T) {
 		{name: "month 13", val: doc(`"a"`, `"2026-13-05T09:00:00Z"`), reason: ReasonInvalidTime},
 		{name: "numeric text", val: doc(`"a"`, fmt.Sprintf(`"%d"`, unixNow)), reason: ReasonInvalidTime},
 		{name: "true time", val: doc(`"a"`, `true`), reason: ReasonInvalidTime},
-		{name: "null time", val: doc(`"a"`, `null`), reason: ReasonInvalidTime},
+		{name: "null time", val: doc(`"a"`, `null`), reason: ReasonMissingTime},
 		{name: "object time", val: doc(`"a"`, `{"s":1}`), reason: ReasonInvalidTime},
 		{name: "array time", val: doc(`"a"`, `[1]`), reason: ReasonInvalidTime},
 		{name: "number beyond the year 9999", val: doc(`"a"`, `1e17`), reason: ReasonTimeOutOfRange},
@@ -217,7 +222,7 @@ func TestDecode(t *testing.T) {
 			src: func(s *config.Source) { s.EventTimeFallback = config.FallbackRecordTimestamp }},
 		{name: "record timestamp not used for invalid time", val: doc(`"a"`, `"garbage"`), reason: ReasonInvalidTime,
 			src: func(s *config.Source) { s.EventTimeFallback = config.FallbackRecordTimestamp }},
-		{name: "record timestamp not used for null time", val: doc(`"a"`, `null`), reason: ReasonInvalidTime,
+		{name: "record timestamp for null time", val: doc(`"a"`, `null`), id: "a", time: decodeNow.Add(-time.Minute),
 			src: func(s *config.Source) { s.EventTimeFallback = config.FallbackRecordTimestamp }},
 		{name: "record timestamp not used for wrong-format time", val: doc(`"a"`, goodTS), reason: ReasonInvalidTime,
 			src: func(s *config.Source) {
@@ -561,6 +566,65 @@ func TestDecodeReasonNames(t *testing.T) {
 	for c, s := range want {
 		if c != s {
 			t.Errorf("constant %q, want %q (reasons are stable)", c, s)
+		}
+	}
+}
+
+// TestTimeFallbackForNull checks that event_time_fallback takes the
+// record timestamp for a null event time in every format: a null Avro
+// union, an unset Protobuf Timestamp, a JSON null; and that without the
+// fallback such a record is missing_time.
+func TestTimeFallbackForNull(t *testing.T) {
+	const avroSchema = `{"type":"record","name":"E","fields":[{"name":"event_id","type":"string"},
+		{"name":"event_time","type":["null",{"type":"long","logicalType":"timestamp-millis"}]}]}`
+	const protoSchema = `syntax = "proto3";
+import "google/protobuf/timestamp.proto";
+message E { string event_id = 1; google.protobuf.Timestamp event_time = 2; }`
+	g := srtest.New(t)
+	avroID := g.Register("avro-value", sr.Schema{Schema: avroSchema})
+	protoID := g.Register("proto-value", sr.Schema{Schema: protoSchema, Type: sr.TypeProtobuf})
+	reg, err := NewRegistry(config.SchemaRegistry{URL: g.URL(), Timeout: config.Duration(10 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := decodeNow.Add(-time.Minute)
+	// A Protobuf E whose event_id is "p" and event_time unset.
+	protoValue := append(binary.BigEndian.AppendUint32([]byte{0}, uint32(protoID)), 0, 0x0a, 0x01, 'p')
+	tests := []struct {
+		name, format string
+		value        []byte
+		id           string
+	}{
+		{"avro null union", config.FormatAvro, srtest.AvroEncoder(t, avroID, avroSchema)(map[string]any{"event_id": "a", "event_time": nil}), "a"},
+		{"protobuf unset Timestamp", config.FormatProtobuf, protoValue, "p"},
+		{"json null", config.FormatJSON, []byte(`{"event_id": "j", "event_time": null}`), "j"},
+	}
+	for _, tt := range tests {
+		for _, fallback := range []string{config.FallbackRecordTimestamp, ""} {
+			t.Run(tt.name+" "+cmp.Or(fallback, "no fallback"), func(t *testing.T) {
+				src := testSource()
+				src.Format, src.EventID, src.EventTime, src.EventTimeFallback = tt.format, "/event_id", "/event_time", fallback
+				var r *Registry
+				if config.UsesRegistry(tt.format) {
+					r = reg
+				}
+				d, err := NewRegistryDecoder(src, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rec := &kgo.Record{Topic: "events", Value: tt.value, Timestamp: at}
+				s, err := d.Resolve(context.Background(), []*kgo.Record{rec})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ev, rej := d.DecodeWith(rec, decodeNow, s)
+				switch {
+				case fallback == "" && (rej == nil || rej.Reason != ReasonMissingTime || !strings.Contains(rej.Detail, "null at /event_time")):
+					t.Errorf("got %+v, %+v; want missing_time", ev, rej)
+				case fallback != "" && (rej != nil || ev.ID != tt.id || !ev.Time.Equal(at)):
+					t.Errorf("got %+v, %+v; want %s at the record timestamp %s", ev, rej, tt.id, at)
+				}
+			})
 		}
 	}
 }
