@@ -159,7 +159,17 @@ var keys = []Key{
 	{Path: "schema_registry.tls.key_file", Allowed: "the PEM private key of `cert_file`; requires `cert_file`"},
 	{Path: "schema_registry.tls.server_name", Note: "the URL's host name", Allowed: "the name to verify in the registry's certificate"},
 	{Path: "schema_registry.tls.insecure_skip_verify", Default: "false", Allowed: "`true` does not verify the registry's certificate (testing only)"},
-	{Path: "schema_registry.timeout", Default: "10s", Min: "100ms", Max: "1m"},
+	// A poll waits up to two timeouts for the registry while it holds a
+	// rebalance, which must be less than kafka.rebalance_timeout: left
+	// out, the timeout is a quarter of it when that is less than 10s.
+	{Path: "schema_registry.timeout", Default: "10s", Note: "or a quarter of `kafka.rebalance_timeout`, if smaller", Min: "100ms", Max: "1m",
+		defaultIn: func(c *Config, _ *Source, def string) string {
+			d, err := ParseDuration(def)
+			if err != nil {
+				panic("config: the default of schema_registry.timeout: " + err.Error())
+			}
+			return Duration(max(min(d, c.Kafka.RebalanceTimeout.D()/4), minRegistryTimeout)).String()
+		}},
 
 	{Path: "ingest.batch_max_rows", Default: "50000", Min: "1", Max: "1000000"},
 	{Path: "ingest.batch_max_bytes", Default: "16MiB", Min: "1KiB"},
@@ -535,6 +545,7 @@ func (c *Config) applyDefaults(lookup func(string) (string, bool), written func(
 			a.Name = name
 		}
 	}
+	c.SchemaRegistry.timeoutSet = c.SchemaRegistry.Timeout != 0
 	for i := range keys {
 		k := &keys[i]
 		if k.Default == "" && k.Env == "" {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"time"
 )
 
 // Source formats: how a Kafka source's record values are encoded. JSON
@@ -42,9 +43,16 @@ type SchemaRegistry struct {
 	Bearer RegistryBearer `yaml:"bearer"`
 	// TLS configures an https URL's connections.
 	TLS RegistryTLS `yaml:"tls"`
-	// Timeout bounds one request to the registry.
+	// Timeout bounds one request to the registry. Left out, it is 10s or
+	// a quarter of kafka.rebalance_timeout, if smaller.
 	Timeout Duration `yaml:"timeout"`
+
+	// timeoutSet records that the file sets Timeout.
+	timeoutSet bool
 }
+
+// minRegistryTimeout is the least schema_registry.timeout (its Min).
+const minRegistryTimeout = 100 * time.Millisecond
 
 // RegistryBasic is HTTP basic authentication to the schema registry.
 type RegistryBasic struct {
@@ -79,9 +87,14 @@ func (c *Config) validateRegistry(ix *index, needed string) {
 	r := c.SchemaRegistry
 	// A poll waits for the registry up to two timeouts while it holds a
 	// rebalance (see the ingester).
-	if c.check(ix, "schema_registry.timeout", "") && needed != "" && 2*r.Timeout.D() >= c.Kafka.RebalanceTimeout.D() && c.Kafka.RebalanceTimeout > 0 {
+	switch {
+	case !c.check(ix, "schema_registry.timeout", "") || needed == "" || 2*r.Timeout.D() < c.Kafka.RebalanceTimeout.D() || c.Kafka.RebalanceTimeout <= 0:
+	case r.timeoutSet:
 		ix.add("schema_registry.timeout", "must be less than half of kafka.rebalance_timeout (%s), got %s: a poll waits up to two timeouts for the registry while it holds a rebalance",
 			c.Kafka.RebalanceTimeout, r.Timeout)
+	default:
+		ix.add("kafka.rebalance_timeout", "must be more than %s with a source of a registry format (sources.%s): a poll waits up to two schema_registry.timeout, at least %s each, for the registry while it holds a rebalance",
+			Duration(2*minRegistryTimeout), needed, Duration(minRegistryTimeout))
 	}
 	if r.URL == "" {
 		if needed != "" {

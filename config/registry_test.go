@@ -102,3 +102,65 @@ func TestSchemaRegistryKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestSchemaRegistryTimeoutDefault checks that schema_registry.timeout,
+// left out, is 10s or a quarter of kafka.rebalance_timeout if smaller
+// (100ms at least), so that a configuration that sets neither or only
+// the rebalance timeout loads; and that a timeout set too large for the
+// rebalance timeout is refused naming it, as is a rebalance timeout too
+// short for any.
+func TestSchemaRegistryTimeoutDefault(t *testing.T) {
+	// doc is an avro source with the registry; rebalance and timeout,
+	// when not empty, set kafka.rebalance_timeout and
+	// schema_registry.timeout.
+	doc := func(rebalance, timeout string) string {
+		data := base("    format: avro", "schema_registry:", "  url: http://registry:8081")
+		if timeout != "" {
+			data += "  timeout: " + timeout + "\n"
+		}
+		if rebalance != "" {
+			data = strings.Replace(data, "kafka:\n", "kafka:\n  rebalance_timeout: "+rebalance+"\n", 1)
+		}
+		return data
+	}
+	valid := []struct {
+		name, rebalance, timeout string
+		want                     time.Duration
+	}{
+		{"neither set", "", "", 10 * time.Second},
+		{"rebalance_timeout 10s", "10s", "", 2500 * time.Millisecond},
+		{"rebalance_timeout 2m", "2m", "", 10 * time.Second},
+		{"rebalance_timeout 300ms", "300ms", "", 100 * time.Millisecond},
+		{"timeout set below half", "10s", "4s", 4 * time.Second},
+		{"timeout set beside the default rebalance", "", "20s", 20 * time.Second},
+	}
+	for _, tt := range valid {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := mustParse(t, doc(tt.rebalance, tt.timeout), nil).SchemaRegistry.Timeout.D(); got != tt.want {
+				t.Errorf("timeout %s, want %s", got, tt.want)
+			}
+		})
+	}
+	invalid := []struct {
+		name, rebalance, timeout string
+		want                     wantErr
+	}{
+		{"timeout set at half", "10s", "5s", wantErr{0, "schema_registry.timeout",
+			"must be less than half of kafka.rebalance_timeout (10s), got 5s"}},
+		{"timeout set beyond it", "10s", "30s", wantErr{0, "schema_registry.timeout", "must be less than half of kafka.rebalance_timeout (10s)"}},
+		{"rebalance_timeout too short for any", "200ms", "", wantErr{4, "kafka.rebalance_timeout",
+			"must be more than 200ms with a source of a registry format (sources.app_events)"}},
+	}
+	for _, tt := range invalid {
+		t.Run(tt.name, func(t *testing.T) {
+			errs := parseErrors(t, doc(tt.rebalance, tt.timeout), nil)
+			if len(errs) != 1 {
+				t.Fatalf("got %d errors, want 1:\n%v", len(errs), errs)
+			}
+			e, w := errs[0], tt.want
+			if e.Key != w.key || !strings.Contains(e.Msg, w.msg) || (w.line != 0 && e.Line != w.line) {
+				t.Errorf("error = %d %s: %s; want %d %s: ...%s...", e.Line, e.Key, e.Msg, w.line, w.key, w.msg)
+			}
+		})
+	}
+}
