@@ -187,7 +187,10 @@ func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error)
 	return raw, nil
 }
 
-// convertArray converts each item of an array value by its schema.
+// convertArray converts each item of an array value by its schema. The
+// items are copied into the array as they are converted, and the copies
+// are spent from the budget as the items were: both are held until the
+// array is done.
 func convertArray(raw json.RawMessage, s *connectSchema, bud *budget) (json.RawMessage, error) {
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
@@ -198,6 +201,9 @@ func convertArray(raw json.RawMessage, s *connectSchema, bud *budget) (json.RawM
 	for i, it := range items {
 		v, err := convert(it, s.Items, bud)
 		if err != nil {
+			return nil, err
+		}
+		if err := bud.spend(len(v) + 1); err != nil {
 			return nil, err
 		}
 		if i > 0 {
@@ -223,7 +229,8 @@ func decoded(raw json.RawMessage, s *connectSchema) bool {
 	return false
 }
 
-// convertStruct converts each field of a struct value by its schema.
+// convertStruct converts each field of a struct value by its schema;
+// the struct it writes of them is spent from the budget too.
 func convertStruct(raw json.RawMessage, s *connectSchema, b *budget) (json.RawMessage, error) {
 	fields, err := objectFields(raw)
 	if err != nil {
@@ -234,7 +241,11 @@ func convertStruct(raw json.RawMessage, s *connectSchema, b *budget) (json.RawMe
 			return nil, fmt.Errorf("%s: %w", fields[i].name, err)
 		}
 	}
-	return appendObject(nil, fields), nil
+	out := appendObject(nil, fields)
+	if err := b.spend(len(out)); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func integer(raw json.RawMessage) (int64, error) {
