@@ -186,7 +186,7 @@ func FuzzAvro(f *testing.F) {
 		"dt": time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC), "tm": 9 * time.Hour, "dec": big.NewRat(-12345, 100),
 		"fdec": big.NewRat(7, 100), "dur": avro.LogicalDuration{Months: 1, Days: 2, Milliseconds: 3},
 		"r":     map[string]any{"f.R": map[string]any{"next": map[string]any{"f.R": map[string]any{"next": nil}}}},
-		"nulls": []any{nil, nil}, "empties": []map[string]any{{}, {}}, "wide": big.NewRat(1, 3),
+		"nulls": []any{nil, nil}, "empties": []map[string]any{{}, {}}, "wide": new(big.Rat).SetFrac(big.NewInt(1), new(big.Int).Exp(big.NewInt(10), big.NewInt(16383), nil)),
 	})
 	if err != nil {
 		f.Fatal(err)
