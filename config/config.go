@@ -160,6 +160,13 @@ type Ingest struct {
 // whose schema adds many field names.
 const DecodeSlack = 64 << 10
 
+// The defaults of ingest.decode_max_bytes and
+// ingest.decode_max_expansion.
+const (
+	DefaultDecodeMaxBytes     ByteSize = 64 << 20
+	DefaultDecodeMaxExpansion          = 64
+)
+
 // DecodeLimits bound the decoding of one record of a source: the ingest
 // settings, as every source carries them.
 type DecodeLimits struct {

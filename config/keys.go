@@ -180,9 +180,9 @@ var keys = []Key{
 	// time in proportion to its size. 64 times covers what a schema adds
 	// to its values (field names, nulls, defaults), and then a record at
 	// Kafka's default size limit (1 MB) meets the default cap.
-	{Path: "ingest.decode_max_bytes", Default: "64MiB", Min: "1MiB", Max: "256MiB",
+	{Path: "ingest.decode_max_bytes", Default: formatValue(reflect.ValueOf(DefaultDecodeMaxBytes)), Min: "1MiB", Max: "256MiB",
 		Why: " (a jsonb value holds at most 256 MiB)"},
-	{Path: "ingest.decode_max_expansion", Default: "64", Min: "1", Max: "65536"},
+	{Path: "ingest.decode_max_expansion", Default: strconv.Itoa(DefaultDecodeMaxExpansion), Min: "1", Max: "65536"},
 
 	{Path: "sources.<name>.kafka.topics", Note: "required", Allowed: "Kafka topic names, each read by one source"},
 	{Path: "sources.<name>.format", Default: FormatJSON, OneOf: Formats,

@@ -318,7 +318,7 @@ func (c *avroCodec) toJSON(payload []byte, b *budget) ([]byte, error) {
 }
 
 // avroReader decodes one value. The JSON it writes nests at most
-// MaxDepth levels, which bounds its recursion too: a union, the one type
+// maxDepth levels, which bounds its recursion too: a union, the one type
 // that may add a level of recursion without one of JSON, holds no union.
 type avroReader struct {
 	b   []byte
@@ -329,7 +329,7 @@ type avroReader struct {
 // openLevel checks that a JSON object or array may open inside depth
 // others.
 func openLevel(depth int) error {
-	if depth >= MaxDepth {
+	if depth >= maxDepth {
 		return avroLimit(errDepth())
 	}
 	return nil

@@ -248,7 +248,7 @@ func avroNested(depth int) []byte {
 const avroListSchema = `{"type":"record","name":"Node","fields":[{"name":"next","type":["null","Node"]}]}`
 
 // TestAvroLimits checks that values whose JSON would be larger than
-// their budget, or nested deeper than MaxDepth, are refused as over a
+// their budget, or nested deeper than maxDepth, are refused as over a
 // limit having allocated a few times their budget at most, and that
 // values near the limits decode.
 func TestAvroLimits(t *testing.T) {
@@ -278,8 +278,8 @@ func TestAvroLimits(t *testing.T) {
 			"more than its budget of 65544 bytes of JSON (2 times the record's 4 bytes plus 65536: ingest.decode_max_expansion)", true},
 		{"nested 100,000 deep", avroListSchema, avroNested(100_000), config.DecodeLimits{},
 			"nested more than 256 levels deep", true},
-		{"nested 256 deep", avroListSchema, avroNested(MaxDepth - 1), config.DecodeLimits{},
-			strings.Repeat(`{"next":`, MaxDepth) + "null" + strings.Repeat("}", MaxDepth), false},
+		{"nested 256 deep", avroListSchema, avroNested(maxDepth - 1), config.DecodeLimits{},
+			strings.Repeat(`{"next":`, maxDepth) + "null" + strings.Repeat("}", maxDepth), false},
 		{"2^31 bytes", `"bytes"`, binary.AppendVarint(nil, 1<<31), config.DecodeLimits{}, "truncated", false},
 		{"a negative length", `"string"`, binary.AppendVarint(nil, -5), config.DecodeLimits{}, "negative length -5", false},
 		{"a map of 2^31 entries", `{"type":"map","values":"null"}`, binary.AppendVarint(nil, 1<<31), config.DecodeLimits{},

@@ -37,7 +37,7 @@ const (
 	// (limits.go): more JSON than ingest.decode_max_expansion times the
 	// record's size plus config.DecodeSlack, or than
 	// ingest.decode_max_bytes; more items than that JSON can hold;
-	// nesting deeper than MaxDepth. Such a record may be valid: raising
+	// nesting deeper than 256 levels. Such a record may be valid: raising
 	// the limit and replaying it loads it.
 	ReasonDecodeLimit = "decode_limit"
 )

@@ -197,7 +197,7 @@ func (c *jsonSchemaCodec) toJSON(payload []byte, b *budget) ([]byte, error) {
 }
 
 // jsonWork checks, before the validator reads doc, that doc nests no
-// deeper than MaxDepth and that its numbers cost no more than the work
+// deeper than maxDepth and that its numbers cost no more than the work
 // left in the budget b. The validator reads a number as an exact rational
 // to compare it or to check that it is an integer (type, minimum,
 // multipleOf, enum, uniqueItems), and that costs about the square of its
@@ -214,7 +214,7 @@ func jsonWork(doc []byte, b *budget) error {
 				}
 			}
 		case c == '[' || c == '{':
-			if depth++; depth > MaxDepth {
+			if depth++; depth > maxDepth {
 				return errDepth()
 			}
 		case c == ']' || c == '}':

@@ -267,7 +267,7 @@ func TestCompileJSONSchemaErrors(t *testing.T) {
 	}
 }
 
-// TestJSONSchemaLimits checks that values nested deeper than MaxDepth,
+// TestJSONSchemaLimits checks that values nested deeper than maxDepth,
 // larger than their budget, or holding numbers that would cost the
 // validator more than their size pays for, are refused as over a limit
 // having allocated a few times their budget at most; and that ordinary
@@ -287,7 +287,7 @@ func TestJSONSchemaLimits(t *testing.T) {
 			"a number of 131072 digits and an exponent of 0: more than", true},
 		{"nested 100,000 deep", strings.Repeat("[", 100_000) + strings.Repeat("]", 100_000), config.DecodeLimits{},
 			"nested more than 256 levels deep", true},
-		{"nested 256 deep", strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth), config.DecodeLimits{}, "", false},
+		{"nested 256 deep", strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth), config.DecodeLimits{}, "", false},
 		{"ordinary numbers", "[" + strings.Repeat("12345678901234567890,1e300,", 10_000) + "0]", config.DecodeLimits{}, "", false},
 		{"a string over the cap", `["` + strings.Repeat("x", 2<<20) + `"]`, config.DecodeLimits{MaxBytes: 1 << 20},
 			"ingest.decode_max_bytes", true},

@@ -8,19 +8,11 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
 )
 
-// Defaults of the limits, for a source configuration that carries none
-// (config.Source.Decode zero): those of ingest.decode_max_bytes and
-// ingest.decode_max_expansion.
-const (
-	defaultDecodeMaxBytes  = 64 << 20
-	defaultDecodeExpansion = 64
-)
-
-// MaxDepth bounds the nesting of the JSON that a record decodes to, as it
+// maxDepth bounds the nesting of the JSON that a record decodes to, as it
 // does that of a JSON value (pgjson.MaxDepth): deeper is a decode_limit.
 // It also bounds the decoders' recursion, so that no record can take the
 // stack.
-const MaxDepth = pgjson.MaxDepth
+const maxDepth = pgjson.MaxDepth
 
 // PostgreSQL's numeric, which a jsonb number is, holds at most this many
 // digits before and after the decimal point.
@@ -66,12 +58,13 @@ type budget struct {
 // value and a comma), so the items are half of it; and the work is as
 // much as the JSON.
 func newBudget(lim config.DecodeLimits, size int) *budget {
+	// A source configuration that was not loaded (tests) carries none.
 	maxBytes, expansion := lim.MaxBytes, lim.Expansion
 	if maxBytes <= 0 {
-		maxBytes = defaultDecodeMaxBytes
+		maxBytes = int64(config.DefaultDecodeMaxBytes)
 	}
 	if expansion <= 0 {
-		expansion = defaultDecodeExpansion
+		expansion = config.DefaultDecodeMaxExpansion
 	}
 	b := &budget{}
 	derived := expansion*int64(size) + config.DecodeSlack
@@ -136,7 +129,7 @@ func (b *budget) spend(n int) error {
 	return nil
 }
 
-// errDepth is the error of a value nested deeper than MaxDepth.
+// errDepth is the error of a value nested deeper than maxDepth.
 func errDepth() error {
-	return &limitError{fmt.Sprintf("nested more than %d levels deep", MaxDepth)}
+	return &limitError{fmt.Sprintf("nested more than %d levels deep", maxDepth)}
 }

@@ -140,7 +140,7 @@ func (c *protoCodec) toJSON(payload []byte, b *budget) ([]byte, error) {
 // are untrusted, so a panic in it is a malformed message.
 func unmarshalProto(md protoreflect.MessageDescriptor, b []byte, depth int) (_ protoreflect.Message, err error) {
 	// Each message level is at least one level of JSON nesting, so a
-	// message nested deeper than MaxDepth is refused before it is
+	// message nested deeper than maxDepth is refused before it is
 	// decoded; so are unknown groups nested as deep, which the decoder
 	// would skip up to its own limit of 10000 levels.
 	if err := protoDepth(md, b, depth); err != nil {
@@ -152,7 +152,7 @@ func unmarshalProto(md protoreflect.MessageDescriptor, b []byte, depth int) (_ p
 		}
 	}()
 	m := dynamicpb.NewMessage(md)
-	opts := proto.UnmarshalOptions{RecursionLimit: MaxDepth + 1}
+	opts := proto.UnmarshalOptions{RecursionLimit: maxDepth + 1}
 	if err := opts.Unmarshal(b, m); err != nil {
 		return nil, fmt.Errorf("%s: %w", md.FullName(), err)
 	}
@@ -160,12 +160,12 @@ func unmarshalProto(md protoreflect.MessageDescriptor, b []byte, depth int) (_ p
 }
 
 // protoDepth checks that b, a message of type md at depth levels, nests
-// no message, map entry or group (of a known field or not) MaxDepth
+// no message, map entry or group (of a known field or not) maxDepth
 // levels deep or more; it recurses as deep as the messages it accepts,
 // and reads unknown groups without recursion. Malformed bytes are left to
 // the decoder, which says what is wrong with them.
 func protoDepth(md protoreflect.MessageDescriptor, b []byte, depth int) error {
-	if depth >= MaxDepth {
+	if depth >= maxDepth {
 		return errDepth()
 	}
 	fields := md.Fields()
@@ -188,7 +188,7 @@ func protoDepth(md protoreflect.MessageDescriptor, b []byte, depth int) error {
 				inner = v
 			}
 		case protowire.StartGroupType:
-			n, err := skipGroup(num, b, MaxDepth-depth-1)
+			n, err := skipGroup(num, b, maxDepth-depth-1)
 			if n < 0 || err != nil {
 				return err
 			}
@@ -364,7 +364,7 @@ func atPath(err error, seg string) error {
 
 func (w *protoWriter) open(c byte) error {
 	w.depth++
-	if w.depth > MaxDepth {
+	if w.depth > maxDepth {
 		return errDepth()
 	}
 	w.buf = append(w.buf, c)

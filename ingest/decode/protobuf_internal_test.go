@@ -802,7 +802,7 @@ func protoAnys(levels, pad int) []byte {
 }
 
 // TestProtobufLimits checks that messages whose JSON would be larger
-// than their budget, or nested deeper than MaxDepth (messages, or groups
+// than their budget, or nested deeper than maxDepth (messages, or groups
 // no field declares), are refused as over a limit having allocated a few
 // times their budget at most, and that messages within them decode.
 func TestProtobufLimits(t *testing.T) {
@@ -828,10 +828,10 @@ func TestProtobufLimits(t *testing.T) {
 		limit   bool
 	}{
 		{"nested 100,000 deep", 0, protoNested(100_000), config.DecodeLimits{}, "hostile.N: nested more than 256 levels deep", true},
-		{"nested 256 deep", 0, protoNested(MaxDepth), config.DecodeLimits{}, `{"next":{"next":`, false},
+		{"nested 256 deep", 0, protoNested(maxDepth), config.DecodeLimits{}, `{"next":{"next":`, false},
 		{"unknown groups 100,000 deep", 0, protoGroups(100_000), config.DecodeLimits{}, "hostile.N: nested more than 256 levels deep", true},
-		{"unknown groups 255 deep", 0, protoGroups(MaxDepth - 1), config.DecodeLimits{}, `{"next":null,"v":0}`, false},
-		{"unknown groups 255 deep in a message", 0, protowire.AppendBytes([]byte{0x0a}, protoGroups(MaxDepth-1)),
+		{"unknown groups 255 deep", 0, protoGroups(maxDepth - 1), config.DecodeLimits{}, `{"next":null,"v":0}`, false},
+		{"unknown groups 255 deep in a message", 0, protowire.AppendBytes([]byte{0x0a}, protoGroups(maxDepth-1)),
 			config.DecodeLimits{}, "nested more than 256 levels deep", true},
 		{"an unknown group not ended", 0, protowire.AppendTag(nil, 99, protowire.StartGroupType), config.DecodeLimits{},
 			"hostile.N: proto", false},
