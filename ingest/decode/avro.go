@@ -98,31 +98,36 @@ func compileAvro(schema string, refs []schemaRef) (codec, error) {
 	return &avroCodec{root: root, connect: connectOfAvro(s)}, nil
 }
 
-// minSize sets n.minSize and those of the types it holds; open holds the
-// records under way (a record that holds itself does so through a union
-// or an array, which take a byte).
-func minSize(n *avroNode, open map[*avroNode]bool) int {
-	if open[n] {
-		return 1
+// minSize sets n.minSize and those of the types it holds, once each:
+// done says whether a node's is set (false while it is under way: a
+// record that holds itself does so through a union or an array, which
+// take a byte).
+func minSize(n *avroNode, done map[*avroNode]bool) int {
+	if set, seen := done[n]; seen {
+		if !set {
+			return 1
+		}
+		return n.minSize
 	}
-	open[n] = true
-	defer delete(open, n)
+	done[n] = false
+	defer func() { done[n] = true }()
 	switch n.kind {
 	case avroNull:
 		n.minSize = 0
 	case avroRecord:
-		n.minSize = 0
+		size := 0
 		for _, f := range n.fields {
-			n.minSize += minSize(f.node, open)
+			size += minSize(f.node, done)
 		}
+		n.minSize = size
 	case avroFixed, avroDecimalFixed, avroDuration:
 		n.minSize = n.size
 	case avroArray, avroMap:
-		minSize(n.items, open)
+		minSize(n.items, done)
 		n.minSize = 1
 	case avroUnion:
 		for _, b := range n.branches {
-			minSize(b, open)
+			minSize(b, done)
 		}
 		n.minSize = 1
 	default:

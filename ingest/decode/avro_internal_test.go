@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/big"
 	"slices"
@@ -244,6 +245,21 @@ func avroNested(depth int) []byte {
 	return append(bytes.Repeat([]byte{2}, depth), 0) // branch 1 (a Node) depth times, then null
 }
 
+// avroDAGSchema is a schema of levels records, each with two fields of
+// the next one, and nulls in the last: its values take no bytes and hold
+// 2^levels nulls.
+func avroDAGSchema(levels int) string {
+	var b strings.Builder
+	for i := range levels {
+		fmt.Fprintf(&b, `{"type":"record","name":"R%d","fields":[{"name":"a","type":`, i)
+	}
+	b.WriteString(`"null"}]}`)
+	for i := levels - 1; i >= 1; i-- {
+		fmt.Fprintf(&b, `},{"name":"b","type":"R%d"}]}`, i)
+	}
+	return b.String()
+}
+
 // avroListSchema is a recursive schema: a list of nodes.
 const avroListSchema = `{"type":"record","name":"Node","fields":[{"name":"next","type":["null","Node"]}]}`
 
@@ -276,6 +292,8 @@ func TestAvroLimits(t *testing.T) {
 		{"JSON over the expansion", `{"type":"array","items":{"type":"record","name":"N","fields":[{"name":"a_long_field_name","type":"null"}]}}`,
 			binary.AppendVarint(binary.AppendVarint(nil, 10_000), 0), config.DecodeLimits{Expansion: 2},
 			"more than its budget of 65544 bytes of JSON (2 times the record's 4 bytes plus 65536: ingest.decode_max_expansion)", true},
+		{"a record naming another twice, 60 deep", avroDAGSchema(60), nil, config.DecodeLimits{},
+			"the value decodes to more than its budget of 65536 bytes", true},
 		{"nested 100,000 deep", avroListSchema, avroNested(100_000), config.DecodeLimits{},
 			"nested more than 256 levels deep", true},
 		{"nested 256 deep", avroListSchema, avroNested(maxDepth - 1), config.DecodeLimits{},

@@ -24,10 +24,20 @@ const (
 // their Avro schema are then read as those of the JSON converter with
 // schemas.enable.
 func connectOfAvro(s avro.Schema) *connectSchema {
-	return connectOf(s, map[string]bool{})
+	b := connectBuilder{open: map[string]bool{}, done: map[string]*connectSchema{}}
+	return b.of(s)
 }
 
-func connectOf(s avro.Schema, open map[string]bool) *connectSchema {
+// connectBuilder makes the Connect schema of an Avro schema. A record is
+// made once, however many fields name it (a schema that names a record
+// twice in each of 30 nested records would otherwise take 2^30 steps),
+// and each use takes a copy, whose Field and Optional it sets.
+type connectBuilder struct {
+	open map[string]bool           // the records under way
+	done map[string]*connectSchema // the records made
+}
+
+func (b *connectBuilder) of(s avro.Schema) *connectSchema {
 	if ref, ok := s.(*avro.RefSchema); ok {
 		s = ref.Schema()
 	}
@@ -36,9 +46,13 @@ func connectOf(s avro.Schema, open map[string]bool) *connectSchema {
 			return &connectSchema{} // no Connect type: values are kept as decoded
 		}
 		_, i := u.Indices()
-		c := connectOf(u.Types()[i], open)
+		c := b.of(u.Types()[i])
 		c.Optional = true
 		return c
+	}
+	if r, ok := s.(*avro.RecordSchema); ok && b.done[r.FullName()] != nil {
+		c := *b.done[r.FullName()]
+		return &c
 	}
 	c := &connectSchema{}
 	if p, ok := s.(avro.PropertySchema); ok {
@@ -59,18 +73,20 @@ func connectOf(s avro.Schema, open map[string]bool) *connectSchema {
 		logicalConnectName(c, s.Logical())
 	case *avro.RecordSchema:
 		c.Type = "struct"
-		if open[s.FullName()] {
+		if b.open[s.FullName()] {
 			return c // a recursive type: its values are kept as decoded
 		}
-		open[s.FullName()] = true
-		defer delete(open, s.FullName())
+		b.open[s.FullName()] = true
+		defer delete(b.open, s.FullName())
 		for _, f := range s.Fields() {
-			fc := connectOf(f.Type(), open)
+			fc := b.of(f.Type())
 			fc.Field = f.Name()
 			c.Fields = append(c.Fields, fc)
 		}
+		made := *c
+		b.done[s.FullName()] = &made
 	case *avro.ArraySchema:
-		c.Type, c.Items = "array", connectOf(s.Items(), open)
+		c.Type, c.Items = "array", b.of(s.Items())
 	case *avro.MapSchema:
 		c.Type = "map"
 	case *avro.EnumSchema:
