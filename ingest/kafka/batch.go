@@ -87,8 +87,8 @@ func (b *batch) add(src *source, r *kgo.Record, ev decode.Event, rej *decode.Rej
 	}
 	pb.next = position{r.Offset + 1, r.LeaderEpoch}
 	pb.records++
-	b.bytes += recordBytes(r)
 	if rej != nil {
+		b.bytes += recordBytes(r)
 		pb.dead++
 		b.dead = append(b.dead, deadLetter{src: src, rej: *rej, rec: r})
 		return
@@ -97,6 +97,7 @@ func (b *batch) add(src *source, r *kgo.Record, ev decode.Event, rej *decode.Rej
 		pb.skipped++
 		return
 	}
+	b.bytes += rowBytes(r, &ev)
 	pb.good++
 	if ev.Time.After(pb.maxEventTime) {
 		pb.maxEventTime = ev.Time
@@ -132,7 +133,7 @@ func (b *batch) drop(tps map[topicPartition]bool) {
 	b.bytes = 0
 	b.ledger.Reset()
 	for _, r := range b.rows {
-		b.bytes += recordBytes(r.rec)
+		b.bytes += rowBytes(r.rec, &r.ev)
 		b.ledger.Add(r.src.name, r.ev.Time)
 	}
 	for _, d := range b.dead {
@@ -142,3 +143,15 @@ func (b *batch) drop(tps map[topicPartition]bool) {
 
 // recordBytes approximates the memory a record holds in a batch.
 func recordBytes(r *kgo.Record) int { return len(r.Value) + len(r.Key) + 64 }
+
+// rowBytes approximates the memory a good record holds in a batch: the
+// record, and its payload when decoding made one (a registry format's
+// JSON, which may be many times the record's size) rather than taking
+// the record's value as it is.
+func rowBytes(r *kgo.Record, ev *decode.Event) int {
+	n := recordBytes(r)
+	if len(ev.Payload) > 0 && (len(r.Value) == 0 || &ev.Payload[0] != &r.Value[0]) {
+		n += len(ev.Payload)
+	}
+	return n
+}

@@ -544,17 +544,30 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRow
 		return parts
 	}
 	rows, bytes := 0, 0
-	for {
-		fetches.EachRecord(func(r *kgo.Record) {
-			rows++
-			bytes += recordBytes(r)
-		})
+	for counted := 0; ; counted = len(parts) {
+		for _, d := range parts[counted:] {
+			rows += len(d.recs)
+			bytes += d.bytes()
+		}
 		if rows >= maxRows || int64(bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) || ctx.Err() != nil {
 			return parts
 		}
 		fetches = in.cl.PollRecords(ctx, maxRows-rows)
 		parts = append(parts, in.decode(ctx, fetches)...)
 	}
+}
+
+// bytes approximates the memory d's records take in a batch, decoded.
+func (d *decodedPart) bytes() int {
+	n := 0
+	for i, r := range d.recs {
+		if d.rejs[i] != nil {
+			n += recordBytes(r)
+		} else {
+			n += rowBytes(r, &d.evs[i])
+		}
+	}
+	return n
 }
 
 // decodedPart is one partition's polled records, decoded.
