@@ -183,8 +183,6 @@ func replayOptions(cfg *config.Config, f deadLetterFlags) (kafka.ReplayOptions, 
 		return opts, "--source is required"
 	case cfg.Sources[opts.Source] == nil || cfg.Sources[opts.Source].Kafka == nil:
 		return opts, fmt.Sprintf("--source: %q is not a Kafka source%s", opts.Source, configured("Kafka sources", kafkaSources))
-	case cfg.Sources[opts.Source].Debezium():
-		return opts, fmt.Sprintf("--source: %q is a Debezium source, whose dead letters are not replayed (see docs/debezium.md)", opts.Source)
 	case opts.Reason != "" && !slices.Contains(decode.Reasons, opts.Reason):
 		return opts, fmt.Sprintf("--reason: %q is not a dead-letter reason (%s)", opts.Reason, strings.Join(decode.Reasons, ", "))
 	}

@@ -371,6 +371,11 @@ type Column struct {
 	Name    string
 	Type    string // a PostgreSQL type
 	NotNull bool
+	// Precision and Scale are a decimal's (connect.decimal.precision and
+	// scale), Length a string's length at the source
+	// (__debezium.source.column.length, with the connector's
+	// column.propagate.source.type); 0 when the schema does not say.
+	Precision, Scale, Length int
 }
 
 // pgType is the PostgreSQL type of the column a Connect schema describes.
@@ -427,7 +432,23 @@ func columns(s *connectSchema) []Column {
 	}
 	out := make([]Column, 0, len(s.Fields))
 	for _, f := range s.Fields {
-		out = append(out, Column{Name: f.Field, Type: pgType(f), NotNull: !f.Optional})
+		c := Column{Name: f.Field, Type: pgType(f), NotNull: !f.Optional}
+		param := func(name string) int {
+			n, err := strconv.Atoi(f.Parameters[name])
+			if err != nil || n < 0 {
+				return 0
+			}
+			return n
+		}
+		switch c.Type {
+		case "numeric":
+			if f.Name == connectDecimal {
+				c.Precision, c.Scale = param("connect.decimal.precision"), param("scale")
+			}
+		case "text":
+			c.Length = param("__debezium.source.column.length")
+		}
+		out = append(out, c)
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,10 +123,14 @@ type changeMirror struct {
 	// distribute creates the mirror distributed on a Citus warehouse
 	// (config.Config.Distributes).
 	distribute bool
+	// log logs the columns widened.
+	log *slog.Logger
 
 	mu   sync.Mutex
 	cols []string // the mirror's columns, tidemark's own left out; nil until read
 	key  []string
+	// types are the mirror's columns' types, as format_type prints them.
+	types map[string]string
 	// textual are the mirror's bytea, json and jsonb columns, whose values
 	// a change without a schema sends as text (see fromText).
 	textual map[string]string
@@ -134,7 +139,8 @@ type changeMirror struct {
 func newChangeMirror(name string, m *config.Mirror, distribute bool) *changeMirror {
 	schema, table := config.SplitTable(m.Table)
 	return &changeMirror{source: name, target: pgx.Identifier{schema, table},
-		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn, distribute: distribute}
+		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn, distribute: distribute,
+		log: slog.New(slog.DiscardHandler)}
 }
 
 // own are the mirror's columns of tidemark's own.
@@ -169,7 +175,7 @@ func (m *changeMirror) load(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		}
 	}
 	var names []string
-	textual := map[string]string{}
+	textual, types := map[string]string{}, map[string]string{}
 	for _, c := range cols {
 		if c.Name != m.loaded && c.Name != m.deleted && c.Name != m.position {
 			names = append(names, c.Name)
@@ -177,59 +183,143 @@ func (m *changeMirror) load(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		if c.Type == "bytea" || c.Type == "json" || c.Type == "jsonb" {
 			textual[c.Name] = c.Type
 		}
+		types[c.Name] = c.Type
 	}
 	m.mu.Lock()
-	m.cols, m.key, m.textual = names, key, textual
+	m.cols, m.key, m.textual, m.types = names, key, textual, types
 	m.mu.Unlock()
 	return true, nil
 }
 
-// ensure makes the mirror ready for the changes of rows before the batch
-// transaction: it reads it, or creates it from the first change's Connect
-// schema, and adds the columns a schema declares that it lacks.
-func (m *changeMirror) ensure(ctx context.Context, conn *pgx.Conn, src *source, rows []*row) error {
-	var declared *decode.Change
-	cols, _ := m.known()
+// mirrorPlan is what the changes of a batch need of an existing mirror.
+type mirrorPlan struct {
+	// adds is a change that declares a column the mirror lacks, nil when
+	// none does.
+	adds *decode.Change
+	// widen holds the columns tidemark widens to hold the values the
+	// changes declare, by name, with their new types; unsafe those the
+	// operator must alter.
+	widen, unsafe map[string]string
+}
+
+func (p mirrorPlan) empty() bool { return p.adds == nil && len(p.widen) == 0 && len(p.unsafe) == 0 }
+
+// plan compares the columns the changes of rows declare with the mirror as
+// last read.
+func (m *changeMirror) plan(rows []*row) mirrorPlan {
+	m.mu.Lock()
+	cols, types := m.cols, m.types
+	m.mu.Unlock()
+	p := mirrorPlan{widen: map[string]string{}, unsafe: map[string]string{}}
+	var last []decode.Column // the columns of the change before: a batch's changes mostly share them
 	for _, r := range rows {
 		c := r.ev.Change
-		if c == nil || c.Columns == nil {
+		if c == nil || c.Columns == nil || slices.Equal(c.Columns, last) {
 			continue
 		}
-		if declared == nil {
-			declared = c
+		last = c.Columns
+		for _, col := range c.Columns {
+			if !slices.Contains(cols, col.Name) {
+				if p.adds == nil {
+					p.adds = c
+				}
+				continue
+			}
+			have := types[col.Name]
+			if w, ok := p.widen[col.Name]; ok {
+				have = w
+			}
+			to, safe := mirror.Widen(have, mirror.Values{Type: col.Type, Precision: col.Precision, Scale: col.Scale, Length: col.Length})
+			switch {
+			case to == "":
+			case safe:
+				p.widen[col.Name] = to
+			default:
+				p.unsafe[col.Name] = to
+			}
 		}
-		if cols != nil && slices.ContainsFunc(c.Columns, func(col decode.Column) bool { return !slices.Contains(cols, col.Name) }) {
+	}
+	return p
+}
+
+// ensure makes the mirror ready for the changes of rows before the batch
+// transaction: it reads it, or creates it from the first change's Connect
+// schema; adds the columns a schema declares that it lacks; and widens a
+// column whose declared values it cannot hold (mirror.Widen), or refuses
+// the changes, naming the ALTER to run, when that is for the operator.
+func (m *changeMirror) ensure(ctx context.Context, conn *pgx.Conn, src *source, rows []*row) error {
+	cols, _ := m.known()
+	if cols != nil {
+		if m.plan(rows).empty() {
+			return nil
+		}
+		// The mirror may have changed since it was read (an operator's
+		// ALTER): read it again before acting.
+		if _, err := m.load(ctx, conn); err != nil {
+			return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
+		}
+		return m.change(ctx, conn, src, m.plan(rows))
+	}
+	exists, err := m.load(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
+	}
+	if exists {
+		src.dec.SetMirrorKey(m.key)
+		return m.ensure(ctx, conn, src, rows)
+	}
+	var declared *decode.Change
+	for _, r := range rows {
+		if c := r.ev.Change; c != nil && c.Columns != nil {
 			declared = c
 			break
 		}
 	}
-	if cols != nil && (declared == nil || !slices.ContainsFunc(declared.Columns, func(col decode.Column) bool { return !slices.Contains(cols, col.Name) })) {
+	if declared == nil {
+		return &fixError{err: fmt.Errorf("%w: %s, and the change events carry no schema (the JSON converter without schemas.enable)", errNoMirror, m.target.Sanitize()),
+			fix: fmt.Sprintf("create it with the source table's columns and primary key (sources.%s.mirror.table), or send the events with schemas", m.source)}
+	}
+	return m.change(ctx, conn, src, mirrorPlan{adds: declared})
+}
+
+// change carries out plan: it refuses the changes when a column is for
+// the operator to alter, creates the mirror or adds the columns of
+// plan.adds, widens the columns of plan.widen, and reads the mirror again.
+func (m *changeMirror) change(ctx context.Context, conn *pgx.Conn, src *source, plan mirrorPlan) error {
+	if plan.empty() {
 		return nil
 	}
-	if cols == nil {
-		exists, err := m.load(ctx, conn)
-		if err != nil {
+	if len(plan.unsafe) > 0 {
+		m.mu.Lock()
+		types := m.types
+		m.mu.Unlock()
+		var what []string
+		for name, to := range plan.unsafe {
+			what = append(what, fmt.Sprintf("%s (%s, now %s at the source)", name, types[name], to))
+		}
+		slices.Sort(what)
+		return &fixError{err: fmt.Errorf("the changes carry values the mirror %s cannot hold: columns %s", m.target.Sanitize(), strings.Join(what, ", ")),
+			fix: mirror.AlterTypesSQL(m.target, plan.unsafe) + " (or another type that holds them); the source then resumes by itself"}
+	}
+	if declared := plan.adds; declared != nil {
+		want := make([]mirror.Column, len(declared.Columns))
+		for i, c := range declared.Columns {
+			if err := m.ownColumn(c.Name); err != nil {
+				return err
+			}
+			// Only the key is NOT NULL: a delete may write a row of its key.
+			want[i] = mirror.Column{Name: c.Name, Type: c.Type, NotNull: slices.Contains(declared.KeyColumns, c.Name)}
+		}
+		if err := mirror.EnsureTarget(ctx, conn, &mirror.Table{Target: m.target, Columns: want, Key: declared.KeyColumns, Distribute: m.distribute}, m.own()); err != nil {
 			return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
 		}
-		if exists {
-			src.dec.SetMirrorKey(m.key)
-			return m.ensure(ctx, conn, src, rows)
-		}
-		if declared == nil {
-			return &fixError{err: fmt.Errorf("%w: %s, and the change events carry no schema (the JSON converter without schemas.enable)", errNoMirror, m.target.Sanitize()),
-				fix: fmt.Sprintf("create it with the source table's columns and primary key (sources.%s.mirror.table), or send the events with schemas", m.source)}
-		}
 	}
-	want := make([]mirror.Column, len(declared.Columns))
-	for i, c := range declared.Columns {
-		if err := m.ownColumn(c.Name); err != nil {
-			return err
+	if len(plan.widen) > 0 {
+		if err := mirror.AlterTypes(ctx, conn, m.target, plan.widen); err != nil {
+			return &fixError{err: err, fix: mirror.AlterTypesSQL(m.target, plan.widen) + " by hand (or a type that holds the source's values); the source then resumes by itself"}
 		}
-		// Only the key is NOT NULL: a delete may write a row of its key.
-		want[i] = mirror.Column{Name: c.Name, Type: c.Type, NotNull: slices.Contains(declared.KeyColumns, c.Name)}
-	}
-	if err := mirror.EnsureTarget(ctx, conn, &mirror.Table{Target: m.target, Columns: want, Key: declared.KeyColumns, Distribute: m.distribute}, m.own()); err != nil {
-		return fmt.Errorf("mirror %s (sources.%s.mirror.table): %w", m.target.Sanitize(), m.source, err)
+		m.log.Info("widened columns of a mirror to hold the values the source's schema now declares",
+			"source", m.source, "mirror", m.target.Sanitize(), "statement", mirror.AlterTypesSQL(m.target, plan.widen))
 	}
 	if _, err := m.load(ctx, conn); err != nil {
 		return err

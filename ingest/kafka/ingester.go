@@ -153,11 +153,18 @@ type Ingester struct {
 // through it when it is configured), nil otherwise.
 func newRegistry(cfg *config.Config) (*decode.Registry, error) {
 	for _, sc := range cfg.Sources {
-		if sc.Kafka != nil && config.UsesRegistry(sc.Format) || sc.Debezium() && cfg.SchemaRegistry.URL != "" {
+		if needsRegistry(cfg, sc) {
 			return decode.NewRegistry(cfg.SchemaRegistry)
 		}
 	}
 	return nil, nil
+}
+
+// needsRegistry reports whether the Kafka source sc reads the schema
+// registry: a source of a registry format, or a Debezium source when a
+// registry is configured.
+func needsRegistry(cfg *config.Config, sc *config.Source) bool {
+	return sc.Kafka != nil && config.UsesRegistry(sc.Format) || sc.Debezium() && cfg.SchemaRegistry.URL != ""
 }
 
 // withDefaults fills the options left empty.
@@ -220,6 +227,9 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
 		}
 		src.raw.Log = in.log
+		if src.mirror != nil {
+			src.mirror.log = in.log
+		}
 		in.sources = append(in.sources, src)
 		names = append(names, name)
 		for _, t := range sc.Kafka.Topics {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +16,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
@@ -65,11 +67,6 @@ const replayAttempts = 6
 // ErrNotKafkaSource means a replay named a source that is not a Kafka
 // source of the configuration.
 var ErrNotKafkaSource = errors.New("not a Kafka source of the configuration")
-
-// ErrReplayDebezium means a replay named a Debezium source: a replay
-// writes raw rows, not the mirror changes a Debezium source's records
-// carry, so its dead letters are not replayed.
-var ErrReplayDebezium = errors.New("dead letters of Debezium sources are not replayed")
 
 // ReplayOptions selects the dead letters Replay loads again.
 type ReplayOptions struct {
@@ -144,9 +141,6 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 	if sc == nil || sc.Kafka == nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrNotKafkaSource)
 	}
-	if sc.Debezium() {
-		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrReplayDebezium)
-	}
 	if opts.ChunkSize <= 0 {
 		opts.ChunkSize = DefaultReplayChunk
 	}
@@ -157,7 +151,7 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	var reg *decode.Registry
-	if config.UsesRegistry(sc.Format) {
+	if needsRegistry(cfg, sc) {
 		if reg, err = decode.NewRegistry(cfg.SchemaRegistry); err != nil {
 			return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 		}
@@ -173,18 +167,16 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 		wait: cfg.Warehouse.WriteTimeout.D(),
 		rep:  ReplayReport{Source: opts.Source, DryRun: opts.DryRun, Failing: map[string]int{}},
 	}
-	if !opts.DryRun {
-		ectx, cancel := context.WithTimeout(ctx, r.wait)
-		err := r.src.raw.Ensure(ectx, conn)
-		cancel()
-		if err != nil {
-			return r.rep, fmt.Errorf("replay %s: %w", opts.Source, err)
-		}
+	ectx, cancel := context.WithTimeout(ctx, r.wait)
+	err = r.prepare(ectx)
+	cancel()
+	if err != nil {
+		return r.rep, fmt.Errorf("replay %s: %w", opts.Source, withFix(err))
 	}
 	for after := int64(0); ; {
 		res, err := r.chunk(ctx, after)
 		if err != nil {
-			return r.rep, fmt.Errorf("replay %s: dead letters after id %d: %w", opts.Source, after, err)
+			return r.rep, fmt.Errorf("replay %s: dead letters after id %d: %w", opts.Source, after, withFix(err))
 		}
 		if res.read == 0 {
 			return r.rep, nil
@@ -192,6 +184,32 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 		r.add(res)
 		after = res.last
 	}
+}
+
+// prepare makes the source's raw table and reads its mirror, as the
+// ingester does at start; a dry run only reads the mirror's key, which
+// the decoder takes a change's key from.
+func (r *replayer) prepare(ctx context.Context) error {
+	if !r.opts.DryRun {
+		return r.w.prepare(ctx, r.src)
+	}
+	if r.src.mirror == nil {
+		return nil
+	}
+	_, key, exists, err := mirror.ReadTarget(ctx, r.w.conn, r.src.mirror.target)
+	if exists && err == nil {
+		r.src.dec.SetMirrorKey(key)
+	}
+	return err
+}
+
+// withFix adds to err what the operator does about it, when it says.
+func withFix(err error) error {
+	var fe *fixError
+	if errors.As(err, &fe) {
+		return fmt.Errorf("%w; fix: %s", err, fe.fix)
+	}
+	return err
 }
 
 // add counts a chunk's result into the report.
@@ -265,6 +283,17 @@ func (r *replayer) chunkOnce(ctx context.Context, after int64, checkRows bool) (
 			return res, err
 		}
 		if err := r.src.raw.EnsurePartitions(ctx, r.w.conn, missing); err != nil {
+			return res, err
+		}
+		return res, errPartitionsCreated
+	}
+	if m := r.src.mirror; m != nil && !m.plan(rowsOf(b)).empty() {
+		// The changes need the mirror changed first (columns added or
+		// widened), outside the chunk's transaction.
+		if err := tx.Rollback(ctx); err != nil {
+			return res, err
+		}
+		if err := m.ensure(ctx, r.w.conn, r.src, rowsOf(b)); err != nil {
 			return res, err
 		}
 		return res, errPartitionsCreated
@@ -343,6 +372,11 @@ func (r *replayer) read(ctx context.Context, tx pgx.Tx, after int64) (*batch, ma
 			continue
 		}
 		b.add(r.src, rec, ev, nil, now)
+	}
+	if r.src.mirror != nil {
+		// Changes are applied in the order of their source positions,
+		// as the connector sent them, whatever order they failed in.
+		slices.SortStableFunc(b.rows, func(x, y row) int { return slices.Compare(x.ev.Change.Position, y.ev.Change.Position) })
 	}
 	return b, ids, res, nil
 }
@@ -463,6 +497,9 @@ func (w *writer) storeReplayed(ctx context.Context, tx pgx.Tx, b *batch, ingeste
 	if err != nil {
 		return nil, nil, err
 	}
+	if len(rows) > 0 && rows[0].src.mirror != nil {
+		return w.storeReplayedChanges(ctx, tx, b, inRaw, ingestedAt, checkRows)
+	}
 	if !checkRows {
 		// The probe read the raw shards in this transaction, and on Citus
 		// a COPY over those connections would commit on the workers
@@ -491,6 +528,37 @@ func (w *writer) storeReplayed(ctx context.Context, tx pgx.Tx, b *batch, ingeste
 		if err := w.copyRows(ctx, tx, fresh, ingestedAt); err != nil {
 			return nil, nil, err
 		}
+	}
+	_, ledger := written(b, fresh)
+	if err := ledger.Write(ctx, tx, ingestedAt); err != nil {
+		return nil, nil, err
+	}
+	return fresh, rejected, nil
+}
+
+// storeReplayedChanges writes the changes of a Debezium source's dead
+// letters, b's rows in source position order: the change rows raw.<source>
+// does not hold yet, and every change to the mirror, where a change at or
+// below a row's stored position is not applied (it was sent again, or a
+// later change of the row is there), with their ledger rows, in tx.
+// Checking rows, each change is written under a savepoint and those the
+// warehouse refuses are returned as dead letters.
+func (w *writer) storeReplayedChanges(ctx context.Context, tx pgx.Tx, b *batch, inRaw map[eventKey]bool, ingestedAt time.Time, checkRows bool) ([]*row, []deadLetter, error) {
+	rows := rowsOf(b)
+	src := rows[0].src
+	var fresh []*row
+	var rejected []deadLetter
+	var err error
+	if checkRows {
+		fresh, rejected, err = w.insertCheckingChanges(ctx, tx, b, inRaw, ingestedAt, map[*source]bool{src: true})
+	} else {
+		fresh = newRows(rows, true, true, inRaw)
+		if err = w.copyRows(ctx, tx, fresh, ingestedAt); err == nil {
+			err = classifyRowError(src.mirror.applyChanges(ctx, tx, rows, ingestedAt), src)
+		}
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	_, ledger := written(b, fresh)
 	if err := ledger.Write(ctx, tx, ingestedAt); err != nil {

@@ -1,0 +1,151 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark-dev/tidemark/ingest/kafka"
+	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
+)
+
+// itemChange is a Debezium change of a table items (id, qty), with
+// schemas, qty of Connect type qtyType: an insert or update of id to qty at
+// LSN lsn.
+func itemChange(topic string, id int64, qty any, qtyType string, lsn int64) *kgo.Record {
+	row := func(field string) string {
+		return fmt.Sprintf(`{"type":"struct","optional":true,"name":"dbs.public.items.Value","field":%q,"fields":[
+{"type":"int32","optional":false,"field":"id"},{"type":%q,"optional":true,"field":"qty"}]}`, field, qtyType)
+	}
+	schema := `{"type":"struct","optional":false,"name":"dbs.public.items.Envelope","fields":[` + row("before") + "," + row("after") + `,
+{"type":"struct","optional":false,"name":"io.debezium.connector.postgresql.Source","field":"source","fields":[
+{"type":"string","optional":false,"field":"connector"},{"type":"int64","optional":false,"field":"ts_ms"},{"type":"int64","optional":true,"field":"lsn"}]},
+{"type":"string","optional":false,"field":"op"},{"type":"int64","optional":true,"field":"ts_ms"}]}`
+	at := testNow.Add(-time.Hour).Add(time.Duration(lsn) * time.Millisecond).UnixMilli()
+	value := fmt.Sprintf(`{"schema":%s,"payload":{"before":null,"after":{"id":%d,"qty":%v},
+"source":{"connector":"postgresql","ts_ms":%d,"lsn":%d,"db":"shop","schema":"public","table":"items"},"op":"u","ts_ms":%d}}`,
+		schema, id, qty, at, lsn, at)
+	key := fmt.Sprintf(`{"schema":{"type":"struct","optional":false,"name":"dbs.public.items.Key","fields":[{"type":"int32","optional":false,"field":"id"}]},"payload":{"id":%d}}`, id)
+	return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(value)}
+}
+
+// TestDebeziumColumnWidens: a column the source widens (int32 to int64)
+// is widened in the mirror, so a value that only the wider type holds
+// loads; a change of type the mirror's column cannot hold and that is the
+// operator's to make (an integer column for decimals) stalls the source,
+// naming the ALTER to run, and it resumes once run.
+func TestDebeziumColumnWidens(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t, 1)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 1, 5, "int32", 100), itemChange(b.topic, 2, 6, "int32", 110)})
+	r := b.startDebezium(t, 100)
+	b.waitStored(t, p.end, time.Minute)
+	typeOf := func() string {
+		t.Helper()
+		return pgtest.Rows(t, b.pool, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+			WHERE attrelid = 'dw.customers'::regclass AND attname = 'qty'`)[0]
+	}
+	if got := typeOf(); got != "integer" {
+		t.Fatalf("qty created as %s, want integer", got)
+	}
+
+	// int64 at the source: 5,000,000,000 loads in a widened column.
+	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 1, 5_000_000_000, "int64", 120)})
+	b.waitStored(t, p.end, time.Minute)
+	if got := typeOf(); got != "bigint" {
+		t.Errorf("qty is %s after the source widened it, want bigint", got)
+	}
+	mirrorRows := func() string {
+		t.Helper()
+		// Not prepared: the column's type changes under the test.
+		return strings.Join(pgtest.Lines(t, b.pool, `SELECT id, qty FROM dw.customers ORDER BY id`, pgx.QueryExecModeSimpleProtocol), ",")
+	}
+	if got := mirrorRows(); got != "1 | 5000000000,2 | 6" {
+		t.Errorf("mirror %s, want 1 | 5000000000,2 | 6", got)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM tidemark.dead_letters`); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+
+	// An integer column for floats is the operator's to alter.
+	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 2, 6.5, "float64", 130)})
+	waitfor.Until(t, "the source to stall naming the ALTER", func() bool {
+		st := r.in.Stalls()
+		return len(st) == 1 && strings.Contains(st[0].Fix, `ALTER TABLE "dw"."customers" ALTER COLUMN "qty" TYPE double precision`)
+	})
+	if _, err := b.pool.Exec(ctx, `ALTER TABLE dw.customers ALTER COLUMN qty TYPE double precision`); err != nil {
+		t.Fatal(err)
+	}
+	b.waitStored(t, p.end, time.Minute)
+	if got := mirrorRows(); got != "1 | 5e+09,2 | 6.5" {
+		t.Errorf("mirror %s, want 1 | 5e+09,2 | 6.5", got)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM tidemark.dead_letters`); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
+// TestDebeziumReplay: changes the mirror refused (a CHECK constraint) are
+// dead letters that dead-letters replay loads once the mirror is fixed: a
+// change row each, and the change applied to the mirror unless a later
+// change of its row is there (positions fence it, whatever order they are
+// replayed in); a second replay finds nothing.
+func TestDebeziumReplay(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t, 1)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 1, 5, "int32", 100), itemChange(b.topic, 2, 6, "int32", 110)})
+	r := b.startDebezium(t, 100)
+	b.waitStored(t, p.end, time.Minute)
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := b.pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`ALTER TABLE dw.customers ADD CONSTRAINT no_negative CHECK (qty >= 0)`)
+	// The refused changes, sent after a later one of their row's (id 1),
+	// and alone (id 2).
+	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 1, 7, "int32", 130), itemChange(b.topic, 1, -1, "int32", 120),
+		itemChange(b.topic, 2, -2, "int32", 140)})
+	b.waitStored(t, p.end, time.Minute)
+	r.stop(t)
+	mirrorRows := func() string {
+		t.Helper()
+		return strings.Join(pgtest.Lines(t, b.pool, `SELECT id, qty, source_position FROM dw.customers ORDER BY id`), ",")
+	}
+	if got := mirrorRows(); got != "1 | 7 | [1 130 130],2 | 6 | [1 110 110]" {
+		t.Errorf("mirror %s before the replay", got)
+	}
+	if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM tidemark.dead_letters WHERE reason = 'rejected'`); n != 2 {
+		t.Fatalf("%d rejected dead letters, want 2", n)
+	}
+
+	exec(`ALTER TABLE dw.customers DROP CONSTRAINT no_negative`)
+	cfg := b.debeziumConfig(t, 100)
+	rep, err := kafka.Replay(ctx, pgtest.Conn(t, b.dsn), cfg, kafka.ReplayOptions{Source: "customers", Now: b.clock.Now})
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if rep.Read != 2 || rep.Loaded != 2 || len(rep.Failing) != 0 {
+		t.Errorf("replay read %d, loaded %d, failing %v; want 2, 2, none", rep.Read, rep.Loaded, rep.Failing)
+	}
+	if got := mirrorRows(); got != "1 | 7 | [1 130 130],2 | -2 | [1 140 140]" {
+		t.Errorf("mirror %s after the replay, want id 1 at 7 (position 130) and id 2 at -2 (140): id 1's later change fences the replayed one", got)
+	}
+	if got := strings.Join(pgtest.Rows(t, b.pool, `SELECT count(*), count(DISTINCT event_id) FROM raw.customers`), ""); got != "5 5" {
+		t.Errorf("raw change rows (all, distinct) %s, want 5 5", got)
+	}
+	rep, err = kafka.Replay(ctx, pgtest.Conn(t, b.dsn), cfg, kafka.ReplayOptions{Source: "customers", Now: b.clock.Now})
+	if err != nil || rep.Read != 0 {
+		t.Errorf("a second replay read %d (%v), want 0", rep.Read, err)
+	}
+}
