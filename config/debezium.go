@@ -56,8 +56,8 @@ func (c *Config) validateDebeziumMirror(ix *index, p string, s *Source, tables m
 		ix.add(p+".mirror.position_column", "must differ from mirror.deleted_column and mirror.loaded_column")
 	}
 	switch {
-	case (m.SourceDSN == "") != (m.SourceTable == ""):
-		ix.add(p+".mirror.source_table", "source_dsn and source_table go together: the table at the source the connector reads")
+	case m.SourceDSN != "" && m.SourceTable == "":
+		ix.add(p+".mirror.source_table", "source_dsn needs source_table: the table at the source the connector reads")
 	case m.SourceTable != "" && !ValidTableName(m.SourceTable):
 		ix.add(p+".mirror.source_table", "must be a table name such as customers or public.customers (lower-case identifiers), got %q", m.SourceTable)
 	case m.SourceDSN != "":

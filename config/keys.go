@@ -256,7 +256,7 @@ var keys = []Key{
 	{Path: "sources.<name>.mirror.loaded_column", Default: "loaded_at", Allowed: "a column name the source does not have"},
 	{Path: "sources.<name>.mirror.source_dsn", Allowed: "Debezium sources: the PostgreSQL database the connector reads, for `tidemark keys --dry-run`; with `source_table`"},
 	{Path: "sources.<name>.mirror.source_dsn_file", Allowed: "a file holding `source_dsn` ([secrets in files](#secrets-in-files))"},
-	{Path: "sources.<name>.mirror.source_table", Allowed: "Debezium sources: the table at `source_dsn`, `table` or `schema.table` (schema `public`)"},
+	{Path: "sources.<name>.mirror.source_table", Allowed: "Debezium sources: the table the connector reads, `table` (any schema or database) or `schema.table`; changes of other tables are dead letters"},
 	{Path: "sources.<name>.mirror.position_column", Default: "source_position", Allowed: "Debezium sources only: a column name the source does not have",
 		defaultIn: func(_ *Config, s *Source, def string) string {
 			if s.Debezium() {

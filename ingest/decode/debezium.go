@@ -29,6 +29,9 @@ const (
 	// ReasonMissingKey: a row change whose record key or row lacks a
 	// value of the mirror's key.
 	ReasonMissingKey = "missing_key"
+	// ReasonWrongTable: a change of a table other than the one the
+	// source mirrors.
+	ReasonWrongTable = "wrong_table"
 )
 
 // SkipTombstone is why a tombstone (a record without a value, which

@@ -46,7 +46,7 @@ const (
 var Reasons = []string{ReasonInvalidJSON, ReasonMissingID, ReasonInvalidID, ReasonMissingTime,
 	ReasonInvalidTime, ReasonTimeOutOfRange, ReasonRejectedByStore,
 	ReasonWrongFormat, ReasonUnknownSchema, ReasonInvalidSchema, ReasonSchemaMismatch, ReasonDecodeLimit,
-	ReasonInvalidEnvelope, ReasonMissingKey}
+	ReasonInvalidEnvelope, ReasonMissingKey, ReasonWrongTable}
 
 // MaxIDBytes bounds event ids so they always fit a btree index entry.
 const MaxIDBytes = 512

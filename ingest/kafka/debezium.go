@@ -125,12 +125,18 @@ type changeMirror struct {
 	distribute bool
 	// log logs the columns widened.
 	log *slog.Logger
+	// table is the source table the mirror follows as configured
+	// (mirror.source_table), "" when not.
+	table string
 
 	mu   sync.Mutex
 	cols []string // the mirror's columns, tidemark's own left out; nil until read
 	key  []string
 	// types are the mirror's columns' types, as format_type prints them.
 	types map[string]string
+	// accepted is the source table of the changes stored, when table is
+	// not configured: the first change's, or the latest stored one's.
+	accepted string
 	// textual are the mirror's bytea, json and jsonb columns, whose values
 	// a change without a schema sends as text (see fromText).
 	textual map[string]string
@@ -140,7 +146,55 @@ func newChangeMirror(name string, m *config.Mirror, distribute bool) *changeMirr
 	schema, table := config.SplitTable(m.Table)
 	return &changeMirror{source: name, target: pgx.Identifier{schema, table},
 		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn, distribute: distribute,
-		log: slog.New(slog.DiscardHandler)}
+		table: m.SourceTable, log: slog.New(slog.DiscardHandler)}
+}
+
+// latestTableSQL reads the source table of the latest change row stored;
+// %s is the raw table.
+const latestTableSQL = `SELECT source_table FROM %s ORDER BY ingested_at DESC LIMIT 1`
+
+// readTable learns the source table of the changes stored, unless the
+// configuration names it.
+func (m *changeMirror) readTable(ctx context.Context, conn *pgx.Conn, rawTable string) error {
+	if m.table != "" {
+		return nil
+	}
+	var table string
+	err := conn.QueryRow(ctx, fmt.Sprintf(latestTableSQL, rawTable)).Scan(&table)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("the table of the changes stored in %s: %w", rawTable, err)
+	}
+	m.mu.Lock()
+	m.accepted = table
+	m.mu.Unlock()
+	return nil
+}
+
+// check refuses a change of a table other than the one the mirror
+// follows: mirror.source_table (schema.table, or table in any schema),
+// or else the table of the changes stored, or of the first change.
+func (m *changeMirror) check(c *decode.Change) *decode.Rejection {
+	if c == nil {
+		return nil
+	}
+	want := m.table
+	if want != "" {
+		if c.Table == want || !strings.Contains(want, ".") && strings.HasSuffix(c.Table, "."+want) {
+			return nil
+		}
+	} else {
+		m.mu.Lock()
+		if m.accepted == "" {
+			m.accepted = c.Table
+		}
+		want = m.accepted
+		m.mu.Unlock()
+		if c.Table == want {
+			return nil
+		}
+	}
+	return &decode.Rejection{Reason: decode.ReasonWrongTable, Detail: fmt.Sprintf("a change of %s; the source mirrors %s into %s (sources.%s.mirror.source_table, or the table of its changes stored)",
+		c.Table, want, m.target.Sanitize(), m.source)}
 }
 
 // own are the mirror's columns of tidemark's own.

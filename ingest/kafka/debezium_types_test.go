@@ -10,7 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
+	"github.com/tidemark-dev/tidemark/internal/testkit/debeziumtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
@@ -147,5 +149,62 @@ func TestDebeziumReplay(t *testing.T) {
 	rep, err = kafka.Replay(ctx, pgtest.Conn(t, b.dsn), cfg, kafka.ReplayOptions{Source: "customers", Now: b.clock.Now})
 	if err != nil || rep.Read != 0 {
 		t.Errorf("a second replay read %d (%v), want 0", rep.Read, err)
+	}
+}
+
+// TestDebeziumWrongTable: a change of another table on a Debezium
+// source's topic (public.other_table deleting a key the mirror has) is a
+// dead letter wrong_table and leaves the mirror as it was: with
+// mirror.source_table naming the table (in any schema, or exactly), and
+// without, where the source mirrors the table of its changes.
+func TestDebeziumWrongTable(t *testing.T) {
+	for _, tt := range []struct{ name, extra string }{
+		{"learned", ""},
+		{"configured", "      source_table: customers"},
+		{"configured with its schema", "      source_table: public.customers"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b := setup(t, 1)
+			s := debeziumtest.New(debeziumtest.PostgreSQL, true, b.topic, 1, testNow.Add(-time.Hour))
+			s.Insert(1, debeziumtest.Values{Name: "a", Bio: "b", Balance: 100})
+			s.Insert(2, debeziumtest.Values{Name: "c", Bio: "d", Balance: 200})
+			s.Commit()
+			before := len(s.Records)
+			kept := *s.Want[1]
+			s.Delete(1)
+			s.Commit()
+			// The delete is other_table's: the mirror keeps id 1, and the
+			// stream holds one change row fewer (its tombstone is skipped).
+			for _, r := range s.Records[before:] {
+				r.Value = []byte(strings.Replace(string(r.Value), `"table":"customers"`, `"table":"other_table"`, 1))
+			}
+			s.Want[1], s.Changes = &kept, s.Changes-1
+			s.Update(2, debeziumtest.Values{Name: "c2", Bio: "d", Balance: 300})
+			s.Commit()
+			p := &produced{end: map[int32]int64{}}
+			b.produce(t, p, s.Records)
+			cfgText := b.debeziumYAML(100)
+			if tt.extra != "" {
+				cfgText = strings.Replace(cfgText, "    mirror: {table: dw.customers}\n", "    mirror:\n      table: dw.customers\n"+tt.extra+"\n", 1)
+			}
+			cfg, err := config.Parse("test.yaml", []byte(cfgText), func(string) (string, bool) { return "", false })
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, err := kafka.New(cfg, kafka.Options{Now: b.clock.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := b.run(t, in)
+			b.waitStored(t, p.end, time.Minute)
+			r.stop(t)
+			debeziumtest.AssertMirror(t, b.pool, "dw.customers", s)
+			if n := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM raw.customers`); n != int64(s.Changes) {
+				t.Errorf("%d change rows, want %d", n, s.Changes)
+			}
+			if got := strings.Join(pgtest.Lines(t, b.pool, `SELECT reason, detail LIKE 'a change of public.other_table;%' FROM tidemark.dead_letters`), ","); got != "wrong_table | true" {
+				t.Errorf("dead letters %s, want one wrong_table naming public.other_table", got)
+			}
+		})
 	}
 }

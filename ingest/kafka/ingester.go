@@ -700,7 +700,11 @@ func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool
 			if owned && r.Offset < floor.Offset && !(reset && r.Offset >= from) {
 				continue // already stored; never write a record twice
 			}
-			in.b.add(d.src, r, d.evs[i], d.rejs[i], now)
+			rej := d.rejs[i]
+			if rej == nil && d.src.mirror != nil {
+				rej = d.src.mirror.check(d.evs[i].Change)
+			}
+			in.b.add(d.src, r, d.evs[i], rej, now)
 			added++
 		}
 		in.m.consumed.WithLabelValues(d.src.name).Add(float64(added))

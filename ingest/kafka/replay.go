@@ -16,6 +16,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -196,6 +197,9 @@ func (r *replayer) prepare(ctx context.Context) error {
 	if r.src.mirror == nil {
 		return nil
 	}
+	if err := r.src.mirror.readTable(ctx, r.w.conn, r.src.raw.Ident()); err != nil && !pgerr.MissingPartition(err) {
+		return err
+	}
 	_, key, exists, err := mirror.ReadTarget(ctx, r.w.conn, r.src.mirror.target)
 	if exists && err == nil {
 		r.src.dec.SetMirrorKey(key)
@@ -366,6 +370,9 @@ func (r *replayer) read(ctx context.Context, tx pgx.Tx, after int64) (*batch, ma
 	}
 	for _, rec := range recs {
 		ev, rej := r.src.dec.DecodeWith(rec, now, schemas)
+		if rej == nil && r.src.mirror != nil {
+			rej = r.src.mirror.check(ev.Change)
+		}
 		if rej != nil {
 			res.failing[rej.Reason]++
 			delete(ids, rec)

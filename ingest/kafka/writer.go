@@ -324,6 +324,9 @@ func (w *writer) prepare(ctx context.Context, src *source) error {
 		return err
 	}
 	if src.mirror != nil {
+		if err := src.mirror.readTable(ctx, w.conn, src.raw.Ident()); err != nil {
+			return err
+		}
 		// A mirror that does not exist yet is created from the first
 		// change that declares its columns.
 		if exists, err := src.mirror.load(ctx, w.conn); err != nil {
