@@ -54,8 +54,10 @@ type Change struct {
 	// Snapshot marks a snapshot read (op r).
 	Snapshot bool
 	// Table is the source table: schema.table (PostgreSQL), db.table
-	// (MySQL), or the topic when the event does not say.
-	Table string
+	// (MySQL), or the topic when the event does not say (TableUnnamed:
+	// ExtractNewRecordState's rows without the table among their fields).
+	Table        string
+	TableUnnamed bool
 	// Position orders the changes of one source, element by element:
 	// see position.
 	Position []int64
@@ -370,6 +372,7 @@ func snapshotFlag(raw json.RawMessage) bool {
 // change builds the event of a decoded envelope.
 func (d *Decoder) change(topic string, key *changeDoc, e *envelope, b *budget) (Event, *Rejection) {
 	c := &Change{Snapshot: e.snapshot, Table: tableName(e.source, topic)}
+	c.TableUnnamed = len(nullable(get(e.source, "table"))) == 0
 	var err error
 	if c.Position, c.LSN, err = position(e.source, e.snapshot); err != nil {
 		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}

@@ -549,6 +549,7 @@ func TestDecodeReasonNames(t *testing.T) {
 		ReasonDecodeLimit:     "decode_limit",
 		ReasonInvalidEnvelope: "invalid_envelope",
 		ReasonMissingKey:      "missing_key",
+		ReasonWrongTable:      "wrong_table",
 	}
 	if len(Reasons) != len(want) {
 		t.Errorf("Reasons has %d entries, want %d", len(Reasons), len(want))

@@ -126,8 +126,9 @@ type changeMirror struct {
 	// log logs the columns widened.
 	log *slog.Logger
 	// table is the source table the mirror follows as configured
-	// (mirror.source_table), "" when not.
-	table string
+	// (mirror.source_table), "" when not; topics are the source's.
+	table  string
+	topics []string
 
 	mu   sync.Mutex
 	cols []string // the mirror's columns, tidemark's own left out; nil until read
@@ -142,16 +143,19 @@ type changeMirror struct {
 	textual map[string]string
 }
 
-func newChangeMirror(name string, m *config.Mirror, distribute bool) *changeMirror {
+func newChangeMirror(name string, m *config.Mirror, topics []string, distribute bool) *changeMirror {
 	schema, table := config.SplitTable(m.Table)
 	return &changeMirror{source: name, target: pgx.Identifier{schema, table},
 		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn, distribute: distribute,
-		table: m.SourceTable, log: slog.New(slog.DiscardHandler)}
+		table: m.SourceTable, topics: topics, log: slog.New(slog.DiscardHandler)}
 }
 
-// latestTableSQL reads the source table of the latest change row stored;
-// %s is the raw table.
-const latestTableSQL = `SELECT source_table FROM %s ORDER BY ingested_at DESC LIMIT 1`
+// latestTableSQL reads the source table of the latest change row stored
+// that named its table (its source_table is not one of the topics $1),
+// among the latest 1,000; %s is the raw table.
+const latestTableSQL = `
+SELECT source_table FROM (SELECT source_table FROM %s ORDER BY ingested_at DESC LIMIT 1000) AS latest
+WHERE source_table <> ALL($1::text[]) LIMIT 1`
 
 // readTable learns the source table of the changes stored, unless the
 // configuration names it.
@@ -160,7 +164,7 @@ func (m *changeMirror) readTable(ctx context.Context, conn *pgx.Conn, rawTable s
 		return nil
 	}
 	var table string
-	err := conn.QueryRow(ctx, fmt.Sprintf(latestTableSQL, rawTable)).Scan(&table)
+	err := conn.QueryRow(ctx, fmt.Sprintf(latestTableSQL, rawTable), m.topics).Scan(&table)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("the table of the changes stored in %s: %w", rawTable, err)
 	}
@@ -172,9 +176,10 @@ func (m *changeMirror) readTable(ctx context.Context, conn *pgx.Conn, rawTable s
 
 // check refuses a change of a table other than the one the mirror
 // follows: mirror.source_table (schema.table, or table in any schema),
-// or else the table of the changes stored, or of the first change.
+// or else the table of the changes stored, or of the first change. A
+// change that does not name its table is taken.
 func (m *changeMirror) check(c *decode.Change) *decode.Rejection {
-	if c == nil {
+	if c == nil || c.TableUnnamed {
 		return nil
 	}
 	want := m.table

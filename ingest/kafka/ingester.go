@@ -71,7 +71,7 @@ func newSource(cfg *config.Config, name string, reg *decode.Registry) (*source, 
 		return nil, err
 	}
 	if sc.Debezium() {
-		return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), mirror: newChangeMirror(name, sc.Mirror, cfg.Distributes(name))}, nil
+		return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), mirror: newChangeMirror(name, sc.Mirror, sc.Kafka.Topics, cfg.Distributes(name))}, nil
 	}
 	return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), dedupeWindow: sc.DedupeWindow()}, nil
 }
