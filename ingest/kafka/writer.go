@@ -233,20 +233,8 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	copied, res.idDuplicates = claims.keep(copied)
 	var rejected []deadLetter
 	if checkRows {
-		kept, refused, idDups, err := w.insertCheckingRows(ctx, tx, checked, claims, ingestedAt)
-		if err != nil {
+		if checked, rejected, err = w.insertChecking(ctx, tx, b, checked, claims, inRaw, ingestedAt, check, &res); err != nil {
 			return res, err
-		}
-		changes, refusedChanges, err := w.insertCheckingChanges(ctx, tx, b, inRaw, ingestedAt, check)
-		if err != nil {
-			return res, err
-		}
-		checked, rejected = append(kept, changes...), append(refused, refusedChanges...)
-		for src, n := range idDups {
-			if res.idDuplicates == nil {
-				res.idDuplicates = map[*source]int{}
-			}
-			res.idDuplicates[src] += n
 		}
 	}
 	if err := w.copyRows(ctx, tx, copied, ingestedAt); err != nil {
@@ -279,6 +267,30 @@ func (w *writer) write(ctx context.Context, b *batch, expected map[topicPartitio
 	}
 	res.inserted, res.rejected, res.committed = inserted, rejected, true
 	return res, nil
+}
+
+// insertChecking writes, one at a time, rows (the rows of the sources in
+// check not stored yet, every copy of an event) and the changes of those
+// of them that are Debezium sources, with their mirror changes. It
+// returns the rows stored and the rows refused, as dead letters, and adds
+// the id duplicates it found to res.
+func (w *writer) insertChecking(ctx context.Context, tx pgx.Tx, b *batch, rows []*row, claims idClaims, inRaw map[eventKey]bool,
+	ingestedAt time.Time, check map[*source]bool, res *writeResult) ([]*row, []deadLetter, error) {
+	kept, refused, idDups, err := w.insertCheckingRows(ctx, tx, rows, claims, ingestedAt)
+	if err != nil {
+		return nil, nil, err
+	}
+	changes, refusedChanges, err := w.insertCheckingChanges(ctx, tx, b, inRaw, ingestedAt, check)
+	if err != nil {
+		return nil, nil, err
+	}
+	for src, n := range idDups {
+		if res.idDuplicates == nil {
+			res.idDuplicates = map[*source]int{}
+		}
+		res.idDuplicates[src] += n
+	}
+	return append(kept, changes...), append(refused, refusedChanges...), nil
 }
 
 // commitStatusSQL reads the outcome of a transaction of this server:
