@@ -345,12 +345,7 @@ func FuzzJSONSchema(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		b := newBudget(config.DecodeLimits{}, len(payload))
-		var got []byte
-		var err error
-		if n := allocated(func() { got, err = c.toJSON(payload, b) }); n > allocBound(b.limit) {
-			t.Fatalf("%d bytes allocated for %d bytes, more than %d", n, len(payload), allocBound(b.limit))
-		}
+		got, err := decodeBounded(t, c, payload)
 		if err != nil {
 			return
 		}

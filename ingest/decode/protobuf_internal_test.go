@@ -682,12 +682,7 @@ func FuzzProtobuf(f *testing.F) {
 	f.Add(framed(f, []int{0}, bytes.Repeat([]byte{0xaa, 0x01, 0x00}, 1000)))
 	f.Add(framed(f, []int{0}, protoGroups(1000)))
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		b := newBudget(config.DecodeLimits{}, len(payload))
-		var got []byte
-		var err error
-		if n := allocated(func() { got, err = c.toJSON(payload, b) }); n > allocBound(b.limit) {
-			t.Fatalf("%d bytes allocated for %d bytes, more than %d", n, len(payload), allocBound(b.limit))
-		}
+		got, err := decodeBounded(t, c, payload)
 		if err != nil {
 			return
 		}
