@@ -38,6 +38,18 @@ func itemChange(topic string, id int64, qty any, qtyType string, lsn int64) *kgo
 	return &kgo.Record{Topic: topic, Key: []byte(key), Value: []byte(value)}
 }
 
+// startItems runs a Debezium source of items whose mirror holds ids 1
+// and 2, loaded from two changes with schemas (qty int32).
+func startItems(t *testing.T) (*bundle, *produced, *running) {
+	t.Helper()
+	b := setup(t, 1)
+	p := &produced{end: map[int32]int64{}}
+	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 1, 5, "int32", 100), itemChange(b.topic, 2, 6, "int32", 110)})
+	r := b.startDebezium(t, 100)
+	b.waitStored(t, p.end, time.Minute)
+	return b, p, r
+}
+
 // TestDebeziumColumnWidens: a column the source widens (int32 to int64)
 // is widened in the mirror, so a value that only the wider type holds
 // loads; a change of type the mirror's column cannot hold and that is the
@@ -45,11 +57,7 @@ func itemChange(topic string, id int64, qty any, qtyType string, lsn int64) *kgo
 // naming the ALTER to run, and it resumes once run.
 func TestDebeziumColumnWidens(t *testing.T) {
 	ctx := context.Background()
-	b := setup(t, 1)
-	p := &produced{end: map[int32]int64{}}
-	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 1, 5, "int32", 100), itemChange(b.topic, 2, 6, "int32", 110)})
-	r := b.startDebezium(t, 100)
-	b.waitStored(t, p.end, time.Minute)
+	b, p, r := startItems(t)
 	typeOf := func() string {
 		t.Helper()
 		return pgtest.Rows(t, b.pool, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
@@ -102,11 +110,7 @@ func TestDebeziumColumnWidens(t *testing.T) {
 // replayed in); a second replay finds nothing.
 func TestDebeziumReplay(t *testing.T) {
 	ctx := context.Background()
-	b := setup(t, 1)
-	p := &produced{end: map[int32]int64{}}
-	b.produce(t, p, []*kgo.Record{itemChange(b.topic, 1, 5, "int32", 100), itemChange(b.topic, 2, 6, "int32", 110)})
-	r := b.startDebezium(t, 100)
-	b.waitStored(t, p.end, time.Minute)
+	b, p, r := startItems(t)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := b.pool.Exec(ctx, sql); err != nil {
