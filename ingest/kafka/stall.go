@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -110,7 +111,7 @@ func (s *stalls) failed(src *source, err error, fix string) Stall {
 	st := s.by[src]
 	if st == nil {
 		st = &stallState{Stall: Stall{Source: src.name, Since: time.Now()},
-			retry: backoff.Backoff{First: cmpOr(s.first, stallRetryFirst), Max: stallRetryMax, Jitter: 0.2}}
+			retry: backoff.Backoff{First: cmp.Or(s.first, stallRetryFirst), Max: stallRetryMax, Jitter: 0.2}}
 		s.by[src] = st
 	}
 	st.Err, st.Fix = err, fix
@@ -159,13 +160,6 @@ func (s *stalls) list() []Stall {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Source < out[j].Source })
 	return out
-}
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }
 
 // Stalls lists the sources whose writes the warehouse refuses, by name:
