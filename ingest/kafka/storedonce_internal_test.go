@@ -96,8 +96,8 @@ func FuzzStoredOnce(f *testing.F) {
 		h.checkStoredOnce(t, "after the run", model, dedupe)
 
 		// The replay, with amounts of -2 and more taken.
-		h.exec(t, `ALTER TABLE raw.app_events DROP CONSTRAINT amount_floor;
-			ALTER TABLE raw.app_events ADD CONSTRAINT amount_floor CHECK ((payload->>'amount')::int >= -2)`)
+		h.exec(t, `ALTER TABLE raw.app_events DROP CONSTRAINT amount_floor`)
+		h.exec(t, `ALTER TABLE raw.app_events ADD CONSTRAINT amount_floor CHECK ((payload->>'amount')::int >= -2)`)
 		if _, err := Replay(ctx, h.w.conn, cfg, ReplayOptions{Source: "app_events", Now: func() time.Time { return now }}); err != nil {
 			t.Fatalf("replay: %v", err)
 		}
@@ -111,9 +111,9 @@ func FuzzStoredOnce(f *testing.F) {
 // returns the configuration a replay reads.
 func (h *writerHarness) storedOnceReset(t *testing.T, dedupe bool) *config.Config {
 	t.Helper()
-	h.exec(t, `TRUNCATE raw.app_events, tidemark.event_ids, tidemark.dead_letters, tidemark.kafka_offsets, tidemark.ingest_ledger;
-		ALTER TABLE raw.app_events DROP CONSTRAINT IF EXISTS amount_floor;
-		ALTER TABLE raw.app_events ADD CONSTRAINT amount_floor CHECK ((payload->>'amount')::int >= 0)`)
+	h.exec(t, `TRUNCATE raw.app_events, tidemark.event_ids, tidemark.dead_letters, tidemark.kafka_offsets, tidemark.ingest_ledger`)
+	h.exec(t, `ALTER TABLE raw.app_events DROP CONSTRAINT IF EXISTS amount_floor`)
+	h.exec(t, `ALTER TABLE raw.app_events ADD CONSTRAINT amount_floor CHECK ((payload->>'amount')::int >= 0)`)
 	h.w.probeLeft, h.w.dedupeLeft = 0, 0
 	h.src.dedupeWindow = 0
 	extra := ""
