@@ -31,13 +31,13 @@ type idKey struct {
 	id  string
 }
 
-// idClaims are the event ids a batch claimed, of its sources with
-// dedupe.by: event_id: true for an id the batch is to load, false for an
-// id loaded within the source's window (its rows are duplicates).
-type idClaims map[idKey]bool
+// idClaims are the event ids a batch claimed, per source with dedupe.by:
+// event_id: true for an id the batch is to load, false for an id loaded
+// within the source's window (its rows are duplicates).
+type idClaims map[*source]map[string]bool
 
 // ours reports whether the batch is to load id.
-func (c idClaims) ours(id idKey) bool { return c[id] }
+func (c idClaims) ours(id idKey) bool { return c[id.src][id.id] }
 
 // claimIDs claims the ids of the rows of sources with dedupe.by: event_id
 // (each of rowSets) as loaded at ingestedAt, in the batch transaction tx.
@@ -45,35 +45,33 @@ func (c idClaims) ours(id idKey) bool { return c[id] }
 // writers that claim the same ids at once take their locks in one order
 // and cannot deadlock.
 func (w *writer) claimIDs(ctx context.Context, tx pgx.Tx, ingestedAt time.Time, rowSets ...[]*row) (idClaims, error) {
-	ids := map[*source]map[string]bool{}
+	claims := idClaims{}
 	for _, rows := range rowSets {
 		for _, r := range rows {
 			if r.src.dedupeWindow == 0 {
 				continue
 			}
-			m := ids[r.src]
+			m := claims[r.src]
 			if m == nil {
 				m = map[string]bool{}
-				ids[r.src] = m
+				claims[r.src] = m
 			}
-			m[r.ev.ID] = true
+			m[r.ev.ID] = false
 		}
 	}
-	claims := idClaims{}
-	if len(ids) == 0 {
+	if len(claims) == 0 {
 		return claims, nil
 	}
-	srcs := make([]*source, 0, len(ids))
-	for src := range ids {
+	srcs := make([]*source, 0, len(claims))
+	for src := range claims {
 		srcs = append(srcs, src)
 	}
 	sort.Slice(srcs, func(i, j int) bool { return srcs[i].name < srcs[j].name })
 	qb := &pgx.Batch{}
 	for _, src := range srcs {
-		list := make([]string, 0, len(ids[src]))
-		for id := range ids[src] {
+		list := make([]string, 0, len(claims[src]))
+		for id := range claims[src] {
 			list = append(list, id)
-			claims[idKey{src, id}] = false
 		}
 		sort.Strings(list) // byte order: the column's collation "C"
 		qb.Queue(claimIDsSQL, src.name, ingestedAt, list, ingestedAt.Add(-src.dedupeWindow))
@@ -81,7 +79,7 @@ func (w *writer) claimIDs(ctx context.Context, tx pgx.Tx, ingestedAt time.Time, 
 	br := tx.SendBatch(ctx, qb)
 	defer br.Close()
 	for _, src := range srcs {
-		if err := scanClaimed(br, src, claims); err != nil {
+		if err := scanClaimed(br, claims[src]); err != nil {
 			return nil, classifyRowError(fmt.Errorf("claim event ids of %s: %w", src.name, err), src)
 		}
 	}
@@ -94,21 +92,21 @@ func (w *writer) claimIDs(ctx context.Context, tx pgx.Tx, ingestedAt time.Time, 
 // keep returns the rows to write of rows, each of which is written unless
 // the warehouse refuses the whole write: rows of other sources, and the
 // first row of each id the batch claimed; and how many it dropped per
-// source (ids loaded within the window, or repeated).
+// source (ids loaded within the window, or repeated). It takes from c
+// each id it keeps: rows of one source are either kept here or checked
+// one by one (insertCheckingRows), never both.
 func (c idClaims) keep(rows []*row) ([]*row, map[*source]int) {
 	if len(c) == 0 {
 		return rows, nil
 	}
 	kept, dropped := rows[:0:0], map[*source]int{}
-	taken := map[idKey]bool{}
 	for _, r := range rows {
-		if r.src.dedupeWindow > 0 {
-			k := idKey{r.src, r.ev.ID}
-			if !c[k] || taken[k] {
+		if m := c[r.src]; m != nil {
+			if !m[r.ev.ID] {
 				dropped[r.src]++
 				continue
 			}
-			taken[k] = true
+			m[r.ev.ID] = false
 		}
 		kept = append(kept, r)
 	}
@@ -122,7 +120,7 @@ func (c idClaims) unused(rows []*row, stored map[idKey]bool) []idKey {
 	seen := map[idKey]bool{}
 	for _, r := range rows {
 		k := idKey{r.src, r.ev.ID}
-		if r.src.dedupeWindow > 0 && c[k] && !stored[k] && !seen[k] {
+		if r.src.dedupeWindow > 0 && c.ours(k) && !stored[k] && !seen[k] {
 			seen[k] = true
 			out = append(out, k)
 		}
@@ -144,8 +142,8 @@ func (w *writer) dedupeIDs(ctx context.Context, tx pgx.Tx, rows []*row, ingested
 	return kept, dropped, nil
 }
 
-// scanClaimed reads the ids one claim of src returned into claims.
-func scanClaimed(br pgx.BatchResults, src *source, claims idClaims) error {
+// scanClaimed reads the ids one claim returned into load.
+func scanClaimed(br pgx.BatchResults, load map[string]bool) error {
 	rows, err := br.Query()
 	if err != nil {
 		return err
@@ -156,7 +154,7 @@ func scanClaimed(br pgx.BatchResults, src *source, claims idClaims) error {
 		if err := rows.Scan(&id); err != nil {
 			return err
 		}
-		claims[idKey{src, id}] = true
+		load[id] = true
 	}
 	return rows.Err()
 }
