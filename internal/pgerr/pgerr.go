@@ -5,7 +5,9 @@
 //
 //   - Unavailable: the server cannot do any work now (it cannot be
 //     reached, the connection broke, it is starting, stopping or out of
-//     resources). Retry later, with backoff, without blaming the work.
+//     resources, or it is read-only: a standby, or a primary being
+//     failed over). Retry later, with backoff, on a new connection,
+//     without blaming the work.
 //   - Refused: the server ran the statement and refused it (bad input, a
 //     constraint, a privilege, a timeout of the statement itself). The
 //     work is at fault; retrying it unchanged fails the same way.
@@ -63,6 +65,7 @@ var relayed = []struct{ prefix, contains, code string }{
 	{"duplicate key value violates unique constraint ", "", pgerrcode.UniqueViolation},
 	{"no partition of relation ", "", pgerrcode.CheckViolation},
 	{"new row for relation ", " violates check constraint ", pgerrcode.CheckViolation},
+	{"cannot execute ", " in a read-only transaction", pgerrcode.ReadOnlySQLTransaction},
 }
 
 // Is reports whether err carries SQLSTATE code.
@@ -74,15 +77,18 @@ func Is(err error, code string) bool { return err != nil && Code(err) == code }
 // exception), 53 (insufficient resources: disk full, out of memory, too
 // many connections), 57 (operator intervention: shutdown, crash recovery,
 // a database not accepting connections) except query_canceled, or 58
-// (system error, such as an I/O error). The next attempt at any other work
-// would fail the same way.
+// (system error, such as an I/O error), or a read-only server (ReadOnly).
+// The next attempt at any other work would fail the same way.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
 	}
 	if code := Code(err); code != "" {
-		if code == pgerrcode.QueryCanceled {
+		switch code {
+		case pgerrcode.QueryCanceled:
 			return false
+		case pgerrcode.ReadOnlySQLTransaction:
+			return true
 		}
 		switch code[:min(2, len(code))] {
 		case "08", "53", "57", "58":
@@ -126,6 +132,16 @@ func Retryable(err error) bool {
 	}
 	return false
 }
+
+// ReadOnly reports a write refused because the transaction is read-only
+// (25006, "cannot execute ... in a read-only transaction"). tidemark
+// never makes its own writing transactions read-only: the session is on
+// a hot standby, a primary whose failover demoted or fenced it
+// (default_transaction_read_only), or a server that has not finished a
+// promotion. It is Unavailable: the work is not at fault, and a new
+// connection to a multi-host warehouse.dsn with
+// target_session_attrs=read-write finds the primary.
+func ReadOnly(err error) bool { return Is(err, pgerrcode.ReadOnlySQLTransaction) }
 
 // UniqueViolation reports a duplicate key (23505).
 func UniqueViolation(err error) bool { return Is(err, pgerrcode.UniqueViolation) }

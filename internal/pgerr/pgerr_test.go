@@ -36,6 +36,9 @@ func TestClassify(t *testing.T) {
 		{"cannot connect now", sqlstate("57P03"), true, false, false},
 		{"statement timeout", sqlstate("57014"), false, true, false},
 		{"io error", sqlstate("58030"), true, false, false},
+		{"read-only transaction", sqlstate("25006"), true, false, false},
+		{"read-only transaction relayed by Citus", fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "XX000",
+			Message: "cannot execute INSERT in a read-only transaction"}), true, false, false},
 		{"division by zero", sqlstate("22012"), false, true, false},
 		{"unique violation", sqlstate("23505"), false, true, false},
 		{"insufficient privilege", sqlstate("42501"), false, true, false},
@@ -114,6 +117,14 @@ func TestFromServer(t *testing.T) {
 	_, err = pool.Exec(ctx, "SET statement_timeout = '10ms'; SELECT pg_sleep(1)")
 	if !pgerr.Refused(err) || pgerr.Unavailable(err) {
 		t.Errorf("statement timeout: %v", err)
+	}
+	ro := pgtest.Conn(t, dsn)
+	if _, err := ro.Exec(ctx, "SET default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ro.Exec(ctx, "INSERT INTO t VALUES (2)")
+	if !pgerr.ReadOnly(err) || !pgerr.Unavailable(err) || pgerr.Refused(err) {
+		t.Errorf("a write in a read-only session: %v", err)
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
