@@ -11,7 +11,15 @@
 //     idle_in_transaction_session_timeout, unless the connection string
 //     sets them itself;
 //   - on warehouse sessions to a Citus coordinator, synchronous_commit
-//     local where the server's is off (citus.KeepCommitsDurable).
+//     local where the server's is off (citus.KeepCommitsDurable);
+//   - on warehouse sessions, the end of a session that a write finds on a
+//     read-only server (see EvictReadOnly).
+//
+// A connection string may name several hosts (host=a,b or
+// postgres://a:5432,b:5432/db) with target_session_attrs=read-write or
+// primary: each connection goes to the first host that accepts it and
+// has those attributes, so that after a failover new sessions find the
+// promoted primary.
 //
 // Source sessions get no server-side limits: they run long snapshots and
 // cursors, and the source's settings are its owner's. The deadlines of
@@ -30,6 +38,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/dialer"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 )
 
 // DefaultConnectTimeout bounds a connection attempt, TLS and
@@ -90,6 +99,34 @@ func apply(cc *pgconn.Config, params map[string]string, app string) {
 	cc.RuntimeParams["application_name"] = app
 	cc.RuntimeParams["timezone"] = "UTC"
 	cc.AfterConnect = citus.KeepCommitsDurable
+	EvictReadOnly(cc)
+}
+
+// EvictReadOnly makes every session of cc end as soon as the server
+// refuses one of its statements because the session is read-only
+// (pgerr.ReadOnly): the statement still returns that error, and the
+// session is closed.
+//
+// After a failover, a session may stay on a server that no longer takes
+// writes (a primary demoted or fenced with default_transaction_read_only,
+// a read-write endpoint still pointing at a standby) and land there
+// again: the error is then a healthy session's, which a pool would hand
+// out again and again. Ended, the session leaves the pool (pgxpool
+// destroys a closed connection on release) or is replaced by its owner,
+// and the next session is opened from the connection string, whose
+// target_session_attrs finds the writable host. The check costs nothing
+// until the error comes, unlike a check of transaction_read_only or
+// pg_is_in_recovery() on every acquire; and it catches the sessions that
+// became read-only after they were opened, which target_session_attrs,
+// checked at connect, cannot.
+func EvictReadOnly(cc *pgconn.Config) {
+	next := cc.OnPgError
+	cc.OnPgError = func(conn *pgconn.PgConn, err *pgconn.PgError) bool {
+		if pgerr.ReadOnly(err) {
+			return false
+		}
+		return next == nil || next(conn, err)
+	}
 }
 
 // WarehouseConfig parses warehouse.dsn for a connection of its own, with
