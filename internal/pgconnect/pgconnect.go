@@ -13,7 +13,8 @@
 //   - on warehouse sessions to a Citus coordinator, synchronous_commit
 //     local where the server's is off (citus.KeepCommitsDurable);
 //   - on warehouse sessions, the end of a session that a write finds on a
-//     read-only server (see EvictReadOnly).
+//     read-only server (see EvictReadOnly), and, in the warehouse pool,
+//     of sessions whose server reports them read-only (ReadOnlySession).
 //
 // A connection string may name several hosts (host=a,b or
 // postgres://a:5432,b:5432/db) with target_session_attrs=read-write or
@@ -30,6 +31,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -179,11 +181,43 @@ func Pool(ctx context.Context, w Settings, app string) (*pgxpool.Pool, error) {
 		pc.PingTimeout = PingTimeout
 	}
 	apply(&pc.ConnConfig.Config, Session(w), app)
+	var self atomic.Pointer[pgxpool.Pool]
+	pc.PrepareConn = func(_ context.Context, conn *pgx.Conn) (bool, error) {
+		if !ReadOnlySession(conn.PgConn()) {
+			return true, nil
+		}
+		// The pool's other sessions are most likely on the same
+		// server: all go, and the next acquire opens a new one.
+		if p := self.Load(); p != nil {
+			p.Reset()
+		}
+		return false, fmt.Errorf("warehouse: %w", pgerr.ErrReadOnly)
+	}
+	pc.AfterRelease = func(conn *pgx.Conn) bool { return !ReadOnlySession(conn.PgConn()) }
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("warehouse pool: %w", err)
 	}
+	self.Store(pool)
 	return pool, nil
+}
+
+// ReadOnlySession reports whether the server of conn said, when it last
+// answered, that the session cannot write: it is a hot standby
+// (in_hot_standby) or its transactions are read-only by default
+// (default_transaction_read_only, as a failover sets it to fence a
+// primary it demotes). PostgreSQL 14 and later report both parameters
+// whenever they change, with the answer to the next statement, so the
+// check costs no round trip.
+//
+// The warehouse pool gives up such a session when it is released, and,
+// when it is acquired (after the ping pgxpool sends a session idle for a
+// second, which also brings news of a reload), empties itself and fails
+// the acquire with pgerr.ErrReadOnly: unavailable, retried with a new
+// session. Without this, a session left on a demoted primary that only
+// reads would go on reading its stale state.
+func ReadOnlySession(conn *pgconn.PgConn) bool {
+	return conn.ParameterStatus("in_hot_standby") == "on" || conn.ParameterStatus("default_transaction_read_only") == "on"
 }
 
 // Parse parses a connection string for a session without server-side

@@ -77,11 +77,15 @@ func Is(err error, code string) bool { return err != nil && Code(err) == code }
 // exception), 53 (insufficient resources: disk full, out of memory, too
 // many connections), 57 (operator intervention: shutdown, crash recovery,
 // a database not accepting connections) except query_canceled, or 58
-// (system error, such as an I/O error), or a read-only server (ReadOnly).
+// (system error, such as an I/O error), or a read-only server (ReadOnly,
+// ErrReadOnly).
 // The next attempt at any other work would fail the same way.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
+	}
+	if errors.Is(err, ErrReadOnly) {
+		return true
 	}
 	if code := Code(err); code != "" {
 		switch code {
@@ -134,14 +138,21 @@ func Retryable(err error) bool {
 }
 
 // ReadOnly reports a write refused because the transaction is read-only
-// (25006, "cannot execute ... in a read-only transaction"). tidemark
-// never makes its own writing transactions read-only: the session is on
-// a hot standby, a primary whose failover demoted or fenced it
+// (25006, "cannot execute ... in a read-only transaction"), or a session
+// found read-only before it was used (ErrReadOnly). tidemark never makes
+// its own writing transactions read-only: the session is on a hot
+// standby, a primary whose failover demoted or fenced it
 // (default_transaction_read_only), or a server that has not finished a
 // promotion. It is Unavailable: the work is not at fault, and a new
 // connection to a multi-host warehouse.dsn with
 // target_session_attrs=read-write finds the primary.
-func ReadOnly(err error) bool { return Is(err, pgerrcode.ReadOnlySQLTransaction) }
+func ReadOnly(err error) bool {
+	return Is(err, pgerrcode.ReadOnlySQLTransaction) || errors.Is(err, ErrReadOnly)
+}
+
+// ErrReadOnly is the error of a session that its server reports
+// read-only, given up on before it was used.
+var ErrReadOnly = errors.New("the session's server is read-only (a standby, or a primary demoted or fenced by a failover)")
 
 // UniqueViolation reports a duplicate key (23505).
 func UniqueViolation(err error) bool { return Is(err, pgerrcode.UniqueViolation) }

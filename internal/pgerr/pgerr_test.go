@@ -39,6 +39,7 @@ func TestClassify(t *testing.T) {
 		{"read-only transaction", sqlstate("25006"), true, false, false},
 		{"read-only transaction relayed by Citus", fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "XX000",
 			Message: "cannot execute INSERT in a read-only transaction"}), true, false, false},
+		{"read-only session", fmt.Errorf("acquire: %w", pgerr.ErrReadOnly), true, false, false},
 		{"division by zero", sqlstate("22012"), false, true, false},
 		{"unique violation", sqlstate("23505"), false, true, false},
 		{"insufficient privilege", sqlstate("42501"), false, true, false},
