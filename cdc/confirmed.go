@@ -9,7 +9,9 @@ import (
 
 // confirmedWithin returns the stored position when the slot is confirmed
 // no further than it, and a setup error when the slot is confirmed beyond
-// it: another client consumed the slot, or it was recreated.
+// it: another client consumed the slot, it was recreated, or the
+// warehouse lost the transactions that stored what tidemark confirmed (a
+// failover to an asynchronous standby that had not received them).
 //
 // pos was read before the slot's state. A reader of the same slot that
 // lost its lock without noticing (its lock session ended under it with a
@@ -35,6 +37,8 @@ func (r *Reader) confirmedWithin(ctx context.Context, pos position, slot string,
 		}
 	}
 	return pos, fmt.Errorf("%w: sources.%s.cdc.slot: slot %s is confirmed up to %s, beyond what tidemark applied (%s): another client consumed it, "+
-		"or it was recreated; the changes in between are not in the mirrors: re-snapshot the source",
+		"it was recreated, or the warehouse lost tidemark's last transactions (a failover to a standby that had not received them, or a restore "+
+		"from a backup); the changes in between are not in the mirrors: re-snapshot the source (stop tidemark, drop the slot, delete the source's "+
+		"row in tidemark.cdc_positions, start tidemark)",
 		ErrSetup, r.src.Name, slot, confirmed, max(pos.applied, pos.confirmed))
 }
