@@ -29,6 +29,8 @@ type CheckSpec struct {
 	// Position is the LSN tidemark stored for this source; 0 means
 	// tidemark has never read from the slot.
 	Position pglogrepl.LSN
+	// Failover is cdc.failover_slot: auto, on or off ("" is auto).
+	Failover string
 }
 
 // SlotState describes the slot if it exists.
@@ -46,6 +48,10 @@ type SlotState struct {
 	ConfirmedFlush, RestartLSN pglogrepl.LSN
 	// Active reports whether a connection is streaming from the slot.
 	Active bool
+	// Failover reports a failover slot, which standbys that sync slots
+	// copy; Synced a slot that is such a copy, on a standby (both
+	// PostgreSQL 17 and later).
+	Failover, Synced bool
 }
 
 // Report is what Check found.
@@ -60,6 +66,14 @@ type Report struct {
 	// SystemID is the source cluster's system identifier, as
 	// IDENTIFY_SYSTEM reports it.
 	SystemID string
+	// ServerVersion is the source's server_version_num (170002 for
+	// 17.2); InRecovery reports a standby.
+	ServerVersion int
+	InRecovery    bool
+	// StandbySlots is synchronized_standby_slots, the physical slots of
+	// the standbys that logical consumers wait for (17 and later; "" when
+	// unset or older).
+	StandbySlots string
 }
 
 // SQL run by Check, all read-only.
@@ -67,6 +81,17 @@ const (
 	checkWALLevelSQL = `SELECT current_setting('wal_level')`
 
 	checkSystemIDSQL = `SELECT system_identifier FROM pg_control_system()`
+
+	// checkServerSQL reads the server's version and whether it is a
+	// standby.
+	checkServerSQL = `SELECT current_setting('server_version_num')::int, pg_is_in_recovery()`
+
+	// checkSlotFailoverSQL reads the columns of a slot that PostgreSQL 17
+	// added, and the standbys logical consumers wait for.
+	checkSlotFailoverSQL = `
+SELECT failover, synced, current_setting('synchronized_standby_slots')
+FROM pg_replication_slots
+WHERE slot_name = $1`
 
 	checkRoleSQL = `
 SELECT current_user::text, r.rolreplication, r.rolsuper
@@ -139,6 +164,7 @@ func Check(ctx context.Context, conn *pgx.Conn, spec CheckSpec) (Report, error) 
 	steps := []func(context.Context) error{
 		c.checkWALLevel,
 		c.readSystemID,
+		c.readServer,
 		c.checkRole,
 		c.checkTables,
 		c.checkSlot,
@@ -339,6 +365,11 @@ func (c *checker) checkSlot(ctx context.Context) error {
 	}
 	if st.RestartLSN, err = parseSlotLSN(restartText); err != nil {
 		return fmt.Errorf("cdc check: slot %s restart_lsn: %w", c.spec.Slot, err)
+	}
+	if c.report.ServerVersion >= failoverSlotsVersion {
+		if err := c.conn.QueryRow(ctx, checkSlotFailoverSQL, c.spec.Slot).Scan(&st.Failover, &st.Synced, &c.report.StandbySlots); err != nil {
+			return fmt.Errorf("cdc check: read replication slot %s: %w", c.spec.Slot, err)
+		}
 	}
 	c.report.Slot = st
 

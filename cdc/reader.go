@@ -245,6 +245,8 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		if pos, err = r.createSlot(ctx, repl, srcConn, report, pos, tables); err != nil {
 			return err
 		}
+	} else if err := r.makeFailover(ctx, repl, report); err != nil {
+		return err
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
@@ -308,7 +310,8 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 	// stalled connection answers nothing and does not fail either, and
 	// the stream's bound of silence applies only once it streams.
 	cctx, cancel := context.WithTimeout(ctx, r.step)
-	report, err := Check(cctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs, Position: pos.readFrom()})
+	report, err := Check(cctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs,
+		Position: pos.readFrom(), Failover: cfg.FailoverSlot})
 	cancel()
 	if err != nil {
 		return report, pos, err
@@ -561,11 +564,7 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 	if err := r.execStep(ctx, claimSlotSQL, r.src.Name, cfg.Slot, report.SystemID, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
-	action := "NOEXPORT_SNAPSHOT"
-	if cfg.Snapshot == config.SnapshotInitial {
-		action = "EXPORT_SNAPSHOT"
-	}
-	res, err := r.createSlotWatched(ctx, repl, src, action)
+	res, err := r.createSlotWatched(ctx, repl, src, cfg.Snapshot == config.SnapshotInitial, report)
 	if err != nil && (errors.Is(err, pgconnect.ErrNoProgress) || !pgerr.Refused(err)) {
 		// The server stopped confirming progress, or could not run
 		// the statement: retry.
@@ -585,7 +584,8 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 	if err := r.execStep(ctx, slotCreatedSQL, r.src.Name, at.String(), state, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
-	r.log.Info("created replication slot", "slot", cfg.Slot, "consistent_point", at, "snapshot", cfg.Snapshot)
+	r.log.Info("created replication slot", "slot", cfg.Slot, "consistent_point", at, "snapshot", cfg.Snapshot,
+		"failover", wantsFailover(cfg.FailoverSlot, report))
 	if cfg.Snapshot == config.SnapshotInitial {
 		// The exported snapshot lives as long as repl stays idle.
 		if err := r.snapshot(ctx, res.SnapshotName, tables); err != nil {

@@ -103,14 +103,13 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 // the slot (see dropUnfinishedSlot); a reachable server cancels the
 // creation at once, on the cancel request of the abandoned call, and an
 // interrupted creation leaves no slot.
-func (r *Reader) createSlotWatched(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, action string) (pglogrepl.CreateReplicationSlotResult, error) {
+func (r *Reader) createSlotWatched(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, export bool, report Report) (pglogrepl.CreateReplicationSlotResult, error) {
 	wctx, wd := pgconnect.WithWatchdog(ctx, r.step)
 	defer wd.Stop()
 	stop := make(chan struct{})
 	watched := make(chan error, 1)
 	go func() { watched <- r.watchSlotCreation(wctx, src, repl.PID(), wd, stop) }()
-	res, err := pglogrepl.CreateReplicationSlot(wctx, repl, r.src.CDC.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: action})
+	res, err := sendCreateSlot(wctx, repl, r.src.CDC.Slot, export, wantsFailover(r.src.CDC.FailoverSlot, report), report.ServerVersion)
 	// The watch ends its query, if one is under way, before src is
 	// used again; the watchdog bounds that query.
 	close(stop)

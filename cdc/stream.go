@@ -33,9 +33,13 @@ type stream struct {
 	// server's WAL end from its last keepalive.
 	applied, confirmed, walEnd pglogrepl.LSN
 	sentAt                     time.Time // last status update
-	metricsAt                  time.Time // last read of the slot's metrics
-	storedConfirmed            pglogrepl.LSN
-	idleRecordAt               time.Time // last attempt to record an idle position
+	// noticeAt is when a notice of the walsender was last logged,
+	// noticesLeft how many were left out since.
+	noticeAt        time.Time
+	noticesLeft     int
+	metricsAt       time.Time // last read of the slot's metrics
+	storedConfirmed pglogrepl.LSN
+	idleRecordAt    time.Time // last attempt to record an idle position
 
 	// The source transaction being received (not streamed).
 	inTxn      bool
@@ -182,6 +186,11 @@ func (s *stream) run(ctx context.Context) error {
 		case *pgproto3.ErrorResponse:
 			s.a.rollback(ctx)
 			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.NoticeResponse:
+			// A warning of the walsender (one waiting for a standby of
+			// synchronized_standby_slots sends one): not the stream's
+			// end.
+			s.notice(m)
 		default:
 			s.a.rollback(ctx)
 			return fmt.Errorf("replication: unexpected message %T", msg)
@@ -802,4 +811,21 @@ func (s *stream) committedOne(ctx context.Context, block bool) error {
 	s.r.m.applyLag.Observe(g.committedAt.Sub(g.lastCommit).Seconds())
 	s.r.m.applied.Set(float64(s.applied))
 	return s.status(ctx, true)
+}
+
+// noticeLogEvery is how often, at most, the reader logs the walsender's
+// notices: one waiting for a standby repeats its warning.
+const noticeLogEvery = time.Minute
+
+// notice logs a notice or warning the walsender sent in the stream, at
+// most once per noticeLogEvery, counting those left out.
+func (s *stream) notice(m *pgproto3.NoticeResponse) {
+	now := time.Now()
+	if !s.noticeAt.IsZero() && now.Sub(s.noticeAt) < noticeLogEvery {
+		s.noticesLeft++
+		return
+	}
+	s.r.log.Warn("the source's walsender sent a notice in the stream", "severity", m.Severity, "message", m.Message,
+		"detail", m.Detail, "hint", m.Hint, "suppressed", s.noticesLeft)
+	s.noticeAt, s.noticesLeft = now, 0
 }

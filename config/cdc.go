@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"regexp"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // CDCSource is a set of tables of another PostgreSQL database mirrored
@@ -36,6 +38,16 @@ type CDCSource struct {
 	// MaxBufferBytes bounds the memory of a streamed in-progress
 	// transaction before it spills to disk.
 	MaxBufferBytes ByteSize `yaml:"max_buffer_bytes"`
+	// FailoverSlot is whether the slot is a failover slot, synced to
+	// standbys that sync_replication_slots (PostgreSQL 17 and later):
+	// auto (when the source can), on (refuse a source that cannot) or
+	// off.
+	FailoverSlot string `yaml:"failover_slot"`
+	// StandbyDSN names a standby of the source, which the slot's checks
+	// read: whether it has the slot synced, and how far behind.
+	StandbyDSN string `yaml:"standby_dsn"`
+	// StandbyDSNFile names a file holding StandbyDSN.
+	StandbyDSNFile string `yaml:"standby_dsn_file"`
 }
 
 // CDC option values.
@@ -44,6 +56,9 @@ const (
 	SnapshotNever   = "never"
 	TruncateApply   = "apply"
 	TruncateIgnore  = "ignore"
+	FailoverAuto    = "auto"
+	FailoverOn      = "on"
+	FailoverOff     = "off"
 )
 
 var slotRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -74,8 +89,13 @@ func (cfg *Config) validateCDCSource(ix *index, p string, s *Source) {
 		}
 		seen[schema+"."+name] = true
 	}
-	for _, key := range []string{"snapshot", "truncate", "snapshot_workers", "snapshot_chunk_rows", "heartbeat_every", "status_every", "max_buffer_bytes"} {
+	for _, key := range []string{"snapshot", "truncate", "snapshot_workers", "snapshot_chunk_rows", "heartbeat_every", "status_every", "max_buffer_bytes", "failover_slot"} {
 		cfg.check(ix, "sources.<name>.cdc."+key, s.Name)
+	}
+	if c.StandbyDSN != "" {
+		if _, err := pgx.ParseConfig(c.StandbyDSN); err != nil {
+			ix.add(p+".cdc.standby_dsn", "is not a valid PostgreSQL connection string: %s", redactErr(err))
+		}
 	}
 	if s.EventID != "" || s.EventTime != "" {
 		ix.add(p, "event_id and event_time pointers apply to Kafka sources; a CDC source's event time is the source commit time")

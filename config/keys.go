@@ -220,6 +220,9 @@ var keys = []Key{
 	{Path: "sources.<name>.cdc.heartbeat_every", Default: "1m", KeepZero: true, Zero: "off", Min: "1s"},
 	{Path: "sources.<name>.cdc.status_every", Default: "10s", Min: "100ms", Max: "1m"},
 	{Path: "sources.<name>.cdc.max_buffer_bytes", Default: "64MiB", Min: "1MiB"},
+	{Path: "sources.<name>.cdc.failover_slot", Default: FailoverAuto, OneOf: []string{FailoverAuto, FailoverOn, FailoverOff}},
+	{Path: "sources.<name>.cdc.standby_dsn", Allowed: "a standby of the source, PostgreSQL 17 or later, for the slot's checks ([failover](failover.md))"},
+	{Path: "sources.<name>.cdc.standby_dsn_file", Allowed: "a file holding `standby_dsn` ([secrets in files](#secrets-in-files))"},
 
 	{Path: "sources.<name>.table.name", Note: "required", Allowed: "`name` or `schema.name`, lower-case SQL identifiers; the schema defaults to `public`"},
 	{Path: "sources.<name>.table.key", Note: "required", Allowed: "one or more column names"},

@@ -38,7 +38,8 @@ func (c *Config) secrets() []secret {
 			out = append(out, secret{p + ".poll.dsn", p + ".poll.dsn_file", &s.Poll.DSN, s.Poll.DSNFile})
 		}
 		if s.CDC != nil {
-			out = append(out, secret{p + ".cdc.dsn", p + ".cdc.dsn_file", &s.CDC.DSN, s.CDC.DSNFile})
+			out = append(out, secret{p + ".cdc.dsn", p + ".cdc.dsn_file", &s.CDC.DSN, s.CDC.DSNFile},
+				secret{p + ".cdc.standby_dsn", p + ".cdc.standby_dsn_file", &s.CDC.StandbyDSN, s.CDC.StandbyDSNFile})
 		}
 		if s.Mirror != nil {
 			out = append(out, secret{p + ".mirror.source_dsn", p + ".mirror.source_dsn_file", &s.Mirror.SourceDSN, s.Mirror.SourceDSNFile})
