@@ -32,7 +32,7 @@ type failoverEnv struct {
 	srcDSN           string // both servers, read-write
 	wh               *pgxpool.Pool
 	whDSN            string
-	changes          int // row changes made at the source
+	changes          int    // row changes made at the source
 	failover         string // cdc.failover_slot, "" for the default
 }
 
