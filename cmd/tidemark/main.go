@@ -158,6 +158,7 @@ Usage:
   tidemark dead-letters replay --source NAME [-c FILE] [--reason R] [--since T] [--dry-run]
                                                           load the dead letters that decode with the configuration now
   tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
+  tidemark check     [-c FILE] [--source NAME]            check CDC sources and their slots' failover; exit 1 on a problem
   tidemark lateness  --source NAME [-c FILE] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
                                                           how late events arrive; the horizon that keeps a target share
   tidemark grants    [-c FILE] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
@@ -198,6 +199,7 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"run":          cmdRun,
 	"migrate":      cmdMigrate,
 	"status":       cmdStatus,
+	"check":        cmdCheck,
 	"lateness":     cmdLateness,
 	"reconcile":    cmdReconcile,
 	"backfill":     cmdBackfill,
