@@ -82,9 +82,9 @@ const (
 
 	checkSystemIDSQL = `SELECT system_identifier FROM pg_control_system()`
 
-	// checkServerSQL reads the server's version and whether it is a
-	// standby.
-	checkServerSQL = `SELECT current_setting('server_version_num')::int, pg_is_in_recovery()`
+	// checkServerSQL reads the server's version, whether it is a
+	// standby, and its hot_standby_feedback.
+	checkServerSQL = `SELECT current_setting('server_version_num')::int, pg_is_in_recovery(), current_setting('hot_standby_feedback')`
 
 	// checkSlotFailoverSQL reads the columns of a slot that PostgreSQL 17
 	// added, and the standbys logical consumers wait for.

@@ -38,10 +38,26 @@ FROM (SELECT 1) AS one
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 )
 
-// readServer reads the source's version and whether it is a standby.
+// decodeOnStandbyVersion is the first server_version_num that decodes on
+// a standby.
+const decodeOnStandbyVersion = 160000
+
+// readServer reads the source's version and whether it is a standby, and
+// checks that a standby can decode: 16 or later, with hot_standby_feedback
+// (without it, the primary's vacuum invalidates the slot).
 func (c *checker) readServer(ctx context.Context) error {
-	if err := c.conn.QueryRow(ctx, checkServerSQL).Scan(&c.report.ServerVersion, &c.report.InRecovery); err != nil {
+	var feedback string
+	if err := c.conn.QueryRow(ctx, checkServerSQL).Scan(&c.report.ServerVersion, &c.report.InRecovery, &feedback); err != nil {
 		return fmt.Errorf("cdc check: read the server's version: %w", err)
+	}
+	switch {
+	case !c.report.InRecovery:
+	case c.report.ServerVersion < decodeOnStandbyVersion:
+		c.problem("%s: names a standby of PostgreSQL %s, which cannot decode changes (16 or later can): point it at the primary",
+			c.key("dsn"), versionText(c.report.ServerVersion))
+	case feedback != "on":
+		c.problem("%s: names a standby that runs without hot_standby_feedback, so the primary's vacuum would invalidate the slot: "+
+			"set hot_standby_feedback = on on the standby (and have it stream through a physical slot of the primary)", c.key("dsn"))
 	}
 	if c.spec.Failover != config.FailoverOn {
 		return nil

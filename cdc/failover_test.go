@@ -34,6 +34,7 @@ type failoverEnv struct {
 	whDSN            string
 	changes          int    // row changes made at the source
 	failover         string // cdc.failover_slot, "" for the default
+	cfg              *config.Config // the configuration readers run with, when not config()
 }
 
 // newFailoverEnv starts the servers; syncWorker turns the standby's slot
@@ -97,21 +98,48 @@ sources:
 	return cfg
 }
 
-// start runs a reader until stop is called or the test ends; log, when
-// set, receives its log.
-func (e *failoverEnv) start(log *slog.Logger) (stop func(), done chan error) {
+// run starts a reader, with log (the test's when nil), and returns the
+// channel its Run ends on and the function that stops it.
+func (e *failoverEnv) run(log *slog.Logger) (chan error, context.CancelFunc) {
 	e.t.Helper()
 	if log == nil {
 		log = testLogger(e.t)
 	}
-	r, err := cdc.New(e.config(), "shop", pgtest.Pool(e.t, e.whDSN), cdc.Options{GroupAge: 20 * time.Millisecond,
+	cfg := e.cfg
+	if cfg == nil {
+		cfg = e.config()
+	}
+	r, err := cdc.New(cfg, "shop", pgtest.Pool(e.t, e.whDSN), cdc.Options{GroupAge: 20 * time.Millisecond,
 		Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(e.ctx)
-	done = make(chan error, 1)
+	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
+	return done, cancel
+}
+
+// confirmed is the position the warehouse stored as confirmed.
+func (e *failoverEnv) confirmed() pglogrepl.LSN {
+	e.t.Helper()
+	var text string
+	if err := e.wh.QueryRow(e.ctx, `SELECT confirmed_lsn::text FROM tidemark.cdc_positions WHERE source = 'shop'`).Scan(&text); err != nil {
+		e.t.Fatal(err)
+	}
+	lsn, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return lsn
+}
+
+// start runs a reader until stop is called or the test ends, once it
+// streams; log, when set, receives its log.
+func (e *failoverEnv) start(log *slog.Logger) (stop func(), done chan error) {
+	e.t.Helper()
+	done, cancel := e.run(log)
+	src := pgtest.Pool(e.t, e.cfgDSN())
 	stopped := false
 	stop = func() {
 		if stopped {
@@ -129,7 +157,6 @@ func (e *failoverEnv) start(log *slog.Logger) (stop func(), done chan error) {
 		}
 	}
 	e.t.Cleanup(stop)
-	src := pgtest.Pool(e.t, e.srcDSN)
 	waitfor.Until(e.t, "the reader to stream", func() bool {
 		var active bool
 		err := src.QueryRow(e.ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'tidemark_shop'").Scan(&active)
@@ -370,4 +397,12 @@ func TestFailoverSlotOnRefused(t *testing.T) {
 	done, cancel := e.run(cfg, cdc.Options{})
 	defer cancel()
 	e.stopped(done, "sources.shop.cdc.failover_slot", want)
+}
+
+// cfgDSN is the source DSN readers run with.
+func (e *failoverEnv) cfgDSN() string {
+	if e.cfg != nil {
+		return e.cfg.Sources["shop"].CDC.DSN
+	}
+	return e.srcDSN
 }

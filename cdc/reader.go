@@ -254,10 +254,12 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	// s is the stream reading now: the loop below may replace it.
 	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)
-	if hb := cfg.HeartbeatEvery.D(); hb > 0 {
+	if hb, dsn := cfg.HeartbeatEvery.D(), r.writeDSN(report); hb > 0 && dsn != "" {
 		hctx, stop := context.WithCancel(ctx)
 		defer stop()
-		go r.heartbeat(hctx, hb)
+		go r.heartbeat(hctx, dsn, hb)
+	} else if hb > 0 {
+		r.log.Info("no heartbeats: the source is a standby and cdc.primary_dsn is not set; the slot moves with the tracked tables' changes", "slot", cfg.Slot)
 	}
 	for {
 		err := s.run(ctx)
@@ -332,7 +334,11 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 		}
 	}
 	if !report.PublicationExists {
-		if err := r.createPublication(ctx, srcConn); err != nil {
+		create := r.createPublication
+		if report.InRecovery {
+			create = r.createPublicationOnPrimary
+		}
+		if err := create(ctx, srcConn); err != nil {
 			return report, pos, err
 		}
 	}
@@ -344,12 +350,8 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 // (ErrSetup); one it could not run is retried with the run.
 func (r *Reader) createPublication(ctx context.Context, srcConn *pgx.Conn) error {
 	cfg := r.src.CDC
-	var names []string
-	for _, t := range r.specs {
-		names = append(names, t.Sanitize())
-	}
 	pctx, cancel := context.WithTimeout(ctx, r.step)
-	_, err := srcConn.Exec(pctx, fmt.Sprintf(createPublicationSQL, pgx.Identifier{cfg.Publication}.Sanitize(), strings.Join(names, ", ")))
+	_, err := srcConn.Exec(pctx, r.createPublicationStatement())
 	cancel()
 	if pgerr.Refused(err) {
 		return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
@@ -360,6 +362,16 @@ func (r *Reader) createPublication(ctx context.Context, srcConn *pgx.Conn) error
 	}
 	r.log.Info("created publication", "publication", cfg.Publication)
 	return nil
+}
+
+// createPublicationStatement is the statement that creates the source's
+// publication of its tables.
+func (r *Reader) createPublicationStatement() string {
+	var names []string
+	for _, t := range r.specs {
+		names = append(names, t.Sanitize())
+	}
+	return fmt.Sprintf(createPublicationSQL, pgx.Identifier{r.src.CDC.Publication}.Sanitize(), strings.Join(names, ", "))
 }
 
 // prepareRaw creates or extends the source's raw change table and reports
@@ -595,10 +607,11 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 	return position{exists: true, systemID: report.SystemID, snapshot: "done", applied: at, confirmed: at}, nil
 }
 
-// heartbeat writes a logical message on the source every interval, so
-// that WAL moves and the slot can be confirmed past it while the tracked
-// tables are quiet.
-func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
+// heartbeat writes a logical message on the source at dsn (the source, or
+// the primary of a source that is a standby) every interval, so that WAL
+// moves and the slot can be confirmed past it while the tracked tables
+// are quiet.
+func (r *Reader) heartbeat(ctx context.Context, dsn string, every time.Duration) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -616,7 +629,7 @@ func (r *Reader) heartbeat(ctx context.Context, every time.Duration) {
 		// (Re)connect at each beat that has no live connection: a
 		// source restart must not end the heartbeats.
 		if conn == nil || conn.IsClosed() {
-			c, err := mirror.Connect(ctx, r.src.CDC.DSN, "tidemark-cdc-heartbeat")
+			c, err := mirror.Connect(ctx, dsn, "tidemark-cdc-heartbeat")
 			if err != nil {
 				if ctx.Err() == nil {
 					r.log.Warn("cdc heartbeat: cannot connect", "err", err)

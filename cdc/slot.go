@@ -109,6 +109,11 @@ func (r *Reader) createSlotWatched(ctx context.Context, repl *pgconn.PgConn, src
 	stop := make(chan struct{})
 	watched := make(chan error, 1)
 	go func() { watched <- r.watchSlotCreation(wctx, src, repl.PID(), wd, stop) }()
+	if report.InRecovery {
+		nudged := make(chan struct{})
+		go func() { defer close(nudged); r.nudgePrimary(wctx, stop) }()
+		defer func() { <-nudged }()
+	}
 	res, err := sendCreateSlot(wctx, repl, r.src.CDC.Slot, export, wantsFailover(r.src.CDC.FailoverSlot, report), report.ServerVersion)
 	// The watch ends its query, if one is under way, before src is
 	// used again; the watchdog bounds that query.

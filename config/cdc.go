@@ -48,6 +48,13 @@ type CDCSource struct {
 	StandbyDSN string `yaml:"standby_dsn"`
 	// StandbyDSNFile names a file holding StandbyDSN.
 	StandbyDSNFile string `yaml:"standby_dsn_file"`
+	// PrimaryDSN names the primary of a source that is a standby
+	// (decoding on a standby, PostgreSQL 16 and later): the publication
+	// is created there, heartbeats are written there, and it is asked
+	// for a running-transactions record while the slot is created.
+	PrimaryDSN string `yaml:"primary_dsn"`
+	// PrimaryDSNFile names a file holding PrimaryDSN.
+	PrimaryDSNFile string `yaml:"primary_dsn_file"`
 }
 
 // CDC option values.
@@ -92,9 +99,12 @@ func (cfg *Config) validateCDCSource(ix *index, p string, s *Source) {
 	for _, key := range []string{"snapshot", "truncate", "snapshot_workers", "snapshot_chunk_rows", "heartbeat_every", "status_every", "max_buffer_bytes", "failover_slot"} {
 		cfg.check(ix, "sources.<name>.cdc."+key, s.Name)
 	}
-	if c.StandbyDSN != "" {
-		if _, err := pgx.ParseConfig(c.StandbyDSN); err != nil {
-			ix.add(p+".cdc.standby_dsn", "is not a valid PostgreSQL connection string: %s", redactErr(err))
+	for key, dsn := range map[string]string{"standby_dsn": c.StandbyDSN, "primary_dsn": c.PrimaryDSN} {
+		if dsn == "" {
+			continue
+		}
+		if _, err := pgx.ParseConfig(dsn); err != nil {
+			ix.add(p+".cdc."+key, "is not a valid PostgreSQL connection string: %s", redactErr(err))
 		}
 	}
 	if s.EventID != "" || s.EventTime != "" {

@@ -223,6 +223,8 @@ var keys = []Key{
 	{Path: "sources.<name>.cdc.failover_slot", Default: FailoverAuto, OneOf: []string{FailoverAuto, FailoverOn, FailoverOff}},
 	{Path: "sources.<name>.cdc.standby_dsn", Allowed: "a standby of the source, PostgreSQL 17 or later, for the slot's checks ([failover](failover.md))"},
 	{Path: "sources.<name>.cdc.standby_dsn_file", Allowed: "a file holding `standby_dsn` ([secrets in files](#secrets-in-files))"},
+	{Path: "sources.<name>.cdc.primary_dsn", Allowed: "the primary, when `dsn` is a standby (PostgreSQL 16 or later): publication, heartbeats ([failover](failover.md))"},
+	{Path: "sources.<name>.cdc.primary_dsn_file", Allowed: "a file holding `primary_dsn` ([secrets in files](#secrets-in-files))"},
 
 	{Path: "sources.<name>.table.name", Note: "required", Allowed: "`name` or `schema.name`, lower-case SQL identifiers; the schema defaults to `public`"},
 	{Path: "sources.<name>.table.key", Note: "required", Allowed: "one or more column names"},

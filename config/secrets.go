@@ -39,7 +39,8 @@ func (c *Config) secrets() []secret {
 		}
 		if s.CDC != nil {
 			out = append(out, secret{p + ".cdc.dsn", p + ".cdc.dsn_file", &s.CDC.DSN, s.CDC.DSNFile},
-				secret{p + ".cdc.standby_dsn", p + ".cdc.standby_dsn_file", &s.CDC.StandbyDSN, s.CDC.StandbyDSNFile})
+				secret{p + ".cdc.standby_dsn", p + ".cdc.standby_dsn_file", &s.CDC.StandbyDSN, s.CDC.StandbyDSNFile},
+				secret{p + ".cdc.primary_dsn", p + ".cdc.primary_dsn_file", &s.CDC.PrimaryDSN, s.CDC.PrimaryDSNFile})
 		}
 		if s.Mirror != nil {
 			out = append(out, secret{p + ".mirror.source_dsn", p + ".mirror.source_dsn_file", &s.Mirror.SourceDSN, s.Mirror.SourceDSNFile})

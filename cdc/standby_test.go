@@ -1,0 +1,135 @@
+package cdc_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgserver"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
+	"github.com/tidemark-dev/tidemark/migrate"
+)
+
+// newStandbyEnv is a source primary with rows, a hot standby of it that
+// the CDC source "shop" reads (cdc.dsn), and a warehouse; withPrimary sets
+// cdc.primary_dsn.
+func newStandbyEnv(t *testing.T, withPrimary bool) (*failoverEnv, *config.Config) {
+	t.Helper()
+	e := &failoverEnv{t: t, ctx: context.Background()}
+	e.primary = pgtest.NewServer(t, pgserver.Options{})
+	if v := serverVersion(t, e.primary); v < 160000 {
+		t.Skipf("decoding on a standby needs PostgreSQL 16 or later (this is %d): make test PG=16", v)
+	}
+	dsn := pgtest.NewDatabaseOn(t, e.primary)
+	src := pgtest.Pool(t, dsn)
+	if _, err := src.Exec(e.ctx, shopDDL); err != nil {
+		t.Fatal(err)
+	}
+	e.srcDSN = dsn // the test writes through the primary
+	e.write(1000, 50)
+	e.changes = 0 // the snapshot's rows, not changes
+	e.standby = pgtest.NewStandby(t, e.primary, pgserver.StandbyOptions{})
+	e.wh, e.whDSN = pgtest.NewPool(t)
+	if _, err := migrate.Up(e.ctx, e.whDSN, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config()
+	c := cfg.Sources["shop"].CDC
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DSN = e.standby.URL(strings.TrimPrefix(u.Path, "/"))
+	c.Snapshot = config.SnapshotInitial
+	if withPrimary {
+		c.PrimaryDSN = dsn
+	}
+	return e, cfg
+}
+
+// TestDecodingOnStandby: on PostgreSQL 16 the reader creates its slot on
+// a hot standby, takes the snapshot there and streams the primary's
+// changes from it; with cdc.primary_dsn the publication is created on the
+// primary and heartbeats are written there; the standby restarted, the
+// reader reconnects; the standby promoted, the reader goes on from it. Without cdc.primary_dsn, a missing publication
+// is a setup error that says what to run.
+func TestDecodingOnStandby(t *testing.T) {
+	t.Run("with the primary", func(t *testing.T) {
+		e, cfg := newStandbyEnv(t, true)
+		e.cfg = cfg
+		e.start(nil)
+		e.waitMirrored()
+		var onStandby bool
+		if err := pgtest.Conn(t, e.standby.URL("postgres")).QueryRow(e.ctx,
+			`SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = 'tidemark_shop')`).Scan(&onStandby); err != nil || !onStandby {
+			t.Fatalf("the slot is not on the standby: %v", err)
+		}
+		var onPrimary bool
+		if err := pgtest.Conn(t, e.primary.URL("postgres")).QueryRow(e.ctx,
+			`SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = 'tidemark_shop')`).Scan(&onPrimary); err != nil || onPrimary {
+			t.Fatalf("the primary has a slot of the reader: %v", err)
+		}
+		e.write(0, 30)
+		e.waitMirrored()
+		// The standby restarted mid-stream: the reader reconnects.
+		if err := e.standby.Restart(e.ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		e.write(50, 20)
+		e.waitMirrored()
+		// Heartbeats through the primary move the slot while the tables
+		// are quiet.
+		before := e.confirmed()
+		waitfor.Until(t, "heartbeats to move the slot past the last change", func() bool { return e.confirmed() > before })
+
+		pgtest.Failover(t, e.primary, e.standby)
+		e.srcDSN = e.cfg.Sources["shop"].CDC.DSN
+		e.write(100, 20)
+		e.waitMirrored()
+	})
+	t.Run("without the primary", func(t *testing.T) {
+		e, cfg := newStandbyEnv(t, false)
+		e.cfg = cfg
+		done, cancel := e.run(nil)
+		defer cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, cdc.ErrSetup) || !strings.Contains(err.Error(), "sources.shop.cdc.primary_dsn") || !strings.Contains(err.Error(), "CREATE PUBLICATION") {
+				t.Errorf("reader stopped with %v, want a setup error naming cdc.primary_dsn and the CREATE PUBLICATION to run", err)
+			}
+		case <-time.After(waitfor.Timeout):
+			t.Fatal("the reader did not stop")
+		}
+	})
+}
+
+// TestDecodingOnStandbyRefused: a standby that cannot decode is refused,
+// naming cdc.dsn: one older than PostgreSQL 16, or one without
+// hot_standby_feedback, whose slot the primary's vacuum would invalidate.
+func TestDecodingOnStandbyRefused(t *testing.T) {
+	e := newCDCEnv(t)
+	primary := pgtest.NewServer(t, pgserver.Options{})
+	settings := map[string]string{}
+	want := "which cannot decode changes (16 or later can)"
+	if serverVersion(t, primary) >= 160000 {
+		settings["hot_standby_feedback"] = "off"
+		want = "without hot_standby_feedback"
+	}
+	dsn := pgtest.NewDatabaseOn(t, primary)
+	standby := pgtest.NewStandby(t, primary, pgserver.StandbyOptions{Settings: settings})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config("", "")
+	cfg.Sources["shop"].CDC.DSN = standby.URL(strings.TrimPrefix(u.Path, "/"))
+	done, cancel := e.run(cfg, cdc.Options{})
+	defer cancel()
+	e.stopped(done, "sources.shop.cdc.dsn", want)
+}
