@@ -32,8 +32,8 @@ type failoverEnv struct {
 	srcDSN           string // both servers, read-write
 	wh               *pgxpool.Pool
 	whDSN            string
-	changes          int    // row changes made at the source
-	failover         string // cdc.failover_slot, "" for the default
+	changes          int            // row changes made at the source
+	failover         string         // cdc.failover_slot, "" for the default
 	cfg              *config.Config // the configuration readers run with, when not config()
 }
 
