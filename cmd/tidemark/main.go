@@ -16,6 +16,7 @@
 //	tidemark dead-letters list [-c tidemark.yaml] [--source NAME]
 //	tidemark dead-letters replay --source NAME [-c tidemark.yaml] [--reason R] [--since T] [--dry-run]
 //	tidemark status    [-c tidemark.yaml] [--json]
+//	tidemark check     [-c tidemark.yaml] [--source NAME]
 //	tidemark lateness  --source NAME [-c tidemark.yaml] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
 //	tidemark grants    [-c tidemark.yaml] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
 //	tidemark demo      [-v] [--serve] [--citus]
