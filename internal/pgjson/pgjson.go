@@ -8,7 +8,10 @@
 // surrogate that is not half of a pair, and numbers that numeric cannot
 // hold: more than 131072 digits before the decimal point, more than 16383
 // after it (counted as written: 1.50e-16382 has 16384), or an exponent of
-// 2^30-1 or more in magnitude. Both assume a UTF-8 database.
+// 2^30-1 or more in magnitude. Both assume a UTF-8 database. PostgreSQL 16
+// and later also take a zero with the exponent 2^30-1 (0e1073741823),
+// which 14 and 15 refuse: the checks here refuse it on every version, so
+// that a value is stored alike whatever the warehouse's version.
 package pgjson
 
 // numeric's limits, as PostgreSQL's numeric input checks them.
