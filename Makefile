@@ -2,7 +2,22 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo demo-citus test test-short test-citus bench soak chaos lint rules build fuzz fuzz-short
+.PHONY: demo demo-citus test test-short test-matrix test-citus pg-install bench soak chaos lint rules build fuzz fuzz-short
+
+## PG=MAJOR: every target that starts PostgreSQL runs on that version (make test PG=17)
+# Its server binaries come from .ci/pgbin: Debian's /usr/lib/postgresql/MAJOR
+# when installed, otherwise installed by ../shared/pg/install.sh (PG_INSTALL
+# names another installer). Without PG, the binaries found on the machine
+# (TIDEMARK_PG_BIN, initdb on PATH, the newest /usr/lib/postgresql): Debian's
+# PostgreSQL 15 in CI. test-citus needs Citus built for the version.
+PG ?=
+ifneq ($(PG),)
+TIDEMARK_PG_BIN := $(shell .ci/pgbin $(PG))
+ifeq ($(TIDEMARK_PG_BIN),)
+$(error PG=$(PG): no server binaries for PostgreSQL $(PG) (.ci/pgbin said why, above))
+endif
+export TIDEMARK_PG_BIN
+endif
 
 ## demo: embedded Kafka + throwaway PostgreSQL + the service, end to end
 # Builds bin/tidemark first, saying so: a first build downloads the modules
@@ -24,6 +39,27 @@ test:
 ## test-short: the same tests on smaller workloads
 test-short:
 	$(GO) test -short -timeout 10m ./...
+
+## test-matrix: the suites whose behaviour depends on the server, on PostgreSQL 14, 16, 17 and 18, one version at a time
+# The supported-versions table of docs/design.md names these versions (a
+# test checks it). Citus is tested on the default version only (test-citus):
+# the matrix does not require it. CI runs MATRIX_FLAGS=-short (smaller
+# workloads, no race detector); the measured cost is in docs/benchmarks.md.
+PG_VERSIONS     ?= 14 16 17 18
+MATRIX_PACKAGES ?= ./cdc/ ./mirror/ ./ingest/poll/ ./ingest/kafka/ ./raw/ ./reconcile/ ./aggregate/ ./migrate/ ./grants/ ./retention/ ./backfill/ ./lateness/ ./service/ ./internal/copytext/ ./internal/pgjson/ ./internal/pgerr/ ./internal/pgconnect/
+MATRIX_FLAGS    ?= -race
+test-matrix:
+	@set -e; for v in $(PG_VERSIONS); do \
+		bin=$$(.ci/pgbin $$v); \
+		echo "test-matrix: PostgreSQL $$v ($$bin)"; \
+		start=$$(date +%s); \
+		TIDEMARK_PG_BIN=$$bin TIDEMARK_REQUIRE_CITUS= $(GO) test -count=1 -timeout 30m $(MATRIX_FLAGS) $(MATRIX_PACKAGES); \
+		echo "test-matrix: PostgreSQL $$v passed in $$(( $$(date +%s) - start ))s"; \
+	done
+
+## pg-install: the server binaries of every PG_VERSIONS version, installed if missing (.ci/pgbin)
+pg-install:
+	@set -e; for v in $(PG_VERSIONS); do .ci/pgbin $$v; done
 
 ## test-citus: the suites that run on a Citus cluster the tests start (see docs/citus.md)
 # Needs Citus installed for the PostgreSQL server binaries; without it the

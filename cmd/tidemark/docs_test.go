@@ -2421,3 +2421,205 @@ func TestDeployExampleNamesEveryKey(t *testing.T) {
 		}
 	}
 }
+
+// ---------------------------------------------------------------------
+// Supported PostgreSQL versions.
+
+// versionsDoc holds the table of supported PostgreSQL versions, under
+// versionsHeading.
+const (
+	versionsDoc     = "docs/design.md"
+	versionsHeading = "Supported PostgreSQL versions"
+)
+
+// versionSuites are the suites that make test-matrix must run for the
+// table to claim a version as a warehouse, and as a CDC or poll source.
+var versionSuites = map[string][]string{
+	"As a warehouse":          {"./ingest/kafka/", "./raw/", "./reconcile/", "./aggregate/", "./migrate/", "./grants/", "./retention/", "./backfill/"},
+	"As a CDC or poll source": {"./cdc/", "./ingest/poll/", "./mirror/"},
+}
+
+// makeDefaultRe matches a variable's default in the Makefile: NAME ?= value.
+var makeDefaultRe = regexp.MustCompile(`^([A-Z][A-Z0-9_]*)\s*\?=\s*(.*?)\s*$`)
+
+// makeCall is a make command of .ci/run: its target and the variables it
+// sets.
+type makeCall struct {
+	line   int
+	text   string
+	target string
+	vars   map[string]string
+}
+
+// ciMakeCalls returns the make commands of .ci/run.
+func ciMakeCalls(t *testing.T, root string) []makeCall {
+	t.Helper()
+	var calls []makeCall
+	for i, l := range readLines(t, root, ".ci/run") {
+		l = strings.TrimSpace(l)
+		if !strings.HasPrefix(l, "make ") {
+			continue
+		}
+		words, err := shellWords(l)
+		if err != nil {
+			t.Fatalf(".ci/run:%d: %v", i+1, err)
+		}
+		c := makeCall{line: i + 1, text: l, vars: map[string]string{}}
+		for _, w := range words[1:] {
+			if name, value, ok := strings.Cut(w, "="); ok && makeDefaultRe.MatchString(name+" ?= ") {
+				c.vars[name] = value
+			} else if c.target == "" && !strings.HasPrefix(w, "-") {
+				c.target = w
+			}
+		}
+		calls = append(calls, c)
+	}
+	return calls
+}
+
+// shellWords splits a simple shell command line into words: blanks
+// separate them, and single or double quotes keep blanks inside one.
+func shellWords(line string) ([]string, error) {
+	var words []string
+	var w strings.Builder
+	inWord := false
+	var quote byte
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case quote != 0 && c == quote:
+			quote = 0
+		case quote != 0:
+			w.WriteByte(c)
+		case c == '\'' || c == '"':
+			quote, inWord = c, true
+		case c == ' ' || c == '\t':
+			if inWord {
+				words = append(words, w.String())
+				w.Reset()
+				inWord = false
+			}
+		case c == '#' && !inWord:
+			i = len(line)
+		case c == '$' || c == '`' || c == '\\' || c == ';' || c == '&' || c == '|':
+			return nil, fmt.Errorf("%q: only plain words and quotes are understood here", line)
+		default:
+			w.WriteByte(c)
+			inWord = true
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("%q: unclosed quote", line)
+	}
+	if inWord {
+		words = append(words, w.String())
+	}
+	return words, nil
+}
+
+// TestDocsPostgresVersions checks the table of supported PostgreSQL
+// versions against what CI runs, so that the two cannot drift: .ci/run's
+// make test PG=N names the default version, and its make test-matrix the
+// others (the Makefile's PG_VERSIONS and MATRIX_PACKAGES, unless the call
+// sets them). The table has one row per version CI runs and no other;
+// each cell names the target that runs its version, and a version is
+// claimed as a warehouse, or as a source, only if the matrix runs the
+// suites that show it. The section quotes the matrix's command as CI
+// runs it.
+func TestDocsPostgresVersions(t *testing.T) {
+	root := repoRoot(t)
+	defaults := map[string]string{}
+	for _, l := range readLines(t, root, "Makefile") {
+		if m := makeDefaultRe.FindStringSubmatch(l); m != nil {
+			defaults[m[1]] = m[2]
+		}
+	}
+	var dflt string
+	var matrix *makeCall
+	for _, c := range ciMakeCalls(t, root) {
+		switch c.target {
+		case "test":
+			if c.vars["PG"] == "" {
+				t.Errorf(".ci/run:%d: %s: CI's make test must name the default version (PG=N) that the table states", c.line, c.text)
+			}
+			dflt = c.vars["PG"]
+		case "test-matrix":
+			if matrix != nil {
+				t.Errorf(".ci/run:%d: a second make test-matrix", c.line)
+			}
+			matrix = &c
+		}
+	}
+	if dflt == "" || matrix == nil {
+		t.Fatalf(".ci/run runs no make test PG=N or no make test-matrix: the table of %s has nothing to be checked against", versionsDoc)
+	}
+	setting := func(name string) []string {
+		if v, ok := matrix.vars[name]; ok {
+			return strings.Fields(v)
+		}
+		v, ok := defaults[name]
+		if !ok {
+			t.Fatalf("Makefile: no default for %s (%s ?= ...)", name, name)
+		}
+		return strings.Fields(v)
+	}
+	matrixVersions, packages := setting("PG_VERSIONS"), setting("MATRIX_PACKAGES")
+	if slices.Contains(matrixVersions, dflt) {
+		t.Errorf("PostgreSQL %s is both the default (make test) and in the matrix: run it once", dflt)
+	}
+	ran := map[string]string{dflt: "make test"}
+	for _, v := range matrixVersions {
+		ran[v] = "make test-matrix"
+	}
+
+	d := parseMarkdown(t, root, versionsDoc)
+	var table *mdTable
+	for i := range d.tables {
+		if d.tables[i].heading == versionsHeading {
+			table = &d.tables[i]
+		}
+	}
+	if table == nil {
+		t.Fatalf("%s: no table under the heading %q", versionsDoc, versionsHeading)
+	}
+	header := []string{"Version", "As a warehouse", "As a CDC or poll source", "Notes"}
+	if !slices.Equal(table.header, header) {
+		t.Fatalf("%s:%d: the table's columns are %q, want %q", versionsDoc, table.line, table.header, header)
+	}
+	listed := map[string]bool{}
+	for _, r := range table.rows {
+		v := cellAt(r.cells, 0)
+		listed[v] = true
+		target, ok := ran[v]
+		if !ok {
+			t.Errorf("%s:%d: PostgreSQL %q is in the table, but CI runs no test on it (.ci/run, Makefile PG_VERSIONS)", versionsDoc, r.line, v)
+			continue
+		}
+		for col := 1; col <= 2; col++ {
+			cell := cellAt(r.cells, col)
+			if !strings.Contains(cell, "`"+target+"`") {
+				t.Errorf("%s:%d: PostgreSQL %s, %s: %q does not name `%s`, which is what CI runs on it", versionsDoc, r.line, v, header[col], cell, target)
+			}
+			if target != "make test-matrix" {
+				continue
+			}
+			for _, p := range versionSuites[header[col]] {
+				if !slices.Contains(packages, p) {
+					t.Errorf("%s:%d: PostgreSQL %s is claimed %s, but make test-matrix as CI runs it does not test %s", versionsDoc, r.line, v, strings.TrimPrefix(header[col], "As "), p)
+				}
+			}
+		}
+	}
+	for _, v := range slices.Sorted(maps.Keys(ran)) {
+		if !listed[v] {
+			t.Errorf("%s: CI runs %s on PostgreSQL %s, which the table of supported versions does not list", versionsDoc, ran[v], v)
+		}
+	}
+	quoted := false
+	for _, s := range d.spans {
+		quoted = quoted || (s.h2 == versionsHeading && s.text == matrix.text)
+	}
+	if !quoted {
+		t.Errorf("%s: the section %q does not quote the matrix as CI runs it: `%s` (.ci/run:%d)", versionsDoc, versionsHeading, matrix.text, matrix.line)
+	}
+}

@@ -116,8 +116,9 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	return nil, lastErr
 }
 
-// FindBinDir locates the directory holding initdb and postgres: PATH first,
-// then the newest /usr/lib/postgresql/*/bin, then TIDEMARK_PG_BIN.
+// FindBinDir locates the directory holding initdb and postgres:
+// TIDEMARK_PG_BIN when set (make test PG=17 sets it), else initdb on PATH,
+// else the newest /usr/lib/postgresql/*/bin.
 func FindBinDir() (string, error) {
 	if dir := os.Getenv("TIDEMARK_PG_BIN"); dir != "" {
 		if _, err := os.Stat(filepath.Join(dir, "initdb")); err != nil {
