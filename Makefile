@@ -40,22 +40,18 @@ test:
 test-short:
 	$(GO) test -short -timeout 10m ./...
 
-## test-matrix: the suites whose behaviour depends on the server, on PostgreSQL 14, 16, 17 and 18, one version at a time
+## test-matrix: the suites whose behaviour depends on the server, on PostgreSQL 14, 16, 17 and 18
 # The supported-versions table of docs/design.md names these versions (a
 # test checks it). Citus is tested on the default version only (test-citus):
-# the matrix does not require it. CI runs MATRIX_FLAGS=-short (smaller
-# workloads, no race detector); the measured cost is in docs/benchmarks.md.
+# the matrix does not require it. .ci/matrix runs MATRIX_JOBS versions at a
+# time; CI runs MATRIX_FLAGS="-short -p 4" MATRIX_JOBS=2 (smaller workloads,
+# no race detector); the measured cost is in docs/benchmarks.md.
 PG_VERSIONS     ?= 14 16 17 18
 MATRIX_PACKAGES ?= ./cdc/ ./mirror/ ./ingest/poll/ ./ingest/kafka/ ./raw/ ./reconcile/ ./aggregate/ ./migrate/ ./grants/ ./retention/ ./backfill/ ./lateness/ ./service/ ./internal/copytext/ ./internal/pgjson/ ./internal/pgerr/ ./internal/pgconnect/
 MATRIX_FLAGS    ?= -race
+MATRIX_JOBS     ?= 1
 test-matrix:
-	@set -e; for v in $(PG_VERSIONS); do \
-		bin=$$(.ci/pgbin $$v); \
-		echo "test-matrix: PostgreSQL $$v ($$bin)"; \
-		start=$$(date +%s); \
-		TIDEMARK_PG_BIN=$$bin TIDEMARK_REQUIRE_CITUS= $(GO) test -count=1 -timeout 30m $(MATRIX_FLAGS) $(MATRIX_PACKAGES); \
-		echo "test-matrix: PostgreSQL $$v passed in $$(( $$(date +%s) - start ))s"; \
-	done
+	GO="$(GO)" MATRIX_PACKAGES="$(MATRIX_PACKAGES)" MATRIX_FLAGS="$(MATRIX_FLAGS)" MATRIX_JOBS="$(MATRIX_JOBS)" .ci/matrix $(PG_VERSIONS)
 
 ## pg-install: the server binaries of every PG_VERSIONS version, installed if missing (.ci/pgbin)
 pg-install:
