@@ -33,7 +33,8 @@ const (
 	standbySlotSQL = `
 SELECT s.synced, coalesce(s.confirmed_flush_lsn::text, ''), coalesce(s.invalidation_reason, ''),
        coalesce(pg_last_wal_replay_lsn()::text, ''), pg_is_in_recovery(),
-       current_setting('sync_replication_slots'), current_setting('hot_standby_feedback')
+       current_setting('sync_replication_slots'), current_setting('hot_standby_feedback'),
+       current_setting('synchronized_standby_slots')
 FROM (SELECT 1) AS one
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1`
 )
@@ -164,6 +165,10 @@ type StandbySlot struct {
 	// SyncSlots and HotStandbyFeedback are its sync_replication_slots
 	// and hot_standby_feedback.
 	SyncSlots, HotStandbyFeedback bool
+	// StandbySlots is its synchronized_standby_slots: a copy of the
+	// primary's makes every logical decoding on it wait, once promoted,
+	// for slots it does not have.
+	StandbySlots string
 }
 
 // CheckStandby reads, on conn (a connection to a standby of the source,
@@ -175,7 +180,7 @@ func CheckStandby(ctx context.Context, conn *pgx.Conn, slot string) (StandbySlot
 		confirmed, replayed string
 		sync, feedback      string
 	)
-	err := conn.QueryRow(ctx, standbySlotSQL, slot).Scan(&synced, &confirmed, &st.Invalidated, &replayed, &st.InRecovery, &sync, &feedback)
+	err := conn.QueryRow(ctx, standbySlotSQL, slot).Scan(&synced, &confirmed, &st.Invalidated, &replayed, &st.InRecovery, &sync, &feedback, &st.StandbySlots)
 	if err != nil {
 		return st, fmt.Errorf("read the standby's copy of slot %s (a standby of PostgreSQL 17 or later): %w", slot, err)
 	}

@@ -147,6 +147,10 @@ func failoverNotes(c *config.CDCSource, in Inspection) []string {
 		case st.Invalidated != "":
 			add("the standby's copy of slot %s is invalidated (%s)", c.Slot, st.Invalidated)
 		}
+		if st.InRecovery && st.StandbySlots != "" {
+			add("the standby's synchronized_standby_slots is %q (a copy of the primary's?): once it is promoted, every logical decoding there waits for those slots; "+
+				"set it to '' on the standby, or to the slots of its own standbys", st.StandbySlots)
+		}
 	}
 	return notes
 }

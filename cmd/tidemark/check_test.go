@@ -36,14 +36,18 @@ func TestCheck(t *testing.T) {
 	standby := ""
 	want := []string{"source shop", "slot tidemark_shop: does not exist", "has no failover slots", "  ok"}
 	if version >= 170000 {
-		sb := pgtest.NewStandby(t, primary, pgserver.StandbyOptions{Settings: map[string]string{"sync_replication_slots": "on"}})
+		// The standby keeps a synchronized_standby_slots, as a copy of
+		// the primary's configuration would.
+		sb := pgtest.NewStandby(t, primary, pgserver.StandbyOptions{Settings: map[string]string{"sync_replication_slots": "on",
+			"synchronized_standby_slots": "standby9"}})
 		// A failover slot, as the reader makes it, of no standby yet.
 		if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('tidemark_shop', 'pgoutput', false, false, true)`); err != nil {
 			t.Fatal(err)
 		}
 		standby = fmt.Sprintf("      standby_dsn: %q\n", sb.URL("postgres"))
 		want = []string{"source shop", "primary", "slot tidemark_shop: failover slot", "synchronized_standby_slots: (not set)",
-			"failover: synchronized_standby_slots is not set", "standby: ", "  ok"}
+			"failover: synchronized_standby_slots is not set", "standby: ",
+			`failover: the standby's synchronized_standby_slots is "standby9"`, "  ok"}
 	}
 	cfg := writeFile(t, "tidemark.yaml", fmt.Sprintf(`
 warehouse: {dsn: %q}
