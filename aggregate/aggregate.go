@@ -13,6 +13,8 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/citus"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 // Beyond-horizon policies.
@@ -107,7 +109,7 @@ func RawOf(name string, src *config.Source) Raw {
 		rs, rt := config.SplitTable(t.Name)
 		return Raw{Table: pgx.Identifier{rs, rt}, EventTime: t.EventTime, IngestedAt: t.IngestedAt, Key: t.Key}
 	}
-	return Raw{Table: pgx.Identifier{"raw", name}, EventTime: "event_time", IngestedAt: "ingested_at",
+	return Raw{Table: raw.TableName(name), EventTime: "event_time", IngestedAt: "ingested_at",
 		Key: []string{"event_id", "event_time"}, Ledger: true}
 }
 
@@ -118,13 +120,11 @@ func (d *Definition) Of(t time.Time) Partition { return d.Calendar.Of(t) }
 // lateness horizon.
 func (d *Definition) HorizonEnd(p Partition) time.Time { return p.End.Add(d.Horizon) }
 
-func quote(col string) string { return pgx.Identifier{col}.Sanitize() }
-
 // eventsSQL is the table expression {{events}} stands for: the raw rows of
 // p with the horizon policy applied. It uses stored columns only, so every
 // rebuild of p, incremental or backfill, reads the same rows.
 func (d *Definition) eventsSQL(p Partition) string {
-	et, ia := quote(d.EventTime), quote(d.IngestedAt)
+	et, ia := pgquote.Ident(d.EventTime), pgquote.Ident(d.IngestedAt)
 	raw := d.Raw.Sanitize()
 	q := fmt.Sprintf("SELECT * FROM %s WHERE %s >= %s AND %s < %s", raw, et, timeLiteral(p.Start), et, timeLiteral(p.End))
 	if d.Policy == RebuildAnyway {
@@ -231,7 +231,7 @@ func Rebuild(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, now tim
 	if err := d.AwaitWorkers(ctx, tx); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: %w", d.Name, p, err)
 	}
-	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
+	target, col, key := d.Target.Sanitize(), pgquote.Ident(d.Column), p.keyLiteral()
 	if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE %s = %s", target, col, key)); err != nil {
 		return Result{}, fmt.Errorf("rebuild %s %s: delete: %w", d.Name, p, err)
 	}
@@ -272,10 +272,10 @@ func (d *Definition) AwaitWorkers(ctx context.Context, tx pgx.Tx) error {
 // insertSQL is the statement of a rebuild that inserts p's rows into the
 // aggregate table and counts them, and those outside p.
 func (d *Definition) insertSQL(p Partition) string {
-	target, col, key := d.Target.Sanitize(), quote(d.Column), p.keyLiteral()
+	target, col, key := d.Target.Sanitize(), pgquote.Ident(d.Column), p.keyLiteral()
 	cols := make([]string, len(d.columns))
 	for i, c := range d.columns {
-		cols[i] = quote(c)
+		cols[i] = pgquote.Ident(c)
 	}
 	return fmt.Sprintf("WITH ins AS (INSERT INTO %s (%s) %s RETURNING %s) "+
 		"SELECT count(*), count(*) FILTER (WHERE %s IS DISTINCT FROM %s) FROM ins",
@@ -410,7 +410,7 @@ func BuildShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, opt
 	}
 	shadow, list := d.ShadowName().Sanitize(), d.columnList()
 	steps := []string{
-		fmt.Sprintf("DELETE FROM %s WHERE %s = %s", shadow, quote(d.Column), p.keyLiteral()),
+		fmt.Sprintf("DELETE FROM %s WHERE %s = %s", shadow, pgquote.Ident(d.Column), p.keyLiteral()),
 		fmt.Sprintf("INSERT INTO %s (%s) %s", shadow, list, d.query(p)),
 	}
 	for _, sql := range steps {
@@ -442,7 +442,7 @@ func CreateShadow(ctx context.Context, db Execer, d *Definition) error {
 func (d *Definition) columnList() string {
 	cols := make([]string, len(d.columns))
 	for i, c := range d.columns {
-		cols[i] = quote(c)
+		cols[i] = pgquote.Ident(c)
 	}
 	return strings.Join(cols, ", ")
 }
@@ -451,7 +451,7 @@ func (d *Definition) columnList() string {
 // in fresh, a table with the query's columns.
 func (d *Definition) compare(ctx context.Context, tx pgx.Tx, p Partition, fresh string) (Comparison, error) {
 	var c Comparison
-	target, col, key, list := d.Target.Sanitize(), quote(d.Column), p.keyLiteral(), d.columnList()
+	target, col, key, list := d.Target.Sanitize(), pgquote.Ident(d.Column), p.keyLiteral(), d.columnList()
 	rows, err := tx.Query(ctx, numericColumnsSQL, target)
 	if err != nil {
 		return c, fmt.Errorf("compare %s %s: %w", d.Name, p, err)
@@ -467,7 +467,7 @@ func (d *Definition) compare(ctx context.Context, tx pgx.Tx, p Partition, fresh 
 		}
 		c.Totals = append(c.Totals, Total{Column: n})
 		sums = append(sums, fmt.Sprintf(", coalesce((SELECT sum(%[1]s)::text FROM %[2]s WHERE %[3]s = %[4]s), '-')"+
-			", coalesce((SELECT sum(%[1]s)::text FROM %[5]s WHERE %[3]s = %[4]s), '-')", quote(n), target, col, key, fresh))
+			", coalesce((SELECT sum(%[1]s)::text FROM %[5]s WHERE %[3]s = %[4]s), '-')", pgquote.Ident(n), target, col, key, fresh))
 	}
 	sql := fmt.Sprintf(`SELECT
     (SELECT count(*) FROM %[2]s WHERE %[3]s = %[4]s),

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // An event that no rebuild of its partition counts is recorded in
@@ -55,7 +57,7 @@ ON CONFLICT (aggregate, partition_start) DO UPDATE SET queued_at = q.queued_at`
 func (d *Definition) eventKey() string {
 	parts := make([]string, len(d.EventKey))
 	for i, k := range d.EventKey {
-		parts[i] = "e." + quote(k) + "::text"
+		parts[i] = "e." + pgquote.Ident(k) + "::text"
 	}
 	return "concat_ws('|', " + strings.Join(parts, ", ") + ")"
 }
@@ -81,7 +83,7 @@ func RecordBeyond(ctx context.Context, tx pgx.Tx, d *Definition, p, arrival Part
 	if r.Archived {
 		after = "-infinity"
 	}
-	sql := fmt.Sprintf(recordBeyondSQL, d.Raw.Sanitize(), d.eventKey(), quote(d.EventTime), quote(d.IngestedAt), r.Filter)
+	sql := fmt.Sprintf(recordBeyondSQL, d.Raw.Sanitize(), d.eventKey(), pgquote.Ident(d.EventTime), pgquote.Ident(d.IngestedAt), r.Filter)
 	tag, err := tx.Exec(ctx, sql, d.Name, d.Policy, p.Start, arrival.Start, now, p.End, after, r.Archived)
 	if err != nil {
 		return 0, fmt.Errorf("record events of %s %s in tidemark.corrections: %w", d.Name, p, err)
@@ -97,7 +99,7 @@ func RecordBeyondByArrival(ctx context.Context, tx pgx.Tx, d *Definition, p Part
 	if r.Archived {
 		after = "-infinity"
 	}
-	rows, err := tx.Query(ctx, fmt.Sprintf(arrivalsSQL, quote(d.IngestedAt), d.Raw.Sanitize(), quote(d.EventTime), r.Filter), p.Start, p.End, after)
+	rows, err := tx.Query(ctx, fmt.Sprintf(arrivalsSQL, pgquote.Ident(d.IngestedAt), d.Raw.Sanitize(), pgquote.Ident(d.EventTime), r.Filter), p.Start, p.End, after)
 	if err != nil {
 		return 0, nil, fmt.Errorf("read the arrivals of events of %s %s: %w", d.Name, p, err)
 	}
@@ -118,7 +120,7 @@ func RecordBeyondByArrival(ctx context.Context, tx pgx.Tx, d *Definition, p Part
 	for _, start := range order {
 		a := arrivals[start]
 		in := r
-		in.Filter = fmt.Sprintf("(%s) AND e.%s >= %s AND e.%s < %s", r.Filter, quote(d.IngestedAt), timeLiteral(a.Start), quote(d.IngestedAt), timeLiteral(a.End))
+		in.Filter = fmt.Sprintf("(%s) AND e.%s >= %s AND e.%s < %s", r.Filter, pgquote.Ident(d.IngestedAt), timeLiteral(a.Start), pgquote.Ident(d.IngestedAt), timeLiteral(a.End))
 		n, err := RecordBeyond(ctx, tx, d, p, a, in, now)
 		if err != nil {
 			return total, got, err
@@ -160,10 +162,10 @@ func recordExcluded(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, 
 		if !through.Valid || through.InfinityModifier != pgtype.Finite {
 			return 0, nil
 		}
-		filter = fmt.Sprintf("e.%s <= %s", quote(d.IngestedAt), timeLiteral(through.Time))
+		filter = fmt.Sprintf("e.%s <= %s", pgquote.Ident(d.IngestedAt), timeLiteral(through.Time))
 	}
 	if d.CorrectionsKept > 0 {
-		filter += fmt.Sprintf(" AND e.%s > %s", quote(d.IngestedAt), timeLiteral(now.Add(-d.CorrectionsKept)))
+		filter += fmt.Sprintf(" AND e.%s > %s", pgquote.Ident(d.IngestedAt), timeLiteral(now.Add(-d.CorrectionsKept)))
 	}
 	n, arrivals, err := RecordBeyondByArrival(ctx, tx, d, p, Recording{Filter: filter}, now)
 	if err != nil || d.Policy != Arrival {

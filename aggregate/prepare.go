@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // targetColumnsSQL lists the columns of a table (none when it is missing).
@@ -195,7 +196,7 @@ func targetColumns(ctx context.Context, tx pgx.Tx, target pgx.Identifier) (map[s
 func createTarget(ctx context.Context, tx pgx.Tx, d *Definition, cols []column) error {
 	defs := make([]string, len(cols))
 	for i, c := range cols {
-		defs[i] = quote(c.name) + " " + c.typeName
+		defs[i] = pgquote.Ident(c.name) + " " + c.typeName
 		if c.name == d.Column {
 			defs[i] += " NOT NULL"
 		}
@@ -207,7 +208,7 @@ func createTarget(ctx context.Context, tx pgx.Tx, d *Definition, cols []column) 
 		return fmt.Errorf("aggregates.%s.table: %w", d.Name, err)
 	}
 	if !schemaExists {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+quote(d.Target[0])); err != nil {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgquote.Ident(d.Target[0])); err != nil {
 			return fmt.Errorf("aggregates.%s.table: %w", d.Name, err)
 		}
 	}
@@ -215,8 +216,8 @@ func createTarget(ctx context.Context, tx pgx.Tx, d *Definition, cols []column) 
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("aggregates.%s.table: create %s: %w", d.Name, d.Target.Sanitize(), err)
 	}
-	idx := pgx.Identifier{derivedName(d.Target[1], "_"+d.Column)}.Sanitize()
-	if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE INDEX %s ON %s (%s)", idx, d.Target.Sanitize(), quote(d.Column))); err != nil {
+	idx := pgquote.Ident(derivedName(d.Target[1], "_"+d.Column))
+	if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE INDEX %s ON %s (%s)", idx, d.Target.Sanitize(), pgquote.Ident(d.Column))); err != nil {
 		return fmt.Errorf("aggregates.%s.table: index %s: %w", d.Name, d.Column, err)
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // PublishShadow replaces partition p of the aggregate table with the
@@ -25,7 +27,7 @@ func PublishShadow(ctx context.Context, tx pgx.Tx, d *Definition, p Partition, w
 	if err != nil {
 		return Result{}, err
 	}
-	target, shadow, col, key, list := d.Target.Sanitize(), d.ShadowName().Sanitize(), quote(d.Column), p.keyLiteral(), d.columnList()
+	target, shadow, col, key, list := d.Target.Sanitize(), d.ShadowName().Sanitize(), pgquote.Ident(d.Column), p.keyLiteral(), d.columnList()
 	if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE %s = %s", target, col, key)); err != nil {
 		return Result{}, fmt.Errorf("publish %s %s: %w", d.Name, p, err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
@@ -123,7 +124,7 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition, r 
 // rows from then on.
 func FullRange(ctx context.Context, pool *pgxpool.Pool, d *aggregate.Definition) (r Range, ok bool, err error) {
 	var lo, hi, arrived *time.Time
-	et, ia := pgx.Identifier{d.EventTime}.Sanitize(), pgx.Identifier{d.IngestedAt}.Sanitize()
+	et, ia := pgquote.Ident(d.EventTime), pgquote.Ident(d.IngestedAt)
 	sql := fmt.Sprintf("SELECT min(%s), max(%s), max(%s) FROM %s", et, et, ia, d.Raw.Sanitize())
 	if err := pool.QueryRow(ctx, sql).Scan(&lo, &hi, &arrived); err != nil {
 		return Range{}, false, fmt.Errorf("refresh %s: range of %s: %w", d.Name, d.Raw.Sanitize(), err)

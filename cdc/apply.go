@@ -20,6 +20,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -591,7 +592,7 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 	}
 	if last.op == opTruncate && a.truncate {
 		m := last.table.mirror
-		q := fmt.Sprintf(truncateFlagSQL, m.Target.Sanitize(), quote(m.DeletedColumn))
+		q := fmt.Sprintf(truncateFlagSQL, m.Target.Sanitize(), pgquote.Ident(m.DeletedColumn))
 		args := []any{last.commitTime}
 		if m.Hard {
 			q, args = fmt.Sprintf(truncateRemoveSQL, m.Target.Sanitize()), nil
@@ -883,7 +884,7 @@ func newStageRows(t *table) *stageRows {
 	var from, cols []string
 	for _, k := range t.mirror.Key {
 		c, _ := t.mirror.Column(k)
-		from = append(from, quote("tidemark from "+k)+" "+c.Type)
+		from = append(from, pgquote.Ident("tidemark from "+k)+" "+c.Type)
 		fmt.Fprintf(h, "%s\x00%s\x00", k, c.Type)
 	}
 	for _, c := range t.columns {
@@ -891,10 +892,10 @@ func newStageRows(t *table) *stageRows {
 		if mc, ok := t.mirror.Column(c.name); ok {
 			typ = mc.Type
 		}
-		cols = append(cols, quote(c.name)+" "+typ)
+		cols = append(cols, pgquote.Ident(c.name)+" "+typ)
 		fmt.Fprintf(h, "%s\x00%s\x00", c.name, typ)
 	}
-	name := pgx.Identifier{"pg_temp", fmt.Sprintf("tidemark_cdc_%016x", h.Sum64())}.Sanitize()
+	name := pgquote.Ident("pg_temp", fmt.Sprintf("tidemark_cdc_%016x", h.Sum64()))
 	return &stageRows{t: t, name: name, w: copytext.New(),
 		ddl: fmt.Sprintf(createStageSQL, name, strings.Join(from, ", "), strings.Join(cols, ", "))}
 }
@@ -1040,12 +1041,12 @@ func (a *applier) applyUpserts(ctx context.Context, g *group, st *stageRows) (st
 	target := m.Target.Sanitize()
 	var match, fromMatch, sets, cols, vals []string
 	for _, k := range m.Key {
-		match = append(match, fmt.Sprintf("t.%[1]s = s.%[1]s", quote(k)))
-		fromMatch = append(fromMatch, fmt.Sprintf("o.%s = s.%s", quote(k), quote("tidemark from "+k)))
+		match = append(match, fmt.Sprintf("t.%[1]s = s.%[1]s", pgquote.Ident(k)))
+		fromMatch = append(fromMatch, fmt.Sprintf("o.%s = s.%s", pgquote.Ident(k), pgquote.Ident("tidemark from "+k)))
 	}
-	oldFound := fmt.Sprintf("o.%s IS NOT NULL", quote(m.Key[0]))
+	oldFound := fmt.Sprintf("o.%s IS NOT NULL", pgquote.Ident(m.Key[0]))
 	for _, c := range st.t.columns {
-		q := quote(c.name)
+		q := pgquote.Ident(c.name)
 		cols = append(cols, q)
 		switch {
 		case slices.Contains(m.Key, c.name):
@@ -1057,7 +1058,7 @@ func (a *applier) applyUpserts(ctx context.Context, g *group, st *stageRows) (st
 			sets = append(sets, fmt.Sprintf("%[1]s = s.%[1]s", q))
 			vals = append(vals, "s."+q)
 		default:
-			absent := fmt.Sprintf(`%s = ANY(s."tidemark absent")`, literal(c.name))
+			absent := fmt.Sprintf(`%s = ANY(s."tidemark absent")`, pgquote.Literal(c.name))
 			if st.renamed {
 				// An unsent value of a row whose key changed is the old
 				// key's, even when the new key has a (flagged) row.
@@ -1069,32 +1070,32 @@ func (a *applier) applyUpserts(ctx context.Context, g *group, st *stageRows) (st
 			}
 		}
 	}
-	sets = append(sets, quote(m.LoadedColumn)+" = $1", quote(m.DeletedColumn)+" = NULL")
+	sets = append(sets, pgquote.Ident(m.LoadedColumn)+" = $1", pgquote.Ident(m.DeletedColumn)+" = NULL")
 	join := ""
 	if st.renamed {
 		join = fmt.Sprintf("LEFT JOIN %s AS o ON %s", target, strings.Join(fromMatch, " AND "))
 	}
 	keyMatch := strings.Join(match, " AND ")
-	loadedDeleted := quote(m.LoadedColumn) + ", " + quote(m.DeletedColumn)
+	loadedDeleted := pgquote.Ident(m.LoadedColumn) + ", " + pgquote.Ident(m.DeletedColumn)
 	switch {
 	case st.upserts == 0:
 	case !st.absent:
 		var excluded []string
 		for _, c := range st.t.columns {
 			if !slices.Contains(m.Key, c.name) {
-				excluded = append(excluded, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(c.name)))
+				excluded = append(excluded, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", pgquote.Ident(c.name)))
 			}
 		}
-		excluded = append(excluded, quote(m.LoadedColumn)+" = EXCLUDED."+quote(m.LoadedColumn), quote(m.DeletedColumn)+" = NULL")
+		excluded = append(excluded, pgquote.Ident(m.LoadedColumn)+" = EXCLUDED."+pgquote.Ident(m.LoadedColumn), pgquote.Ident(m.DeletedColumn)+" = NULL")
 		if _, err := g.tx.Exec(ctx, fmt.Sprintf(upsertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "),
-			mirror.QuoteAll(m.Key), strings.Join(excluded, ", "), loadedDeleted), g.ingestedAt); err != nil {
+			pgquote.Idents(m.Key), strings.Join(excluded, ", "), loadedDeleted), g.ingestedAt); err != nil {
 			return "", fmt.Errorf("upsert into %s: %w", target, err)
 		}
 	default:
 		if _, err := g.tx.Exec(ctx, fmt.Sprintf(updateMirrorSQL, target, st.name, strings.Join(sets, ", "), keyMatch, join), g.ingestedAt); err != nil {
 			return "", fmt.Errorf("update %s: %w", target, err)
 		}
-		if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), mirror.QuoteAll(m.Key),
+		if _, err := g.tx.Exec(ctx, fmt.Sprintf(insertMirrorSQL, target, st.name, strings.Join(cols, ", "), strings.Join(vals, ", "), pgquote.Idents(m.Key),
 			loadedDeleted, join), g.ingestedAt); err != nil {
 			return "", fmt.Errorf("insert into %s: %w", target, err)
 		}
@@ -1140,7 +1141,7 @@ func (a *applier) insertFresh(ctx context.Context, g *group, st *stageRows) (boo
 	defer w.Release()
 	cols := make([]string, len(st.t.columns))
 	for i, c := range st.t.columns {
-		cols[i] = quote(c.name)
+		cols[i] = pgquote.Ident(c.name)
 	}
 	for _, s := range st.fresh {
 		for _, c := range st.t.columns {
@@ -1151,7 +1152,7 @@ func (a *applier) insertFresh(ctx context.Context, g *group, st *stageRows) (boo
 		w.End()
 	}
 	_, err := g.tx.Conn().PgConn().CopyFrom(ctx, w.Data(),
-		fmt.Sprintf(copyFreshSQL, target, strings.Join(cols, ", "), quote(m.LoadedColumn)+", "+quote(m.DeletedColumn)))
+		fmt.Sprintf(copyFreshSQL, target, strings.Join(cols, ", "), pgquote.Ident(m.LoadedColumn)+", "+pgquote.Ident(m.DeletedColumn)))
 	if err == nil {
 		return true, nil
 	}
@@ -1174,7 +1175,7 @@ func (a *applier) insertFresh(ctx context.Context, g *group, st *stageRows) (boo
 func (a *applier) applyDeletes(ctx context.Context, g *group, st *stageRows, keyMatch string) error {
 	m := st.t.mirror
 	target := m.Target.Sanitize()
-	del := fmt.Sprintf(flagMirrorSQL, target, st.name, quote(m.DeletedColumn), keyMatch)
+	del := fmt.Sprintf(flagMirrorSQL, target, st.name, pgquote.Ident(m.DeletedColumn), keyMatch)
 	if m.Hard {
 		del = fmt.Sprintf(removeMirrorSQL, target, st.name, "", keyMatch)
 	}
@@ -1220,7 +1221,3 @@ func (a *applier) close(ctx context.Context) {
 		a.ddl = nil
 	}
 }
-
-func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
-
-func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

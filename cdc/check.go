@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // ErrSetup means the source database or its slot cannot be used as configured; the message says what to fix.
@@ -253,7 +255,7 @@ func (c *checker) checkRole(ctx context.Context) error {
 	c.role = role
 	if !replication && !superuser {
 		c.problem("%s: role %s may not replicate: as a superuser, run ALTER ROLE %s REPLICATION",
-			c.key("dsn"), role, pgx.Identifier{role}.Sanitize())
+			c.key("dsn"), role, pgquote.Ident(role))
 	}
 	return nil
 }
@@ -267,7 +269,7 @@ func (c *checker) checkTables(ctx context.Context) error {
 			continue
 		}
 		display := schema + "." + name
-		quoted := pgx.Identifier{schema, name}.Sanitize()
+		quoted := pgquote.Ident(schema, name)
 		var (
 			kind, identity          string
 			hasPK, hasIdentityIndex bool
@@ -290,7 +292,7 @@ func (c *checker) checkTables(ctx context.Context) error {
 		c.tables = append(c.tables, checkedTable{schema: schema, name: name, kind: kind})
 		if !canSelect {
 			c.problem("%s: role %s may not read table %s, which the snapshot needs: GRANT SELECT ON %s TO %s",
-				key, c.role, display, quoted, pgx.Identifier{c.role}.Sanitize())
+				key, c.role, display, quoted, pgquote.Ident(c.role))
 		}
 		switch identity {
 		case identityFull:
@@ -443,13 +445,13 @@ func (c *checker) checkPublication(ctx context.Context) error {
 			continue
 		}
 		missing = append(missing, t.schema+"."+t.name)
-		quoted = append(quoted, pgx.Identifier{t.schema, t.name}.Sanitize())
+		quoted = append(quoted, pgquote.Ident(t.schema, t.name))
 		partitioned = partitioned || t.kind == relkindPartitioned
 	}
 	if len(missing) == 0 {
 		return nil
 	}
-	pub := pgx.Identifier{c.spec.Publication}.Sanitize()
+	pub := pgquote.Ident(c.spec.Publication)
 	if allTables {
 		fix := "ALTER PUBLICATION " + pub + " SET (publish_via_partition_root = true)"
 		if !partitioned {

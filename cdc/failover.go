@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // A failover slot (PostgreSQL 17 and later) is copied by the standbys that
@@ -95,7 +96,7 @@ func createSlotSQL(slot, snapshot string, failover bool) string {
 	if failover {
 		opts = append(opts, "FAILOVER true")
 	}
-	return fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (%s)", pgx.Identifier{slot}.Sanitize(), strings.Join(opts, ", "))
+	return fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (%s)", pgquote.Ident(slot), strings.Join(opts, ", "))
 }
 
 // sendCreateSlot runs CREATE_REPLICATION_SLOT on the replication
@@ -120,7 +121,7 @@ func sendCreateSlot(ctx context.Context, repl *pgconn.PgConn, slot string, expor
 // alterSlotFailoverSQL makes a slot a failover slot (PostgreSQL 17 and
 // later), a replication command pglogrepl does not have.
 func alterSlotFailoverSQL(slot string) string {
-	return fmt.Sprintf("ALTER_REPLICATION_SLOT %s (FAILOVER true)", pgx.Identifier{slot}.Sanitize())
+	return fmt.Sprintf("ALTER_REPLICATION_SLOT %s (FAILOVER true)", pgquote.Ident(slot))
 }
 
 // makeFailover makes the existing slot a failover slot when it is to be

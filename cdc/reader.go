@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -371,7 +372,7 @@ func (r *Reader) createPublicationStatement() string {
 	for _, t := range r.specs {
 		names = append(names, t.Sanitize())
 	}
-	return fmt.Sprintf(createPublicationSQL, pgx.Identifier{r.src.CDC.Publication}.Sanitize(), strings.Join(names, ", "))
+	return fmt.Sprintf(createPublicationSQL, pgquote.Ident(r.src.CDC.Publication), strings.Join(names, ", "))
 }
 
 // prepareRaw creates or extends the source's raw change table and reports

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -235,7 +236,7 @@ func importSnapshot(ctx context.Context, src *pgx.Conn, name string, step time.D
 	if err != nil {
 		return nil, fmt.Errorf("begin the snapshot's transaction: %w", err)
 	}
-	if _, err := tx.Exec(ictx, "SET TRANSACTION SNAPSHOT "+literal(name)); err != nil {
+	if _, err := tx.Exec(ictx, "SET TRANSACTION SNAPSHOT "+pgquote.Literal(name)); err != nil {
 		pgconnect.Rollback(ictx, tx)
 		return nil, fmt.Errorf("use the slot's snapshot: %w", err)
 	}
@@ -310,7 +311,7 @@ func (r *Reader) copyChunk(ctx context.Context, src *pgx.Conn, c chunk, loaded s
 // watchdog wd of ctx.
 func (r *Reader) copyChunkOn(ctx context.Context, wd *pgconnect.Watchdog, wh *pgx.Conn, src *pgx.Conn, c chunk, loaded string) (int64, error) {
 	m := c.t.mirror
-	cols := mirror.QuoteAll(m.ColumnNames())
+	cols := pgquote.Idents(m.ColumnNames())
 	tx, err := wh.Begin(ctx)
 	if err != nil {
 		return 0, err
@@ -320,14 +321,14 @@ func (r *Reader) copyChunkOn(ctx context.Context, wd *pgconnect.Watchdog, wh *pg
 	out := bufio.NewWriterSize(&progressWriter{w: pw, wd: wd, every: r.step / 16}, copyPipeBuffer)
 	done := make(chan error, 1)
 	go func() {
-		_, err := src.PgConn().CopyTo(ctx, out, fmt.Sprintf(copyChunkSQL, cols, literal(loaded), c.id.Sanitize(), c.where))
+		_, err := src.PgConn().CopyTo(ctx, out, fmt.Sprintf(copyChunkSQL, cols, pgquote.Literal(loaded), c.id.Sanitize(), c.where))
 		if err == nil {
 			err = out.Flush()
 		}
 		pw.CloseWithError(err)
 		done <- err
 	}()
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s, %s) FROM STDIN", m.Target.Sanitize(), cols, quote(m.LoadedColumn)))
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s, %s) FROM STDIN", m.Target.Sanitize(), cols, pgquote.Ident(m.LoadedColumn)))
 	_ = pr.CloseWithError(err)
 	if serr := <-done; err == nil {
 		err = serr
@@ -365,8 +366,8 @@ func planChunks(ctx context.Context, tx pgx.Tx, t *table, id pgx.Identifier, chu
 		if !ok {
 			return nil, fmt.Errorf("key column %s is not in the mirror", k)
 		}
-		asText = append(asText, "t."+quote(k)+"::text")
-		quoted = append(quoted, quote(k))
+		asText = append(asText, "t."+pgquote.Ident(k)+"::text")
+		quoted = append(quoted, pgquote.Ident(k))
 		types = append(types, c.Type)
 	}
 	// About 32 sampled keys per chunk, and at least minSampleBlocks
@@ -401,7 +402,7 @@ func planChunks(ctx context.Context, tx pgx.Tx, t *table, id pgx.Identifier, chu
 	for i := 1; i < n; i++ {
 		var lits []string
 		for j, v := range sample[i*len(sample)/n] {
-			lits = append(lits, literal(v)+"::"+types[j])
+			lits = append(lits, pgquote.Literal(v)+"::"+types[j])
 		}
 		b := "(" + strings.Join(lits, ", ") + ")"
 		if len(bounds) == 0 || bounds[len(bounds)-1] != b {

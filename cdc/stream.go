@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // stream is one replication session: it decodes pgoutput messages, applies
@@ -69,7 +70,7 @@ type stream struct {
 // to lower case unless double-quoted: the name is quoted as the
 // identifier CREATE PUBLICATION was given, then as a literal.
 func pluginArgs(publication string) []string {
-	return []string{"proto_version '2'", "publication_names " + literal(quote(publication)), "streaming 'on'"}
+	return []string{"proto_version '2'", "publication_names " + pgquote.CommandLiteral(pgquote.Ident(publication)), "streaming 'on'"}
 }
 
 // slotBusyWait bounds how long a start waits for the slot to be released
@@ -543,7 +544,7 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 		if err != nil {
 			return err
 		}
-		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), quote(c.name), typ)
+		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), pgquote.Ident(c.name), typ)
 		if s.a.open() {
 			if err := s.a.settle(ctx); err != nil {
 				return err
@@ -598,7 +599,7 @@ func (s *stream) typesKept(ctx context.Context, t *table, cols []column) error {
 		if typ != m.Type {
 			return fmt.Errorf("%w: sources.%s: column %s of %s changed type at the source from %s to %s; "+
 				"alter the mirror's column to match (ALTER TABLE %s ALTER COLUMN %s TYPE %s) and start tidemark again",
-				ErrSetup, s.r.src.Name, c.name, t.name, m.Type, typ, t.mirror.Target.Sanitize(), quote(c.name), typ)
+				ErrSetup, s.r.src.Name, c.name, t.name, m.Type, typ, t.mirror.Target.Sanitize(), pgquote.Ident(c.name), typ)
 		}
 	}
 	return nil

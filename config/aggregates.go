@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -103,6 +104,14 @@ func ValidTableName(s string) bool {
 	return true
 }
 
+// reservedSchemas are the schemas tidemark writes itself: the raw tables'
+// (raw.Schema, which a test keeps in step) and its state's.
+var reservedSchemas = []string{"raw", "tidemark"}
+
+// ReservedSchema reports whether schema belongs to tidemark, so that no
+// mirror or aggregate may be written there.
+func ReservedSchema(schema string) bool { return slices.Contains(reservedSchemas, schema) }
+
 // SplitTable returns the schema (default public) and name of a table.
 func SplitTable(s string) (schema, name string) {
 	if i := strings.IndexByte(s, '.'); i >= 0 {
@@ -179,7 +188,7 @@ func (c *Config) validateAggregates(ix *index) {
 				ix.add(p+".table", "table %s is already the target of aggregate %s", full, other)
 			}
 			tables[full] = name
-			if schema == "raw" || schema == "tidemark" {
+			if ReservedSchema(schema) {
 				ix.add(p+".table", "schema %s belongs to tidemark; choose another", schema)
 			}
 			if strings.HasSuffix(tname, "__shadow") {

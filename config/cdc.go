@@ -120,7 +120,7 @@ func (cfg *Config) validateCDCSource(ix *index, p string, s *Source) {
 		ix.add(p+".mirror.table", "names one mirror but cdc.tables lists %d tables; use mirror.schema", len(c.Tables))
 	case m.Schema != "" && !identRe.MatchString(m.Schema):
 		ix.add(p+".mirror.schema", "%q is not a schema name", m.Schema)
-	case m.Schema == "raw" || m.Schema == "tidemark":
+	case ReservedSchema(m.Schema):
 		ix.add(p+".mirror.schema", "schema %s belongs to tidemark; choose another", m.Schema)
 	}
 }

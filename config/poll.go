@@ -261,7 +261,7 @@ func (c *Config) validateMirror(ix *index, p string, s *Source, tables map[strin
 	default:
 		schema, name := SplitTable(m.Table)
 		full := schema + "." + name
-		if schema == "raw" || schema == "tidemark" {
+		if ReservedSchema(schema) {
 			ix.add(p+".mirror.table", "schema %s belongs to tidemark; choose another", schema)
 		} else if other := tables[full]; other != "" {
 			ix.add(p+".mirror.table", "table %s is already used by %s", full, other)

@@ -40,6 +40,8 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 // StateTables are tidemark's state tables in schema tidemark, besides
@@ -193,12 +195,12 @@ func Warehouse(cfg *config.Config, database string) []Requirement {
 			add(Requirement{Kind: Table, Schema: "tidemark", Name: t, Privilege: p})
 		}
 	}
-	add(Requirement{Kind: Schema, Schema: "raw", Privilege: "USAGE"})
-	add(Requirement{Kind: Schema, Schema: "raw", Privilege: "CREATE"})
+	add(Requirement{Kind: Schema, Schema: raw.Schema, Privilege: "USAGE"})
+	add(Requirement{Kind: Schema, Schema: raw.Schema, Privilege: "CREATE"})
 	for _, name := range cfg.SourceNames() {
 		s := cfg.Sources[name]
 		if s.Kafka != nil || s.Poll != nil || s.CDC != nil {
-			add(Requirement{Kind: Owner, Schema: "raw", Name: name, IfExists: true, Why: "create and drop its partitions"})
+			add(Requirement{Kind: Owner, Schema: raw.Schema, Name: name, IfExists: true, Why: "create and drop its partitions"})
 		}
 	}
 	for _, t := range DataTables(cfg) {
@@ -414,7 +416,7 @@ func Ident(name string) string {
 	if plainIdent.MatchString(name) && !reserved[name] {
 		return name
 	}
-	return pgx.Identifier{name}.Sanitize()
+	return pgquote.Ident(name)
 }
 
 // reserved are reserved key words that a plain name must not be.

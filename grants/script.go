@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // Name is a name as the script spells it: an identifier, a string literal
@@ -32,20 +33,7 @@ func Named(name string) (Name, error) {
 		r, _ := utf8.DecodeRuneInString(name[i:])
 		return Name{}, fmt.Errorf("holds the control character %U, which a psql script cannot hold safely", r)
 	}
-	return Name{Ident: Ident(name), Literal: literal(name), Connect: connectArg(name)}, nil
-}
-
-// literal spells s as an SQL string literal. A backslash makes it an
-// escape string, E'...', with the backslash doubled: psql and the server
-// read it the same whether standard_conforming_strings is on or off,
-// whereas with it off, in '...', a backslash would escape the quote after
-// it and psql would read what follows the name outside any quotes.
-func literal(s string) string {
-	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
-	if strings.Contains(s, `\`) {
-		return "E" + strings.ReplaceAll(q, `\`, `\\`)
-	}
-	return q
+	return Name{Ident: Ident(name), Literal: pgquote.Literal(name), Connect: connectArg(name)}, nil
 }
 
 // connectArg spells the arguments of \connect to database name. The name
@@ -145,7 +133,7 @@ func FromConfig(cfg *config.Config, roles Roles) (Plan, error) {
 				schema, table := config.SplitTable(t)
 				list = append(list, Ident(schema)+"."+Ident(table))
 			}
-			sp.PublicationTables = literal(strings.Join(list, ", "))
+			sp.PublicationTables = pgquote.Literal(strings.Join(list, ", "))
 			p.Sources = append(p.Sources, sp)
 		}
 	}

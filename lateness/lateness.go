@@ -23,6 +23,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // Querier reads from the warehouse.
@@ -157,7 +158,7 @@ func Measure(ctx context.Context, q Querier, cfg *config.Config, source string, 
 	}
 	raw := aggregate.RawOf(source, sc)
 	r := &Report{Source: source, Since: o.Since.UTC(), Until: o.Until.UTC(), Target: o.Target, SamplePercent: 100}
-	et, ia := pgx.Identifier{raw.EventTime}.Sanitize(), pgx.Identifier{raw.IngestedAt}.Sanitize()
+	et, ia := pgquote.Ident(raw.EventTime), pgquote.Ident(raw.IngestedAt)
 	from := raw.Table.Sanitize() + " r"
 	if o.MaxRows > 0 {
 		est, err := estimate(ctx, q, fmt.Sprintf(estimateSQL, raw.Table.Sanitize(), et), r.Since, r.Until)

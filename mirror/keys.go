@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/internal/promreg"
 )
@@ -366,7 +367,7 @@ func (r *keyRun) compare(ctx context.Context, src *pgx.Conn) error {
 	}
 	live := "true"
 	if !t.Hard {
-		live = "m." + pgx.Identifier{t.DeletedColumn}.Sanitize() + " IS NULL"
+		live = "m." + pgquote.Ident(t.DeletedColumn) + " IS NULL"
 	}
 	if r.ms, err = newKeySide(ctx, wtx, t.Target, t.Key, types, live); err != nil {
 		return fmt.Errorf("mirror %s: %w", t.Target.Sanitize(), err)
@@ -854,7 +855,7 @@ func newKeySide(ctx context.Context, tx pgx.Tx, table pgx.Identifier, key, types
 		return nil, fmt.Errorf("read the key's index: %w", err)
 	}
 	for i, name := range key {
-		s.names = append(s.names, pgx.Identifier{name}.Sanitize())
+		s.names = append(s.names, pgquote.Ident(name))
 		s.bytewise = append(s.bytewise, colls[i].bytewise)
 		s.indexable = s.indexable && colls[i].bytewise
 	}
@@ -1013,7 +1014,7 @@ func (s *keySide) remove(t *Table) string {
 		return fmt.Sprintf(keyRemoveSQL, s.table, args, aliases, match)
 	}
 	args, aliases, match := s.unnest(2)
-	return fmt.Sprintf(keyFlagSQL, s.table, pgx.Identifier{t.DeletedColumn}.Sanitize(), args, aliases, match)
+	return fmt.Sprintf(keyFlagSQL, s.table, pgquote.Ident(t.DeletedColumn), args, aliases, match)
 }
 
 // keyMetrics are the Prometheus series of key reconciliation, shared by

@@ -37,6 +37,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // Column is one column of a source table.
@@ -268,22 +269,22 @@ func (t *Table) create(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	if !schemaExists {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{t.Target[0]}.Sanitize()); err != nil {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgquote.Ident(t.Target[0])); err != nil {
 			return err
 		}
 	}
 	var defs []string
 	for _, c := range t.Columns {
-		def := pgx.Identifier{c.Name}.Sanitize() + " " + c.Type
+		def := pgquote.Ident(c.Name) + " " + c.Type
 		if slices.Contains(t.Key, c.Name) {
 			def += " NOT NULL"
 		}
 		defs = append(defs, def)
 	}
 	defs = append(defs,
-		pgx.Identifier{t.LoadedColumn}.Sanitize()+" timestamptz NOT NULL",
-		pgx.Identifier{t.DeletedColumn}.Sanitize()+" timestamptz",
-		"PRIMARY KEY ("+quoteAll(t.Key)+")")
+		pgquote.Ident(t.LoadedColumn)+" timestamptz NOT NULL",
+		pgquote.Ident(t.DeletedColumn)+" timestamptz",
+		"PRIMARY KEY ("+pgquote.Idents(t.Key)+")")
 	ddl := fmt.Sprintf("CREATE TABLE %s (\n    %s\n)", t.Target.Sanitize(), strings.Join(defs, ",\n    "))
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("create the mirror (a source type the warehouse lacks must be created first, or the table by hand): %w", err)
@@ -328,7 +329,7 @@ func (t *Table) extend(ctx context.Context, tx pgx.Tx) error {
 		switch {
 		case !ok:
 			// A column the source gained since the mirror was made.
-			ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.Target.Sanitize(), pgx.Identifier{c.Name}.Sanitize(), c.Type)
+			ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", t.Target.Sanitize(), pgquote.Ident(c.Name), c.Type)
 			if c.Name == t.LoadedColumn {
 				ddl += " NOT NULL DEFAULT now()"
 			}
@@ -356,7 +357,7 @@ func (t *Table) extend(ctx context.Context, tx pgx.Tx) error {
 func KeyText(alias string, key []string) string {
 	cols := make([]string, len(key))
 	for i, k := range key {
-		cols[i] = alias + "." + pgx.Identifier{k}.Sanitize()
+		cols[i] = alias + "." + pgquote.Ident(k)
 	}
 	if len(cols) == 1 {
 		return cols[0] + "::text"
@@ -396,17 +397,6 @@ func SetLocal(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("set %s: %w", strings.Join(slices.Sorted(maps.Keys(SessionParams)), ", "), err)
 	}
 	return nil
-}
-
-// QuoteAll quotes column names and joins them with commas.
-func QuoteAll(cols []string) string { return quoteAll(cols) }
-
-func quoteAll(cols []string) string {
-	q := make([]string, len(cols))
-	for i, c := range cols {
-		q[i] = pgx.Identifier{c}.Sanitize()
-	}
-	return strings.Join(q, ", ")
 }
 
 // Connect opens a connection to a source database with SessionParams and

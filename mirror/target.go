@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // A mirror without a source catalog (a Debezium source's) is described by
@@ -85,7 +87,7 @@ func EnsureTarget(ctx context.Context, conn *pgx.Conn, t *Table, own []Column) e
 			if slices.ContainsFunc(have, func(h Column) bool { return h.Name == c.Name }) {
 				continue
 			}
-			ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", target.Sanitize(), pgx.Identifier{c.Name}.Sanitize(), c.Type)
+			ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN %s %s", target.Sanitize(), pgquote.Ident(c.Name), c.Type)
 			if _, err := tx.Exec(ctx, ddl); err != nil {
 				return fmt.Errorf("add column %s to %s: %w", c.Name, target.Sanitize(), err)
 			}
@@ -102,19 +104,19 @@ func (t *Table) createWith(ctx context.Context, tx pgx.Tx, cols []Column) error 
 		return err
 	}
 	if !schemaExists {
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{t.Target[0]}.Sanitize()); err != nil {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgquote.Ident(t.Target[0])); err != nil {
 			return err
 		}
 	}
 	defs := make([]string, 0, len(cols)+1)
 	for _, c := range cols {
-		def := pgx.Identifier{c.Name}.Sanitize() + " " + c.Type
+		def := pgquote.Ident(c.Name) + " " + c.Type
 		if slices.Contains(t.Key, c.Name) || c.NotNull {
 			def += " NOT NULL"
 		}
 		defs = append(defs, def)
 	}
-	defs = append(defs, "PRIMARY KEY ("+quoteAll(t.Key)+")")
+	defs = append(defs, "PRIMARY KEY ("+pgquote.Idents(t.Key)+")")
 	ddl := fmt.Sprintf("CREATE TABLE %s (\n    %s\n)", t.Target.Sanitize(), strings.Join(defs, ",\n    "))
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("create the mirror %s: %w", t.Target.Sanitize(), err)

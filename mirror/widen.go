@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // A mirror whose columns a source's schema declares (a Debezium source's)
@@ -116,7 +118,7 @@ func AlterTypesSQL(target pgx.Identifier, to map[string]string) string {
 	sort.Strings(names)
 	clauses := make([]string, len(names))
 	for i, n := range names {
-		clauses[i] = fmt.Sprintf("ALTER COLUMN %s TYPE %s", pgx.Identifier{n}.Sanitize(), to[n])
+		clauses[i] = fmt.Sprintf("ALTER COLUMN %s TYPE %s", pgquote.Ident(n), to[n])
 	}
 	return fmt.Sprintf("ALTER TABLE %s %s", target.Sanitize(), strings.Join(clauses, ", "))
 }

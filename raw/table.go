@@ -15,7 +15,18 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgcollate"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
+
+// Schema is the schema of the raw tables, one per source.
+const Schema = "raw"
+
+// TableName is the raw table of source.
+func TableName(source string) pgx.Identifier { return pgx.Identifier{Schema, source} }
+
+// TableIdent is the raw table of source, quoted for the text of a
+// statement.
+func TableIdent(source string) string { return pgquote.Ident(Schema, source) }
 
 // createRawTableSQL creates raw.<source>, range-partitioned by event time.
 // An event is identified by (event_id, event_time): PostgreSQL requires the
@@ -174,7 +185,7 @@ func NewChangeTable(source, by string) *Table {
 }
 
 // Ident is the quoted, schema-qualified table name.
-func (t *Table) Ident() string { return pgx.Identifier{"raw", t.Source}.Sanitize() }
+func (t *Table) Ident() string { return TableIdent(t.Source) }
 
 // listRawPartitionsSQL lists the partitions of a raw table.
 const listRawPartitionsSQL = `
@@ -192,7 +203,7 @@ var ErrPartitioningChanged = errors.New("raw table partitioning differs from the
 // Ensure creates the parent table and its indexes if missing, and checks
 // that existing partitions follow the configured granularity.
 func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
-	idx := pgx.Identifier{t.Source + "_ingested_at"}.Sanitize()
+	idx := pgquote.Ident(t.Source + "_ingested_at")
 	var names []string
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, lockRawDDLSQL, t.Source); err != nil {
@@ -305,7 +316,7 @@ LIMIT 1`
 // DDL lock timeout, the index stays until the next start, which costs
 // insert speed but nothing else.
 func (t *Table) dropLegacyIndex(ctx context.Context, conn *pgx.Conn) error {
-	legacy := pgx.Identifier{"raw", t.Source + "_load_xid"}.Sanitize()
+	legacy := pgquote.Ident(Schema, t.Source+"_load_xid")
 	var exists bool
 	if err := conn.QueryRow(ctx, legacyIndexSQL, legacy).Scan(&exists); err != nil {
 		return fmt.Errorf("look for index %s: %w", legacy, err)
@@ -445,7 +456,7 @@ func (t *Table) EnsurePartitions(ctx context.Context, conn *pgx.Conn, starts []t
 			return err
 		}
 		for _, s := range starts {
-			name := pgx.Identifier{"raw", t.PartitionName(s)}.Sanitize()
+			name := pgquote.Ident(Schema, t.PartitionName(s))
 			var exists, attached bool
 			if err := tx.QueryRow(ctx, partitionStatusSQL, name, t.Ident()).Scan(&exists, &attached); err != nil {
 				return err

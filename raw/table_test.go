@@ -316,3 +316,11 @@ func TestUnixHour(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaReserved: the configuration refuses mirrors and aggregates in
+// the raw tables' schema.
+func TestSchemaReserved(t *testing.T) {
+	if !config.ReservedSchema(raw.Schema) {
+		t.Errorf("config.ReservedSchema(%q) is false: a mirror or aggregate could be written among the raw tables", raw.Schema)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 const (
@@ -115,7 +116,7 @@ func (l *loads) add(xid string, ingestedAt time.Time) {
 // filter selects the rows of the loads.
 func (l *loads) filter(ingestedAt string) string {
 	return fmt.Sprintf("e.load_xid = ANY('{%s}'::xid8[]) AND e.%s BETWEEN %s AND %s", strings.Join(dedupe(l.xids), ","),
-		ingestedAt, literal(pgtype.Timestamptz{Time: l.from, Valid: true}), literal(pgtype.Timestamptz{Time: l.to, Valid: true}))
+		ingestedAt, timestamptzLiteral(pgtype.Timestamptz{Time: l.from, Valid: true}), timestamptzLiteral(pgtype.Timestamptz{Time: l.to, Valid: true}))
 }
 
 type arrivalKey struct {
@@ -233,7 +234,7 @@ func (r *Reconciler) claimLedger(ctx context.Context, tx pgx.Tx, d *aggregate.De
 		return nil, "", fmt.Errorf("read ledger: %w", err)
 	}
 	for k, l := range w.beyond {
-		rec := aggregate.Recording{Filter: l.filter(quote(d.IngestedAt)), Archived: aggregate.ArchivedBefore(d.Calendar.At(k.event), retained)}
+		rec := aggregate.Recording{Filter: l.filter(pgquote.Ident(d.IngestedAt)), Archived: aggregate.ArchivedBefore(d.Calendar.At(k.event), retained)}
 		if err := r.recordBeyond(ctx, tx, d, k, rec, now, w); err != nil {
 			return nil, "", err
 		}
@@ -272,7 +273,7 @@ func (r *Reconciler) claimTable(ctx context.Context, tx pgx.Tx, d *aggregate.Def
 		low = pgtype.Timestamptz{Time: through.Time.Add(-ts.Lookback.D()), Valid: true}
 	}
 	w := newWindow()
-	sql := fmt.Sprintf(tableWindowSQL, d.Raw.Sanitize(), quote(d.EventTime), quote(d.IngestedAt))
+	sql := fmt.Sprintf(tableWindowSQL, d.Raw.Sanitize(), pgquote.Ident(d.EventTime), pgquote.Ident(d.IngestedAt))
 	rows, err := tx.Query(ctx, sql, low, upper, wm)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("read %s: %w", d.Raw.Sanitize(), err)
@@ -319,7 +320,7 @@ func (r *Reconciler) claimTable(ctx context.Context, tx pgx.Tx, d *aggregate.Def
 	}
 	for start := range beyond {
 		p := d.Calendar.At(start)
-		filter := fmt.Sprintf("e.%[1]s > %[2]s AND e.%[1]s <= %[3]s", quote(d.IngestedAt), literal(low), literal(pgtype.Timestamptz{Time: upper, Valid: true}))
+		filter := fmt.Sprintf("e.%[1]s > %[2]s AND e.%[1]s <= %[3]s", pgquote.Ident(d.IngestedAt), timestamptzLiteral(low), timestamptzLiteral(pgtype.Timestamptz{Time: upper, Valid: true}))
 		// The arrival partition depends on each row's ingestion time:
 		// record per arrival partition that the window can reach.
 		n, arrivals, err := aggregate.RecordBeyondByArrival(ctx, tx, d, p, aggregate.Recording{Filter: filter}, now)
@@ -343,7 +344,7 @@ func (r *Reconciler) claimTable(ctx context.Context, tx pgx.Tx, d *aggregate.Def
 	return w, watermark, nil
 }
 
-func literal(t pgtype.Timestamptz) string {
+func timestamptzLiteral(t pgtype.Timestamptz) string {
 	switch t.InfinityModifier {
 	case pgtype.NegativeInfinity:
 		return "'-infinity'::timestamptz"
@@ -352,8 +353,6 @@ func literal(t pgtype.Timestamptz) string {
 	}
 	return "'" + t.Time.UTC().Format("2006-01-02 15:04:05.999999") + "+00'::timestamptz"
 }
-
-func quote(col string) string { return pgx.Identifier{col}.Sanitize() }
 
 // recordBeyond records the events of partition k.event that arrived in
 // partition k.arrival and rec selects (see aggregate.RecordBeyond),

@@ -61,7 +61,7 @@ var boundRe = regexp.MustCompile(`^FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\
 // first, with their bounds and their size with indexes (Rows is not
 // counted). None when the table does not exist.
 func RawPartitions(ctx context.Context, q raw.Querier, source string) ([]Partition, error) {
-	table := pgx.Identifier{"raw", source}.Sanitize()
+	table := raw.TableIdent(source)
 	rows, err := q.Query(ctx, rawPartitionsSQL, table)
 	if err != nil {
 		return nil, fmt.Errorf("partitions of %s: %w", table, err)
@@ -120,7 +120,7 @@ func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, v view, src *conf
 			return out, err
 		case why != "":
 		case dryRun:
-			err = conn.QueryRow(ctx, measureSQL(part.Name), quoteRaw(part.Name)).Scan(&part.Rows, &part.Bytes)
+			err = conn.QueryRow(ctx, measureSQL(part.Name), raw.TableIdent(part.Name)).Scan(&part.Rows, &part.Bytes)
 		default:
 			why, err = p.drop(ctx, conn, v, src, &part, now, archived)
 		}
@@ -226,7 +226,7 @@ func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, v view, src *config.S
 		}{
 			{timeout, nil},
 			{lockRetentionSQL, []any{aggregate.RetentionLockKey(src.Name)}},
-			{"LOCK TABLE " + pgx.Identifier{"raw", src.Name}.Sanitize() + " IN ACCESS EXCLUSIVE MODE", nil},
+			{"LOCK TABLE " + raw.TableIdent(src.Name) + " IN ACCESS EXCLUSIVE MODE", nil},
 		}
 		for _, s := range steps {
 			if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
@@ -237,7 +237,7 @@ func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, v view, src *config.S
 		if why, err = p.needed(ctx, tx, v, src.Name, *part, now); err != nil || why != "" {
 			return errors.Join(err, errKept)
 		}
-		name := quoteRaw(part.Name)
+		name := raw.TableIdent(part.Name)
 		if err := tx.QueryRow(ctx, measureSQL(part.Name), name).Scan(&part.Rows, &part.Bytes); err != nil {
 			return err
 		}
@@ -279,9 +279,7 @@ func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, v view, src *config.S
 // measureSQL counts the rows of a raw partition and measures it with its
 // indexes; $1 is its quoted name.
 func measureSQL(name string) string {
-	return "SELECT (SELECT count(*) FROM " + quoteRaw(name) + "), pg_total_relation_size($1::text::regclass)"
+	return "SELECT (SELECT count(*) FROM " + raw.TableIdent(name) + "), pg_total_relation_size($1::text::regclass)"
 }
-
-func quoteRaw(name string) string { return pgx.Identifier{"raw", name}.Sanitize() }
 
 func day(t time.Time) string { return t.UTC().Format("2006-01-02") }

@@ -201,3 +201,59 @@ func TestFunctionLength(t *testing.T) {
 		t.Errorf("found %d functions service.Run, want 1", runs)
 	}
 }
+
+// quoting is the one package that spells names and strings into SQL.
+const quoting = "internal/pgquote"
+
+// TestOneQuoting: identifiers and string literals are spelled into SQL by
+// internal/pgquote alone. Outside it no function (a method may, as the
+// JSON scanner's literal) is named quote... or literal..., and no code quotes with pgx.Identifier{...}.Sanitize(): a
+// pgx.Identifier held as a value may still sanitise itself. pgserver's
+// quoteConf spells configuration-file values, which are not SQL.
+func TestOneQuoting(t *testing.T) {
+	allowed := map[string]bool{"internal/pgserver.quoteConf": true}
+	for _, f := range moduleFiles(t) {
+		if f.dir == quoting {
+			continue
+		}
+		ast.Inspect(f.ast, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.FuncDecl:
+				name := strings.ToLower(n.Name.Name)
+				if n.Recv == nil && (strings.HasPrefix(name, "quote") || strings.HasPrefix(name, "literal")) && !allowed[f.dir+"."+n.Name.Name] {
+					t.Errorf("%s: func %s: quote through %s", f.fset.Position(n.Pos()), n.Name.Name, quoting)
+				}
+			case *ast.SelectorExpr:
+				lit, ok := n.X.(*ast.CompositeLit)
+				if !ok || n.Sel.Name != "Sanitize" {
+					return true
+				}
+				if sel, ok := lit.Type.(*ast.SelectorExpr); ok && sel.Sel.Name == "Identifier" {
+					t.Errorf("%s: pgx.Identifier{...}.Sanitize(): use pgquote.Ident", f.fset.Position(n.Pos()))
+				}
+			}
+			return true
+		})
+	}
+}
+
+// TestRawSchemaInRaw: the schema of the raw tables is written as a string
+// in package raw alone (raw.Schema, raw.TableName, raw.TableIdent), and in
+// the configuration's list of schemas that belong to tidemark, which a
+// test of raw keeps in step.
+func TestRawSchemaInRaw(t *testing.T) {
+	for _, f := range moduleFiles(t) {
+		if f.dir == "raw" {
+			continue
+		}
+		ast.Inspect(f.ast, func(n ast.Node) bool {
+			if vs, ok := n.(*ast.ValueSpec); ok && f.dir == "config" && len(vs.Names) == 1 && vs.Names[0].Name == "reservedSchemas" {
+				return false
+			}
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING && lit.Value == `"raw"` {
+				t.Errorf(`%s: the string "raw": name the raw tables' schema with raw.Schema`, f.fset.Position(lit.Pos()))
+			}
+			return true
+		})
+	}
+}

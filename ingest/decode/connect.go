@@ -131,7 +131,7 @@ func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error)
 		if err != nil {
 			return nil, err
 		}
-		return quoted(time.Unix(0, 0).UTC().AddDate(0, 0, int(n)).Format("2006-01-02")), nil
+		return jsonString(time.Unix(0, 0).UTC().AddDate(0, 0, int(n)).Format("2006-01-02")), nil
 	case dbzTime, connectTime:
 		return timeOfDay(raw, time.Millisecond)
 	case dbzMicroTime:
@@ -149,7 +149,7 @@ func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error)
 		if err != nil {
 			return nil, err
 		}
-		return quoted(strconv.FormatInt(n, 10) + " microseconds"), nil
+		return jsonString(strconv.FormatInt(n, 10) + " microseconds"), nil
 	case connectDecimal:
 		scale, err := strconv.Atoi(s.Parameters[connectDecimalScale])
 		if err != nil {
@@ -164,7 +164,7 @@ func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error)
 		if err := json.Unmarshal(raw, &v); err != nil || v.Scale == nil {
 			return nil, fmt.Errorf("%s must be {scale, value}, got %s", dbzVariableDecimal, truncate(raw, 60))
 		}
-		return decimal(quoted(v.Value), *v.Scale)
+		return decimal(jsonString(v.Value), *v.Scale)
 	case dbzJSON:
 		var text string
 		if json.Unmarshal(raw, &text) == nil && json.Valid([]byte(text)) && pgjson.Scan([]byte(text), nil, nil) == nil {
@@ -182,7 +182,7 @@ func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error)
 		if err != nil {
 			return nil, fmt.Errorf("bytes must be base64: %w", err)
 		}
-		return quoted(`\x` + hex.EncodeToString(b)), nil
+		return jsonString(`\x` + hex.EncodeToString(b)), nil
 	}
 	return raw, nil
 }
@@ -273,7 +273,7 @@ func timeOfDay(raw json.RawMessage, unit time.Duration) (json.RawMessage, error)
 	if frac != 0 {
 		s += strings.TrimRight(fmt.Sprintf(".%09d", frac), "0")
 	}
-	return quoted(s), nil
+	return jsonString(s), nil
 }
 
 // timestamp is the time at gives of n, truncated to the microseconds
@@ -287,7 +287,7 @@ func timestamp(raw json.RawMessage, at func(int64) time.Time) (json.RawMessage, 
 	if t.Year() < -4712 || t.Year() > 9999 {
 		return nil, fmt.Errorf("timestamp %s out of range", raw)
 	}
-	return quoted(t.Format("2006-01-02T15:04:05.999999999Z")), nil
+	return jsonString(t.Format("2006-01-02T15:04:05.999999999Z")), nil
 }
 
 // decimal turns the base64 text of a big-endian two's-complement unscaled
@@ -310,7 +310,8 @@ func decimal(raw json.RawMessage, scale int) (json.RawMessage, error) {
 	return appendDecimal(make([]byte, 0, len(b)*241/100+scale+4), b, scale), nil
 }
 
-func quoted(s string) json.RawMessage {
+// jsonString is s as a JSON string.
+func jsonString(s string) json.RawMessage {
 	b, _ := json.Marshal(s)
 	return b
 }
@@ -359,7 +360,7 @@ func appendObject(b []byte, fields []field) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, quoted(f.name)...)
+		b = append(b, jsonString(f.name)...)
 		b = append(b, ':')
 		b = append(b, f.value...)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
 
@@ -557,7 +558,7 @@ func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []stri
 	}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s", m.target.Sanitize())
-	stage := pgx.Identifier{"pg_temp", fmt.Sprintf("tidemark_dbz_%016x", h.Sum64())}.Sanitize()
+	stage := pgquote.Ident("pg_temp", fmt.Sprintf("tidemark_dbz_%016x", h.Sum64()))
 	if _, err := tx.Exec(ctx, fmt.Sprintf(createChangeStageSQL, stage)+"; "+fmt.Sprintf(truncateChangeStageSQL, stage)); err != nil {
 		return fmt.Errorf("stage of %s: %w", m.target.Sanitize(), err)
 	}
@@ -567,7 +568,7 @@ func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []stri
 	target := m.target.Sanitize()
 	var sets, match, rcols []string
 	for _, c := range cols {
-		q := quoteIdent(c)
+		q := pgquote.Ident(c)
 		rcols = append(rcols, "r."+q)
 		if slices.Contains(key, c) {
 			// Matched by key, the key columns keep their values; a
@@ -575,17 +576,17 @@ func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []stri
 			// column, even to the same value.
 			continue
 		}
-		sets = append(sets, fmt.Sprintf(`%[1]s = CASE WHEN s."row" ? %[2]s THEN r.%[1]s ELSE t.%[1]s END`, q, literal(c)))
+		sets = append(sets, fmt.Sprintf(`%[1]s = CASE WHEN s."row" ? %[2]s THEN r.%[1]s ELSE t.%[1]s END`, q, pgquote.Literal(c)))
 	}
 	for _, k := range key {
-		match = append(match, fmt.Sprintf("t.%[1]s = r.%[1]s", quoteIdent(k)))
+		match = append(match, fmt.Sprintf("t.%[1]s = r.%[1]s", pgquote.Ident(k)))
 	}
 	setList := ""
 	if len(sets) > 0 {
 		setList = strings.Join(sets, ", ") + ", "
 	}
-	args := []any{target, stage, setList, quoteIdent(m.loaded), quoteIdent(m.deleted), quoteIdent(m.position),
-		strings.Join(match, " AND "), mirror.QuoteAll(cols), strings.Join(rcols, ", "), mirror.QuoteAll(key)}
+	args := []any{target, stage, setList, pgquote.Ident(m.loaded), pgquote.Ident(m.deleted), pgquote.Ident(m.position),
+		strings.Join(match, " AND "), pgquote.Idents(cols), strings.Join(rcols, ", "), pgquote.Idents(key)}
 	qb := &pgx.Batch{}
 	qb.Queue(fmt.Sprintf(updateUpsertsSQL, args...), ingestedAt)
 	qb.Queue(fmt.Sprintf(updateDeletesSQL, args...))
@@ -601,7 +602,7 @@ func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []stri
 func (m *changeMirror) truncate(ctx context.Context, tx pgx.Tx, pos []int64, at time.Time) error {
 	qb := &pgx.Batch{}
 	qb.Queue(storeTruncateSQL, m.source, pos, at)
-	qb.Queue(fmt.Sprintf(flagTruncatedSQL, m.target.Sanitize(), quoteIdent(m.deleted), quoteIdent(m.position)), at, pos)
+	qb.Queue(fmt.Sprintf(flagTruncatedSQL, m.target.Sanitize(), pgquote.Ident(m.deleted), pgquote.Ident(m.position)), at, pos)
 	if err := tx.SendBatch(ctx, qb).Close(); err != nil {
 		return fmt.Errorf("truncate %s: %w", m.target.Sanitize(), err)
 	}
@@ -754,7 +755,3 @@ func (w *writer) insertCheckingChanges(ctx context.Context, tx pgx.Tx, b *batch,
 	}
 	return kept, rejected, nil
 }
-
-func quoteIdent(name string) string { return pgx.Identifier{name}.Sanitize() }
-
-func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

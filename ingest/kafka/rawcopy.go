@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
-	"github.com/tidemark-dev/tidemark/mirror"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // rawColumnTypes are the types rawColumns have in a raw table tidemark
@@ -18,7 +18,7 @@ var rawColumnTypes = []uint32{pgtype.TextOID, pgtype.TimestamptzOID, pgtype.Time
 
 // copyRawSQL is the COPY of rawColumns in binary format; %s is the quoted
 // raw table.
-var copyRawSQL = "COPY %s (" + mirror.QuoteAll(rawColumns) + ") FROM STDIN (FORMAT binary)"
+var copyRawSQL = "COPY %s (" + pgquote.Idents(rawColumns) + ") FROM STDIN (FORMAT binary)"
 
 // rawTypesMatch reports whether the raw table of src has the column types
 // newRawCopy encodes. A raw table made some other way (created beforehand

@@ -17,6 +17,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -441,7 +442,7 @@ func (r *replayer) probe(ctx context.Context, tx pgx.Tx, b *batch, res chunkResu
 	names := map[time.Time]string{}
 	for _, row := range fresh {
 		start := r.src.raw.PartitionStart(row.ev.Time)
-		names[start] = pgx.Identifier{"raw", r.src.raw.PartitionName(start)}.Sanitize()
+		names[start] = pgquote.Ident(raw.Schema, r.src.raw.PartitionName(start))
 	}
 	list := make([]string, 0, len(names))
 	for _, n := range names {

@@ -16,6 +16,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/citus"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
@@ -501,7 +502,7 @@ func probeStored(ctx context.Context, q batchSender, rows []*row) (map[eventKey]
 	order := make([]part, 0, len(ids))
 	for p, list := range ids {
 		order = append(order, p)
-		name := pgx.Identifier{"raw", p.src.raw.PartitionName(p.start)}.Sanitize()
+		name := pgquote.Ident(raw.Schema, p.src.raw.PartitionName(p.start))
 		qb.Queue(fmt.Sprintf(probeRawSQL, name), list)
 	}
 	br := q.SendBatch(ctx, qb)
@@ -626,7 +627,7 @@ func (w *writer) copySource(ctx context.Context, tx pgx.Tx, src *source, rows []
 	// pgx encodes each row's values before it asks for the next row, so
 	// one slice serves every row.
 	vals, at := make([]any, len(rawColumns)), any(ingestedAt)
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", src.name}, rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+	_, err := tx.CopyFrom(ctx, raw.TableName(src.name), rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
 		r := rows[i]
 		vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6] = r.ev.ID, r.ev.Time, at, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset
 		return vals, nil

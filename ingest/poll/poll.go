@@ -24,6 +24,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/internal/progress"
 	"github.com/tidemark-dev/tidemark/mirror"
 	"github.com/tidemark-dev/tidemark/raw"
@@ -358,7 +359,7 @@ func (p *Poller) checkColumns() error {
 	p.soft = "false"
 	if cfg.SoftDelete != "" {
 		sd, ok := p.table.Column(cfg.SoftDelete)
-		col := "tidemark_src." + quote(cfg.SoftDelete)
+		col := "tidemark_src." + pgquote.Ident(cfg.SoftDelete)
 		switch {
 		case !ok:
 			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s has no column %s", ErrSource, name, p.table.Source.Sanitize(), cfg.SoftDelete)
@@ -372,8 +373,6 @@ func (p *Poller) checkColumns() error {
 	}
 	return nil
 }
-
-func quote(col string) string { return pgx.Identifier{col}.Sanitize() }
 
 // Window overrides a run's window; zero values use the configuration.
 type Window struct {
@@ -731,7 +730,7 @@ func (p *Poller) sameShape(payload []byte) bool {
 // For a COPY (copying), the last column has the text of every column;
 // otherwise of the json columns.
 func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time, copying bool) string {
-	col := "tidemark_src." + quote(p.src.Poll.UpdatedAt)
+	col := "tidemark_src." + pgquote.Ident(p.src.Poll.UpdatedAt)
 	lowLit := "'-infinity'::timestamptz"
 	if low.InfinityModifier == pgtype.Finite {
 		lowLit = tsLiteral(low.Time)
@@ -746,7 +745,7 @@ func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time, copying bool
 	}
 	order := []string{col}
 	for _, k := range p.table.Key {
-		order = append(order, "tidemark_src."+quote(k))
+		order = append(order, "tidemark_src."+pgquote.Ident(k))
 	}
 	jsonText := "NULL::text[]"
 	cols := jsonColumns(p.table.Columns)
@@ -756,7 +755,7 @@ func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time, copying bool
 	if len(cols) > 0 {
 		var texts []string
 		for _, c := range cols {
-			texts = append(texts, "tidemark_src."+quote(c.Name)+"::text")
+			texts = append(texts, "tidemark_src."+pgquote.Ident(c.Name)+"::text")
 		}
 		jsonText = "ARRAY[" + strings.Join(texts, ", ") + "]::text[]"
 	}
@@ -773,15 +772,15 @@ func (p *Poller) mergeSQL() string {
 	t := p.table
 	var cols, sets []string
 	for _, c := range t.Columns {
-		cols = append(cols, quote(c.Name))
+		cols = append(cols, pgquote.Ident(c.Name))
 		if !slices.Contains(t.Key, c.Name) {
-			sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(c.Name)))
+			sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", pgquote.Ident(c.Name)))
 		}
 	}
-	sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", quote(t.LoadedColumn)), quote(t.DeletedColumn)+" = NULL")
+	sets = append(sets, fmt.Sprintf("%[1]s = EXCLUDED.%[1]s", pgquote.Ident(t.LoadedColumn)), pgquote.Ident(t.DeletedColumn)+" = NULL")
 	var join []string
 	for _, k := range t.Key {
-		join = append(join, fmt.Sprintf("i.%[1]s = m.%[1]s", quote(k)))
+		join = append(join, fmt.Sprintf("i.%[1]s = m.%[1]s", pgquote.Ident(k)))
 	}
 	// The json columns' values are their staged text, cast back; they are
 	// left out of the payload that fills the other columns.
@@ -790,17 +789,17 @@ func (p *Poller) mergeSQL() string {
 		var in, names []string
 		for _, c := range t.Columns {
 			if k := slices.Index(jc, c); k >= 0 {
-				in = append(in, fmt.Sprintf("s.tidemark_json[%d]::%s AS %s", k+1, c.Type, quote(c.Name)))
+				in = append(in, fmt.Sprintf("s.tidemark_json[%d]::%s AS %s", k+1, c.Type, pgquote.Ident(c.Name)))
 				names = append(names, "'"+strings.ReplaceAll(c.Name, "'", "''")+"'")
 			} else {
-				in = append(in, "r."+quote(c.Name))
+				in = append(in, "r."+pgquote.Ident(c.Name))
 			}
 		}
 		incoming = strings.Join(in, ", ")
 		payload = "s.tidemark_payload - ARRAY[" + strings.Join(names, ", ") + "]::text[]"
 	}
-	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), mirror.QuoteAll(t.Key),
-		strings.Join(sets, ", "), quote(p.src.Poll.UpdatedAt), p.raw.Ident(), quote(t.LoadedColumn), quote(t.DeletedColumn),
+	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), pgquote.Idents(t.Key),
+		strings.Join(sets, ", "), pgquote.Ident(p.src.Poll.UpdatedAt), p.raw.Ident(), pgquote.Ident(t.LoadedColumn), pgquote.Ident(t.DeletedColumn),
 		strings.Join(join, " AND "), rowJSON("t", t.Columns)+" IS DISTINCT FROM "+rowJSON("EXCLUDED", t.Columns),
 		incoming, payload)
 }
@@ -830,7 +829,7 @@ func rowJSON(alias string, cols []mirror.Column) string {
 	for i := 0; i < len(cols); i += 50 {
 		var args []string
 		for _, c := range cols[i:min(i+50, len(cols))] {
-			v := alias + "." + quote(c.Name)
+			v := alias + "." + pgquote.Ident(c.Name)
 			if isJSON(c) {
 				v += "::text"
 			}
@@ -1000,7 +999,7 @@ func (p *Poller) copySQL() string {
 		cols = append(cols, c.Name)
 	}
 	cols = append(cols, p.table.LoadedColumn, p.table.DeletedColumn)
-	return "COPY " + p.table.Target.Sanitize() + " (" + mirror.QuoteAll(cols) + ") FROM STDIN"
+	return "COPY " + p.table.Target.Sanitize() + " (" + pgquote.Idents(cols) + ") FROM STDIN"
 }
 
 // copyChunk loads one chunk into a mirror and raw table that were empty
@@ -1030,7 +1029,7 @@ func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []
 		return p.copyError(err, p.table.Target.Sanitize())
 	}
 	source := p.table.Source.Sanitize()
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"raw", p.raw.Source}, copyChangeColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
+	_, err := tx.CopyFrom(ctx, raw.TableName(p.raw.Source), copyChangeColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
 		r := &chunk[i]
 		op := "insert"
 		if r.deleted {

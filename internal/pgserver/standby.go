@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
 // SQL of making a standby and of failing over, by server version where
@@ -119,7 +121,7 @@ func (s *Server) StartStandby(ctx context.Context, opts StandbyOptions) (*Server
 	}
 	if opts.Synchronous {
 		err := s.Configure(ctx, map[string]string{
-			"synchronous_standby_names": quoteConf(pgx.Identifier{name}.Sanitize()),
+			"synchronous_standby_names": quoteConf(pgquote.Ident(name)),
 			"synchronous_commit":        "on",
 		})
 		if err == nil {
@@ -353,7 +355,7 @@ func (s *Server) Configure(ctx context.Context, settings map[string]string) erro
 	defer conn.Close(context.WithoutCancel(ctx))
 	// ALTER SYSTEM runs outside a transaction block: one a statement.
 	for _, k := range slices.Sorted(maps.Keys(settings)) {
-		if _, err := conn.Exec(ctx, fmt.Sprintf(alterSystemSQL, pgx.Identifier{k}.Sanitize(), settings[k])); err != nil {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(alterSystemSQL, pgquote.Ident(k), settings[k])); err != nil {
 			return fmt.Errorf("pgserver: set %s = %s: %w", k, settings[k], err)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 )
 
@@ -112,7 +113,7 @@ func createNamed(tb testing.TB, admin, name string) string {
 		tb.Fatalf("pgtest: connect %s: %v", redact(admin), err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgquote.Ident(name)+" TEMPLATE template0"); err != nil {
 		tb.Fatalf("pgtest: create database: %v", err)
 	}
 	tb.Cleanup(func() {
@@ -124,7 +125,7 @@ func createNamed(tb testing.TB, admin, name string) string {
 			return
 		}
 		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgquote.Ident(name)+" WITH (FORCE)"); err != nil {
 			tb.Logf("pgtest: drop %s: %v", name, err)
 		}
 	})
