@@ -80,11 +80,11 @@ func FromConfig(cfg *config.Config, name string) (*Definition, error) {
 		Target:   pgx.Identifier{schema, table},
 		Column:   a.Partition.Column,
 		Calendar: Calendar{By: a.Partition.By, Loc: a.Partition.Location()},
-		Horizon:  a.LatenessHorizon.D(),
+		Horizon:  a.LatenessHorizon.Duration(),
 		Policy:   a.BeyondHorizon,
 		SQL:      strings.TrimSpace(a.SQL),
 
-		CorrectionsKept: cfg.Retention.Corrections.D(),
+		CorrectionsKept: cfg.Retention.Corrections.Duration(),
 	}
 	r := RawOf(a.Source, src)
 	d.Raw, d.EventTime, d.IngestedAt, d.EventKey, d.Ledger = r.Table, r.EventTime, r.IngestedAt, r.Key, r.Ledger

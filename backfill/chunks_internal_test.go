@@ -79,9 +79,9 @@ func TestChunks(t *testing.T) {
 	}
 }
 
-// TestRefused: a chunk the warehouse refuses is recorded and the run goes
+// TestChunkFault: a chunk the warehouse refuses is recorded and the run goes
 // on; a warehouse that cannot be reached or is shutting down stops it.
-func TestRefused(t *testing.T) {
+func TestChunkFault(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
 		want bool
@@ -97,8 +97,8 @@ func TestRefused(t *testing.T) {
 		{&pgconn.PgError{Code: pgerrcode.TooManyConnections}, false},
 		{errors.New("dial tcp: connection refused"), false},
 	} {
-		if got := refused(tc.err); got != tc.want {
-			t.Errorf("refused(%v) = %v, want %v", tc.err, got, tc.want)
+		if got := chunkFault(tc.err); got != tc.want {
+			t.Errorf("chunkFault(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 }

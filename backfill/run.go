@@ -308,7 +308,7 @@ func (w *chunkWork) chunk(ctx, runCtx context.Context, c Chunk) {
 		// Cancelled (the server reports a cancelled statement as an SQL
 		// error): not finished.
 		status, stored = "pending", nil
-	case !refused(err):
+	case !chunkFault(err):
 		// The warehouse cannot be reached: the chunks after this one
 		// would fail the same way.
 		w.stop(err)
@@ -367,10 +367,10 @@ func finishRun(ctx, runCtx context.Context, pool *pgxpool.Pool, d *aggregate.Def
 	return rep, nil
 }
 
-// refused reports whether a chunk failed through its own fault (see
+// chunkFault reports whether a chunk failed through its own fault (see
 // aggregate.PartitionFault): only such a chunk is recorded as failed; a
 // warehouse that cannot work stops the run.
-func refused(err error) bool {
+func chunkFault(err error) bool {
 	return aggregate.PartitionFault(err) || errors.Is(err, ErrNoShadow) || errors.Is(err, ErrShadowChanged)
 }
 

@@ -155,9 +155,9 @@ type applier struct {
 	// of text; text serves a table created beforehand with other types.
 	rawBinary bool
 	chunk     int // changes folded and applied at a time
-	// step bounds the writing of a chunk, and each step of a commit
+	// waitTimeout bounds the writing of a chunk, and each waitTimeout of a commit
 	// after the group before has committed (warehouse.write_timeout).
-	step time.Duration
+	waitTimeout time.Duration
 	// keep is how often a transaction that waits for the group before
 	// runs a statement (see waitPrev).
 	keep time.Duration
@@ -392,7 +392,7 @@ func (a *applier) keepOpen(ctx context.Context) error {
 // ping runs a statement in g's transaction, within write_timeout, so that
 // a transaction that waits does not count as idle.
 func (a *applier) ping(ctx context.Context, g *group) error {
-	ctx, cancel := context.WithTimeout(ctx, a.step)
+	ctx, cancel := context.WithTimeout(ctx, a.waitTimeout)
 	defer cancel()
 	_, err := g.tx.Exec(ctx, pingSQL)
 	return err
@@ -511,7 +511,7 @@ func (a *applier) finish(ctx context.Context, g *group) error {
 	if err == nil {
 		err = a.waitPrev(ctx, g)
 	}
-	ctx, cancel := context.WithTimeout(ctx, a.step)
+	ctx, cancel := context.WithTimeout(ctx, a.waitTimeout)
 	defer cancel()
 	if err == nil {
 		err = a.ledger(ctx, g)
@@ -558,13 +558,13 @@ func (a *applier) finished(block bool) *group {
 // and, once the group before has committed, their effect on the mirrors,
 // folded per key so that a key changed several times is written once.
 //
-// Each of the two is bounded by a.step on its own. The wait for the group
+// Each of the two is bounded by a.waitTimeout on its own. The wait for the group
 // before is not: that group's writes and commit have deadlines of their
 // own, and a chunk whose deadline also ran while it waited would time out
 // behind a slow but working predecessor, failing the stream again and
 // again while a backlog is applied.
 func (a *applier) write(ctx context.Context, g *group, changes []change) error {
-	wctx, cancel := context.WithTimeout(ctx, a.step)
+	wctx, cancel := context.WithTimeout(ctx, a.waitTimeout)
 	err := a.ensurePartitions(wctx, changes)
 	if err == nil {
 		err = a.writeRaw(wctx, g, changes)
@@ -579,7 +579,7 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 	if err := a.waitPrev(ctx, g); err != nil {
 		return err
 	}
-	ctx, cancel = context.WithTimeout(ctx, a.step)
+	ctx, cancel = context.WithTimeout(ctx, a.waitTimeout)
 	defer cancel()
 	// A truncate can only be the last change of a chunk (add flushes at
 	// once): fold and apply what came before it, then the truncate.

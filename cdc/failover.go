@@ -134,7 +134,7 @@ func (r *Reader) makeFailover(ctx context.Context, repl *pgconn.PgConn, report R
 		return nil
 	}
 	slot := r.src.CDC.Slot
-	actx, cancel := context.WithTimeout(ctx, r.step)
+	actx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	_, err := repl.Exec(actx, alterSlotFailoverSQL(slot)).ReadAll()
 	cancel()
 	switch {

@@ -38,7 +38,7 @@ func (r *Reader) silence(statusEvery time.Duration) time.Duration {
 
 // readWalSenderTimeout reads the replication session's wal_sender_timeout.
 func (r *Reader) readWalSenderTimeout(ctx context.Context, repl *pgconn.PgConn) {
-	ctx, cancel := context.WithTimeout(ctx, r.step)
+	ctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	defer cancel()
 	res, err := repl.Exec(ctx, showWalSenderTimeoutSQL).ReadAll()
 	r.walSenderTimeout = 0
@@ -78,13 +78,13 @@ func cutNumber(s, suffix string) (int64, bool) {
 }
 
 // lockSlot takes the slot's advisory lock on lock, trying every second
-// while another session holds it, each try bounded by r.step. The lock
-// session ends itself after r.step idle (idle_session_timeout), so that a
+// while another session holds it, each try bounded by r.waitTimeout. The lock
+// session ends itself after r.waitTimeout idle (idle_session_timeout), so that a
 // session the client lost does not hold the lock; keepLock keeps a
 // healthy one busy.
 func (r *Reader) lockSlot(ctx context.Context, lock *pgx.Conn) error {
 	for {
-		tctx, cancel := context.WithTimeout(ctx, r.step)
+		tctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 		var ok bool
 		err := lock.QueryRow(tctx, tryLockSlotSQL, r.src.CDC.Slot).Scan(&ok)
 		cancel()
@@ -102,10 +102,10 @@ func (r *Reader) lockSlot(ctx context.Context, lock *pgx.Conn) error {
 	}
 }
 
-// keepLock pings the lock session every quarter of r.step until ctx ends;
-// a ping that fails or does not answer within r.step/4 calls lost.
+// keepLock pings the lock session every quarter of r.waitTimeout until ctx ends;
+// a ping that fails or does not answer within r.waitTimeout/4 calls lost.
 func (r *Reader) keepLock(ctx context.Context, lock *pgx.Conn, lost func(error)) {
-	every := r.step / 4
+	every := r.waitTimeout / 4
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

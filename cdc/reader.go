@@ -93,10 +93,10 @@ type Reader struct {
 	// stopAt, once set, stops the next run before a transaction (see
 	// stopBefore).
 	stopAt *stopBefore
-	// step bounds each wait on the warehouse or on a source query
+	// waitTimeout bounds each wait on the warehouse or on a source query
 	// (warehouse.write_timeout); walSenderTimeout is the replication
 	// session's, which bounds its silence (see silence).
-	step             time.Duration
+	waitTimeout      time.Duration
 	walSenderTimeout time.Duration
 	// keep is how often a group's transaction that waits for the group
 	// before runs a statement: a quarter of the shorter of
@@ -132,10 +132,10 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Re
 	}
 	opts = opts.withDefaults()
 	r := &Reader{src: src, pool: pool, log: opts.Logger.With("source", name), now: opts.Now, opts: opts, raw: raw.ForSource(cfg, name),
-		step: cfg.Warehouse.WriteTimeout.D(), distribute: cfg.Distributes(name)}
-	r.keep = r.step / 4
-	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.D(); idle > 0 {
-		r.keep = min(r.step, idle) / 4
+		waitTimeout: cfg.Warehouse.WriteTimeout.Duration(), distribute: cfg.Distributes(name)}
+	r.keep = r.waitTimeout / 4
+	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.Duration(); idle > 0 {
+		r.keep = min(r.waitTimeout, idle) / 4
 	}
 	r.raw.Log = r.log
 	for _, t := range src.CDC.Tables {
@@ -202,7 +202,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	// One reader per slot: the others wait here, hot, and take over when
 	// the holder's session ends.
 	lcc := r.pool.Config().ConnConfig.Copy()
-	lcc.RuntimeParams["idle_session_timeout"] = fmt.Sprintf("%dms", r.step.Milliseconds())
+	lcc.RuntimeParams["idle_session_timeout"] = fmt.Sprintf("%dms", r.waitTimeout.Milliseconds())
 	lock, err := pgx.ConnectConfig(ctx, lcc)
 	if err != nil {
 		return fmt.Errorf("warehouse: %w", err)
@@ -251,11 +251,11 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
-		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, rawBinary: rawBinary, chunk: r.opts.ChunkChanges, step: r.step, keep: r.keep}}
+		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, rawBinary: rawBinary, chunk: r.opts.ChunkChanges, waitTimeout: r.waitTimeout, keep: r.keep}}
 	// s is the stream reading now: the loop below may replace it.
 	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)
-	if hb, dsn := cfg.HeartbeatEvery.D(), r.writeDSN(report); hb > 0 && dsn != "" {
+	if hb, dsn := cfg.HeartbeatEvery.Duration(), r.writeDSN(report); hb > 0 && dsn != "" {
 		hctx, stop := context.WithCancel(ctx)
 		defer stop()
 		go r.heartbeat(hctx, dsn, hb)
@@ -309,10 +309,10 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 // and pos, moved to what the slot confirmed if that is further on.
 func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos position) (Report, position, error) {
 	cfg := r.src.CDC
-	// Each wait on the source before streaming is bounded by r.step: a
+	// Each wait on the source before streaming is bounded by r.waitTimeout: a
 	// stalled connection answers nothing and does not fail either, and
 	// the stream's bound of silence applies only once it streams.
-	cctx, cancel := context.WithTimeout(ctx, r.step)
+	cctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	report, err := Check(cctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs,
 		Position: pos.readFrom(), Failover: cfg.FailoverSlot})
 	cancel()
@@ -351,7 +351,7 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 // (ErrSetup); one it could not run is retried with the run.
 func (r *Reader) createPublication(ctx context.Context, srcConn *pgx.Conn) error {
 	cfg := r.src.CDC
-	pctx, cancel := context.WithTimeout(ctx, r.step)
+	pctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	_, err := srcConn.Exec(pctx, r.createPublicationStatement())
 	cancel()
 	if pgerr.Refused(err) {
@@ -454,7 +454,7 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 	out := map[string]*table{}
 	for _, id := range r.specs {
 		name := id[0] + "." + id[1]
-		dctx, cancel := context.WithTimeout(ctx, r.step)
+		dctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 		m, err := describeMirror(dctx, src, r.src, id, r.distribute)
 		cancel()
 		if err != nil {
@@ -550,7 +550,7 @@ func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
 // dropUnfinishedSlot). The creation may wait for the source's open
 // transactions for as long as they last, watched so that a stalled
 // network still ends it (see createSlotWatched); each other wait is
-// bounded by r.step.
+// bounded by r.waitTimeout.
 func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, report Report, pos position, tables map[string]*table) (position, error) {
 	cfg := r.src.CDC
 	if report.Slot.Exists {
@@ -639,7 +639,7 @@ func (r *Reader) heartbeat(ctx context.Context, dsn string, every time.Duration)
 			}
 			conn = c
 		}
-		bctx, cancel := context.WithTimeout(ctx, r.step)
+		bctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 		_, err := conn.Exec(bctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano))
 		cancel()
 		if err != nil && ctx.Err() == nil {

@@ -48,9 +48,9 @@ const replicationApp = "tidemark-cdc"
 // the slot waits for transactions open on the source.
 const slotWaitLogEvery = time.Minute
 
-// execStep runs sql on the warehouse pool, waiting at most r.step.
+// execStep runs sql on the warehouse pool, waiting at most r.waitTimeout.
 func (r *Reader) execStep(ctx context.Context, sql string, args ...any) error {
-	ctx, cancel := context.WithTimeout(ctx, r.step)
+	ctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	defer cancel()
 	return execDurable(ctx, r.pool, sql, args...)
 }
@@ -60,10 +60,10 @@ func (r *Reader) execStep(ctx context.Context, sql string, args ...any) error {
 // from it. A walsender of tidemark still holding it is ended first: that
 // of a replication connection given up on behind a stalled network lives
 // on at the server until its TCP keepalives find the client gone, and a
-// drop would wait for it that long. Each wait is bounded by r.step.
+// drop would wait for it that long. Each wait is bounded by r.waitTimeout.
 func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn) error {
 	slot := r.src.CDC.Slot
-	tctx, cancel := context.WithTimeout(ctx, r.step)
+	tctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	var ended int64
 	err := src.QueryRow(tctx, terminateSlotHolderSQL, slot, replicationApp).Scan(&ended)
 	cancel()
@@ -79,7 +79,7 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 	}
 	// WAIT: the ended session releases the slot as it exits. A slot
 	// still being created when its session ended is gone with it.
-	dctx, cancel := context.WithTimeout(ctx, r.step)
+	dctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	err = pglogrepl.DropReplicationSlot(dctx, repl, slot, pglogrepl.DropReplicationSlotOptions{Wait: true})
 	cancel()
 	if err != nil && !pgerr.UndefinedObject(err) {
@@ -94,9 +94,9 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 // to end, legitimately for as long as they last, and says nothing
 // meanwhile: a deadline on the call would fail a legitimate wait, and no
 // deadline would wait for good behind a stalled network. So while it
-// runs, every r.step/4 a query on src (an ordinary connection) checks in
+// runs, every r.waitTimeout/4 a query on src (an ordinary connection) checks in
 // pg_stat_activity that the walsender doing it is still active, and a
-// watchdog of r.step is touched each time it is. When the server stops
+// watchdog of r.waitTimeout is touched each time it is. When the server stops
 // confirming progress, or the query fails or stalls itself, the watchdog
 // ends the creation, with ErrNoProgress. The walsender left behind, if
 // the server is unreachable, is ended by the next start before it drops
@@ -104,7 +104,7 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 // creation at once, on the cancel request of the abandoned call, and an
 // interrupted creation leaves no slot.
 func (r *Reader) createSlotWatched(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, export bool, report Report) (pglogrepl.CreateReplicationSlotResult, error) {
-	wctx, wd := pgconnect.WithWatchdog(ctx, r.step)
+	wctx, wd := pgconnect.WithWatchdog(ctx, r.waitTimeout)
 	defer wd.Stop()
 	stop := make(chan struct{})
 	watched := make(chan error, 1)
@@ -137,7 +137,7 @@ func (r *Reader) createSlotWatched(ctx context.Context, repl *pgconn.PgConn, src
 	return res, nil
 }
 
-// watchSlotCreation checks every r.step/4 on src that the walsender pid
+// watchSlotCreation checks every r.waitTimeout/4 on src that the walsender pid
 // creating the slot is active, and touches wd each time it is, until stop
 // is closed or ctx ends. It returns at the first check that fails, with
 // why, and wd then fires. While the walsender waits for a lock (for the
@@ -145,7 +145,7 @@ func (r *Reader) createSlotWatched(ctx context.Context, repl *pgconn.PgConn, src
 // slotWaitLogEvery.
 func (r *Reader) watchSlotCreation(ctx context.Context, src *pgx.Conn, pid uint32, wd *pgconnect.Watchdog, stop <-chan struct{}) error {
 	started := time.Now()
-	t := time.NewTicker(r.step / 4)
+	t := time.NewTicker(r.waitTimeout / 4)
 	defer t.Stop()
 	var logged time.Time
 	for {

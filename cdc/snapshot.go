@@ -87,7 +87,7 @@ func (r *Reader) planSnapshot(ctx context.Context, name string, tables map[strin
 		return nil, err
 	}
 	defer pgconnect.Close(ctx, plan)
-	ptx, err := importSnapshot(ctx, plan, name, r.step)
+	ptx, err := importSnapshot(ctx, plan, name, r.waitTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +95,7 @@ func (r *Reader) planSnapshot(ctx context.Context, name string, tables map[strin
 	var chunks []chunk
 	for _, id := range r.specs {
 		t := tables[id[0]+"."+id[1]]
-		pctx, cancel := context.WithTimeout(ctx, r.step)
+		pctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 		wheres, err := planChunks(pctx, ptx, t, id, cfg.SnapshotChunkRows)
 		cancel()
 		if err != nil {
@@ -119,9 +119,9 @@ func (r *Reader) planSnapshot(ctx context.Context, name string, tables map[strin
 // when every chunk is committed; a snapshot cut short stays pending, and
 // the next start drops the slot and begins again.
 //
-// Each wait is bounded by r.step (warehouse.write_timeout): importing the
+// Each wait is bounded by r.waitTimeout (warehouse.write_timeout): importing the
 // snapshot, planning a table, emptying the mirrors and marking the
-// snapshot done each get r.step, and a chunk's copy may take as long as
+// snapshot done each get r.waitTimeout, and a chunk's copy may take as long as
 // its bytes keep flowing (see copyChunk). A stall on either side thus
 // fails the snapshot, and the reader's restart takes it again with a new
 // slot: the exported snapshot lives only as long as the replication
@@ -138,7 +138,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 	for _, id := range r.specs {
 		mirrors = append(mirrors, tables[id[0]+"."+id[1]].mirror.Target.Sanitize())
 	}
-	tctx, cancel := context.WithTimeout(ctx, r.step)
+	tctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	_, err = r.pool.Exec(tctx, fmt.Sprintf(truncateMirrorSQL, strings.Join(mirrors, ", ")))
 	cancel()
 	if err != nil {
@@ -179,7 +179,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 				return
 			}
 			defer pgconnect.Close(wctx, conn)
-			stx, err := importSnapshot(wctx, conn, name, r.step)
+			stx, err := importSnapshot(wctx, conn, name, r.waitTimeout)
 			if err != nil {
 				fail(err)
 				return
@@ -216,7 +216,7 @@ feed:
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	dctx, cancel := context.WithTimeout(ctx, r.step)
+	dctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	err = execDurable(dctx, r.pool, snapshotDoneSQL, r.src.Name, r.now())
 	cancel()
 	if err != nil {
@@ -228,9 +228,9 @@ feed:
 }
 
 // importSnapshot begins a read-only transaction on src in the exported
-// snapshot, waiting at most step.
-func importSnapshot(ctx context.Context, src *pgx.Conn, name string, step time.Duration) (pgx.Tx, error) {
-	ictx, cancel := context.WithTimeout(ctx, step)
+// snapshot, waiting at most timeout.
+func importSnapshot(ctx context.Context, src *pgx.Conn, name string, timeout time.Duration) (pgx.Tx, error) {
+	ictx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tx, err := src.BeginTx(ictx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
@@ -243,10 +243,10 @@ func importSnapshot(ctx context.Context, src *pgx.Conn, name string, step time.D
 	return tx, nil
 }
 
-// rollback ends tx, waiting at most r.step, also when ctx has ended: a
+// rollback ends tx, waiting at most r.waitTimeout, also when ctx has ended: a
 // rollback on a stalled connection would otherwise wait for good.
 func (r *Reader) rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.step)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.waitTimeout)
 	defer cancel()
 	_ = tx.Rollback(rctx)
 }
@@ -287,10 +287,10 @@ func (p *progressWriter) Write(b []byte) (int, error) {
 //
 // The wait for a warehouse connection is not bounded here: with
 // snapshot_workers at or above warehouse.max_conns, workers wait for each
-// other's chunks, which are. From then on a watchdog of r.step bounds the
+// other's chunks, which are. From then on a watchdog of r.waitTimeout bounds the
 // chunk, and the bytes that pass from the source's COPY into the
 // warehouse's move it on: a chunk takes as long as it needs while data
-// flows, and a stall on either side ends it within r.step of the last
+// flows, and a stall on either side ends it within r.waitTimeout of the last
 // byte.
 func (r *Reader) copyChunk(ctx context.Context, src *pgx.Conn, c chunk, loaded string) (int64, error) {
 	wh, err := r.pool.Acquire(ctx)
@@ -298,7 +298,7 @@ func (r *Reader) copyChunk(ctx context.Context, src *pgx.Conn, c chunk, loaded s
 		return 0, err
 	}
 	defer wh.Release()
-	wctx, wd := pgconnect.WithWatchdog(ctx, r.step)
+	wctx, wd := pgconnect.WithWatchdog(ctx, r.waitTimeout)
 	defer wd.Stop()
 	n, err := r.copyChunkOn(wctx, wd, wh.Conn(), src, c, loaded)
 	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
@@ -318,7 +318,7 @@ func (r *Reader) copyChunkOn(ctx context.Context, wd *pgconnect.Watchdog, wh *pg
 	}
 	defer r.rollback(ctx, tx)
 	pr, pw := io.Pipe()
-	out := bufio.NewWriterSize(&progressWriter{w: pw, wd: wd, every: r.step / 16}, copyPipeBuffer)
+	out := bufio.NewWriterSize(&progressWriter{w: pw, wd: wd, every: r.waitTimeout / 16}, copyPipeBuffer)
 	done := make(chan error, 1)
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, out, fmt.Sprintf(copyChunkSQL, cols, pgquote.Literal(loaded), c.id.Sanitize(), c.where))

@@ -110,7 +110,7 @@ sources:
 				t.Fatal(err)
 			}
 			defer conn.Close(ctx)
-			r := &Reader{src: src, pool: pool, log: slog.New(slog.DiscardHandler), step: step}
+			r := &Reader{src: src, pool: pool, log: slog.New(slog.DiscardHandler), waitTimeout: step}
 			c := chunk{t: &table{name: "public.orders", mirror: m}, id: id, where: "true"}
 
 			px.SetLatency(tt.latency)

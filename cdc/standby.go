@@ -38,7 +38,7 @@ func (r *Reader) writeDSN(report Report) string {
 }
 
 // createPublicationOnPrimary creates the publication of a source that is a
-// standby on its primary and waits, within r.step, until the standby has
+// standby on its primary and waits, within r.waitTimeout, until the standby has
 // replayed it. Without cdc.primary_dsn it says what to run.
 func (r *Reader) createPublicationOnPrimary(ctx context.Context, srcConn *pgx.Conn) error {
 	cfg := r.src.CDC
@@ -47,7 +47,7 @@ func (r *Reader) createPublicationOnPrimary(ctx context.Context, srcConn *pgx.Co
 			"run %s on the primary, or set sources.%s.cdc.primary_dsn to the primary",
 			ErrSetup, r.src.Name, cfg.Publication, "sources."+r.src.Name+".cdc.dsn", r.createPublicationStatement(), r.src.Name)
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.step)
+	pctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	defer cancel()
 	primary, err := mirror.Connect(pctx, cfg.PrimaryDSN, "tidemark-cdc")
 	if err != nil {
@@ -68,7 +68,7 @@ func (r *Reader) createPublicationOnPrimary(ctx context.Context, srcConn *pgx.Co
 		}
 		select {
 		case <-pctx.Done():
-			return fmt.Errorf("sources.%s.cdc.publication: the standby did not replay publication %s within %s: %w", r.src.Name, cfg.Publication, r.step, pctx.Err())
+			return fmt.Errorf("sources.%s.cdc.publication: the standby did not replay publication %s within %s: %w", r.src.Name, cfg.Publication, r.waitTimeout, pctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -93,7 +93,7 @@ func (r *Reader) nudgePrimary(ctx context.Context, stop <-chan struct{}) {
 	t := time.NewTicker(nudgeEvery)
 	defer t.Stop()
 	for {
-		nctx, cancel := context.WithTimeout(ctx, r.step)
+		nctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 		_, err := conn.Exec(nctx, logStandbySnapshotSQL)
 		cancel()
 		if err != nil {

@@ -86,7 +86,7 @@ func (s *stream) run(ctx context.Context) error {
 	for {
 		// Bounded like every wait before the stream's bound of silence
 		// applies.
-		sctx, cancel := context.WithTimeout(ctx, s.r.step)
+		sctx, cancel := context.WithTimeout(ctx, s.r.waitTimeout)
 		err := pglogrepl.StartReplication(sctx, s.repl, cfg.Slot, s.applied,
 			pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(cfg.Publication)})
 		cancel()
@@ -110,7 +110,7 @@ func (s *stream) run(ctx context.Context) error {
 			b.close()
 		}
 	}()
-	interval := cfg.StatusEvery.D()
+	interval := cfg.StatusEvery.Duration()
 	// silent is how long the stream has listened without hearing from the
 	// server. The server answers a status update that asks for a reply at
 	// once, and ends the session itself after wal_sender_timeout without
@@ -363,16 +363,16 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 		// reports. Once per status_every, so that an idle reader does
 		// not commit in a loop (nor retry in one while the warehouse
 		// fails).
-		if s.walEnd <= s.storedConfirmed || time.Since(s.idleRecordAt) >= s.r.src.CDC.StatusEvery.D() {
+		if s.walEnd <= s.storedConfirmed || time.Since(s.idleRecordAt) >= s.r.src.CDC.StatusEvery.Duration() {
 			pos = s.walEnd
 		} else {
 			pos = max(pos, s.storedConfirmed)
 		}
 	}
-	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.src.CDC.StatusEvery.D() {
+	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.src.CDC.StatusEvery.Duration() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.r.step)
+	ctx, cancel := context.WithTimeout(ctx, s.r.waitTimeout)
 	defer cancel()
 	if durable := max(s.applied, s.storedConfirmed); pos > durable {
 		// Beyond what the warehouse has applied: record the position
@@ -395,7 +395,7 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 	}
 	s.confirmed, s.sentAt = pos, time.Now()
 	s.r.m.confirmed.Set(float64(pos))
-	if time.Since(s.metricsAt) >= s.r.src.CDC.StatusEvery.D() {
+	if time.Since(s.metricsAt) >= s.r.src.CDC.StatusEvery.Duration() {
 		// A query on the source: once per interval, not per group.
 		s.slotMetrics(ctx)
 		s.metricsAt = time.Now()
@@ -563,10 +563,10 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 }
 
 // typeName is the SQL name of column c's type, asked of the source
-// within s.r.step: the stream waits meanwhile, and its bound of silence
+// within s.r.waitTimeout: the stream waits meanwhile, and its bound of silence
 // does not run.
 func (s *stream) typeName(ctx context.Context, t *table, c column) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.r.step)
+	ctx, cancel := context.WithTimeout(ctx, s.r.waitTimeout)
 	defer cancel()
 	var typ string
 	if err := s.src.QueryRow(ctx, formatTypeSQL, c.oid, c.mod).Scan(&typ); err != nil {
@@ -745,7 +745,7 @@ func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
 		return nil
 	default:
 	}
-	t := time.NewTicker(s.r.src.CDC.StatusEvery.D())
+	t := time.NewTicker(s.r.src.CDC.StatusEvery.Duration())
 	defer t.Stop()
 	keep := time.NewTicker(s.a.keep)
 	defer keep.Stop()

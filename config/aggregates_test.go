@@ -31,16 +31,16 @@ func TestAggregateDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := cfg.Aggregates["daily_sales"]
-	if a.Name != "daily_sales" || a.LatenessHorizon.D() != 72*time.Hour || a.BeyondHorizon != PolicyCorrection {
+	if a.Name != "daily_sales" || a.LatenessHorizon.Duration() != 72*time.Hour || a.BeyondHorizon != PolicyCorrection {
 		t.Errorf("defaults: %+v horizon %v", a, a.LatenessHorizon)
 	}
 	if a.Partition.Location().String() != "America/New_York" {
 		t.Errorf("location %v", a.Partition.Location())
 	}
-	if cfg.Reconcile.Every.D() != time.Minute || cfg.Reconcile.MaxPartitionsPerRun != 100 || cfg.Reconcile.RunTimeout.D() != 10*time.Minute {
+	if cfg.Reconcile.Every.Duration() != time.Minute || cfg.Reconcile.MaxPartitionsPerRun != 100 || cfg.Reconcile.RunTimeout.Duration() != 10*time.Minute {
 		t.Errorf("reconcile defaults: %+v", cfg.Reconcile)
 	}
-	if ts := cfg.Sources["partner"].Table; ts == nil || ts.Lookback.D() != 30*time.Minute || ts.SafetyLag != 0 {
+	if ts := cfg.Sources["partner"].Table; ts == nil || ts.Lookback.Duration() != 30*time.Minute || ts.SafetyLag != 0 {
 		t.Errorf("table source: %+v", ts)
 	}
 	// An explicit zero horizon stays zero.
@@ -49,7 +49,7 @@ func TestAggregateDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := cfg.Aggregates["daily_sales"].LatenessHorizon.D(); h != 0 {
+	if h := cfg.Aggregates["daily_sales"].LatenessHorizon.Duration(); h != 0 {
 		t.Errorf("lateness_horizon: 0 became %v", h)
 	}
 	// The longest horizon is a year of 366 days.
@@ -58,7 +58,7 @@ func TestAggregateDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := cfg.Aggregates["daily_sales"].LatenessHorizon.D(); h != 366*24*time.Hour {
+	if h := cfg.Aggregates["daily_sales"].LatenessHorizon.Duration(); h != 366*24*time.Hour {
 		t.Errorf("lateness_horizon: 366d became %v", h)
 	}
 }

@@ -248,7 +248,7 @@ func (s *Source) DedupeWindow() time.Duration {
 	if s.Dedupe == nil || s.Dedupe.By != DedupeEventID {
 		return 0
 	}
-	return s.Dedupe.Window.D()
+	return s.Dedupe.Window.Duration()
 }
 
 // Watermark tunes the event-time watermark of a source.

@@ -463,7 +463,7 @@ func TestParseEnvExpansion(t *testing.T) {
 		{"bool", func(t *testing.T) string { return replace(t, "warehouse:\n", "warehouse:\n  migrate: ${MIGRATE}\n") },
 			func(c *Config) any { return c.Warehouse.Migrate }, false},
 		{"duration", func(*testing.T) string { return base("    max_age: ${AGE}") },
-			func(c *Config) any { return c.Sources["app_events"].MaxAge.D() }, 45 * 24 * time.Hour},
+			func(c *Config) any { return c.Sources["app_events"].MaxAge.Duration() }, 45 * 24 * time.Hour},
 		{"size from a default", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: ${NOPE:-4MiB}") },
 			func(c *Config) any { return c.Ingest.BatchMaxBytes }, ByteSize(4 << 20)},
 		{"choice", func(*testing.T) string { return base("log:", "  level: ${LEVEL}") },
@@ -956,8 +956,8 @@ func TestDurationString(t *testing.T) {
 		}
 		if tt.d > 0 {
 			back, err := ParseDuration(tt.d.String())
-			if err != nil || back != tt.d.D() {
-				t.Errorf("ParseDuration(%q) = %v, %v, want %v", tt.d.String(), back, err, tt.d.D())
+			if err != nil || back != tt.d.Duration() {
+				t.Errorf("ParseDuration(%q) = %v, %v, want %v", tt.d.String(), back, err, tt.d.Duration())
 			}
 		}
 	}

@@ -36,9 +36,11 @@ func TestKafkaAuthKeys(t *testing.T) {
 		{"token_file", doc(tlsBlock, "  sasl: {mechanism: OAUTHBEARER, token_file: "+tok+", extensions: {logicalCluster: lkc1}}"),
 			func(s *SASL) bool { return s.TokenFile == tok && s.Extensions["logicalCluster"] == "lkc1" }},
 		{"token_command", doc(tlsBlock, "  sasl: {mechanism: OAUTHBEARER, token_command: [cat, "+tok+"], token_command_timeout: 2s}"),
-			func(s *SASL) bool { return len(s.TokenCommand) == 2 && s.TokenCommandTimeout.D() == 2*time.Second }},
+			func(s *SASL) bool {
+				return len(s.TokenCommand) == 2 && s.TokenCommandTimeout.Duration() == 2*time.Second
+			}},
 		{"token_command default timeout", doc(tlsBlock, "  sasl: {mechanism: OAUTHBEARER, token_command: [cat, "+tok+"]}"),
-			func(s *SASL) bool { return s.TokenCommandTimeout.D() == 10*time.Second }},
+			func(s *SASL) bool { return s.TokenCommandTimeout.Duration() == 10*time.Second }},
 		{"aws keys", doc(tlsBlock, "  sasl: {mechanism: AWS_MSK_IAM, access_key: AKIA1, secret_key: s, session_token: t}"),
 			func(s *SASL) bool { return s.AccessKey == "AKIA1" && s.SessionToken == "t" }},
 		{"aws environment", doc(tlsBlock, "  sasl: {mechanism: AWS_MSK_IAM}"),

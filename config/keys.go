@@ -168,7 +168,7 @@ var keys = []Key{
 			if err != nil {
 				panic("config: the default of schema_registry.timeout: " + err.Error())
 			}
-			return Duration(max(min(d, c.Kafka.RebalanceTimeout.D()/4), minRegistryTimeout)).String()
+			return Duration(max(min(d, c.Kafka.RebalanceTimeout.Duration()/4), minRegistryTimeout)).String()
 		}},
 
 	{Path: "ingest.batch_max_rows", Default: "50000", Min: "1", Max: "1000000"},

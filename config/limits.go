@@ -24,8 +24,8 @@ type WarehouseLimits struct {
 
 // Settings returns how to reach the warehouse, for package pgconnect.
 func (w Warehouse) Settings() pgconnect.Settings {
-	return pgconnect.Settings{DSN: w.DSN, MaxConns: int(w.MaxConns), StatementTimeout: w.StatementTimeout.D(),
-		LockTimeout: w.LockTimeout.D(), IdleInTransaction: w.IdleInTransactionSessionTimeout.D()}
+	return pgconnect.Settings{DSN: w.DSN, MaxConns: int(w.MaxConns), StatementTimeout: w.StatementTimeout.Duration(),
+		LockTimeout: w.LockTimeout.Duration(), IdleInTransaction: w.IdleInTransactionSessionTimeout.Duration()}
 }
 
 func (c *Config) validateLimits(ix *index) {

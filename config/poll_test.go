@@ -27,13 +27,13 @@ func TestPollDefaults(t *testing.T) {
 	}
 	s := cfg.Sources["customers"]
 	p, m := s.Poll, s.Mirror
-	if p.Every.D() != time.Minute || p.ChunkRows != 10000 || p.MaxRowsPerRun != 1_000_000 || p.Lookback.D() != 30*time.Minute || p.SafetyLag.D() != time.Minute {
+	if p.Every.Duration() != time.Minute || p.ChunkRows != 10000 || p.MaxRowsPerRun != 1_000_000 || p.Lookback.Duration() != 30*time.Minute || p.SafetyLag.Duration() != time.Minute {
 		t.Errorf("poll defaults: %+v", p)
 	}
 	if p.Location() != nil {
 		t.Errorf("no time_zone configured, got %v", p.Location())
 	}
-	if m.Deletes != DeletesSoft || m.DeletedColumn != "deleted_at" || m.LoadedColumn != "loaded_at" || m.KeyReconcileEvery.D() != time.Hour {
+	if m.Deletes != DeletesSoft || m.DeletedColumn != "deleted_at" || m.LoadedColumn != "loaded_at" || m.KeyReconcileEvery.Duration() != time.Hour {
 		t.Errorf("mirror defaults: %+v", m)
 	}
 	if d := m.KeyReconcileMaxDelete; d == nil || *d != DefaultKeyReconcileMaxDelete || d.String() != "10%" {
@@ -140,7 +140,7 @@ func TestCDCConfig(t *testing.T) {
 	s := cfg.Sources["shop"]
 	c := s.CDC
 	if c.Slot != "tidemark_shop" || c.Publication != "tidemark_shop" || c.Snapshot != SnapshotInitial || c.Truncate != TruncateApply ||
-		c.HeartbeatEvery.D() != time.Minute || c.SnapshotWorkers != 2 || c.SnapshotChunkRows != 250000 || c.StatusEvery.D() != 10*time.Second || s.RawPartition != PartitionMonth || s.Mirror.Deletes != DeletesSoft {
+		c.HeartbeatEvery.Duration() != time.Minute || c.SnapshotWorkers != 2 || c.SnapshotChunkRows != 250000 || c.StatusEvery.Duration() != 10*time.Second || s.RawPartition != PartitionMonth || s.Mirror.Deletes != DeletesSoft {
 		t.Errorf("defaults: %+v %+v", c, s.Mirror)
 	}
 	if got := s.MirrorTables(); got["public.customers"] != "mirror.customers" || got["public.orders"] != "mirror.orders" {

@@ -88,7 +88,7 @@ func (c *Config) validateRegistry(ix *index, needed string) {
 	// A poll waits for the registry up to two timeouts while it holds a
 	// rebalance (see the ingester).
 	switch {
-	case !c.check(ix, "schema_registry.timeout", "") || needed == "" || 2*r.Timeout.D() < c.Kafka.RebalanceTimeout.D() || c.Kafka.RebalanceTimeout <= 0:
+	case !c.check(ix, "schema_registry.timeout", "") || needed == "" || 2*r.Timeout.Duration() < c.Kafka.RebalanceTimeout.Duration() || c.Kafka.RebalanceTimeout <= 0:
 	case r.timeoutSet:
 		ix.add("schema_registry.timeout", "must be less than half of kafka.rebalance_timeout (%s), got %s: a poll waits up to two timeouts for the registry while it holds a rebalance",
 			c.Kafka.RebalanceTimeout, r.Timeout)

@@ -34,14 +34,14 @@ func TestSchemaRegistryKeys(t *testing.T) {
 	}{
 		{"json by default", base(), func(c *Config) bool { return c.Sources["app_events"].Format == FormatJSON }},
 		{"avro", doc(FormatAvro, "  url: http://registry:8081"), func(c *Config) bool {
-			return c.Sources["app_events"].Format == FormatAvro && c.SchemaRegistry.Timeout.D() == 10*time.Second
+			return c.Sources["app_events"].Format == FormatAvro && c.SchemaRegistry.Timeout.Duration() == 10*time.Second
 		}},
 		{"basic with password_file", doc(FormatProtobuf, "  url: https://registry", "  basic: {username: u, password_file: "+pw+"}"),
 			func(c *Config) bool { return c.SchemaRegistry.Basic.Password == "s3cret" }},
 		{"bearer and tls", doc(FormatJSONSchema, "  url: https://registry", "  bearer: {token_file: "+tok+"}",
 			"  tls: {server_name: sr, insecure_skip_verify: true}", "  timeout: 2s"),
 			func(c *Config) bool {
-				return c.SchemaRegistry.Bearer.TokenFile == tok && c.SchemaRegistry.TLS.InsecureSkipVerify && c.SchemaRegistry.Timeout.D() == 2*time.Second
+				return c.SchemaRegistry.Bearer.TokenFile == tok && c.SchemaRegistry.TLS.InsecureSkipVerify && c.SchemaRegistry.Timeout.Duration() == 2*time.Second
 			}},
 	}
 	for _, tt := range valid {
@@ -136,7 +136,7 @@ func TestSchemaRegistryTimeoutDefault(t *testing.T) {
 	}
 	for _, tt := range valid {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := mustParse(t, doc(tt.rebalance, tt.timeout), nil).SchemaRegistry.Timeout.D(); got != tt.want {
+			if got := mustParse(t, doc(tt.rebalance, tt.timeout), nil).SchemaRegistry.Timeout.Duration(); got != tt.want {
 				t.Errorf("timeout %s, want %s", got, tt.want)
 			}
 		})

@@ -16,8 +16,8 @@ import (
 // "d" unit for days: "250ms", "1m30s", "72h", "3d", "1d12h".
 type Duration time.Duration
 
-// D returns the value as a time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
+// Duration returns the value as a time.Duration.
+func (d Duration) Duration() time.Duration { return time.Duration(d) }
 
 // String formats the duration, using days where they divide evenly.
 func (d Duration) String() string {

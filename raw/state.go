@@ -72,16 +72,16 @@ func EventTimeWatermark(src *config.Source, parts []PartitionState, now time.Tim
 		if !haveAll || t.After(all) {
 			all, haveAll = t, true
 		}
-		idle := p.LastEventAt == nil || now.Sub(*p.LastEventAt) > src.Watermark.IdleTimeout.D()
+		idle := p.LastEventAt == nil || now.Sub(*p.LastEventAt) > src.Watermark.IdleTimeout.Duration()
 		if !idle && (!haveActive || t.Before(active)) {
 			active, haveActive = t, true
 		}
 	}
 	switch {
 	case haveActive:
-		return active.Add(-src.Watermark.OutOfOrderness.D()), true
+		return active.Add(-src.Watermark.OutOfOrderness.Duration()), true
 	case haveAll:
-		return all.Add(-src.Watermark.OutOfOrderness.D()), true
+		return all.Add(-src.Watermark.OutOfOrderness.Duration()), true
 	}
 	return time.Time{}, false
 }

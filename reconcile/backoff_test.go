@@ -39,7 +39,7 @@ func TestFailingPartitionBacksOff(t *testing.T) {
 	b.cfg.Reconcile.MaxPartitionsPerRun = 1
 	b.startIngest()
 	r, reg := b.reconciler()
-	every := b.cfg.Reconcile.Every.D()
+	every := b.cfg.Reconcile.Every.Duration()
 	if every != time.Minute {
 		t.Fatalf("reconcile.every %v, want the default 1m", every)
 	}

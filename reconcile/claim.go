@@ -263,14 +263,14 @@ func (r *Reconciler) claimTable(ctx context.Context, tx pgx.Tx, d *aggregate.Def
 		return nil, time.Time{}, fmt.Errorf("lock load watermark: %w", err)
 	}
 	var upper time.Time
-	if err := tx.QueryRow(ctx, "SELECT statement_timestamp() - $1::interval", ts.SafetyLag.D().String()).Scan(&upper); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT statement_timestamp() - $1::interval", ts.SafetyLag.Duration().String()).Scan(&upper); err != nil {
 		return nil, time.Time{}, fmt.Errorf("read clock: %w", err)
 	}
 	wm := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	low := wm
 	if through.Valid {
 		wm = through
-		low = pgtype.Timestamptz{Time: through.Time.Add(-ts.Lookback.D()), Valid: true}
+		low = pgtype.Timestamptz{Time: through.Time.Add(-ts.Lookback.Duration()), Valid: true}
 	}
 	w := newWindow()
 	sql := fmt.Sprintf(tableWindowSQL, d.Raw.Sanitize(), pgquote.Ident(d.EventTime), pgquote.Ident(d.IngestedAt))

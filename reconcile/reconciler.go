@@ -550,7 +550,7 @@ func (r *Reconciler) rebuildNext(ctx context.Context, conn *pgx.Conn, d *aggrega
 			return fmt.Errorf("%w (rolling back: %w)", err, rbErr)
 		}
 		o.failed, o.attempts = err, attempts+1
-		o.nextAttempt = now.Add(retryBackoff(r.cfg.Reconcile.Every.D(), o.attempts))
+		o.nextAttempt = now.Add(retryBackoff(r.cfg.Reconcile.Every.Duration(), o.attempts))
 		return tx.QueryRow(ctx, failPendingSQL, d.Name, o.start, o.attempts, err.Error(), r.now(), o.nextAttempt).Scan(&o.failingSince)
 	})
 	if err != nil {
@@ -571,7 +571,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if err := r.prepareAll(ctx); err != nil || ctx.Err() != nil {
 		return err
 	}
-	job := periodic.Job{Name: "reconcile", Every: r.cfg.Reconcile.Every.D(), FromStart: true, Log: r.log,
+	job := periodic.Job{Name: "reconcile", Every: r.cfg.Reconcile.Every.Duration(), FromStart: true, Log: r.log,
 		Run: func(ctx context.Context) error {
 			r.pass(ctx)
 			return nil // pass logs each aggregate's failure
@@ -586,7 +586,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) prepareAll(ctx context.Context) error {
 	retry := backoff.Backoff{First: prepareRetry, Max: prepareRetry}
 	for {
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.Duration())
 		err := r.Prepare(pctx)
 		cancel()
 		switch {
@@ -609,7 +609,7 @@ func (r *Reconciler) prepareAll(ctx context.Context) error {
 // ends without a word.
 func (r *Reconciler) pass(ctx context.Context) {
 	for _, name := range r.names {
-		rctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.D())
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.Reconcile.RunTimeout.Duration())
 		rep, err := r.RunOnce(rctx, name, false)
 		busy := err == nil && rep.Busy
 		if busy {

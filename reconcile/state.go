@@ -70,11 +70,11 @@ func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *agg
 	if err := conn.QueryRow(ctx, readSourceWatermarkSQL, d.Source).Scan(&stored); err != nil && err != pgx.ErrNoRows {
 		return pgtype.Timestamptz{}, err
 	}
-	holdBack := src.Watermark.OutOfOrderness.D()
+	holdBack := src.Watermark.OutOfOrderness.Duration()
 	if src.Poll != nil {
 		// As the poller computes it: rows found through the lookback are
 		// up to that much older than the newest one read.
-		holdBack = max(holdBack, src.Poll.Lookback.D())
+		holdBack = max(holdBack, src.Poll.Lookback.Duration())
 	}
 	if !w.maxEvent.IsZero() {
 		if c := w.maxEvent.Add(-holdBack); !stored.Valid || c.After(stored.Time) {

@@ -399,8 +399,8 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Tim
 		if err != nil {
 			return nil, err
 		}
-		ledger = append(ledger, rule{"tidemark.ingest_ledger", ledgerWhere, []any{name, now.Add(-ret.Ledger.D()), below}})
-		dead = append(dead, rule{"tidemark.dead_letters", deadLetterWhere, []any{name, now.Add(-src.Retention.DeadLetters.D())}})
+		ledger = append(ledger, rule{"tidemark.ingest_ledger", ledgerWhere, []any{name, now.Add(-ret.Ledger.Duration()), below}})
+		dead = append(dead, rule{"tidemark.dead_letters", deadLetterWhere, []any{name, now.Add(-src.Retention.DeadLetters.Duration())}})
 	}
 	var sources []string
 	for source := range v.bySource {
@@ -417,11 +417,11 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Tim
 			bound = from
 		}
 		for _, d := range v.bySource[source] {
-			corrections = append(corrections, rule{"tidemark.corrections", correctionsWhere, []any{d.Name, now.Add(-ret.Corrections.D()), bound}})
+			corrections = append(corrections, rule{"tidemark.corrections", correctionsWhere, []any{d.Name, now.Add(-ret.Corrections.Duration()), bound}})
 			if d.Calendar.Loc == nil {
 				continue
 			}
-			cut := d.Calendar.Of(now.Add(-ret.Arrivals.D())).Start
+			cut := d.Calendar.Of(now.Add(-ret.Arrivals.Duration())).Start
 			var oldest *time.Time
 			if err := conn.QueryRow(ctx, latestFinalSQL, d.Name, lateness.HistoryPartitions(d.Calendar.By)).Scan(&oldest); err != nil {
 				return nil, fmt.Errorf("prune: arrival history of %s: %w", d.Name, err)
@@ -432,7 +432,7 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Tim
 			arrivals = append(arrivals, rule{"tidemark.partition_arrivals", arrivalsWhere, []any{d.Name, cut}})
 		}
 	}
-	runs := now.Add(-ret.Runs.D())
+	runs := now.Add(-ret.Runs.Duration())
 	ids = append(ids, rule{"tidemark.event_ids", otherEventIDsWhere, []any{deduped, now.Add(-config.MaxDedupeWindow)}})
 	out := append(append(append(append(ledger, dead...), ids...), corrections...), arrivals...)
 	return append(out,
@@ -488,7 +488,7 @@ const runTimeout = 10 * time.Minute
 // run is logged and tried again at the next interval; while another
 // process prunes, this one stands by.
 func (p *Pruner) Loop(ctx context.Context) error {
-	job := periodic.Job{Name: "retention run", Every: p.cfg.Retention.Every.D(), FromStart: true, Timeout: runTimeout, Log: p.log,
+	job := periodic.Job{Name: "retention run", Every: p.cfg.Retention.Every.Duration(), FromStart: true, Timeout: runTimeout, Log: p.log,
 		Run: func(rctx context.Context) error {
 			rep, err := p.Run(rctx, false)
 			switch {

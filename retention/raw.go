@@ -104,7 +104,7 @@ func (p *Pruner) pruneRaw(ctx context.Context, conn *pgx.Conn, v view, src *conf
 		return out, fmt.Errorf("prune: %w", err)
 	}
 	aggs := v.names(src.Name)
-	cutoff := now.Add(-src.Retention.Raw.D())
+	cutoff := now.Add(-src.Retention.Raw.Duration())
 	kept := 0
 	for _, part := range parts {
 		if part.End.After(cutoff) {
@@ -219,7 +219,7 @@ func (p *Pruner) drop(ctx context.Context, conn *pgx.Conn, v view, src *config.S
 	var why string
 	counts := map[string]int64{}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		timeout := fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", p.cfg.Retention.LockTimeout.D().Milliseconds())
+		timeout := fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", p.cfg.Retention.LockTimeout.Duration().Milliseconds())
 		steps := []struct {
 			sql  string
 			args []any

@@ -57,7 +57,7 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 				return nil, err
 			}
 			add(component{name: "poll " + name, run: p.Run})
-			if every := src.Mirror.KeyReconcileEvery.D(); every > 0 {
+			if every := src.Mirror.KeyReconcileEvery.Duration(); every > 0 {
 				keys := mirror.KeyOptions{Logger: log, Registerer: reg, Now: now, MaxDelete: src.Mirror.KeyReconcileMaxDelete}
 				add(component{name: "keys " + name, run: func(ctx context.Context) error {
 					keyLoop(ctx, p, src.Poll.DSN, pool, every, keys)
@@ -108,8 +108,8 @@ func reconcileComponents(cfg *config.Config, pool *pgxpool.Pool, opts Options) (
 		if err != nil {
 			return nil, err
 		}
-		s := &backfill.Schedule{Pool: pool, Aggregate: name, Definition: own.Definition, VerifyEvery: a.VerifyEvery.D(),
-			RefreshEvery: a.RefreshEvery.D(), Now: opts.Now, Logger: opts.Logger, Registerer: opts.Registry}
+		s := &backfill.Schedule{Pool: pool, Aggregate: name, Definition: own.Definition, VerifyEvery: a.VerifyEvery.Duration(),
+			RefreshEvery: a.RefreshEvery.Duration(), Now: opts.Now, Logger: opts.Logger, Registerer: opts.Registry}
 		out = append(out, component{name: "schedule " + name, run: s.Run})
 	}
 	return out, nil

@@ -80,7 +80,7 @@ func LatenessRange(cfg *config.Config, source string, now time.Time) (since, unt
 	var longest time.Duration
 	for _, a := range cfg.Aggregates {
 		if a.Source == source {
-			longest = max(longest, a.LatenessHorizon.D())
+			longest = max(longest, a.LatenessHorizon.Duration())
 		}
 	}
 	until = now.Add(-longest)

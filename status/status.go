@@ -669,7 +669,7 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 	for _, name := range cfg.AggregateNames() {
 		a := cfg.Aggregates[name]
 		ag := Aggregate{Name: name, Source: a.Source, Table: a.Table, Policy: a.BeyondHorizon, Horizon: a.LatenessHorizon.String(),
-			HorizonSeconds: int64(a.LatenessHorizon.D() / time.Second),
+			HorizonSeconds: int64(a.LatenessHorizon.Duration() / time.Second),
 			Partition:      a.Partition.By + " in " + a.Partition.TimeZone, Partitions: []AggPartition{}, Failing: []FailingPartition{}}
 		err := q.QueryRow(ctx, aggregateStateSQL, name).Scan(&ag.LoadWatermark, &ag.IngestedThrough, &ag.WatermarkMovedAt,
 			&ag.LastRunAt, &ag.EventTimeWatermark, &ag.Queued)
@@ -692,7 +692,7 @@ func gatherAggregates(ctx context.Context, q Querier, cfg *config.Config, r *Rep
 			if final != nil {
 				p.FinalAt = final.UTC()
 			} else {
-				p.FinalAt = p.End.Add(a.LatenessHorizon.D()).UTC()
+				p.FinalAt = p.End.Add(a.LatenessHorizon.Duration()).UTC()
 			}
 			return p, err
 		})

@@ -130,7 +130,7 @@ func cmdBackfill(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return exitUsage
 	}
 	opts := backfill.Options{Kind: "backfill", Chunk: span, Concurrency: *f.concurrency, Reprocess: rp, Shadow: *shadow, Force: *force,
-		Publish: *publish, ShadowMaxAge: cfg.Retention.Ledger.D()}
+		Publish: *publish, ShadowMaxAge: cfg.Retention.Ledger.Duration()}
 	switch {
 	case *shadow:
 		opts.Kind, opts.Reprocess = "shadow", backfill.Completed

@@ -122,8 +122,8 @@ func newDecoder(src *config.Source) (*Decoder, error) {
 		idFallback:   src.EventIDFallback == config.FallbackCoordinates,
 		timeFallback: src.EventTimeFallback == config.FallbackRecordTimestamp,
 		format:       src.EventTimeFormat,
-		maxAge:       src.MaxAge.D(),
-		maxTS:        src.MaxFutureSkew.D(),
+		maxAge:       src.MaxAge.Duration(),
+		maxTS:        src.MaxFutureSkew.Duration(),
 		limits:       src.Decode,
 	}
 	d.idIdx, d.tsIdx = -1, -1

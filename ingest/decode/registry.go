@@ -142,7 +142,7 @@ func NewRegistry(c config.SchemaRegistry) (*Registry, error) {
 	transport.TLSClientConfig = tc
 	opts := []sr.ClientOpt{
 		sr.URLs(c.URL),
-		sr.HTTPClient(&http.Client{Transport: transport, Timeout: c.Timeout.D()}),
+		sr.HTTPClient(&http.Client{Transport: transport, Timeout: c.Timeout.Duration()}),
 		sr.UserAgent("tidemark"),
 	}
 	if b := c.Basic; b.Username != "" {
@@ -162,7 +162,7 @@ func NewRegistry(c config.SchemaRegistry) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schema_registry: %w", err)
 	}
-	timeout := c.Timeout.D()
+	timeout := c.Timeout.Duration()
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}

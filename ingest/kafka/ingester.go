@@ -260,9 +260,9 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(in.start),
-		kgo.SessionTimeout(cfg.Kafka.SessionTimeout.D()),
-		kgo.HeartbeatInterval(min(3*time.Second, cfg.Kafka.SessionTimeout.D()/3)),
-		kgo.RebalanceTimeout(cfg.Kafka.RebalanceTimeout.D()),
+		kgo.SessionTimeout(cfg.Kafka.SessionTimeout.Duration()),
+		kgo.HeartbeatInterval(min(3*time.Second, cfg.Kafka.SessionTimeout.Duration()/3)),
+		kgo.RebalanceTimeout(cfg.Kafka.RebalanceTimeout.Duration()),
 		kgo.FetchMaxBytes(int32(cfg.Kafka.FetchMaxBytes)),
 		kgo.FetchMaxPartitionBytes(int32(cfg.Kafka.FetchMaxPartitionBytes)),
 		kgo.AdjustFetchOffsetsFn(in.adjustOffsets),
@@ -391,7 +391,7 @@ func (in *Ingester) prepare(ctx context.Context) error {
 func (in *Ingester) ensureTables(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.WriteTimeout.D())
+	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.WriteTimeout.Duration())
 	defer cancel()
 	for _, s := range in.sources {
 		if s.prepared {
@@ -489,7 +489,7 @@ func (in *Ingester) flushDue() bool {
 	}
 	return in.b.len() >= int(in.cfg.Ingest.BatchMaxRows) ||
 		int64(in.b.bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) ||
-		!time.Now().Before(in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()))
+		!time.Now().Before(in.b.started.Add(in.cfg.Ingest.BatchMaxAge.Duration()))
 }
 
 func (in *Ingester) batchDeadline() (time.Time, bool) {
@@ -498,7 +498,7 @@ func (in *Ingester) batchDeadline() (time.Time, bool) {
 	if in.b.empty() {
 		return time.Time{}, false
 	}
-	return in.b.started.Add(in.cfg.Ingest.BatchMaxAge.D()), true
+	return in.b.started.Add(in.cfg.Ingest.BatchMaxAge.Duration()), true
 }
 
 // flushDecodingAhead writes the batch in flight while another goroutine
@@ -628,7 +628,7 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 	// timeout, so that resolving them takes two at most: a poll holds
 	// rebalances until its records are decoded. The partitions left
 	// waiting are read again at the next poll.
-	until := time.Now().Add(in.cfg.SchemaRegistry.Timeout.D())
+	until := time.Now().Add(in.cfg.SchemaRegistry.Timeout.Duration())
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
 		if d.src != nil {
@@ -858,7 +858,7 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 // Citus the coordinator shows the batch before the workers confirm), and
 // the next attempt would find its own batch stored.
 func (in *Ingester) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	timeout := in.cfg.Warehouse.WriteTimeout.D()
+	timeout := in.cfg.Warehouse.WriteTimeout.Duration()
 	if deadline, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(deadline))
 	}
@@ -957,7 +957,7 @@ func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
 	// client's deadline, so that a session the client gave up on does
 	// not hold its row locks.
 	return pgconnect.Warehouse(ctx, in.cfg.Warehouse.Settings(), "tidemark-ingest",
-		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.WriteTimeout.D().Milliseconds())})
+		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.WriteTimeout.Duration().Milliseconds())})
 }
 
 // precreateEvery is how often the ingester creates the raw partitions
@@ -971,7 +971,7 @@ func (in *Ingester) precreate(ctx context.Context) {
 	job := periodic.Job{
 		Name:    "creating upcoming raw partitions",
 		Every:   precreateEvery,
-		Timeout: in.cfg.Warehouse.WriteTimeout.D(),
+		Timeout: in.cfg.Warehouse.WriteTimeout.Duration(),
 		Run:     in.precreateOnce,
 		Log:     in.log,
 	}
@@ -1133,7 +1133,7 @@ func (in *Ingester) onAssigned(_ context.Context, _ *kgo.Client, assigned map[st
 func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	deadline := time.Now().Add(in.cfg.Kafka.RebalanceTimeout.D() / 2)
+	deadline := time.Now().Add(in.cfg.Kafka.RebalanceTimeout.Duration() / 2)
 	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	for !in.b.empty() {

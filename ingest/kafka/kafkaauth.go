@@ -196,7 +196,7 @@ func (a *kafkaAuth) token(ctx context.Context) (string, error) {
 		}
 		return tok, nil
 	}
-	tok, err := runTokenCommand(ctx, s.TokenCommand, s.TokenCommandTimeout.D())
+	tok, err := runTokenCommand(ctx, s.TokenCommand, s.TokenCommandTimeout.Duration())
 	if err != nil {
 		return "", &AuthError{Reason: "SASL: cannot get the OAUTHBEARER token", Err: fmt.Errorf("kafka.sasl.token_command: %w", err)}
 	}

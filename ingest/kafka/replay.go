@@ -166,7 +166,7 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 		opts: opts,
 		src:  src,
 		w:    &writer{group: cfg.Kafka.Group, conn: conn},
-		wait: cfg.Warehouse.WriteTimeout.D(),
+		wait: cfg.Warehouse.WriteTimeout.Duration(),
 		rep:  ReplayReport{Source: opts.Source, DryRun: opts.DryRun, Failing: map[string]int{}},
 	}
 	ectx, cancel := context.WithTimeout(ctx, r.wait)

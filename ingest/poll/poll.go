@@ -221,7 +221,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Po
 	}
 	opts = opts.withDefaults()
 	p := &Poller{src: src, table: t, raw: raw.ForSource(cfg, name), pool: pool,
-		log: opts.Logger.With("source", name), now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.WriteTimeout.D(),
+		log: opts.Logger.With("source", name), now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.WriteTimeout.Duration(),
 		progress: opts.Progress}
 	p.raw.Log = opts.Logger
 	p.m.register(name, p.now)
@@ -479,7 +479,7 @@ func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
 	if err := p.prepare(ctx); err != nil {
 		return rep, err
 	}
-	lookback := p.src.Poll.Lookback.D()
+	lookback := p.src.Poll.Lookback.Duration()
 	if run.Lookback != nil {
 		lookback = *run.Lookback
 	}
@@ -559,7 +559,7 @@ func (p *Poller) lockWatermark(ctx context.Context, tx pgx.Tx, lookback time.Dur
 // the poller described.
 func (p *Poller) openWindow(ctx context.Context, tx, stx pgx.Tx, upper time.Time, low pgtype.Timestamptz, rep *Report) error {
 	if upper.IsZero() {
-		if err := stx.QueryRow(ctx, sourceUpperSQL, p.src.Poll.SafetyLag.D().Microseconds()).Scan(&upper); err != nil {
+		if err := stx.QueryRow(ctx, sourceUpperSQL, p.src.Poll.SafetyLag.Duration().Microseconds()).Scan(&upper); err != nil {
 			return fmt.Errorf("source clock: %w", err)
 		}
 	}
@@ -701,7 +701,7 @@ func (p *Poller) advance(ctx context.Context, tx pgx.Tx, maxRead, ingestedAt tim
 	rep.Watermark = after.Time
 	// Rows found through the lookback may be that much older than the
 	// watermark.
-	wm := after.Time.Add(-max(p.src.Watermark.OutOfOrderness.D(), lookback))
+	wm := after.Time.Add(-max(p.src.Watermark.OutOfOrderness.Duration(), lookback))
 	if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.src.Name, wm, ingestedAt); err != nil {
 		return fmt.Errorf("store the event-time watermark: %w", err)
 	}
@@ -1099,7 +1099,7 @@ func (o Options) withDefaults() Options {
 // run that stopped at max_rows_per_run is followed at once; a failed run
 // is logged and retried after 1s, doubling up to poll.every.
 func (p *Poller) Run(ctx context.Context) error {
-	every := p.src.Poll.Every.D()
+	every := p.src.Poll.Every.Duration()
 	var more bool // the last run stopped at max_rows_per_run
 	job := periodic.Job{
 		Name:    "poll run",
