@@ -48,7 +48,7 @@ type Inspection struct {
 func Inspect(ctx context.Context, cfg *config.Config, name string, wh *pgxpool.Pool) Inspection {
 	in := Inspection{Source: name}
 	src := cfg.Sources[name]
-	if src == nil || src.CDC == nil {
+	if src.Kind() != config.KindCDC {
 		in.Err = fmt.Errorf("%s is not a CDC source of the configuration", name)
 		return in
 	}

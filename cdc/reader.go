@@ -127,7 +127,7 @@ func (o Options) withDefaults() Options {
 // New returns the reader of the CDC source called name.
 func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Reader, error) {
 	src := cfg.Sources[name]
-	if src == nil || src.CDC == nil {
+	if src.Kind() != config.KindCDC {
 		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
 	}
 	opts = opts.withDefaults()
@@ -505,7 +505,7 @@ func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx
 // with key reconciliation.
 func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Table, error) {
 	s := cfg.Sources[name]
-	if s == nil || s.CDC == nil {
+	if s.Kind() != config.KindCDC {
 		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
 	}
 	src, err := mirror.Connect(ctx, s.CDC.DSN, "tidemark-keys")

@@ -487,7 +487,7 @@ func (c *Config) validate(ix *index) {
 		}
 		if s.Mirror != nil {
 			switch {
-			case s.Debezium():
+			case s.Kind() == KindDebezium:
 				c.validateDebeziumMirror(ix, p, s, mirrors)
 			case s.Poll != nil:
 				if s.Mirror.Schema != "" {
@@ -501,7 +501,7 @@ func (c *Config) validate(ix *index) {
 			}
 			for key, set := range map[string]bool{"position_column": s.Mirror.PositionColumn != "",
 				"source_dsn": s.Mirror.SourceDSN != "", "source_table": s.Mirror.SourceTable != ""} {
-				if set && !s.Debezium() {
+				if set && s.Kind() != KindDebezium {
 					ix.add(p+".mirror."+key, "applies to Debezium sources (format: debezium) only")
 				}
 			}
@@ -575,7 +575,7 @@ func (c *Config) validateKafkaSource(ix *index, name string, s *Source, topics m
 	if !slices.Contains(Formats, s.Format) {
 		return // validateFormat says why; the other keys depend on it
 	}
-	if s.Debezium() {
+	if s.Kind() == KindDebezium {
 		c.validateDebeziumSource(ix, p, s)
 		for _, key := range []string{"raw_partition", "watermark.out_of_orderness", "watermark.idle_timeout"} {
 			c.check(ix, "sources.<name>."+key, name)

@@ -2,17 +2,6 @@ package config
 
 import "github.com/jackc/pgx/v5"
 
-// Debezium reports whether s is a Kafka source of Debezium change events.
-func (s *Source) Debezium() bool {
-	return s != nil && s.Kafka != nil && s.Format == FormatDebezium
-}
-
-// RowChanges reports whether raw.<name> of s holds row changes (poll, CDC
-// and Debezium sources) rather than Kafka events.
-func (s *Source) RowChanges() bool {
-	return s.Poll != nil || s.CDC != nil || s.Debezium()
-}
-
 // validateDebeziumSource checks a Kafka source of format debezium: its
 // event ids and times come from the change events, so the keys that say
 // where they are do not apply, and it needs a mirror.

@@ -67,8 +67,8 @@ func TestDebeziumSource(t *testing.T) {
 				t.Fatalf("Parse: %v", err)
 			}
 			s := cfg.Sources["customers"]
-			if !s.Debezium() || !s.RowChanges() {
-				t.Errorf("Debezium() = %v, RowChanges() = %v; want both true", s.Debezium(), s.RowChanges())
+			if s.Kind() != KindDebezium || !s.Kind().RowChanges() {
+				t.Errorf("Kind() == KindDebezium: %v, RowChanges(): %v; want both true", s.Kind() == KindDebezium, s.Kind().RowChanges())
 			}
 			if s.RawPartition != PartitionMonth || s.Mirror.PositionColumn != "source_position" || s.Mirror.Deletes != DeletesSoft {
 				t.Errorf("defaults: raw_partition %q, position_column %q, deletes %q", s.RawPartition, s.Mirror.PositionColumn, s.Mirror.Deletes)

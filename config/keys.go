@@ -67,7 +67,7 @@ const postgresLimit = " (about 24.8 days, PostgreSQL's limit)"
 // pollAndCDC gives month partitions to poll, CDC and Debezium sources: rows of a
 // table's history span years, and day partitions would be many and small.
 func pollAndCDC(_ *Config, s *Source, def string) string {
-	if s.RowChanges() {
+	if s.Kind().RowChanges() {
 		return PartitionMonth
 	}
 	return def
@@ -77,7 +77,7 @@ func pollAndCDC(_ *Config, s *Source, def string) string {
 // Debezium source, which refuses it: its event ids and times come from
 // the change events.
 func notDebezium(_ *Config, s *Source, def string) string {
-	if s.Debezium() {
+	if s.Kind() == KindDebezium {
 		return ""
 	}
 	return def
@@ -264,7 +264,7 @@ var keys = []Key{
 	{Path: "sources.<name>.mirror.source_table", Allowed: "Debezium sources: the table the connector reads, `table` (any schema or database) or `schema.table`; changes of other tables are dead letters"},
 	{Path: "sources.<name>.mirror.position_column", Default: "source_position", Allowed: "Debezium sources only: a column name the source does not have",
 		defaultIn: func(_ *Config, s *Source, def string) string {
-			if s.Debezium() {
+			if s.Kind() == KindDebezium {
 				return def
 			}
 			return ""

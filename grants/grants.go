@@ -199,7 +199,7 @@ func Warehouse(cfg *config.Config, database string) []Requirement {
 	add(Requirement{Kind: Schema, Schema: raw.Schema, Privilege: "CREATE"})
 	for _, name := range cfg.SourceNames() {
 		s := cfg.Sources[name]
-		if s.Kafka != nil || s.Poll != nil || s.CDC != nil {
+		if s.Kind() != config.KindTable {
 			add(Requirement{Kind: Owner, Schema: raw.Schema, Name: name, IfExists: true, Why: "create and drop its partitions"})
 		}
 	}
@@ -215,7 +215,7 @@ func Warehouse(cfg *config.Config, database string) []Requirement {
 		}
 	}
 	for _, name := range cfg.SourceNames() {
-		if s := cfg.Sources[name]; s.Table != nil {
+		if s := cfg.Sources[name]; s.Kind() == config.KindTable {
 			schema, table := config.SplitTable(s.Table.Name)
 			add(Requirement{Kind: Schema, Schema: schema, Privilege: "USAGE"})
 			add(Requirement{Kind: Table, Schema: schema, Name: table, Privilege: "SELECT", IfExists: true})
@@ -239,10 +239,10 @@ func DataTables(cfg *config.Config) []DataTable {
 	for _, name := range cfg.SourceNames() {
 		s := cfg.Sources[name]
 		switch {
-		case (s.Poll != nil || s.Debezium()) && s.Mirror != nil:
+		case (s.Kind() == config.KindPoll || s.Kind() == config.KindDebezium) && s.Mirror != nil:
 			schema, table := config.SplitTable(s.Mirror.Table)
 			out = append(out, DataTable{Schema: schema, Name: table, Mirror: true, Key: "sources." + name + ".mirror.table"})
-		case s.CDC != nil:
+		case s.Kind() == config.KindCDC:
 			for _, src := range s.CDC.Tables {
 				schema, table := config.SplitTable(s.MirrorTables()[qualified(src)])
 				key := "sources." + name + ".mirror.schema"
@@ -274,14 +274,14 @@ func Source(cfg *config.Config, name, database string) []Requirement {
 	var out []Requirement
 	switch {
 	case s == nil:
-	case s.Poll != nil:
+	case s.Kind() == config.KindPoll:
 		key, role := "sources."+name+".poll.dsn", "poll source"
 		schema, table := config.SplitTable(s.Poll.Table)
 		out = append(out,
 			Requirement{Key: key, Role: role, Kind: Database, Schema: database, Privilege: "CONNECT"},
 			Requirement{Key: key, Role: role, Kind: Schema, Schema: schema, Privilege: "USAGE"},
 			Requirement{Key: key, Role: role, Kind: Table, Schema: schema, Name: table, Privilege: "SELECT", IfExists: true})
-	case s.CDC != nil:
+	case s.Kind() == config.KindCDC:
 		key, role := "sources."+name+".cdc.dsn", "CDC source"
 		out = append(out,
 			Requirement{Key: key, Role: role, Kind: Replication},
@@ -508,9 +508,9 @@ func CheckSources(ctx context.Context, cfg *config.Config, names []string, log *
 		switch {
 		case s == nil:
 			continue
-		case s.Poll != nil:
+		case s.Kind() == config.KindPoll:
 			dsn = s.Poll.DSN
-		case s.CDC != nil:
+		case s.Kind() == config.KindCDC:
 			dsn = s.CDC.DSN
 		default:
 			continue

@@ -118,12 +118,12 @@ func FromConfig(cfg *config.Config, roles Roles) (Plan, error) {
 		s := cfg.Sources[name]
 		key := "sources." + name
 		switch {
-		case s.Table != nil:
+		case s.Kind() == config.KindTable:
 			p.TableSources = append(p.TableSources, n.table(key+".table.name", s.Table.Name))
-		case s.Poll != nil:
+		case s.Kind() == config.KindPoll:
 			p.Sources = append(p.Sources, SourcePlan{Label: key + " (poll)", Database: n.database(key+".poll.dsn", s.Poll.DSN),
 				Role: n.name("--poll-role", "role", roles.Poll), Tables: [][2]Name{n.table(key+".poll.table", s.Poll.Table)}})
-		case s.CDC != nil:
+		case s.Kind() == config.KindCDC:
 			sp := SourcePlan{Label: key + " (CDC)", Database: n.database(key+".cdc.dsn", s.CDC.DSN),
 				Role: n.name("--cdc-role", "role", roles.CDC), CDC: true,
 				Publication: n.name(key+".cdc.publication", "publication", s.CDC.Publication)}

@@ -87,7 +87,7 @@ func (t *Table) configKeys() (string, string) {
 
 // FromConfig returns the mirror of a poll source, without its columns.
 func FromConfig(src *config.Source) (*Table, error) {
-	if src.Poll == nil || src.Mirror == nil {
+	if src.Kind() != config.KindPoll || src.Mirror == nil {
 		return nil, fmt.Errorf("mirror: source %s has no poll and mirror blocks", src.Name)
 	}
 	ss, st := config.SplitTable(src.Poll.Table)

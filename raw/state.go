@@ -119,7 +119,7 @@ func (c *WatermarkCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.now()
 	for _, name := range c.cfg.SourceNames() {
 		src := c.cfg.Sources[name]
-		if src.Kafka == nil {
+		if !src.Kind().Kafka() {
 			// Stored by the reconciler as it reads a table source, and by
 			// each run of a poll source.
 			c.collectStored(ctx, ch, name)

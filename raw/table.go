@@ -171,7 +171,7 @@ func NewTable(source, by string) *Table {
 func ForSource(cfg *config.Config, name string) *Table {
 	src := cfg.Sources[name]
 	t := NewTable(name, src.RawPartition)
-	t.Changes = src.RowChanges()
+	t.Changes = src.Kind().RowChanges()
 	t.Local = !cfg.Distributes(name)
 	return t
 }

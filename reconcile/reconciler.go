@@ -138,7 +138,7 @@ func (r *Reconciler) prepare(ctx context.Context, name string) error {
 	d := r.defs[name]
 	src := r.cfg.Sources[d.Source]
 	switch {
-	case src.Kafka != nil, src.Poll != nil, src.CDC != nil:
+	case src.Kind().Kafka(), src.Kind() == config.KindPoll, src.Kind() == config.KindCDC:
 		raw := raw.ForSource(r.cfg, d.Source)
 		raw.Log = r.log
 		if err := raw.Ensure(ctx, conn.Conn()); err != nil {

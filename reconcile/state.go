@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/aggregate"
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/lateness"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -58,7 +59,7 @@ SELECT partition_key, completeness FROM tidemark.partitions WHERE aggregate = $1
 // its lookback when that is larger).
 func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *aggregate.Definition, w *window, now time.Time) (pgtype.Timestamptz, error) {
 	src := r.cfg.Sources[d.Source]
-	if src.Kafka != nil {
+	if src.Kind().Kafka() {
 		parts, err := raw.PartitionStates(ctx, conn, r.cfg.Kafka.Group)
 		if err != nil {
 			return pgtype.Timestamptz{}, err
@@ -71,7 +72,7 @@ func (r *Reconciler) sourceWatermark(ctx context.Context, conn *pgx.Conn, d *agg
 		return pgtype.Timestamptz{}, err
 	}
 	holdBack := src.Watermark.OutOfOrderness.Duration()
-	if src.Poll != nil {
+	if src.Kind() == config.KindPoll {
 		// As the poller computes it: rows found through the lookback are
 		// up to that much older than the newest one read.
 		holdBack = max(holdBack, src.Poll.Lookback.Duration())

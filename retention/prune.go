@@ -237,7 +237,7 @@ func (p *Pruner) run(ctx context.Context, conn *pgx.Conn, dryRun bool) (*Report,
 	}
 	for _, name := range p.cfg.SourceNames() {
 		src := p.cfg.Sources[name]
-		if src.Table != nil {
+		if src.Kind() == config.KindTable {
 			continue
 		}
 		s, err := p.pruneRaw(ctx, conn, v, src, now, dryRun, rep.Archived)
@@ -388,7 +388,7 @@ func (p *Pruner) rules(ctx context.Context, conn *pgx.Conn, v view, now time.Tim
 	deduped := []string{}
 	for _, name := range p.cfg.SourceNames() {
 		src := p.cfg.Sources[name]
-		if src.Table != nil {
+		if src.Kind() == config.KindTable {
 			continue
 		}
 		if w := src.DedupeWindow(); w > 0 {

@@ -51,7 +51,7 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 	for _, name := range cfg.SourceNames() {
 		src := cfg.Sources[name]
 		switch {
-		case src.Poll != nil && slices.Contains(running, ComponentPoll):
+		case src.Kind() == config.KindPoll && slices.Contains(running, ComponentPoll):
 			p, err := poll.New(cfg, name, pool, poll.Options{Logger: log, Registerer: reg, Now: now})
 			if err != nil {
 				return nil, err
@@ -64,7 +64,7 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 					return nil
 				}})
 			}
-		case src.CDC != nil && slices.Contains(running, ComponentCDC):
+		case src.Kind() == config.KindCDC && slices.Contains(running, ComponentCDC):
 			rd, err := cdc.New(cfg, name, pool, cdc.Options{Logger: log, Registerer: reg, Now: now})
 			if err != nil {
 				return nil, err

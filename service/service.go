@@ -48,9 +48,9 @@ func Configured(cfg *config.Config) []string {
 	var out []string
 	kinds := map[string]bool{}
 	for _, name := range cfg.SourceNames() {
-		kinds[ComponentIngest] = kinds[ComponentIngest] || cfg.Sources[name].Kafka != nil
-		kinds[ComponentPoll] = kinds[ComponentPoll] || cfg.Sources[name].Poll != nil
-		kinds[ComponentCDC] = kinds[ComponentCDC] || cfg.Sources[name].CDC != nil
+		kinds[ComponentIngest] = kinds[ComponentIngest] || cfg.Sources[name].Kind().Kafka()
+		kinds[ComponentPoll] = kinds[ComponentPoll] || cfg.Sources[name].Kind() == config.KindPoll
+		kinds[ComponentCDC] = kinds[ComponentCDC] || cfg.Sources[name].Kind() == config.KindCDC
 	}
 	for _, c := range []string{ComponentIngest, ComponentPoll, ComponentCDC} {
 		if kinds[c] {

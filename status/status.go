@@ -439,7 +439,7 @@ type streams struct {
 func listOffsets(ctx context.Context, adm *kadm.Client, cfg *config.Config) (ends, starts kadm.ListedOffsets, err error) {
 	var topics []string
 	for _, name := range cfg.SourceNames() {
-		if s := cfg.Sources[name]; s.Kafka != nil {
+		if s := cfg.Sources[name]; s.Kind().Kafka() {
 			topics = append(topics, s.Kafka.Topics...)
 		}
 	}
@@ -466,39 +466,34 @@ func listOffsets(ctx context.Context, adm *kadm.Client, cfg *config.Config) (end
 // stored and their lag; for the others the event-time watermark stored for
 // them.
 func gatherSource(ctx context.Context, q Querier, name string, sc *config.Source, v int, st *streams, now time.Time) (Source, error) {
-	kind := "kafka"
-	switch {
-	case sc.Table != nil:
-		kind = "table"
-	case sc.Poll != nil:
-		kind = "poll"
-	case sc.CDC != nil:
-		kind = "cdc"
+	kind := sc.Kind()
+	if kind == config.KindDebezium {
+		kind = config.KindKafka // its partitions, offsets and lag are a Kafka source's
 	}
-	s := Source{Name: name, Kind: kind, DeadLettersByReason: st.reasons[name], DeadLettersNotReplayed: st.notReplayed[name]}
+	s := Source{Name: name, Kind: string(kind), DeadLettersByReason: st.reasons[name], DeadLettersNotReplayed: st.notReplayed[name]}
 	if s.DeadLettersByReason == nil {
 		s.DeadLettersByReason = map[string]int64{}
 	}
-	if sc.Kafka != nil {
+	if sc.Kind().Kafka() {
 		s.Topics = sc.Kafka.Topics
 	}
 	var err error
-	if sc.Poll != nil {
+	if sc.Kind() == config.KindPoll {
 		if s.Poll, err = gatherPoll(ctx, q, sc, v); err != nil {
 			return s, err
 		}
 	}
-	if sc.CDC != nil {
+	if sc.Kind() == config.KindCDC {
 		if s.CDC, err = gatherCDC(ctx, q, sc, v); err != nil {
 			return s, err
 		}
 	}
-	if sc.Table == nil {
+	if sc.Kind() != config.KindTable {
 		if s.Raw, err = gatherRaw(ctx, q, sc, v); err != nil {
 			return s, err
 		}
 	}
-	if sc.Kafka == nil {
+	if !sc.Kind().Kafka() {
 		// Table and poll sources have no stream state; the reconciler
 		// (table) or each poll run stores their watermark.
 		if v >= 2 {

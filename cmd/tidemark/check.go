@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/cdc"
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/service"
 )
 
@@ -27,7 +28,7 @@ func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	var names []string
 	for _, name := range cfg.SourceNames() {
-		if cfg.Sources[name].CDC != nil && (*only == "" || name == *only) {
+		if cfg.Sources[name].Kind() == config.KindCDC && (*only == "" || name == *only) {
 			names = append(names, name)
 		}
 	}

@@ -174,14 +174,14 @@ func replayOptions(cfg *config.Config, f deadLetterFlags) (kafka.ReplayOptions, 
 	opts := kafka.ReplayOptions{Source: *f.source, Reason: *f.reason, DryRun: *f.dryRun, Now: serviceClock}
 	var kafkaSources []string
 	for _, name := range cfg.SourceNames() {
-		if cfg.Sources[name].Kafka != nil {
+		if cfg.Sources[name].Kind().Kafka() {
 			kafkaSources = append(kafkaSources, name)
 		}
 	}
 	switch {
 	case opts.Source == "":
 		return opts, "--source is required"
-	case cfg.Sources[opts.Source] == nil || cfg.Sources[opts.Source].Kafka == nil:
+	case !cfg.Sources[opts.Source].Kind().Kafka():
 		return opts, fmt.Sprintf("--source: %q is not a Kafka source%s", opts.Source, configured("Kafka sources", kafkaSources))
 	case opts.Reason != "" && !slices.Contains(decode.Reasons, opts.Reason):
 		return opts, fmt.Sprintf("--reason: %q is not a dead-letter reason (%s)", opts.Reason, strings.Join(decode.Reasons, ", "))

@@ -69,7 +69,7 @@ func preflightRun(ctx context.Context, cfg *config.Config, only []string, log *s
 	var sources []string
 	for _, name := range cfg.SourceNames() {
 		s := cfg.Sources[name]
-		if (s.Poll != nil && slices.Contains(running, service.ComponentPoll)) || (s.CDC != nil && slices.Contains(running, service.ComponentCDC)) {
+		if (s.Kind() == config.KindPoll && slices.Contains(running, service.ComponentPoll)) || (s.Kind() == config.KindCDC && slices.Contains(running, service.ComponentCDC)) {
 			sources = append(sources, name)
 		}
 	}

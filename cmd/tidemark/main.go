@@ -546,7 +546,7 @@ func listed(labels []string) string {
 func keySources(cfg *config.Config) []string {
 	var names []string
 	for _, n := range cfg.SourceNames() {
-		if s := cfg.Sources[n]; s.Poll != nil || s.CDC != nil {
+		if s := cfg.Sources[n]; s.Kind() == config.KindPoll || s.Kind() == config.KindCDC {
 			names = append(names, n)
 		}
 	}
@@ -557,7 +557,7 @@ func keySources(cfg *config.Config) []string {
 func pollSources(cfg *config.Config) []string {
 	var names []string
 	for _, n := range cfg.SourceNames() {
-		if cfg.Sources[n].Poll != nil {
+		if cfg.Sources[n].Kind() == config.KindPoll {
 			names = append(names, n)
 		}
 	}
@@ -637,7 +637,7 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	names := pollSources(cfg)
-	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
+	if *name == "" || cfg.Sources[*name].Kind() != config.KindPoll {
 		fmt.Fprintf(stderr, "tidemark poll: --source: %q is not a poll source%s\n", *name, configured("poll sources", names))
 		return exitUsage
 	}
@@ -692,21 +692,21 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
-	if src := cfg.Sources[*name]; src != nil && src.CDC != nil {
+	if src := cfg.Sources[*name]; src.Kind() == config.KindCDC {
 		if *force {
 			fmt.Fprintf(stderr, "tidemark keys: --force applies to poll sources; key reconciliation never changes the mirrors of CDC source %s\n", *name)
 			return exitUsage
 		}
 		return keysCDC(ctx, cfg, *name, *dryRun, stdout, stderr)
 	}
-	if src := cfg.Sources[*name]; src.Debezium() {
+	if src := cfg.Sources[*name]; src.Kind() == config.KindDebezium {
 		if *force {
 			fmt.Fprintf(stderr, "tidemark keys: --force applies to poll sources; key reconciliation never changes the mirror of Debezium source %s\n", *name)
 			return exitUsage
 		}
 		return keysDebezium(ctx, cfg, *name, *dryRun, stdout, stderr)
 	}
-	if *name == "" || cfg.Sources[*name] == nil || cfg.Sources[*name].Poll == nil {
+	if *name == "" || cfg.Sources[*name].Kind() != config.KindPoll {
 		fmt.Fprintf(stderr, "tidemark keys: --source: %q is not a poll or CDC source%s\n", *name, configured("poll or CDC sources", keySources(cfg)))
 		return exitUsage
 	}

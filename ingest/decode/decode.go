@@ -109,7 +109,7 @@ func NewRegistryDecoder(src *config.Source, reg *Registry) (*Decoder, error) {
 	if err != nil {
 		return nil, err
 	}
-	if config.UsesRegistry(src.Format) || src.Debezium() {
+	if config.UsesRegistry(src.Format) || src.Kind() == config.KindDebezium {
 		// A Debezium source reads the values (and keys) that are in the
 		// wire format through the registry when there is one.
 		d.valueFormat, d.reg = src.Format, reg
@@ -127,7 +127,7 @@ func newDecoder(src *config.Source) (*Decoder, error) {
 		limits:       src.Decode,
 	}
 	d.idIdx, d.tsIdx = -1, -1
-	if src.Debezium() {
+	if src.Kind() == config.KindDebezium {
 		d.dbz = &debezium{}
 		return d, nil
 	}

@@ -70,7 +70,7 @@ func newSource(cfg *config.Config, name string, reg *decode.Registry) (*source, 
 	if err != nil {
 		return nil, err
 	}
-	if sc.Debezium() {
+	if sc.Kind() == config.KindDebezium {
 		return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), mirror: newChangeMirror(name, sc.Mirror, sc.Kafka.Topics, cfg.Distributes(name))}, nil
 	}
 	return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), dedupeWindow: sc.DedupeWindow()}, nil
@@ -164,7 +164,7 @@ func newRegistry(cfg *config.Config) (*decode.Registry, error) {
 // registry: a source of a registry format, or a Debezium source when a
 // registry is configured.
 func needsRegistry(cfg *config.Config, sc *config.Source) bool {
-	return sc.Kafka != nil && config.UsesRegistry(sc.Format) || sc.Debezium() && cfg.SchemaRegistry.URL != ""
+	return sc.Kind().Kafka() && config.UsesRegistry(sc.Format) || sc.Kind() == config.KindDebezium && cfg.SchemaRegistry.URL != ""
 }
 
 // withDefaults fills the options left empty.
@@ -219,7 +219,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	var topics, names []string
 	for _, name := range cfg.SourceNames() {
 		sc := cfg.Sources[name]
-		if sc.Kafka == nil {
+		if !sc.Kind().Kafka() {
 			continue
 		}
 		src, err := newSource(cfg, name, in.reg)

@@ -140,7 +140,7 @@ type chunkResult struct {
 func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts ReplayOptions) (ReplayReport, error) {
 	var err error
 	sc := cfg.Sources[opts.Source]
-	if sc == nil || sc.Kafka == nil {
+	if !sc.Kind().Kafka() {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrNotKafkaSource)
 	}
 	if opts.ChunkSize <= 0 {

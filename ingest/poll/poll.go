@@ -212,7 +212,7 @@ type Poller struct {
 // New returns the poller of the poll source called name.
 func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Poller, error) {
 	src := cfg.Sources[name]
-	if src == nil || src.Poll == nil {
+	if src.Kind() != config.KindPoll {
 		return nil, fmt.Errorf("%w: no poll source is named %q", ErrSource, name)
 	}
 	t, err := mirror.FromConfig(src)
