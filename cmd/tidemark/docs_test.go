@@ -2623,3 +2623,38 @@ func TestDocsPostgresVersions(t *testing.T) {
 		t.Errorf("%s: the section %q does not quote the matrix as CI runs it: `%s` (.ci/run:%d)", versionsDoc, versionsHeading, matrix.text, matrix.line)
 	}
 }
+
+// TestReadmeFirstConfiguration: the configuration the README starts with
+// is one that tidemark loads, with the warehouse from
+// TIDEMARK_DATABASE_URL as the README says, and has a schema-registry
+// source and an aggregate over it.
+func TestReadmeFirstConfiguration(t *testing.T) {
+	root := repoRoot(t)
+	d := parseMarkdown(t, root, "README.md")
+	var text strings.Builder
+	block, line := 0, 0
+	for _, s := range d.code {
+		if s.h2 != "A first configuration" || s.lang != "yaml" || (block != 0 && s.block != block) {
+			continue
+		}
+		if block == 0 {
+			block, line = s.block, s.line
+		}
+		text.WriteString(s.text + "\n")
+	}
+	if block == 0 {
+		t.Fatal("README.md: no YAML block under ## A first configuration")
+	}
+	env := map[string]string{"TIDEMARK_DATABASE_URL": "postgres://tidemark@db.example.com/warehouse"}
+	cfg, err := config.Parse("README.md", []byte(text.String()), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("README.md:%d: the first configuration does not load: %v", line, err)
+	}
+	registry, aggregates := false, len(cfg.Aggregates) > 0
+	for _, name := range cfg.SourceNames() {
+		registry = registry || config.UsesRegistry(cfg.Sources[name].Format)
+	}
+	if !registry || !aggregates {
+		t.Errorf("README.md:%d: the first configuration has a schema-registry source: %v, an aggregate: %v; want both", line, registry, aggregates)
+	}
+}
