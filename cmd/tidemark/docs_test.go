@@ -2629,12 +2629,36 @@ func TestDocsPostgresVersions(t *testing.T) {
 // TIDEMARK_DATABASE_URL as the README says, and has a schema-registry
 // source and an aggregate over it.
 func TestReadmeFirstConfiguration(t *testing.T) {
-	root := repoRoot(t)
-	d := parseMarkdown(t, root, "README.md")
+	cfg, line := loadDocConfig(t, "README.md", "A first configuration")
+	registry, aggregates := false, len(cfg.Aggregates) > 0
+	for _, name := range cfg.SourceNames() {
+		registry = registry || config.UsesRegistry(cfg.Sources[name].Format)
+	}
+	if !registry || !aggregates {
+		t.Errorf("README.md:%d: the first configuration has a schema-registry source: %v, an aggregate: %v; want both", line, registry, aggregates)
+	}
+}
+
+// TestDocsCompleteExample: configuration.md's complete example loads,
+// with its secrets from the environment and files it names.
+func TestDocsCompleteExample(t *testing.T) {
+	cfg, line := loadDocConfig(t, "docs/configuration.md", "Complete example")
+	if len(cfg.Sources) < 2 || len(cfg.Aggregates) < 2 {
+		t.Errorf("docs/configuration.md:%d: %d sources and %d aggregates; the example shows a Kafka and a CDC source and two aggregates", line, len(cfg.Sources), len(cfg.Aggregates))
+	}
+}
+
+// loadDocConfig loads, as tidemark would, the first YAML block of file
+// under the level-2 heading h2, with the environment variables such
+// examples name set and the files they name readable; it returns the
+// configuration and the block's line.
+func loadDocConfig(t *testing.T, file, h2 string) (*config.Config, int) {
+	t.Helper()
+	d := parseMarkdown(t, repoRoot(t), file)
 	var text strings.Builder
 	block, line := 0, 0
 	for _, s := range d.code {
-		if s.h2 != "A first configuration" || s.lang != "yaml" || (block != 0 && s.block != block) {
+		if s.h2 != h2 || s.lang != "yaml" || (block != 0 && s.block != block) {
 			continue
 		}
 		if block == 0 {
@@ -2643,18 +2667,26 @@ func TestReadmeFirstConfiguration(t *testing.T) {
 		text.WriteString(s.text + "\n")
 	}
 	if block == 0 {
-		t.Fatal("README.md: no YAML block under ## A first configuration")
+		t.Fatalf("%s: no YAML block under ## %s", file, h2)
 	}
-	env := map[string]string{"TIDEMARK_DATABASE_URL": "postgres://tidemark@db.example.com/warehouse"}
-	cfg, err := config.Parse("README.md", []byte(text.String()), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	env := map[string]string{
+		"TIDEMARK_DATABASE_URL": "postgres://tidemark@db.example.com/warehouse",
+		"SHOP_DATABASE_URL":     "postgres://tidemark@shop.example.com/shop",
+	}
+	yamlText := text.String()
+	// The secret files an example names are written in a directory of
+	// the test, and the example reads them from there.
+	dir := t.TempDir()
+	for _, m := range regexp.MustCompile(`/run/secrets/[\w.-]+`).FindAllString(yamlText, -1) {
+		local := filepath.Join(dir, filepath.Base(m))
+		if err := os.WriteFile(local, []byte("secret\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		yamlText = strings.ReplaceAll(yamlText, m, local)
+	}
+	cfg, err := config.Parse(file, []byte(yamlText), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
-		t.Fatalf("README.md:%d: the first configuration does not load: %v", line, err)
+		t.Fatalf("%s:%d: the configuration does not load: %v", file, line, err)
 	}
-	registry, aggregates := false, len(cfg.Aggregates) > 0
-	for _, name := range cfg.SourceNames() {
-		registry = registry || config.UsesRegistry(cfg.Sources[name].Format)
-	}
-	if !registry || !aggregates {
-		t.Errorf("README.md:%d: the first configuration has a schema-registry source: %v, an aggregate: %v; want both", line, registry, aggregates)
-	}
+	return cfg, line
 }
