@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
@@ -29,14 +28,6 @@ import (
 // warehouse transaction: its raw change rows, its ledger rows, the changes
 // to the mirrors and the position of its last transaction.
 const (
-	// copyRawSQL writes change rows straight into raw.<source> (the
-	// partitioned table routes them), in binary when the table has the
-	// column types tidemark creates it with (rawTypes), as text
-	// otherwise; %s is the raw table.
-	copyRawSQL       = `COPY %s (` + rawColumnList + `) FROM STDIN`
-	copyRawBinarySQL = copyRawSQL + ` (FORMAT binary)`
-	rawColumnList    = `event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn`
-
 	// createStageSQL creates the stage of one mirror: the net change of
 	// each key of a chunk, with the source table's columns in the
 	// mirror's types. "tidemark absent" lists the columns the change did
@@ -124,17 +115,6 @@ UPDATE tidemark.cdc_positions SET
 WHERE source = $1`
 )
 
-// rawColumns are the columns of copyRawSQL, and rawTypes their types in a
-// change table tidemark created.
-var (
-	rawColumns = strings.Split(rawColumnList, ", ")
-	rawTypes   = []uint32{pgtype.TextOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.TextOID, pgtype.TextOID,
-		pgtype.JSONBOID, pgtype.TextOID, pgtype.JSONBOID, pgLSNOID}
-)
-
-// pgLSNOID is the OID of the type pg_lsn.
-const pgLSNOID = 3220
-
 // applier writes groups of source transactions to the warehouse.
 //
 // Groups are pipelined: while one group commits in the background, the
@@ -150,7 +130,7 @@ type applier struct {
 	raw      *raw.Table
 	now      func() time.Time
 	truncate bool // apply TRUNCATE to the mirrors
-	// rawBinary: the raw table has rawTypes, and change rows are COPYed
+	// rawBinary: the raw table has raw.ChangeColumns' types, and change rows are COPYed
 	// in binary, which the server reads at about four fifths of the CPU
 	// of text; text serves a table created beforehand with other types.
 	rawBinary bool
@@ -608,11 +588,11 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 func (a *applier) writeRaw(ctx context.Context, g *group, changes []change) error {
 	var err error
 	if a.rawBinary {
-		_, err = g.tx.Conn().PgConn().CopyFrom(ctx, rawRows(g, changes), fmt.Sprintf(copyRawBinarySQL, a.raw.Ident()))
+		_, err = g.tx.Conn().PgConn().CopyFrom(ctx, rawRows(g, changes), raw.ChangeColumns.CopySQL(a.raw.Ident(), true))
 	} else {
 		w := rawText(g, changes)
 		defer w.Release()
-		_, err = g.tx.Conn().PgConn().CopyFrom(ctx, w.Data(), fmt.Sprintf(copyRawSQL, a.raw.Ident()))
+		_, err = g.tx.Conn().PgConn().CopyFrom(ctx, w.Data(), raw.ChangeColumns.CopySQL(a.raw.Ident(), false))
 	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", a.raw.Ident(), err)
@@ -638,7 +618,7 @@ func rawRows(g *group, changes []change) *copybinary.Reader {
 		if lsnText == "" || c.commitLSN != lsn {
 			lsn, lsnText = c.commitLSN, c.commitLSN.String()
 		}
-		b = copybinary.Fields(b, len(rawColumns))
+		b = copybinary.Fields(b, len(raw.ChangeColumns))
 		b, f := copybinary.Open(b)
 		b = append(append(b, lsnText...), '/')
 		b = copybinary.Close(strconv.AppendInt(b, int64(c.seq), 10), f)

@@ -18,7 +18,6 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
-	"github.com/tidemark-dev/tidemark/internal/copybinary"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgquote"
@@ -386,7 +385,7 @@ func (r *Reader) prepareRaw(ctx context.Context) (rawBinary bool, err error) {
 	if err := r.raw.Ensure(ctx, wh.Conn()); err != nil {
 		return false, err
 	}
-	return copybinary.TypesMatch(ctx, wh.Conn(), r.raw.Ident(), rawColumns, rawTypes)
+	return raw.ChangeColumns.BinaryCopyFits(ctx, wh.Conn(), r.raw.Ident())
 }
 
 // reloadMirrors reads each mirror's columns from the warehouse again.

@@ -46,19 +46,7 @@ func TableIdent(source string) string { return pgquote.Ident(Schema, source) }
 // follows the rows' physical order and a BRIN index on it finds the rows of
 // given loads (the reconciler's beyond-horizon recording) at a small part
 // of the cost of a b-tree on every insert.
-const createRawTableSQL = `
-CREATE TABLE IF NOT EXISTS %[1]s (
-    event_id        text        COLLATE "C" NOT NULL,
-    event_time      timestamptz NOT NULL,
-    ingested_at     timestamptz NOT NULL,
-    payload         jsonb       NOT NULL,
-    kafka_topic     text,
-    kafka_partition integer,
-    kafka_offset    bigint,
-    load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
-    PRIMARY KEY (event_id, event_time)
-) PARTITION BY RANGE (event_time);
-`
+var createRawTableSQL = createTableSQL(EventColumns)
 
 // createChangeTableSQL creates raw.<source> for a source of row changes (a
 // poll or CDC source): one row per change of a source row. For a poll
@@ -69,21 +57,16 @@ CREATE TABLE IF NOT EXISTS %[1]s (
 // the row after the change (for a delete, what the source sent of the old
 // row); row_key is the row's key as text; old_row the old key or row sent
 // with a CDC update or delete; commit_lsn the CDC commit's LSN.
-const createChangeTableSQL = `
-CREATE TABLE IF NOT EXISTS %[1]s (
-    event_id        text        COLLATE "C" NOT NULL,
-    event_time      timestamptz NOT NULL,
-    ingested_at     timestamptz NOT NULL,
-    op              text        NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate')),
-    source_table    text        NOT NULL,
-    payload         jsonb       NOT NULL,
-    row_key         text,
-    old_row         jsonb,
-    commit_lsn      pg_lsn,
-    load_xid        xid8        NOT NULL DEFAULT pg_current_xact_id(),
-    PRIMARY KEY (event_id, event_time)
-) PARTITION BY RANGE (event_time);
-`
+var createChangeTableSQL = createTableSQL(ChangeColumns)
+
+// createTableSQL is the CREATE TABLE of a raw table of the columns cols,
+// with load_xid, the id of the writing transaction, and the primary key
+// (event_id, event_time), partitioned by event time; %[1]s is the table.
+func createTableSQL(cols Columns) string {
+	return "CREATE TABLE IF NOT EXISTS %[1]s (\n" + cols.define() +
+		"    load_xid        xid8 NOT NULL DEFAULT pg_current_xact_id(),\n" +
+		"    PRIMARY KEY (event_id, event_time)\n) PARTITION BY RANGE (event_time)"
+}
 
 // createIngestedAtIndexSQL indexes a raw table's ingestion time (see
 // createRawTableSQL). It is a statement of its own: Citus propagates the

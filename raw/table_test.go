@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -322,5 +323,36 @@ func TestUnixHour(t *testing.T) {
 func TestSchemaReserved(t *testing.T) {
 	if !config.ReservedSchema(raw.Schema) {
 		t.Errorf("config.ReservedSchema(%q) is false: a mirror or aggregate could be written among the raw tables", raw.Schema)
+	}
+}
+
+// TestColumnsAreTheTables: the tables Ensure creates have the columns
+// writers fill, with the types the binary encoders write, and load_xid
+// besides; a table of other types does not fit a binary COPY.
+func TestColumnsAreTheTables(t *testing.T) {
+	e := newTableEnv(t)
+	ctx := context.Background()
+	changes := raw.NewChangeTable("shop", config.PartitionMonth)
+	if err := changes.Ensure(ctx, e.conn); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		table *raw.Table
+		cols  raw.Columns
+	}{{e.table, raw.EventColumns}, {changes, raw.ChangeColumns}} {
+		if ok, err := tt.cols.BinaryCopyFits(ctx, e.conn, tt.table.Ident()); err != nil || !ok {
+			t.Errorf("%s: the columns do not fit a binary COPY (%v)", tt.table.Ident(), err)
+		}
+		got := e.strings(t, fmt.Sprintf(`SELECT attname FROM pg_attribute WHERE attrelid = '%s'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, tt.table.Ident()))
+		if want := append(tt.cols.Names(), "load_xid"); !slices.Equal(got, want) {
+			t.Errorf("%s has the columns %q, want %q", tt.table.Ident(), got, want)
+		}
+	}
+	if _, err := e.conn.Exec(ctx, `CREATE TABLE raw.other (event_id text, event_time timestamptz, ingested_at timestamptz, payload json,
+		kafka_topic text, kafka_partition integer, kafka_offset bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := raw.EventColumns.BinaryCopyFits(ctx, e.conn, raw.TableIdent("other")); err != nil || ok {
+		t.Errorf("a payload of type json fits a binary COPY of jsonb: %v (%v)", ok, err)
 	}
 }

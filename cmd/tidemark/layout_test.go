@@ -5,7 +5,9 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -237,14 +239,29 @@ func TestOneQuoting(t *testing.T) {
 	}
 }
 
-// TestRawSchemaInRaw: the schema of the raw tables is written as a string
-// in package raw alone (raw.Schema, raw.TableName, raw.TableIdent), and in
-// the configuration's list of schemas that belong to tidemark, which a
-// test of raw keeps in step.
-func TestRawSchemaInRaw(t *testing.T) {
+// rawColumnListRe matches a raw table's column list written out: its
+// first three columns in a row, in SQL or as Go strings.
+var rawColumnListRe = regexp.MustCompile(`event_id"?,\s*"?event_time"?,\s*"?ingested_at`)
+
+// TestRawShapeInRaw: the raw tables' shape is written in package raw
+// alone. Their schema is a string there only (raw.Schema, raw.TableName,
+// raw.TableIdent), and in the configuration's list of schemas that belong
+// to tidemark, which a test of raw keeps in step; their column lists are
+// raw.EventColumns and raw.ChangeColumns, which writers use, never a list
+// of their own.
+func TestRawShapeInRaw(t *testing.T) {
 	for _, f := range moduleFiles(t) {
 		if f.dir == "raw" {
 			continue
+		}
+		src, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			if rawColumnListRe.MatchString(line) {
+				t.Errorf("%s:%d: a raw table's column list: use raw.EventColumns or raw.ChangeColumns", f.path, i+1)
+			}
 		}
 		ast.Inspect(f.ast, func(n ast.Node) bool {
 			if vs, ok := n.(*ast.ValueSpec); ok && f.dir == "config" && len(vs.Names) == 1 && vs.Names[0].Name == "reservedSchemas" {

@@ -23,6 +23,7 @@ import (
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
 	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/mirror"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
 // A Debezium source writes, in the batch transaction, one raw change row
@@ -33,16 +34,6 @@ import (
 
 // SQL of Debezium sources.
 const (
-	// changeColumnList are the columns of a raw change row a Debezium
-	// source writes.
-	changeColumnList = `event_id, event_time, ingested_at, op, source_table, payload, row_key, old_row, commit_lsn`
-	// copyChangesSQL writes change rows; %s is the raw table.
-	copyChangesSQL = `COPY %s (` + changeColumnList + `) FROM STDIN`
-	// insertChangeSQL stores one change row, when rows are checked one by
-	// one; %s is the raw table.
-	insertChangeSQL = `INSERT INTO %s (` + changeColumnList + `)
-VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8::text::jsonb, $9::text::pg_lsn)`
-
 	// createChangeStageSQL creates the stage of a mirror's net changes:
 	// per key, an upsert or a delete, its position, its commit time, the
 	// row as JSON, and for an upsert older than the last truncate that
@@ -647,7 +638,7 @@ func (w *writer) copyChanges(ctx context.Context, tx pgx.Tx, src *source, rows [
 		}
 		c.End()
 	}
-	_, err := tx.Conn().PgConn().CopyFrom(ctx, c.Data(), fmt.Sprintf(copyChangesSQL, src.raw.Ident()))
+	_, err := tx.Conn().PgConn().CopyFrom(ctx, c.Data(), raw.ChangeColumns.CopySQL(src.raw.Ident(), false))
 	return err
 }
 
@@ -664,7 +655,7 @@ func insertChange(ctx context.Context, tx pgx.Tx, r *row, ingestedAt time.Time) 
 	if ch.LSN != "" {
 		lsn = ch.LSN
 	}
-	_, err := tx.Exec(ctx, fmt.Sprintf(insertChangeSQL, r.src.raw.Ident()),
+	_, err := tx.Exec(ctx, raw.ChangeColumns.InsertSQL(r.src.raw.Ident()),
 		r.ev.ID, r.ev.Time, ingestedAt, ch.Op, ch.Table, string(r.ev.Payload), rowKey, old, lsn)
 	return err
 }

@@ -5,27 +5,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tidemark-dev/tidemark/internal/copybinary"
-	"github.com/tidemark-dev/tidemark/internal/pgquote"
+	"github.com/tidemark-dev/tidemark/raw"
 )
 
-// rawColumnTypes are the types rawColumns have in a raw table tidemark
-// created, in the same order; newRawCopy encodes exactly these.
-var rawColumnTypes = []uint32{pgtype.TextOID, pgtype.TimestamptzOID, pgtype.TimestamptzOID, pgtype.JSONBOID,
-	pgtype.TextOID, pgtype.Int4OID, pgtype.Int8OID}
-
-// copyRawSQL is the COPY of rawColumns in binary format; %s is the quoted
-// raw table.
-var copyRawSQL = "COPY %s (" + pgquote.Idents(rawColumns) + ") FROM STDIN (FORMAT binary)"
-
 // rawTypesMatch reports whether the raw table of src has the column types
-// newRawCopy encodes. A raw table made some other way (created beforehand
-// with other types) is written through pgx's CopyFrom, which encodes for
-// whatever types the columns have.
+// newRawCopy encodes (raw.EventColumns). A raw table made some other way
+// (created beforehand with other types) is written through pgx's
+// CopyFrom, which encodes for whatever types the columns have.
 func rawTypesMatch(ctx context.Context, tx pgx.Tx, src *source) (bool, error) {
-	return copybinary.TypesMatch(ctx, tx, src.raw.Ident(), rawColumns, rawColumnTypes)
+	return raw.EventColumns.BinaryCopyFits(ctx, tx, src.raw.Ident())
 }
 
 // newRawCopy is the binary COPY stream of rows into a raw table, encoded
@@ -38,7 +28,7 @@ func newRawCopy(rows []*row, ingestedAt time.Time) *copybinary.Reader {
 	at := copybinary.Micros(ingestedAt)
 	return copybinary.NewReader(len(rows), func(b []byte, i int) []byte {
 		r := rows[i]
-		b = copybinary.Fields(b, len(rawColumns))
+		b = copybinary.Fields(b, len(raw.EventColumns))
 		b = copybinary.Text(b, r.ev.ID)
 		b = copybinary.Time(b, r.ev.Time)
 		b = copybinary.Int64(b, at)

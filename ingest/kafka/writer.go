@@ -20,19 +20,10 @@ import (
 	"github.com/tidemark-dev/tidemark/raw"
 )
 
-// rawColumns are the columns the ingester writes; load_xid takes its
-// default, the id of the writing transaction.
-var rawColumns = []string{"event_id", "event_time", "ingested_at", "payload", "kafka_topic", "kafka_partition", "kafka_offset"}
-
 // probeRawSQL finds which of a batch's event ids one raw partition already
 // holds; %s is the quoted partition. The primary key (event_id, event_time)
 // serves the lookup.
 const probeRawSQL = `SELECT event_id, event_time FROM %s WHERE event_id = ANY($1::text[])`
-
-// insertRowSQL stores one row; used only when rows are checked one by one.
-// %s is the quoted raw table.
-const insertRowSQL = `INSERT INTO %s (event_id, event_time, ingested_at, payload, kafka_topic, kafka_partition, kafka_offset)
-VALUES ($1, $2, $3, $4, $5, $6, $7)`
 
 // claimOffsetsSQL makes sure each partition of the batch has an offsets row
 // (so that it can be locked), in a fixed order to avoid deadlocks between
@@ -621,13 +612,13 @@ func (w *writer) copySource(ctx context.Context, tx pgx.Tx, src *source, rows []
 		w.rawBinary[src] = fast
 	}
 	if fast {
-		_, err := tx.Conn().PgConn().CopyFrom(ctx, newRawCopy(rows, ingestedAt), fmt.Sprintf(copyRawSQL, src.raw.Ident()))
+		_, err := tx.Conn().PgConn().CopyFrom(ctx, newRawCopy(rows, ingestedAt), raw.EventColumns.CopySQL(src.raw.Ident(), true))
 		return err
 	}
 	// pgx encodes each row's values before it asks for the next row, so
 	// one slice serves every row.
-	vals, at := make([]any, len(rawColumns)), any(ingestedAt)
-	_, err := tx.CopyFrom(ctx, raw.TableName(src.name), rawColumns, pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+	vals, at := make([]any, len(raw.EventColumns)), any(ingestedAt)
+	_, err := tx.CopyFrom(ctx, raw.TableName(src.name), raw.EventColumns.Names(), pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
 		r := rows[i]
 		vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6] = r.ev.ID, r.ev.Time, at, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset
 		return vals, nil
@@ -668,7 +659,7 @@ func (w *writer) insertCheckingRows(ctx context.Context, tx pgx.Tx, rows []*row,
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		_, err = sp.Exec(ctx, fmt.Sprintf(insertRowSQL, r.src.raw.Ident()),
+		_, err = sp.Exec(ctx, raw.EventColumns.InsertSQL(r.src.raw.Ident()),
 			r.ev.ID, r.ev.Time, ingestedAt, r.ev.Payload, r.rec.Topic, r.rec.Partition, r.rec.Offset)
 		if err == nil {
 			if err := sp.Commit(ctx); err != nil {

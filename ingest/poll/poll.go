@@ -121,7 +121,8 @@ FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid WHERE c.oid = 
 	// deleted-at column, %[9]s join of merged and incoming on the key,
 	// %[10]s the test that the incoming row differs from the stored one,
 	// %[11]s the incoming source columns, %[12]s the staged payload
-	// without the json columns.
+	// without the json columns, %[13]s the raw change columns a poll
+	// source writes.
 	mergeChunkSQL = `
 WITH incoming AS (
     SELECT s.tidemark_key, s.tidemark_time, s.tidemark_deleted, s.tidemark_payload, %[11]s
@@ -135,7 +136,7 @@ WITH incoming AS (
        OR (EXCLUDED.%[5]s = t.%[5]s AND %[10]s)
     RETURNING %[3]s, (xmax = 0) AS inserted
 ), changes AS (
-    INSERT INTO %[6]s (event_id, event_time, ingested_at, op, source_table, payload, row_key)
+    INSERT INTO %[6]s (%[13]s)
     SELECT i.tidemark_key, i.tidemark_time, $1::timestamptz,
            CASE WHEN i.tidemark_deleted THEN 'delete' WHEN m.inserted THEN 'insert' ELSE 'update' END,
            $2, i.tidemark_payload, i.tidemark_key
@@ -801,7 +802,7 @@ func (p *Poller) mergeSQL() string {
 	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), pgquote.Idents(t.Key),
 		strings.Join(sets, ", "), pgquote.Ident(p.src.Poll.UpdatedAt), p.raw.Ident(), pgquote.Ident(t.LoadedColumn), pgquote.Ident(t.DeletedColumn),
 		strings.Join(join, " AND "), rowJSON("t", t.Columns)+" IS DISTINCT FROM "+rowJSON("EXCLUDED", t.Columns),
-		incoming, payload)
+		incoming, payload, pollChangeColumns.List())
 }
 
 // jsonColumns returns the columns of type json and json[], in order.
@@ -1029,7 +1030,7 @@ func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []
 		return p.copyError(err, p.table.Target.Sanitize())
 	}
 	source := p.table.Source.Sanitize()
-	_, err := tx.CopyFrom(ctx, raw.TableName(p.raw.Source), copyChangeColumns, pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
+	_, err := tx.CopyFrom(ctx, raw.TableName(p.raw.Source), pollChangeColumns.Names(), pgx.CopyFromSlice(len(chunk), func(i int) ([]any, error) {
 		r := &chunk[i]
 		op := "insert"
 		if r.deleted {
@@ -1053,7 +1054,9 @@ func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []
 	return nil
 }
 
-var copyChangeColumns = []string{"event_id", "event_time", "ingested_at", "op", "source_table", "payload", "row_key"}
+// pollChangeColumns are the columns of the change rows a poll source
+// writes: a row read by its updated_at has no old row or commit LSN.
+var pollChangeColumns = raw.ChangeColumns.Without("old_row", "commit_lsn")
 
 // copyError explains a failed COPY of a chunk: a unique violation becomes
 // errCopyConflict (and later runs merge), a missing raw partition is
