@@ -69,6 +69,9 @@ func TestDeployStopTimeouts(t *testing.T) {
 	if grace != unit {
 		t.Errorf("terminationGracePeriodSeconds is %s, TimeoutStopSec %s: want one time", grace, unit)
 	}
+	if d := find("deploy/README.md", `docker run [^\\]*--stop-timeout (\d+)`); d != unit {
+		t.Errorf("deploy/README.md's docker run gives --stop-timeout %s, the other deploy files %s", d, unit)
+	}
 	// docs/commands.md states the stop time; the other docs that speak of
 	// stopping link to it, and none states one of its own.
 	if d := find(stopTimeDoc, `Allow (\d+) seconds between SIGTERM and SIGKILL`); d != unit {
