@@ -75,11 +75,6 @@ var (
 	noSection = map[string]string{
 		"help": "prints the usage text; its synopsis line is all there is to say",
 	}
-	// notInUsage are commands that the usage text and the package comment
-	// of main.go need not list.
-	notInUsage = map[string]string{
-		"help": "the usage text is what help prints",
-	}
 )
 
 // commandsFile documents every command: a synopsis before its first
@@ -649,47 +644,16 @@ func parseSynopsis(lines []snippet) map[string]synopsis {
 	return out
 }
 
-// usageLines are the lines of the usage text and of the synopsis in the
-// package comment, with their lines in the source.
-func usageLines(t *testing.T, root string) (usageFile string, usageText, comment []snippet) {
-	t.Helper()
-	files, err := filepath.Glob(filepath.Join(root, "cmd", "tidemark", "*.go"))
-	if err != nil {
-		t.Fatal(err)
+// usageFile holds the synopses the usage text is made from.
+const usageFile = "cmd/tidemark/synopsis.go"
+
+// usageLines are the lines of the usage text, numbered as printed.
+func usageLines() []snippet {
+	var out []snippet
+	for j, l := range strings.Split(strings.TrimSuffix(usage, "\n"), "\n") {
+		out = append(out, snippet{line: j + 1, text: l})
 	}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		src := string(b)
-		rel, _ := filepath.Rel(root, f)
-		rel = filepath.ToSlash(rel)
-		if i := strings.Index(src, usage); i >= 0 {
-			usageFile = rel
-			first := strings.Count(src[:i], "\n") + 1
-			for j, l := range strings.Split(strings.TrimSuffix(usage, "\n"), "\n") {
-				usageText = append(usageText, snippet{line: first + j, text: l})
-			}
-		}
-		if filepath.Base(f) == "main.go" {
-			for j, l := range strings.Split(src, "\n") {
-				if strings.HasPrefix(l, "package ") {
-					break
-				}
-				if after, ok := strings.CutPrefix(l, "//\t"); ok {
-					comment = append(comment, snippet{line: j + 1, text: after})
-				}
-			}
-		}
-	}
-	if usageFile == "" {
-		t.Fatal("the usage text is not a literal in any file of cmd/tidemark")
-	}
-	return usageFile, usageText, comment
+	return out
 }
 
 // TestDocsCommandsExist checks that every tidemark command line in the
@@ -803,17 +767,11 @@ func TestDocsCommandsExist(t *testing.T) {
 			check(where, invocation{cmd: args[0], flags: fl}, strings.TrimSpace(l))
 		}
 	}
-	// The usage text and the package comment of main.go.
-	usageFile, usageText, comment := usageLines(t, root)
-	for _, syn := range []struct {
-		file  string
-		lines []snippet
-	}{{usageFile, usageText}, {"cmd/tidemark/main.go", comment}} {
-		listed := parseSynopsis(syn.lines)
-		for _, cmd := range sortedKeys(listed) {
-			s := listed[cmd]
-			check(fmt.Sprintf("%s:%d", syn.file, s.line), invocation{cmd: cmd, flags: s.flags}, "tidemark "+cmd)
-		}
+	// The usage text.
+	listed := parseSynopsis(usageLines())
+	for _, cmd := range sortedKeys(listed) {
+		s := listed[cmd]
+		check(fmt.Sprintf("%s (usage line %d)", usageFile, s.line), invocation{cmd: cmd, flags: s.flags}, "tidemark "+cmd)
 	}
 }
 
@@ -852,9 +810,9 @@ func missingCommandClaims(text string) []claim {
 }
 
 // TestDocsCommandsDocumented checks the reverse: the synopsis of
-// docs/commands.md, the usage text and the package comment list every
-// command with every flag, and docs/commands.md has a section for each
-// command.
+// docs/commands.md is the synopses the usage text is made from, both list
+// every command with every flag, and docs/commands.md has a section for
+// each command.
 func TestDocsCommandsDocumented(t *testing.T) {
 	root := repoRoot(t)
 	c := binaryCLI(t)
@@ -877,24 +835,32 @@ func TestDocsCommandsDocumented(t *testing.T) {
 			sections[h.text] = true
 		}
 	}
-	usageFile, usageText, comment := usageLines(t, root)
+	// The synopsis of docs/commands.md is the synopses the usage text is
+	// made from, line for line.
+	var want, got []string
+	for _, s := range synopses {
+		want = append(want, s.lines...)
+	}
+	for _, s := range synLines {
+		got = append(got, s.text)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:%d: the synopsis is not the synopses of %s; it should read:\n%s", opsFile, firstLine(synLines), usageFile, strings.Join(want, "\n"))
+	}
+	usageText := usageLines()
 	for _, syn := range []struct {
 		what, file string
 		line       int
 		lines      []snippet
-		exempt     map[string]string
 	}{
-		{"the synopsis", opsFile, firstLine(synLines), synLines, nil},
-		{"the usage text", usageFile, firstLine(usageText), usageText, notInUsage},
-		{"the synopsis of the package comment", "cmd/tidemark/main.go", firstLine(comment), comment, notInUsage},
+		{"the synopsis", opsFile, firstLine(synLines), synLines},
+		{"the usage text", usageFile, firstLine(usageText), usageText},
 	} {
 		listed := parseSynopsis(syn.lines)
 		for _, cmd := range c.commandNames() {
 			s, ok := listed[cmd]
 			if !ok {
-				if _, exempt := syn.exempt[cmd]; !exempt {
-					t.Errorf("%s:%d: %s does not list the command tidemark %s (flags: %s)", syn.file, syn.line, syn.what, cmd, c.flagList(cmd))
-				}
+				t.Errorf("%s:%d: %s does not list the command tidemark %s (flags: %s)", syn.file, syn.line, syn.what, cmd, c.flagList(cmd))
 				continue
 			}
 			for _, g := range c.groups(cmd) {

@@ -2,28 +2,9 @@
 // PostgreSQL warehouse exactly once, keeps its state there, and rebuilds
 // aggregates by event date.
 //
-//	tidemark run       [-c tidemark.yaml] [--only ingest,poll,cdc,reconcile,prune]
-//	tidemark migrate   [-c tidemark.yaml]
-//	tidemark reconcile --once [-c tidemark.yaml] [--aggregate NAME]
-//	tidemark backfill  --aggregate NAME --from D --to D [-c tidemark.yaml] [--chunk 1d] [--concurrency N]
-//	                   [--reprocess missing|failed|completed] [--dry-run] [--shadow | --publish] [--force]
-//	tidemark verify    --aggregate NAME [-c tidemark.yaml] [--from D --to D]
-//	tidemark refresh   --aggregate NAME --full [-c tidemark.yaml] [--chunk 1d] [--concurrency N] [--dry-run]
-//	tidemark poll      --once --source NAME [-c tidemark.yaml] [--upper T] [--lookback D]
-//	tidemark keys      --source NAME [-c tidemark.yaml] [--dry-run] [--force]
-//	tidemark prune     [-c tidemark.yaml] [--dry-run]
-//	tidemark forget    --aggregate NAME [-c tidemark.yaml] [--dry-run]
-//	tidemark dead-letters list [-c tidemark.yaml] [--source NAME]
-//	tidemark dead-letters replay --source NAME [-c tidemark.yaml] [--reason R] [--since T] [--dry-run]
-//	tidemark status    [-c tidemark.yaml] [--json]
-//	tidemark check     [-c tidemark.yaml] [--source NAME]
-//	tidemark lateness  --source NAME [-c tidemark.yaml] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
-//	tidemark grants    [-c tidemark.yaml] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
-//	tidemark demo      [-v] [--serve] [--citus]
-//	tidemark version
-//
+// tidemark help prints the synopsis of every command (synopses, in
+// synopsis.go); docs/commands.md documents every command and flag.
 // Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
-// docs/commands.md documents every command and flag.
 package main
 
 import (
@@ -115,42 +96,6 @@ const (
 	exitFailure = 1
 	exitUsage   = 2
 )
-
-const usage = `tidemark: load Kafka events and PostgreSQL tables into a PostgreSQL warehouse.
-
-Usage:
-  tidemark run       [-c FILE] [--only COMPONENTS]        run the service until SIGINT/SIGTERM
-  tidemark migrate   [-c FILE]                            apply the warehouse schema migrations
-  tidemark reconcile --once [-c FILE] [--aggregate NAME]  reconcile aggregates once (for cron)
-  tidemark backfill  --aggregate NAME --from D --to D [-c FILE] [--chunk 1d] [--concurrency N]
-                     [--reprocess missing|failed|completed] [--dry-run] [--shadow | --publish] [--force]
-                                                          rebuild a range of partitions in chunks
-  tidemark verify    --aggregate NAME [-c FILE] [--from D --to D]
-                                                          compare partitions with a rebuild; exit 1 on drift
-  tidemark refresh   --aggregate NAME --full [-c FILE] [--chunk 1d] [--concurrency N] [--dry-run]
-                                                          rebuild every partition of the raw table
-  tidemark poll      --once --source NAME [-c FILE] [--upper T] [--lookback D]
-                                                          load one timestamp-watermark window
-  tidemark keys      --source NAME [-c FILE] [--dry-run] [--force]
-                                                          find rows deleted at the source (key reconciliation)
-  tidemark prune     [-c FILE] [--dry-run]                remove what retention no longer keeps
-  tidemark forget    --aggregate NAME [-c FILE] [--dry-run]
-                                                          remove the state of an aggregate no longer configured
-  tidemark dead-letters list [-c FILE] [--source NAME]    count dead letters by source and reason
-  tidemark dead-letters replay --source NAME [-c FILE] [--reason R] [--since T] [--dry-run]
-                                                          load the dead letters that decode with the configuration now
-  tidemark status    [-c FILE] [--json]                   offsets, lag, watermarks, partitions
-  tidemark check     [-c FILE] [--source NAME]            check CDC sources and their slots' failover; exit 1 on a problem
-  tidemark lateness  --source NAME [-c FILE] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]
-                                                          how late events arrive; the horizon that keeps a target share
-  tidemark grants    [-c FILE] [--migration-role R] [--runtime-role R] [--poll-role R] [--cdc-role R]
-                                                          print the SQL of least-privilege database roles
-  tidemark demo      [-v] [--serve] [--citus]             run a self-contained demonstration
-  tidemark version                                        print the version
-
-The configuration file defaults to $TIDEMARK_CONFIG, then tidemark.yaml.
-Exit codes: 0 success, 1 failure, 2 bad usage or configuration.
-`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
