@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 )
 
 // errSilent ends a stream whose replication connection stayed silent,
@@ -102,26 +104,18 @@ func (r *Reader) lockSlot(ctx context.Context, lock *pgx.Conn) error {
 	}
 }
 
-// keepLock pings the lock session every quarter of r.waitTimeout until ctx ends;
-// a ping that fails or does not answer within r.waitTimeout/4 calls lost.
+// keepLock pings the lock session every quarter of r.waitTimeout until
+// ctx ends; a ping that fails or does not answer within r.waitTimeout/4
+// calls lost, and ends the pings.
 func (r *Reader) keepLock(ctx context.Context, lock *pgx.Conn, lost func(error)) {
 	every := r.waitTimeout / 4
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, every)
-		_, err := lock.Exec(pctx, pingSQL)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				lost(fmt.Errorf("the slot's lock session: %w", err))
-			}
-			return
-		}
+	job := periodic.Job{Name: "slot lock ping", Every: every, FromStart: true, Timeout: every,
+		Run: func(pctx context.Context) error {
+			_, err := lock.Exec(pctx, pingSQL)
+			return err
+		},
+		Final: func(error) bool { return true }}
+	if err := job.Loop(ctx); err != nil {
+		lost(fmt.Errorf("the slot's lock session: %w", err))
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
+	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgquote"
@@ -610,7 +611,8 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 // heartbeat writes a logical message on the source at dsn (the source, or
 // the primary of a source that is a standby) every interval, so that WAL
 // moves and the slot can be confirmed past it while the tracked tables
-// are quiet.
+// are quiet. A beat that fails is logged and the connection made again
+// at the next: a source restart must not end the heartbeats.
 func (r *Reader) heartbeat(ctx context.Context, dsn string, every time.Duration) {
 	var conn *pgx.Conn
 	defer func() {
@@ -618,35 +620,23 @@ func (r *Reader) heartbeat(ctx context.Context, dsn string, every time.Duration)
 			pgconnect.Close(ctx, conn)
 		}
 	}()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		// (Re)connect at each beat that has no live connection: a
-		// source restart must not end the heartbeats.
-		if conn == nil || conn.IsClosed() {
-			c, err := mirror.Connect(ctx, dsn, "tidemark-cdc-heartbeat")
-			if err != nil {
-				if ctx.Err() == nil {
-					r.log.Warn("cdc heartbeat: cannot connect", "err", err)
+	job := periodic.Job{Name: "cdc heartbeat", Every: every, FromStart: true, Timeout: r.waitTimeout, Log: r.log,
+		Run: func(bctx context.Context) error {
+			if conn == nil || conn.IsClosed() {
+				c, err := mirror.Connect(bctx, dsn, "tidemark-cdc-heartbeat")
+				if err != nil {
+					return fmt.Errorf("connect: %w", err)
 				}
-				continue
+				conn = c
 			}
-			conn = c
-		}
-		bctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
-		_, err := conn.Exec(bctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano))
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("cdc heartbeat failed", "err", err)
-			pgconnect.Close(ctx, conn)
-			conn = nil
-		}
-	}
+			if _, err := conn.Exec(bctx, heartbeatSQL, r.now().UTC().Format(time.RFC3339Nano)); err != nil {
+				pgconnect.Close(ctx, conn)
+				conn = nil
+				return err
+			}
+			return nil
+		}}
+	_ = job.Loop(ctx) // no error is final: it ends with ctx
 }
 
 // receive reads one message, or returns nil when deadline passes first

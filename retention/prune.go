@@ -485,23 +485,21 @@ const runTimeout = 10 * time.Minute
 
 // Loop prunes at once and then every retention.every, measured from the
 // start of each run, until ctx ends; each run within runTimeout. A failed
-// run is logged and tried again at the next interval; while another
-// process prunes, this one stands by.
+// run is logged by the Job (retention run failed; trying again) and tried
+// again at the next interval; while another process prunes, this one
+// stands by.
 func (p *Pruner) Loop(ctx context.Context) error {
 	job := periodic.Job{Name: "retention run", Every: p.cfg.Retention.Every.Duration(), FromStart: true, Timeout: runTimeout, Log: p.log,
 		Run: func(rctx context.Context) error {
 			rep, err := p.Run(rctx, false)
 			switch {
-			case ctx.Err() != nil:
 			case errors.Is(err, ErrBusy):
 				p.log.Debug("another process is pruning; standing by")
+				return nil
 			case err != nil:
-				// Logged here rather than by the Job: an error, as the
-				// runbook has it, tried again at the next interval.
-				p.log.Error("retention run failed; trying again at the next interval", "err", err, "every", p.cfg.Retention.Every)
-			default:
-				p.logReport(rep)
+				return err // the Job logs it, and runs again at the next interval
 			}
+			p.logReport(rep)
 			return nil
 		}}
 	return job.Loop(ctx)
