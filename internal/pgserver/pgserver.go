@@ -100,6 +100,16 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		_ = os.RemoveAll(root)
 		return nil, err
 	}
+	if err := s.startOnFreePort(ctx); err != nil {
+		_ = os.RemoveAll(root)
+		return nil, err
+	}
+	return s, nil
+}
+
+// startOnFreePort starts the server on a free port, trying another up to
+// five times: a port found free can be taken before the server binds it.
+func (s *Server) startOnFreePort(ctx context.Context) error {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := freePort()
@@ -109,11 +119,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		}
 		s.Port = port
 		if lastErr = s.start(ctx); lastErr == nil {
-			return s, nil
+			return nil
 		}
 	}
-	_ = os.RemoveAll(root)
-	return nil, lastErr
+	return lastErr
 }
 
 // FindBinDir locates the directory holding initdb and postgres:

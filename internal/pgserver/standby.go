@@ -99,21 +99,9 @@ func (s *Server) StartStandby(ctx context.Context, opts StandbyOptions) (*Server
 		_ = os.RemoveAll(root)
 		return nil, err
 	}
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		sb.Port = port
-		if lastErr = sb.start(ctx); lastErr == nil {
-			break
-		}
-	}
-	if lastErr != nil {
+	if err := sb.startOnFreePort(ctx); err != nil {
 		_ = os.RemoveAll(root)
-		return nil, lastErr
+		return nil, err
 	}
 	if err := s.waitStandby(ctx, name, false); err != nil {
 		_ = sb.Stop()
