@@ -75,6 +75,15 @@ type Options struct {
 	// ChunkChanges is how many changes of a group are folded and written
 	// at a time; default 10000.
 	ChunkChanges int
+
+	// Hooks that tell tests a state was reached (set by tests; nil
+	// otherwise). Each is called on the goroutine that reached the
+	// state, which waits for it to return.
+	//
+	// chunkMoving is called as rows of a snapshot chunk pass from the
+	// source's COPY into the warehouse's, each time the chunk's watchdog
+	// is moved on.
+	chunkMoving func()
 }
 
 // Reader mirrors the tables of one CDC source.

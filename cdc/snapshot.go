@@ -267,6 +267,9 @@ type progressWriter struct {
 	wd    *pgconnect.Watchdog
 	every time.Duration
 	last  time.Time
+	// moving, when set, is called each time wd is touched
+	// (Options.chunkMoving).
+	moving func()
 }
 
 // Write implements io.Writer.
@@ -276,6 +279,9 @@ func (p *progressWriter) Write(b []byte) (int, error) {
 		if now := time.Now(); now.Sub(p.last) >= p.every {
 			p.wd.Touch()
 			p.last = now
+			if p.moving != nil {
+				p.moving()
+			}
 		}
 	}
 	return n, err
@@ -318,7 +324,7 @@ func (r *Reader) copyChunkOn(ctx context.Context, wd *pgconnect.Watchdog, wh *pg
 	}
 	defer r.rollback(ctx, tx)
 	pr, pw := io.Pipe()
-	out := bufio.NewWriterSize(&progressWriter{w: pw, wd: wd, every: r.waitTimeout / 16}, copyPipeBuffer)
+	out := bufio.NewWriterSize(&progressWriter{w: pw, wd: wd, every: r.waitTimeout / 16, moving: r.opts.chunkMoving}, copyPipeBuffer)
 	done := make(chan error, 1)
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, out, fmt.Sprintf(copyChunkSQL, cols, pgquote.Literal(loaded), c.id.Sanitize(), c.where))
