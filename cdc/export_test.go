@@ -13,6 +13,10 @@ func SetSnapshotProgressEvery(d time.Duration) (restore func()) {
 // connected to the source, before it checks it.
 func SetOnSourceConnected(o *Options, f func()) { o.sourceConnected = f }
 
+// SetOnSlotLockBusy makes the reader call f each time it finds the slot's
+// lock held by another session.
+func SetOnSlotLockBusy(o *Options, f func()) { o.slotLockBusy = f }
+
 // SetOnSlotCreationActive makes the reader call f each time its watch
 // finds the walsender creating the slot active, with how long the
 // creation has run.

@@ -96,6 +96,9 @@ func (r *Reader) lockSlot(ctx context.Context, lock *pgx.Conn) error {
 		if ok {
 			return nil
 		}
+		if r.opts.slotLockBusy != nil {
+			r.opts.slotLockBusy()
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -83,6 +83,9 @@ type Options struct {
 	// sourceConnected is called when a run has connected to the source,
 	// before it checks it.
 	sourceConnected func()
+	// slotLockBusy is called each time a run finds the slot's lock held
+	// by another session, before it tries again.
+	slotLockBusy func()
 	// slotCreationActive is called each time the watch of the slot's
 	// creation finds the walsender creating it active, with how long the
 	// creation has run.

@@ -1374,7 +1374,10 @@ func TestOneReaderPerSlot(t *testing.T) {
 	activePID := e.slotPID
 	streaming := activePID()
 	// Not e.run: it waits for the slot to be free.
-	r, err := cdc.New(cfg, "shop", e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
+	opts := cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()}
+	var refused atomic.Int64
+	cdc.SetOnSlotLockBusy(&opts, func() { refused.Add(1) })
+	r, err := cdc.New(cfg, "shop", e.readers, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1390,7 +1393,10 @@ func TestOneReaderPerSlot(t *testing.T) {
 
 	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 10:00+00')`)
 	e.wantCount("orders mirrored by the first reader", 1, "SELECT count(*) FROM mirror.orders")
-	time.Sleep(time.Second) // the second reader's chance to take the slot, which it must not: not a wait
+	// The second reader finds the slot's lock held, and again when it
+	// tries once more: it waits, and its chance to take the slot, which
+	// it must not, has passed.
+	waitfor.Until(t, "the second reader to find the slot's lock held twice", func() bool { return refused.Load() >= 2 })
 	var sessions int
 	if err := e.src.QueryRow(e.ctx, "SELECT count(*) FROM pg_stat_replication").Scan(&sessions); err != nil {
 		t.Fatal(err)
