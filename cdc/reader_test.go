@@ -1091,8 +1091,9 @@ func (e *cdcEnv) streamedTxns() int64 {
 // does not decode the slot's WAL again), and everything is applied once
 // the lock is gone.
 func TestSlowWarehouseKeepsSession(t *testing.T) {
+	const walSenderTimeout = 2 * time.Second
 	e := newCDCEnv(t)
-	e.srcDSN += "&options=-c%20wal_sender_timeout%3D2s"
+	e.srcDSN += fmt.Sprintf("&options=-c%%20wal_sender_timeout%%3D%dms", walSenderTimeout.Milliseconds())
 	e.startWith(e.config("snapshot: never", "deletes: hard"), cdc.Options{GroupChanges: 1, GroupAge: 20 * time.Millisecond})
 	e.exec(`INSERT INTO orders VALUES (1, 1, 1, '2026-10-05 09:00+00')`)
 	e.waitMirrored("")
@@ -1106,7 +1107,7 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 		e.exec(`INSERT INTO orders VALUES ($1, 1, 1, '2026-10-05 09:00+00')`, i)
 	}
 	e.waitLockWaiter("orders")
-	time.Sleep(5 * time.Second) // the warehouse's stall, more than twice wal_sender_timeout: not a wait
+	e.waitAnswered(before, 2*walSenderTimeout)
 	unlock()
 	e.waitMirrored("")
 	if after := pid(); after != before {
@@ -1122,7 +1123,7 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 	e.exec(`ALTER TABLE orders ADD COLUMN channel text`)
 	e.exec(`INSERT INTO orders VALUES (42, 1, 1, '2026-10-05 09:00+00', 'app')`)
 	e.waitSent()
-	time.Sleep(5 * time.Second) // the warehouse's stall, more than twice wal_sender_timeout: not a wait
+	e.waitAnswered(before, 2*walSenderTimeout)
 	unlock()
 	e.wantCount("mirror columns named channel", 1,
 		"SELECT count(*) FROM information_schema.columns WHERE table_schema = 'mirror' AND table_name = 'orders' AND column_name = 'channel'")
@@ -1130,6 +1131,29 @@ func TestSlowWarehouseKeepsSession(t *testing.T) {
 	if after := pid(); after != before {
 		t.Errorf("the replication session was replaced at a schema change (walsender %d, now %d)", before, after)
 	}
+}
+
+// waitAnswered waits, while the warehouse stalls the reader, until the
+// source's walsender pid has had a reply from the reader more than d
+// after now by the source's clock: the replication session outlived d,
+// answered. The walsender ending first fails the test.
+func (e *cdcEnv) waitAnswered(pid int64, d time.Duration) {
+	e.t.Helper()
+	var from time.Time
+	if err := e.src.QueryRow(e.ctx, "SELECT clock_timestamp()").Scan(&from); err != nil {
+		e.t.Fatal(err)
+	}
+	waitfor.Until(e.t, fmt.Sprintf("walsender %d to hear from the reader %s after the stall began", pid, d), func() bool {
+		var answered bool
+		err := e.src.QueryRow(e.ctx, "SELECT coalesce(reply_time > $2, false) FROM pg_stat_replication WHERE pid = $1", pid, from.Add(d)).Scan(&answered)
+		if errors.Is(err, pgx.ErrNoRows) {
+			e.t.Fatalf("walsender %d ended while the warehouse stalled the reader: the reader stopped answering the source", pid)
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return answered
+	})
 }
 
 // TestTypeChangeStopCommitsWhatCameBefore: the stop before a transaction
