@@ -14,6 +14,13 @@ func SetKafkaLogEvery(o *Options, every time.Duration) { o.kafkaLogEvery = every
 // to another member's stored position.
 func SetAfterSeek(o *Options, f func()) { o.afterSeek = f }
 
+// SetPollingAhead makes the ingester call polling as its polling ahead
+// of a batch being written starts a poll that waits for records, with the
+// records it holds, and polled when that poll has returned.
+func SetPollingAhead(o *Options, polling func(held int), polled func()) {
+	o.pollingAhead, o.polledAhead = polling, polled
+}
+
 // SetRegistryRetry sets the waits between attempts at an unavailable
 // schema registry.
 func SetRegistryRetry(o *Options, first, limit time.Duration) {

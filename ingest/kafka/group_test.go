@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,30 +114,54 @@ func TestFaults(t *testing.T) {
 // from the stored position, once, with no record counted twice.
 func TestFencedWhileDecodingAhead(t *testing.T) {
 	const n = 5000 // the harness's batch_max_rows
-	runFenced(t, 3*n, 3*n/2, kafka.Options{}, 0)
+	runFenced(t, 3*n, 3*n/2, kafka.Options{}, nil)
 }
 
 // TestFencedWhilePollingAhead: as TestFencedWhileDecodingAhead, but the
 // records beyond the waiting batch are fewer than a batch, so the ingester
-// is still polling ahead when the batch is fenced. Polling ahead must stop
-// before the consumer is moved: a poll after the move would return records
-// from the new position, and they would be dropped with the stale ones and
-// never read again. The consumer waits after the move (a test hook), which
-// gives such a poll the time to happen.
+// is still polling ahead when the batch is fenced: it holds them and
+// waits for more. Polling ahead must stop before the consumer is moved: a
+// poll after the move would return records from the new position, and
+// they would be dropped with the stale ones and never read again. The
+// consumer waits after the move (a test hook) until no poll ahead is
+// under way or one has returned, which lets such a poll happen.
 func TestFencedWhilePollingAhead(t *testing.T) {
-	const n = 5000 // the harness's batch_max_rows
-	var opts kafka.Options
-	kafka.SetAfterSeek(&opts, func() { time.Sleep(500 * time.Millisecond) }) // the window for a stray poll, not a wait
-	// 200 ms: the extra records are polled and the next poll waits.
-	runFenced(t, n+1000, n+500, opts, 200*time.Millisecond)
+	const n, extra = 5000, 1000 // the harness's batch_max_rows, and the records beyond the batch
+	var (
+		opts     kafka.Options
+		waiting  atomic.Bool  // a poll ahead waits for records
+		held     atomic.Int64 // the records held ahead when it began
+		returned atomic.Int64 // the polls ahead that have returned
+	)
+	kafka.SetPollingAhead(&opts, func(h int) {
+		held.Store(int64(h))
+		waiting.Store(true)
+	}, func() {
+		waiting.Store(false)
+		returned.Add(1)
+	})
+	kafka.SetAfterSeek(&opts, func() {
+		// A poll ahead still waiting now returns records from the new
+		// position: let it, so that losing them shows.
+		from := returned.Load()
+		if err := waitfor.Poll(waitfor.Timeout, func() bool { return !waiting.Load() || returned.Load() > from }); err != nil {
+			t.Errorf("a poll ahead still waited %s after the consumer was moved", waitfor.Timeout)
+		}
+	})
+	runFenced(t, n+extra, n+extra/2, opts, func() {
+		waitfor.Until(t, "the ingester to poll ahead the records beyond the batch and wait for more", func() bool {
+			return waiting.Load() && held.Load() >= extra
+		})
+	})
 }
 
 // runFenced produces records events on one partition and starts an
 // ingester whose first batch waits for the partition's offsets row, which
-// the test holds locked. settle after the write starts waiting, another
-// member stores position fenced and the lock is released. Exactly the
-// events from fenced on must then be stored, each record counted once.
-func runFenced(t *testing.T, records, fenced int, opts kafka.Options, settle time.Duration) {
+// the test holds locked. Once the write waits, and ready (when set) has
+// returned, another member stores position fenced and the lock is
+// released. Exactly the events from fenced on must then be stored, each
+// record counted once.
+func runFenced(t *testing.T, records, fenced int, opts kafka.Options, ready func()) {
 	t.Helper()
 	b := setup(t, 1)
 	w := ingesttest.Make(b.topic, records, 1, 9, 0, 0, testNow)
@@ -163,8 +188,9 @@ func runFenced(t *testing.T, records, fenced int, opts kafka.Options, settle tim
 		return ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_stat_activity
 			WHERE application_name = 'tidemark-ingest' AND wait_event_type = 'Lock'`) > 0
 	})
-	// The ingester reports no poll ahead: settle is the time given to it.
-	time.Sleep(settle) // the time polling ahead is given, not a wait for a state it reports
+	if ready != nil {
+		ready()
+	}
 	// Another member stores fenced: the waiting batch is stale.
 	if _, err := tx.Exec(ctx, `UPDATE tidemark.kafka_offsets SET next_offset = $2 WHERE consumer_group = $1`, group, fenced); err != nil {
 		t.Fatal(err)

@@ -44,6 +44,17 @@ type Options struct {
 	// tried again (tests).
 	stallRetry time.Duration
 	afterSeek  func() // called after fencing moved the consumer (tests)
+	// pollingAhead is called as the polling ahead of a batch being
+	// written starts a poll that waits for records, with the records it
+	// holds; polledAhead when that poll has returned (tests).
+	pollingAhead func(held int)
+	polledAhead  func()
+}
+
+// aheadHooks are Options.pollingAhead and Options.polledAhead.
+type aheadHooks struct {
+	polling func(held int)
+	polled  func()
 }
 
 // source is one configured source as the ingester uses it.
@@ -117,6 +128,7 @@ type Ingester struct {
 	// ahead and waits for it: a seek must not come between its polls.
 	stopAhead func()
 	afterSeek func() // Options.afterSeek
+	ahead     aheadHooks
 	w         *writer
 	// checkRows holds the sources whose rows the last attempt found one
 	// refused in: their rows are written one at a time.
@@ -197,6 +209,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 		hwm:       map[topicPartition]int64{},
 		reseeked:  map[topicPartition]bool{},
 		afterSeek: opts.afterSeek,
+		ahead:     aheadHooks{polling: opts.pollingAhead, polled: opts.polledAhead},
 		retry:     backoff.Backoff{First: retryFirst, Max: retryMax, Jitter: 0.5},
 		paused:    map[topicPartition]pauseKind{},
 		checkRows: map[*source]bool{},
@@ -562,7 +575,13 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRow
 		if rows >= maxRows || int64(bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) || ctx.Err() != nil {
 			return parts
 		}
+		if in.ahead.polling != nil {
+			in.ahead.polling(rows)
+		}
 		fetches = in.cl.PollRecords(ctx, maxRows-rows)
+		if in.ahead.polled != nil {
+			in.ahead.polled()
+		}
 		parts = append(parts, in.decode(ctx, fetches)...)
 	}
 }
