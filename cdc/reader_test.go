@@ -623,6 +623,8 @@ func TestIdleRecordsAtStatusPace(t *testing.T) {
 		return rec >= applied
 	})
 	wal0, rec0 := walAndRecorded()
+	// A rate over real time: the reader's status_every is a timer, which
+	// Options.Now (timestamps only) does not drive.
 	time.Sleep(3 * time.Second) // the idle time measured, not a wait for a state
 	wal1, rec1 := walAndRecorded()
 	var bytes, records int64

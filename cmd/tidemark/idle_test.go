@@ -87,6 +87,11 @@ aggregates:
 		return wal, xacts
 	}
 	wal0, xacts0 := usage()
+	// What is measured is a rate over real time: the service's loops pace
+	// themselves with timers (tickers, backoffs), which the service clock
+	// a test sets (timestamps only) does not drive, and a window that ended
+	// on something the service reports would shrink with the loop it is to
+	// catch.
 	time.Sleep(10 * time.Second) // the idle time measured, not a wait for anything
 	wal1, xacts1 := usage()
 	written, xacts := wal1-wal0, xacts1-xacts0

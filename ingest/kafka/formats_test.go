@@ -371,8 +371,7 @@ func TestAvroRegistryOutageUnderLoad(t *testing.T) {
 	waitfor.Until(t, "attempts at the registry fail", func() bool {
 		return counterSum(t, r, "tidemark_schema_registry_errors_total") >= 8
 	})
-	// The outage's length is what is tested here, not a wait for a state.
-	time.Sleep(time.Until(down.Add(outage)))
+	time.Sleep(time.Until(down.Add(outage))) // the outage's length, which is what is tested: not a wait for a state
 	during := b.storedTotal(t)
 	if err := r.in.RegistryError(); err == nil {
 		t.Errorf("no registry error reported after %s of outage", outage)

@@ -92,7 +92,7 @@ func TestLoop(t *testing.T) {
 		var waits []time.Duration
 		j := periodic.Job{Name: "job", Every: time.Millisecond, FromStart: true,
 			Run: func(context.Context) error {
-				time.Sleep(5 * time.Millisecond) // longer than Every
+				time.Sleep(5 * time.Millisecond) // the run's own work, longer than Every: not a wait
 				return nil
 			},
 			Next: func(_ error, wait time.Duration) time.Duration {
