@@ -124,22 +124,33 @@ WHERE source = $1`
 // the group before it has committed, so the warehouse commits groups in
 // source order and each group's statements see the mirror the earlier
 // groups left. A group whose predecessor failed fails too.
+//
+// The stream drives a group through begin, add (changes, written a chunk
+// at a time in the background), txnDone (per source transaction), and
+// commit, which commits in the background; takeCommitted hands back the
+// result, and rollback abandons everything under way. Each await names
+// what it waits for: awaitChunk the group's chunk in flight,
+// awaitPrevCommit the group before's commit, awaitTurn both (the stream
+// then uses the transaction itself), awaitBackground every write in
+// flight, awaitClosed one channel while the source is kept answered.
 type applier struct {
 	pool     *pgxpool.Pool
 	source   string
 	raw      *raw.Table
 	now      func() time.Time
 	truncate bool // apply TRUNCATE to the mirrors
-	// rawBinary: the raw table has raw.ChangeColumns' types, and change rows are COPYed
-	// in binary, which the server reads at about four fifths of the CPU
-	// of text; text serves a table created beforehand with other types.
+	// rawBinary: the raw table has raw.ChangeColumns' types, and change
+	// rows are COPYed in binary, which the server reads at about four
+	// fifths of the CPU of text; text serves a table created beforehand
+	// with other types.
 	rawBinary bool
 	chunk     int // changes folded and applied at a time
-	// waitTimeout bounds the writing of a chunk, and each waitTimeout of a commit
-	// after the group before has committed (warehouse.write_timeout).
+	// waitTimeout bounds the writing of a chunk, and each step of a
+	// commit after the group before has committed
+	// (warehouse.write_timeout).
 	waitTimeout time.Duration
 	// keep is how often a transaction that waits for the group before
-	// runs a statement (see waitPrev).
+	// runs a statement (see awaitPrevCommit).
 	keep time.Duration
 	// keepalive, when set, is how the stream waits for a chunk being
 	// written: it keeps answering the source meanwhile.
@@ -269,11 +280,11 @@ func (a *applier) add(ctx context.Context, c change) error {
 	g.ops[c.op]++
 	if c.op == opTruncate || len(g.pending) >= a.chunk {
 		if g.inflight != nil {
-			if err := a.waitFor(ctx, g.inflight.done); err != nil {
+			if err := a.awaitClosed(ctx, g.inflight.done); err != nil {
 				return err
 			}
 		}
-		if err := g.wait(); err != nil {
+		if err := g.awaitChunk(); err != nil {
 			return err
 		}
 		changes := g.pending
@@ -295,9 +306,9 @@ type writing struct {
 	err  error
 }
 
-// wait waits for the group's chunk being written, if any, and returns its
+// awaitChunk waits for the group's chunk being written, if any, and returns its
 // error. Whoever uses the group's transaction waits first.
-func (g *group) wait() error {
+func (g *group) awaitChunk() error {
 	if g.inflight == nil {
 		return nil
 	}
@@ -307,14 +318,14 @@ func (g *group) wait() error {
 	return err
 }
 
-// waitPrev waits until the group before g has committed. g's transaction
+// awaitPrevCommit waits until the group before g has committed. g's transaction
 // has written its raw change rows and waits its turn, as long as that
 // group's remaining writes and commit take: a statement every a.keep
 // keeps it from counting as idle, so that the warehouse's
 // idle_in_transaction_session_timeout ends a session whose client is
 // gone, not one that waits behind a slow but working group. Nobody else
 // uses g's transaction meanwhile.
-func (a *applier) waitPrev(ctx context.Context, g *group) error {
+func (a *applier) awaitPrevCommit(ctx context.Context, g *group) error {
 	if g.prev == nil {
 		return nil
 	}
@@ -341,7 +352,7 @@ func (a *applier) waitPrev(ctx context.Context, g *group) error {
 
 // keepOpen runs a statement in the open group's transaction, unless a
 // chunk of the group is being written (which keeps it busy, or waits in
-// waitPrev, which runs its own) or failed (the transaction is aborted,
+// awaitPrevCommit, which runs its own) or failed (the transaction is aborted,
 // and the stream reports that chunk's error when it next writes): a group
 // that waits for a commit slot, or for the groups committing to finish,
 // holds its transaction open, and must not idle past
@@ -378,22 +389,22 @@ func (a *applier) ping(ctx context.Context, g *group) error {
 	return err
 }
 
-// settle waits until the open group's transaction is free and every
+// awaitTurn waits until the open group's transaction is free and every
 // earlier group has committed, so that the stream may use the transaction
 // itself (for DDL that locks the mirror, say).
-func (a *applier) settle(ctx context.Context) error {
-	if err := a.g.wait(); err != nil {
+func (a *applier) awaitTurn(ctx context.Context) error {
+	if err := a.g.awaitChunk(); err != nil {
 		return err
 	}
-	return a.waitPrev(ctx, a.g)
+	return a.awaitPrevCommit(ctx, a.g)
 }
 
-// quiesce waits until nothing is written in the background: the groups
+// awaitBackground waits until nothing is written in the background: the groups
 // committing have finished (the stream takes their results later) and the
 // open group's chunk is written.
-func (a *applier) quiesce(ctx context.Context) error {
+func (a *applier) awaitBackground(ctx context.Context) error {
 	for _, g := range a.committing {
-		if err := a.waitFor(ctx, g.done); err != nil {
+		if err := a.awaitClosed(ctx, g.done); err != nil {
 			return err
 		}
 	}
@@ -401,15 +412,15 @@ func (a *applier) quiesce(ctx context.Context) error {
 		return nil
 	}
 	if a.g.inflight != nil {
-		if err := a.waitFor(ctx, a.g.inflight.done); err != nil {
+		if err := a.awaitClosed(ctx, a.g.inflight.done); err != nil {
 			return err
 		}
 	}
-	return a.g.wait()
+	return a.g.awaitChunk()
 }
 
-// waitFor waits until done is closed, through keepalive when it is set.
-func (a *applier) waitFor(ctx context.Context, done <-chan struct{}) error {
+// awaitClosed waits until done is closed, through keepalive when it is set.
+func (a *applier) awaitClosed(ctx context.Context, done <-chan struct{}) error {
 	if a.keepalive != nil {
 		return a.keepalive(ctx, done)
 	}
@@ -417,11 +428,11 @@ func (a *applier) waitFor(ctx context.Context, done <-chan struct{}) error {
 	return nil
 }
 
-// flush quiesces, then writes the open group's pending changes when some
-// are of table t: before t's columns change, its rows decoded with the old
-// columns are written with them.
-func (a *applier) flush(ctx context.Context, t *table) error {
-	if err := a.quiesce(ctx); err != nil {
+// writePendingOf awaits the background writes, then writes the open
+// group's pending changes when some are of table t: before t's columns
+// change, its rows decoded with the old columns are written with them.
+func (a *applier) writePendingOf(ctx context.Context, t *table) error {
+	if err := a.awaitBackground(ctx); err != nil {
 		return err
 	}
 	g := a.g
@@ -433,8 +444,8 @@ func (a *applier) flush(ctx context.Context, t *table) error {
 	return a.write(g.ctx, g, changes)
 }
 
-// done records that a source transaction of the group is complete.
-func (a *applier) done(end pglogrepl.LSN, commitTime time.Time) {
+// txnDone records that a source transaction of the group is complete.
+func (a *applier) txnDone(end pglogrepl.LSN, commitTime time.Time) {
 	g := a.g
 	g.txns++
 	g.end = max(g.end, end)
@@ -445,7 +456,7 @@ func (a *applier) done(end pglogrepl.LSN, commitTime time.Time) {
 func (a *applier) rollback(ctx context.Context) {
 	if g := a.g; g != nil {
 		g.release() // a chunk under way stops at once
-		_ = g.wait()
+		_ = g.awaitChunk()
 		pgconnect.Rollback(ctx, g.tx)
 		g.conn.Release()
 		g.err = errors.New("rolled back")
@@ -460,7 +471,7 @@ func (a *applier) rollback(ctx context.Context) {
 
 // commit starts committing the open group in the background: it writes
 // what is pending, the ledger and the position once the group before has
-// committed, and commits. finished reports the result.
+// committed, and commits. takeCommitted reports the result.
 func (a *applier) commit() {
 	g := a.g
 	if g == nil {
@@ -470,7 +481,7 @@ func (a *applier) commit() {
 	a.committing = append(a.committing, g)
 	go func() {
 		defer g.release()
-		g.err = a.finish(g.ctx, g)
+		g.err = a.commitGroup(g.ctx, g)
 		g.committedAt = time.Now()
 		close(g.done)
 	}()
@@ -480,16 +491,16 @@ func (a *applier) commit() {
 // stopped.
 const commitGrace = 30 * time.Second
 
-// finish writes the rest of a group and commits it.
-func (a *applier) finish(ctx context.Context, g *group) error {
-	err := g.wait()
+// commitGroup writes the rest of a group and commits it.
+func (a *applier) commitGroup(ctx context.Context, g *group) error {
+	err := g.awaitChunk()
 	if err == nil && len(g.pending) > 0 {
 		changes := g.pending
 		g.pending = nil
 		err = a.write(ctx, g, changes)
 	}
 	if err == nil {
-		err = a.waitPrev(ctx, g)
+		err = a.awaitPrevCommit(ctx, g)
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.waitTimeout)
 	defer cancel()
@@ -514,9 +525,9 @@ func (a *applier) finish(ctx context.Context, g *group) error {
 	return nil
 }
 
-// finished returns the oldest group whose commit has started, once it has
+// takeCommitted returns the oldest group whose commit has started, once it has
 // finished (waiting for it when block is set), or nil.
-func (a *applier) finished(block bool) *group {
+func (a *applier) takeCommitted(block bool) *group {
 	if len(a.committing) == 0 {
 		return nil
 	}
@@ -556,7 +567,7 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 	for _, c := range changes {
 		g.ledger.Add(a.source, c.commitTime)
 	}
-	if err := a.waitPrev(ctx, g); err != nil {
+	if err := a.awaitPrevCommit(ctx, g); err != nil {
 		return err
 	}
 	ctx, cancel = context.WithTimeout(ctx, a.waitTimeout)

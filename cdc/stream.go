@@ -460,7 +460,7 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 			s.skip = false
 			return nil
 		}
-		s.a.done(m.TransactionEndLSN, m.CommitTime)
+		s.a.txnDone(m.TransactionEndLSN, m.CommitTime)
 		if s.a.changes() >= int64(s.r.opts.GroupChanges) || time.Since(s.groupStart) >= s.r.opts.GroupAge {
 			return s.commitGroup(ctx)
 		}
@@ -532,7 +532,7 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 	// Rows decoded with the old columns are written with them: chunks
 	// and groups in the background finish, and the open group's pending
 	// changes of the table are written, before the columns change.
-	if err := s.a.flush(ctx, t); err != nil {
+	if err := s.a.writePendingOf(ctx, t); err != nil {
 		return err
 	}
 	t.columns = cols
@@ -546,7 +546,7 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 		}
 		ddl := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.mirror.Target.Sanitize(), pgquote.Ident(c.name), typ)
 		if s.a.open() {
-			if err := s.a.settle(ctx); err != nil {
+			if err := s.a.awaitTurn(ctx); err != nil {
 				return err
 			}
 			_, err = s.a.g.tx.Exec(ctx, ddl)
@@ -674,7 +674,7 @@ func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMess
 	if err != nil {
 		return err
 	}
-	s.a.done(m.TransactionEndLSN, m.CommitTime)
+	s.a.txnDone(m.TransactionEndLSN, m.CommitTime)
 	return s.commitGroup(ctx)
 }
 
@@ -792,7 +792,7 @@ func (s *stream) committed(ctx context.Context, block bool) error {
 
 // committedOne confirms the oldest committing group if it has finished.
 func (s *stream) committedOne(ctx context.Context, block bool) error {
-	g := s.a.finished(block)
+	g := s.a.takeCommitted(block)
 	if g == nil {
 		return nil
 	}
