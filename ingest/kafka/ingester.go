@@ -5,20 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
-	"github.com/tidemark-dev/tidemark/internal/periodic"
-	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/raw"
 )
@@ -160,25 +156,6 @@ type Ingester struct {
 	paused map[topicPartition]pauseKind
 }
 
-// newRegistry returns the schema registry client when a Kafka source of
-// cfg needs one (a Debezium source reads the AvroConverter's records
-// through it when it is configured), nil otherwise.
-func newRegistry(cfg *config.Config) (*decode.Registry, error) {
-	for _, sc := range cfg.Sources {
-		if needsRegistry(cfg, sc) {
-			return decode.NewRegistry(cfg.SchemaRegistry)
-		}
-	}
-	return nil, nil
-}
-
-// needsRegistry reports whether the Kafka source sc reads the schema
-// registry: a source of a registry format, or a Debezium source when a
-// registry is configured.
-func needsRegistry(cfg *config.Config, sc *config.Source) bool {
-	return sc.Kind().Kafka() && config.UsesRegistry(sc.Format) || sc.Kind() == config.KindDebezium && cfg.SchemaRegistry.URL != ""
-}
-
 // withDefaults fills the options left empty.
 func (o Options) withDefaults() Options {
 	if o.Logger == nil {
@@ -298,38 +275,6 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	return in, nil
 }
 
-// clientOptions turns the kafka block into connection options shared by
-// every client tidemark makes (the ingester, status, readiness).
-func clientOptions(k config.Kafka) ([]kgo.Opt, error) {
-	_, opts, err := clientAuthOptions(k)
-	return opts, err
-}
-
-// clientAuthOptions is clientOptions that also returns the kafkaAuth that
-// explains refused connections.
-func clientAuthOptions(k config.Kafka) (*kafkaAuth, []kgo.Opt, error) {
-	auth, opts, err := newKafkaAuth(k)
-	if err != nil {
-		return nil, nil, err
-	}
-	return auth, append([]kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID)}, opts...), nil
-}
-
-// ClientOptions returns the connection options for the configured brokers.
-func ClientOptions(k config.Kafka) ([]kgo.Opt, error) {
-	opts, err := clientOptions(k)
-	return append(opts, netOptions(k)...), err
-}
-
-// Ping checks that a broker answers. A connection refused during TLS or
-// SASL set-up is reported as an *AuthError that says what failed.
-func (in *Ingester) Ping(ctx context.Context) error {
-	if err := in.cl.Ping(ctx); err != nil {
-		return in.auth.explainPing(err)
-	}
-	return nil
-}
-
 // LastError returns the last failed write attempt while writes are
 // failing, nil once a write succeeds.
 func (in *Ingester) LastError() error {
@@ -428,10 +373,6 @@ func (in *Ingester) ensureTables(ctx context.Context) error {
 	return nil
 }
 
-// leaveTimeout bounds the last offset commit to Kafka and leaving the
-// group together, on shutdown.
-const leaveTimeout = 5 * time.Second
-
 // shutdown writes the batch in flight within the grace that began with
 // the stop, then commits to Kafka and leaves the group within
 // leaveTimeout, and closes the client.
@@ -462,56 +403,6 @@ func (in *Ingester) shutdown() error {
 	in.mu.Unlock()
 	in.log.Info("ingester stopped")
 	return nil
-}
-
-// closeClient makes the last offset commit to Kafka, leaves the group and
-// closes the client, in at most about leaveTimeout. The revoke callback
-// runs while leaving and finds nothing left to write.
-//
-// Leaving waits for a JoinGroup or SyncGroup in flight, and the
-// coordinator may hold a JoinGroup for up to the rebalance timeout (for
-// example while it waits for a member that died to time out). When the
-// leave does not finish in time, the client's context is cancelled, which
-// fails such a request at once; the group then drops this member when its
-// session times out. Nothing is lost either way: positions live in the
-// warehouse and were written with the rows.
-func (in *Ingester) closeClient() {
-	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
-	defer cancel()
-	in.commits.final(ctx)
-	in.cl.AllowRebalance()
-	if err := in.cl.LeaveGroupContext(ctx); err != nil && ctx.Err() != nil {
-		in.log.Warn("did not leave the consumer group in time (a join may be in progress); "+
-			"the group drops this member after kafka.session_timeout", "err", err)
-	}
-	in.stopClient()
-	in.cl.Close()
-}
-
-func (in *Ingester) batchLen() int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.b.len()
-}
-
-func (in *Ingester) flushDue() bool {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.b.empty() {
-		return false
-	}
-	return in.b.len() >= int(in.cfg.Ingest.BatchMaxRows) ||
-		int64(in.b.bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) ||
-		!time.Now().Before(in.b.started.Add(in.cfg.Ingest.BatchMaxAge.Duration()))
-}
-
-func (in *Ingester) batchDeadline() (time.Time, bool) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.b.empty() {
-		return time.Time{}, false
-	}
-	return in.b.started.Add(in.cfg.Ingest.BatchMaxAge.Duration()), true
 }
 
 // flushDecodingAhead writes the batch in flight while another goroutine
@@ -555,180 +446,6 @@ func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
 	in.mu.Unlock()
 	in.cl.AllowRebalance()
 	return err
-}
-
-// decodeAhead decodes fetches and, if there were any, goes on polling and
-// decoding until it holds a batch's worth of records (ingest.batch_max_rows
-// or ingest.batch_max_bytes) or ctx ends with the write. It reads nothing
-// that mu guards.
-func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRows int) []decodedPart {
-	parts := in.decode(ctx, fetches)
-	if len(fetches) == 0 {
-		return parts
-	}
-	rows, bytes := 0, 0
-	for counted := 0; ; counted = len(parts) {
-		for _, d := range parts[counted:] {
-			rows += len(d.recs)
-			bytes += d.bytes()
-		}
-		if rows >= maxRows || int64(bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) || ctx.Err() != nil {
-			return parts
-		}
-		if in.ahead.polling != nil {
-			in.ahead.polling(rows)
-		}
-		fetches = in.cl.PollRecords(ctx, maxRows-rows)
-		if in.ahead.polled != nil {
-			in.ahead.polled()
-		}
-		parts = append(parts, in.decode(ctx, fetches)...)
-	}
-}
-
-// bytes approximates the memory d's records take in a batch, decoded.
-func (d *decodedPart) bytes() int {
-	n := 0
-	for i, r := range d.recs {
-		if d.rejs[i] != nil {
-			n += recordBytes(r)
-		} else {
-			n += rowBytes(r, &d.evs[i])
-		}
-	}
-	return n
-}
-
-// decodedPart is one partition's polled records, decoded.
-type decodedPart struct {
-	tp   topicPartition
-	hwm  int64
-	src  *source // nil for a topic of no source
-	recs []*kgo.Record
-	evs  []decode.Event
-	rejs []*decode.Rejection
-	// wait, when set, is where the records not decoded begin: they wait
-	// for their schema (recs holds only those before).
-	wait *pendingPart
-	// loss, when set, is a loss of records the client detected at the
-	// broker (reset.go); the part holds no records.
-	loss *kgo.ErrDataLoss
-}
-
-// absorb decodes polled records into the batch.
-func (in *Ingester) absorb(ctx context.Context, fetches kgo.Fetches) {
-	parts := in.decode(ctx, fetches)
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.addLocked(parts, nil)
-}
-
-// decode logs the fetch errors and decodes the records, getting the
-// schemas of a registry format first (within ctx); it reads nothing that
-// mu guards.
-func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPart {
-	var parts []decodedPart
-	fetches.EachError(func(topic string, partition int32, err error) {
-		if dl, ok := dataLoss(err); ok {
-			tp := topicPartition{topic, partition}
-			parts = append(parts, decodedPart{tp: tp, src: in.byTopic[topic], loss: dl})
-			return
-		}
-		var session *kgo.ErrGroupSession
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) ||
-			errors.As(err, &session) { // the client logs why the group session ended
-			return
-		}
-		in.klog.emit(slog.LevelWarn, fmt.Sprintf("fetch\x00%s\x00%d", topic, partition), "fetch error",
-			"topic", topic, "partition", partition, "err", err)
-	})
-	now := in.now()
-	// No request for the schemas of one fetch starts after one registry
-	// timeout, so that resolving them takes two at most: a poll holds
-	// rebalances until its records are decoded. The partitions left
-	// waiting are read again at the next poll.
-	until := time.Now().Add(in.cfg.SchemaRegistry.Timeout.Duration())
-	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
-		if d.src != nil {
-			d.recs = p.Records
-			var schemas decode.Schemas
-			if d.src.dec.UsesRegistry() && len(p.Records) > 0 {
-				var n int
-				var pause bool
-				schemas, n, pause = in.resolve(ctx, d.src, d.tp, p.Records, until)
-				if n < len(p.Records) {
-					d.wait = &pendingPart{offset: p.Records[n].Offset}
-					if pause {
-						d.wait.pause = pausedRegistry
-					}
-					d.recs = p.Records[:n]
-				}
-			}
-			d.evs, d.rejs = make([]decode.Event, len(d.recs)), make([]*decode.Rejection, len(d.recs))
-			for i, r := range d.recs {
-				d.evs[i], d.rejs[i] = d.src.dec.DecodeWith(r, now, schemas)
-			}
-		}
-		parts = append(parts, d)
-	})
-	return parts
-}
-
-// addLocked adds decoded records to the batch, skipping those already
-// stored and those of the partitions in stale: partitions a write moved to
-// another member's stored position after the records were fetched (they
-// are read again from there).
-func (in *Ingester) addLocked(parts []decodedPart, stale map[topicPartition]bool) {
-	now, n := time.Now(), 0
-	for _, d := range parts {
-		n += len(d.recs)
-	}
-	in.b.rows = slices.Grow(in.b.rows, n)
-	waiting := map[topicPartition]pendingPart{}
-	for _, d := range parts {
-		in.hwm[d.tp] = d.hwm
-		if _, ok := waiting[d.tp]; d.src == nil || stale[d.tp] || ok {
-			continue // a partition waiting for a schema takes nothing after the record that waits
-		}
-		if d.wait != nil {
-			waiting[d.tp] = *d.wait
-		}
-		if d.loss != nil {
-			in.dataLossLocked(d.tp, d.loss)
-			continue
-		}
-		floor, owned := in.stored[d.tp]
-		from, reset := in.resetFrom[d.tp]
-		if owned && floor.Offset >= 0 {
-			in.m.lag.WithLabelValues(d.tp.Topic, partLabel(d.tp.Partition)).Set(float64(max(0, d.hwm-floor.Offset)))
-		}
-		if in.stalls.waiting(d.src) {
-			// Its source is stalled: the records wait with their
-			// partition, from the first not stored.
-			for _, r := range d.recs {
-				if !owned || r.Offset >= floor.Offset || reset && r.Offset >= from {
-					waiting[d.tp] = pendingPart{offset: r.Offset, pause: pausedStalled}
-					break
-				}
-			}
-			continue
-		}
-		added := 0
-		for i, r := range d.recs {
-			if owned && r.Offset < floor.Offset && !(reset && r.Offset >= from) {
-				continue // already stored; never write a record twice
-			}
-			rej := d.rejs[i]
-			if rej == nil && d.src.mirror != nil {
-				rej = d.src.mirror.check(d.evs[i].Change)
-			}
-			in.b.add(d.src, r, d.evs[i], rej, now)
-			added++
-		}
-		in.m.consumed.WithLabelValues(d.src.name).Add(float64(added))
-	}
-	in.rewindLocked(waiting)
 }
 
 // flush writes the batch in flight (one attempt, retrying at once only for
@@ -957,72 +674,6 @@ func (in *Ingester) applyConflictsLocked(conflicts map[topicPartition]position) 
 	}
 }
 
-func (in *Ingester) writerLocked(ctx context.Context) (*writer, error) {
-	if in.w != nil && !in.w.conn.IsClosed() {
-		return in.w, nil
-	}
-	conn, err := in.connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	in.w = &writer{group: in.cfg.Kafka.Group, conn: conn}
-	return in.w, nil
-}
-
-// connect opens a warehouse connection with the ingester's session
-// settings (UTC, so that timestamps read back compare as stored).
-func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
-	// The server ends a statement of these sessions that outlives the
-	// client's deadline, so that a session the client gave up on does
-	// not hold its row locks.
-	return pgconnect.Warehouse(ctx, in.cfg.Warehouse.Settings(), "tidemark-ingest",
-		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.WriteTimeout.Duration().Milliseconds())})
-}
-
-// precreateEvery is how often the ingester creates the raw partitions
-// around the service clock's present.
-const precreateEvery = 30 * time.Minute
-
-// precreate creates raw partitions around the service clock's present
-// every precreateEvery, off the write path, until ctx is done. A failure
-// waits for the next time: writes create the partitions they need.
-func (in *Ingester) precreate(ctx context.Context) {
-	job := periodic.Job{
-		Name:    "creating upcoming raw partitions",
-		Every:   precreateEvery,
-		Timeout: in.cfg.Warehouse.WriteTimeout.Duration(),
-		Run:     in.precreateOnce,
-		Log:     in.log,
-	}
-	_ = job.Loop(ctx) // no run's error is final
-}
-
-// precreateOnce creates the partitions around the present of every
-// source's raw table, on a connection of its own.
-func (in *Ingester) precreateOnce(ctx context.Context) error {
-	conn, err := in.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer pgconnect.Close(ctx, conn)
-	var errs []error
-	for _, s := range in.sources {
-		if err := s.raw.Precreate(ctx, conn, in.now()); err != nil {
-			errs = append(errs, fmt.Errorf("source %s: %w", s.name, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (in *Ingester) dropConnLocked() {
-	if in.w != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = in.w.conn.Close(ctx)
-		cancel()
-		in.w = nil
-	}
-}
-
 // retryFirst and retryMax bound the ingester's waits after failed
 // attempts: exponential from retryFirst to retryMax, each shortened by up
 // to half at random (Ingester.retry).
@@ -1052,160 +703,4 @@ func (in *Ingester) backoff(ctx context.Context) {
 	d := in.retryIn
 	in.mu.Unlock()
 	_ = backoff.Sleep(ctx, d)
-}
-
-// adjustOffsets replaces the offsets Kafka would start from with the ones
-// stored in the warehouse: the warehouse commit is the only truth.
-func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	var stored map[topicPartition]position
-	for {
-		var err error
-		stored, err = in.readStored(ctx, offsets)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil, err
-		}
-		in.log.Warn("cannot read stored offsets; retrying", "err", err)
-		in.mu.Lock()
-		in.failedLocked(err)
-		in.mu.Unlock()
-		in.backoff(ctx)
-	}
-	ends := in.logEnds(ctx, stored)
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.retry.Failures() > 0 {
-		in.succeededLocked()
-	}
-	for topic, parts := range offsets {
-		for p := range parts {
-			tp := topicPartition{topic, p}
-			pos, ok := stored[tp]
-			if end, known := ends[tp]; ok && known && pos.Offset > end {
-				// The broker's log lost records (reset.go).
-				parts[p] = in.start
-				in.stored[tp] = pos
-				in.resetLocked(tp, OffsetReset{Stored: pos.Offset, LogEnd: end, ResumedAt: "kafka.start_offset (" + in.cfg.Kafka.StartOffset + ")"}, 0)
-			} else if ok && pos.Offset >= 0 {
-				parts[p] = kgo.NewOffset().At(pos.Offset).WithEpoch(pos.Epoch)
-				in.stored[tp] = pos
-			} else {
-				parts[p] = in.start
-				in.stored[tp] = noPosition
-			}
-			in.log.Debug("resuming partition", "topic", topic, "partition", p, "offset", pos.Offset)
-		}
-	}
-	return offsets, nil
-}
-
-const readStoredSQL = `
-SELECT topic, partition, next_offset, leader_epoch
-FROM tidemark.kafka_offsets
-WHERE consumer_group = $1 AND topic = ANY($2)`
-
-func (in *Ingester) readStored(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[topicPartition]position, error) {
-	topics := make([]string, 0, len(offsets))
-	for t := range offsets {
-		topics = append(topics, t)
-	}
-	// A connection of its own: the writer's belongs to the main loop.
-	conn, err := in.connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	defer pgconnect.Close(ctx, conn)
-	rows, err := conn.Query(cctx, readStoredSQL, in.cfg.Kafka.Group, topics)
-	if err != nil {
-		return nil, err
-	}
-	out := map[topicPartition]position{}
-	for rows.Next() {
-		var tp topicPartition
-		var p position
-		if err := rows.Scan(&tp.Topic, &tp.Partition, &p.Offset, &p.Epoch); err != nil {
-			return nil, err
-		}
-		out[tp] = p
-	}
-	return out, rows.Err()
-}
-
-func (in *Ingester) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
-	n := 0
-	for _, ps := range assigned {
-		n += len(ps)
-	}
-	in.m.assigned.Add(float64(n))
-	in.log.Info("partitions assigned", "partitions", assigned)
-}
-
-// onRevoked writes the batch in flight before the partitions go to another
-// member. If the warehouse stays unreachable for half the rebalance
-// timeout, the revoked partitions' records are dropped from the batch
-// instead: nothing of them was stored, so their next owner reads them
-// again from the stored offsets.
-func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	deadline := time.Now().Add(in.cfg.Kafka.RebalanceTimeout.Duration() / 2)
-	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	defer cancel()
-	for !in.b.empty() {
-		if err := in.flushLocked(fctx); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			in.log.Warn("warehouse unavailable during rebalance; dropping the revoked partitions' unwritten records (they will be read again)")
-			break
-		}
-		// Linear, and short: the rebalance waits for this member.
-		_ = backoff.Sleep(fctx, min(time.Duration(in.retry.Failures())*200*time.Millisecond, 2*time.Second))
-	}
-	in.forgetLocked(revoked)
-	in.log.Info("partitions revoked", "partitions", revoked)
-}
-
-// onLost drops the lost partitions' unwritten records: another member may
-// already own them.
-func (in *Ingester) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.forgetLocked(lost)
-	if len(lost) > 0 { // the client also calls this with nothing when a group session fails
-		in.log.Warn("partitions lost", "partitions", lost)
-	}
-}
-
-func (in *Ingester) forgetLocked(tps map[string][]int32) {
-	drop := map[topicPartition]bool{}
-	defer in.resumeLocked(drop)
-	for topic, ps := range tps {
-		for _, p := range ps {
-			tp := topicPartition{topic, p}
-			drop[tp] = true
-			delete(in.stored, tp)
-			delete(in.resetFrom, tp)
-			delete(in.hwm, tp)
-			in.commits.forget(tp)
-			in.m.lag.DeleteLabelValues(topic, partLabel(p))
-			in.m.assigned.Dec()
-		}
-	}
-	in.b.drop(drop)
-	// A stalled source that this member owned partitions of and owns none
-	// of any more is another member's to write, or to find stalled.
-	owned := map[*source]bool{}
-	for tp := range in.stored {
-		owned[in.byTopic[tp.Topic]] = true
-	}
-	for tp := range drop {
-		if src := in.byTopic[tp.Topic]; src != nil && !owned[src] {
-			in.endStall(src, "a stalled source's partitions went to other members")
-		}
-	}
 }

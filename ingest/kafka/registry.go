@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 )
@@ -103,6 +104,25 @@ func (e *registryDownError) Error() string {
 }
 
 func (e *registryDownError) Unwrap() error { return e.err }
+
+// newRegistry returns the schema registry client when a Kafka source of
+// cfg needs one (a Debezium source reads the AvroConverter's records
+// through it when it is configured), nil otherwise.
+func newRegistry(cfg *config.Config) (*decode.Registry, error) {
+	for _, sc := range cfg.Sources {
+		if needsRegistry(cfg, sc) {
+			return decode.NewRegistry(cfg.SchemaRegistry)
+		}
+	}
+	return nil, nil
+}
+
+// needsRegistry reports whether the Kafka source sc reads the schema
+// registry: a source of a registry format, or a Debezium source when a
+// registry is configured.
+func needsRegistry(cfg *config.Config, sc *config.Source) bool {
+	return sc.Kind().Kafka() && config.UsesRegistry(sc.Format) || sc.Kind() == config.KindDebezium && cfg.SchemaRegistry.URL != ""
+}
 
 // UsesRegistry reports whether a source of the ingester reads the schema
 // registry.
