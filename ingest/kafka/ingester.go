@@ -107,8 +107,32 @@ type Ingester struct {
 	// as a JoinGroup the coordinator holds open, fail at once.
 	stopClient context.CancelFunc
 
-	// mu guards everything below; it is held while a batch is written so
-	// that the main loop and the rebalance callbacks never write at once.
+	// mu guards b, stored, resetFrom, hwm, reseeked, stopAhead, w,
+	// checkRows, retry, retryIn and paused, and the prepared flag of each
+	// source. They are used by Run's loop (polling, adding the decoded
+	// records to b, writing it) and by the client's goroutines, which call
+	// adjustOffsets, onRevoked and onLost (rebalance.go). They share one
+	// lock because each step reads or changes several of them together,
+	// and mu is held for the whole write of a batch, so that the loop and
+	// a callback never write at once and a callback never sees a write
+	// half done. Records enter b only above their partition's position in
+	// stored (or from resetFrom), and set hwm. A write sends b over w,
+	// checked against stored, and prepares its sources; when it succeeds
+	// it clears checkRows, and once committed it moves stored, clears
+	// resetFrom and sets the lag from hwm. Fencing moves stored and marks
+	// reseeked; a stall drops its source's records from b, marks reseeked
+	// and adds to paused; both call stopAhead first. A revoke writes b,
+	// then a revoke or a loss drops the partitions from b, stored,
+	// resetFrom, hwm and paused. retry and retryIn count the failed
+	// attempts of either side: writes, preparing the raw tables, reading
+	// the stored offsets.
+	//
+	// The other fields below do not need mu. afterSeek is set once, in
+	// New (it is only read with mu held); so are commits, reg, rlog and
+	// stallLog. lastErr is atomic. resets (resetsMu), health and stalls
+	// have mutexes of their own: readiness and the status page read them
+	// while a batch is written, and decoding, which runs without mu, reads
+	// health. The committer and the rate-limited logs lock themselves.
 	mu     sync.Mutex
 	b      *batch
 	stored map[topicPartition]position // what the warehouse holds for owned partitions
