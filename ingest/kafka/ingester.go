@@ -127,9 +127,8 @@ type Ingester struct {
 	// attempts of either side: writes, preparing the raw tables, reading
 	// the stored offsets.
 	//
-	// The other fields below do not need mu. afterSeek is set once, in
-	// New (it is only read with mu held); so are commits, reg, rlog and
-	// stallLog. lastErr is atomic. resets (resetsMu), health and stalls
+	// The other fields below do not need mu. afterSeek and ahead are set
+	// once, in New (test hooks); so are commits, reg, rlog and stallLog. lastErr is atomic. resets (resetsMu), health and stalls
 	// have mutexes of their own: readiness and the status page read them
 	// while a batch is written, and decoding, which runs without mu, reads
 	// health. The committer and the rate-limited logs lock themselves.
