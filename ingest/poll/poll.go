@@ -76,11 +76,12 @@ type Poller struct {
 	conn     *pgx.Conn  // the source connection, reopened after errors
 	ddl      *pgx.Conn  // a warehouse connection outside the pool, for raw partitions
 	prepared bool
-	// step bounds the wait for each step of a run (warehouse.write_timeout);
-	// wd is the running run's deadline, moved on by every chunk.
-	step time.Duration
-	wd   *pgconnect.Watchdog
-	zone string // time zone of a timestamp-without-time-zone updated_at
+	// waitTimeout bounds the wait for each step of a run
+	// (warehouse.write_timeout); wd is the running run's deadline, moved
+	// on by every chunk.
+	waitTimeout time.Duration
+	wd          *pgconnect.Watchdog
+	zone        string // time zone of a timestamp-without-time-zone updated_at
 	// estimateWarned is set once a failed estimate of the source
 	// table's rows was logged.
 	estimateWarned bool
@@ -101,7 +102,7 @@ func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Po
 	}
 	opts = opts.withDefaults()
 	p := &Poller{src: src, table: t, raw: raw.ForSource(cfg, name), pool: pool,
-		log: opts.Logger.With("source", name), now: opts.Now, m: newPollMetrics(opts.Registerer), step: cfg.Warehouse.WriteTimeout.Duration(),
+		log: opts.Logger.With("source", name), now: opts.Now, m: newPollMetrics(opts.Registerer), waitTimeout: cfg.Warehouse.WriteTimeout.Duration(),
 		progress: opts.Progress}
 	p.raw.Log = opts.Logger
 	p.m.register(name, p.now)
@@ -315,9 +316,9 @@ func (p *Poller) RunOnce(ctx context.Context, run Window) (Report, error) {
 	defer p.mu.Unlock()
 	start := time.Now()
 	// No step of a run, on the source or in the warehouse, may wait
-	// longer than p.step: a stalled connection fails the run, which is
+	// longer than p.waitTimeout: a stalled connection fails the run, which is
 	// then repeated on new connections.
-	wctx, wd := pgconnect.WithWatchdog(ctx, p.step)
+	wctx, wd := pgconnect.WithWatchdog(ctx, p.waitTimeout)
 	defer wd.Stop()
 	p.wd = wd
 	rep, err := p.runOnce(wctx, run)
