@@ -387,7 +387,7 @@ func (a *applier) applyTable(ctx context.Context, g *group, st *stageRows) error
 			return err
 		}
 	}
-	if _, err := g.tx.Conn().PgConn().CopyFrom(ctx, st.w.Data(), fmt.Sprintf(copyStageSQL, st.name)); err != nil {
+	if _, err := st.w.CopyFrom(ctx, g.tx.Conn().PgConn(), fmt.Sprintf(copyStageSQL, st.name)); err != nil {
 		return fmt.Errorf("stage of %s: %w", st.t.name, err)
 	}
 	keyMatch, err := a.applyUpserts(ctx, g, st)
@@ -526,7 +526,7 @@ func (a *applier) insertFresh(ctx context.Context, g *group, st *stageRows) (boo
 		w.Null()
 		w.End()
 	}
-	_, err := g.tx.Conn().PgConn().CopyFrom(ctx, w.Data(),
+	_, err := w.CopyFrom(ctx, g.tx.Conn().PgConn(),
 		fmt.Sprintf(copyFreshSQL, target, strings.Join(cols, ", "), pgquote.Ident(m.LoadedColumn)+", "+pgquote.Ident(m.DeletedColumn)))
 	if err == nil {
 		return true, nil

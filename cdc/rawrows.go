@@ -20,7 +20,7 @@ func (a *applier) writeRaw(ctx context.Context, g *group, changes []change) erro
 	} else {
 		w := rawText(g, changes)
 		defer w.Release()
-		_, err = g.tx.Conn().PgConn().CopyFrom(ctx, w.Data(), raw.ChangeColumns.CopySQL(a.raw.Ident(), false))
+		_, err = w.CopyFrom(ctx, g.tx.Conn().PgConn(), raw.ChangeColumns.CopySQL(a.raw.Ident(), false))
 	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", a.raw.Ident(), err)

@@ -553,7 +553,7 @@ func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []stri
 	if _, err := tx.Exec(ctx, fmt.Sprintf(createChangeStageSQL, stage)+"; "+fmt.Sprintf(truncateChangeStageSQL, stage)); err != nil {
 		return fmt.Errorf("stage of %s: %w", m.target.Sanitize(), err)
 	}
-	if _, err := tx.Conn().PgConn().CopyFrom(ctx, w.Data(), fmt.Sprintf(copyChangeStageSQL, stage)); err != nil {
+	if _, err := w.CopyFrom(ctx, tx.Conn().PgConn(), fmt.Sprintf(copyChangeStageSQL, stage)); err != nil {
 		return fmt.Errorf("stage of %s: %w", m.target.Sanitize(), err)
 	}
 	target := m.target.Sanitize()
@@ -638,7 +638,7 @@ func (w *writer) copyChanges(ctx context.Context, tx pgx.Tx, src *source, rows [
 		}
 		c.End()
 	}
-	_, err := tx.Conn().PgConn().CopyFrom(ctx, c.Data(), raw.ChangeColumns.CopySQL(src.raw.Ident(), false))
+	_, err := c.CopyFrom(ctx, tx.Conn().PgConn(), raw.ChangeColumns.CopySQL(src.raw.Ident(), false))
 	return err
 }
 

@@ -780,7 +780,7 @@ func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []
 		w.Null()
 		w.End()
 	}
-	if _, err := tx.Conn().PgConn().CopyFrom(ctx, w.Data(), stmt); err != nil {
+	if _, err := w.CopyFrom(ctx, tx.Conn().PgConn(), stmt); err != nil {
 		return p.copyError(err, p.table.Target.Sanitize())
 	}
 	source := p.table.Source.Sanitize()

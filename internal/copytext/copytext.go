@@ -6,8 +6,11 @@ package copytext
 
 import (
 	"bytes"
+	"context"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Rows is the data of one COPY, built field by field.
@@ -20,6 +23,9 @@ type Rows struct {
 		t    time.Time
 		text []byte
 	}
+	// lent is set when a COPY of the data failed: the connection's reader
+	// of it may still be running, so the buffer is never reused.
+	lent bool
 }
 
 // free keeps the Rows of finished COPYs for the next ones: a chunk's COPY
@@ -53,9 +59,22 @@ func New() *Rows {
 	return w
 }
 
+// CopyFrom sends the rows as the data of sql, a COPY ... FROM STDIN, on
+// conn. When it fails, pgconn may return before its goroutine that reads
+// the data has stopped (a broken connection, an error from the server),
+// so that goroutine may still read, and move, the buffer: w is then never
+// reused, and Release lets it go.
+func (w *Rows) CopyFrom(ctx context.Context, conn *pgconn.PgConn, sql string) (pgconn.CommandTag, error) {
+	tag, err := conn.CopyFrom(ctx, &w.buf, sql)
+	if err != nil {
+		w.lent = true
+	}
+	return tag, err
+}
+
 // Release returns w for reuse; w is not used afterwards.
 func (w *Rows) Release() {
-	if w.buf.Cap() > maxKept {
+	if w.lent || w.buf.Cap() > maxKept {
 		return
 	}
 	free.Lock()
@@ -65,7 +84,8 @@ func (w *Rows) Release() {
 	free.Unlock()
 }
 
-// Data is the COPY data written so far, for CopyFrom to read.
+// Data is the COPY data written so far, to read without sending it (use
+// CopyFrom to send it).
 func (w *Rows) Data() *bytes.Buffer { return &w.buf }
 
 // sep writes the separator before a field.
