@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/internal/periodic"
+	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
 
 // errSilent ends a stream whose replication connection stayed silent,
@@ -107,15 +108,28 @@ func (r *Reader) lockSlot(ctx context.Context, lock *pgx.Conn) error {
 	}
 }
 
+// errLockReadOnly ends a run whose lock session's server turned
+// read-only.
+var errLockReadOnly = errors.New("its server is read-only (the warehouse failed over, or was fenced)")
+
 // keepLock pings the lock session every quarter of r.waitTimeout until
 // ctx ends; a ping that fails or does not answer within r.waitTimeout/4
-// calls lost, and ends the pings.
+// calls lost, and ends the pings. So does a session whose server has
+// turned read-only (pgconnect.ReadOnlySession; the ping brings the news):
+// the warehouse failed over, and the lock must be held on the new
+// primary, where another reader would otherwise take it, not on the old
+// one, where the session only reads and would never fail.
 func (r *Reader) keepLock(ctx context.Context, lock *pgx.Conn, lost func(error)) {
 	every := r.waitTimeout / 4
 	job := periodic.Job{Name: "slot lock ping", Every: every, FromStart: true, Timeout: every,
 		Run: func(pctx context.Context) error {
-			_, err := lock.Exec(pctx, pingSQL)
-			return err
+			if _, err := lock.Exec(pctx, pingSQL); err != nil {
+				return err
+			}
+			if pgconnect.ReadOnlySession(lock.PgConn()) {
+				return errLockReadOnly
+			}
+			return nil
 		},
 		Final: func(error) bool { return true }}
 	if err := job.Loop(ctx); err != nil {
