@@ -44,7 +44,7 @@ test-short:
 # The supported-versions table of docs/design.md names these versions (a
 # test checks it). Citus is tested on the default version only (test-citus):
 # the matrix does not require it. .ci/matrix runs MATRIX_JOBS versions at a
-# time; CI runs MATRIX_FLAGS="-short -p 4" MATRIX_JOBS=2 (smaller workloads,
+# time; CI runs MATRIX_FLAGS=-short MATRIX_JOBS=2 (smaller workloads,
 # no race detector); the measured cost is in docs/benchmarks.md.
 PG_VERSIONS     ?= 14 16 17 18
 MATRIX_PACKAGES ?= ./cdc/ ./mirror/ ./ingest/poll/ ./ingest/kafka/ ./raw/ ./reconcile/ ./aggregate/ ./migrate/ ./grants/ ./retention/ ./backfill/ ./lateness/ ./service/ ./internal/copytext/ ./internal/pgjson/ ./internal/pgerr/ ./internal/pgconnect/
