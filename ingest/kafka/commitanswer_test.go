@@ -95,6 +95,15 @@ func heldAtCommit(t *testing.T, hold func(*faultproxy.Proxy)) (*bundle, *faultpr
 	waitfor.Until(t, "the raw partitions around now", func() bool {
 		return ingesttest.Scalar(t, b.pool, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'raw.app_events'::regclass") >= 4
 	})
+	// The partitions are visible once the server committed them, but the
+	// answer to that COMMIT may still be on its way through the proxy,
+	// where the hold below would take it for the batch's: wait until the
+	// connection that created them has closed, after its answer, leaving
+	// the writer's alone.
+	waitfor.Until(t, "the partitions' connection to close", func() bool {
+		return ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'tidemark-ingest'`) <= 1
+	})
 	hold(px)
 	b.produce(t, p, recs[1:])
 	select {
