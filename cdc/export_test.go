@@ -9,15 +9,6 @@ func SetSnapshotProgressEvery(d time.Duration) (restore func()) {
 	return func() { snapshotProgressEvery.Store(old) }
 }
 
-// SetOnSourceConnected makes each run of the reader call f once it has
-// connected to the source, before it checks it.
-func SetOnSourceConnected(o *Options, f func()) { o.sourceConnected = f }
-
 // SetOnSlotLockBusy makes the reader call f each time it finds the slot's
 // lock held by another session.
 func SetOnSlotLockBusy(o *Options, f func()) { o.slotLockBusy = f }
-
-// SetOnSlotCreationActive makes the reader call f each time its watch
-// finds the walsender creating the slot active, with how long the
-// creation has run.
-func SetOnSlotCreationActive(o *Options, f func(ran time.Duration)) { o.slotCreationActive = f }

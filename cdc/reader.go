@@ -80,16 +80,9 @@ type Options struct {
 	// otherwise). Each is called on the goroutine that reached the
 	// state, which waits for it to return.
 	//
-	// sourceConnected is called when a run has connected to the source,
-	// before it checks it.
-	sourceConnected func()
 	// slotLockBusy is called each time a run finds the slot's lock held
 	// by another session, before it tries again.
 	slotLockBusy func()
-	// slotCreationActive is called each time the watch of the slot's
-	// creation finds the walsender creating it active, with how long the
-	// creation has run.
-	slotCreationActive func(ran time.Duration)
 	// chunkMoving is called as rows of a snapshot chunk pass from the
 	// source's COPY into the warehouse's, each time the chunk's watchdog
 	// is moved on.
@@ -217,9 +210,6 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		return fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
 	}
 	defer pgconnect.Close(ctx, srcConn)
-	if r.opts.sourceConnected != nil {
-		r.opts.sourceConnected()
-	}
 
 	// One reader per slot: the others wait here, hot, and take over when
 	// the holder's session ends.

@@ -42,8 +42,6 @@ type cdcEnv struct {
 	// and the test must still be able to look.
 	readers *pgxpool.Pool
 	reg     *prometheus.Registry
-	// hooks are those of the readers startReaderWith starts.
-	hooks readerHooks
 }
 
 const shopDDL = `
