@@ -3,6 +3,7 @@ package raw
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -78,17 +79,7 @@ func (c Columns) List() string { return pgquote.Idents(c.Names()) }
 // Without is c without the named columns, for a writer that leaves them
 // NULL.
 func (c Columns) Without(names ...string) Columns {
-	var out Columns
-	for _, col := range c {
-		keep := true
-		for _, n := range names {
-			keep = keep && col.Name != n
-		}
-		if keep {
-			out = append(out, col)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(c), func(col Column) bool { return slices.Contains(names, col.Name) })
 }
 
 // CopySQL is the COPY of the columns into table (quoted) from the
