@@ -82,11 +82,8 @@ type applier struct {
 	ddlMu sync.Mutex
 	ddl   *pgx.Conn // raw partition DDL, outside the load transactions
 
-	// freshMu guards freshOff: per mirror, the number of chunks that
-	// stage their fresh rows rather than COPY them, after a COPY of fresh
-	// rows met a stored key.
-	freshMu  sync.Mutex
-	freshOff map[string]int
+	// mirrors writes the folded changes of every group's chunks.
+	mirrors mirror.Writer
 
 	g *group // the open group, nil when none is
 	// committing are the groups whose commit has started, oldest first,
@@ -113,15 +110,11 @@ type group struct {
 	// background, nil when none is. One chunk is written while the next
 	// is received and decoded.
 	inflight *writing
-	staged   map[string]bool  // stages this group has used
-	ops      map[string]int64 // the group's changes by operation
-	ledger   raw.Ledger
-	// savepoints counts the savepoints of fresh rows this group has set:
-	// each may hold a subtransaction ID until the group ends.
-	savepoints int
-	// copied, merged and deleted count the mirror rows the group's
-	// chunks wrote, by how (see tidemark_cdc_mirror_rows_total).
-	copied, merged, deleted int64
+	// mirrors is the group's writes to mirrors; it counts the rows they
+	// wrote, by how (see tidemark_cdc_mirror_rows_total).
+	mirrors *mirror.Txn
+	ops     map[string]int64 // the group's changes by operation
+	ledger  raw.Ledger
 	// The group so far: transactions, changes, the end of the last
 	// transaction and its commit time.
 	txns, changes int64
@@ -188,7 +181,7 @@ func (a *applier) begin(ctx context.Context) error {
 	}
 	a.g = &group{conn: conn, tx: tx, ctx: gctx, release: func() { stop(); cancel() }, prev: a.last, done: make(chan struct{}),
 		pending: make([]change, 0, room),
-		staged:  map[string]bool{}, ops: map[string]int64{}, ingestedAt: ingestedAt}
+		mirrors: a.mirrors.Begin(tx, ingestedAt), ops: map[string]int64{}, ingestedAt: ingestedAt}
 	a.last = a.g
 	return nil
 }
@@ -553,4 +546,29 @@ func (a *applier) close(ctx context.Context) {
 		pgconnect.Close(ctx, a.ddl)
 		a.ddl = nil
 	}
+}
+
+// applyMirrors folds the changes per table and key, in order, and writes
+// the result to the mirrors through the group's mirror.Txn: one upsert or
+// delete per key.
+func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) error {
+	if len(changes) == 0 {
+		return nil
+	}
+	folded := mirror.NewChanges(len(changes))
+	for _, c := range changes {
+		var err error
+		switch c.op {
+		case opInsert:
+			err = folded.Insert(&c.table.rel, c.newRow, mirror.At{Time: c.commitTime})
+		case opUpdate:
+			err = folded.Update(&c.table.rel, c.oldRow, c.newRow, mirror.At{Time: c.commitTime})
+		case opDelete:
+			err = folded.Delete(&c.table.rel, c.oldRow, mirror.At{Time: c.commitTime})
+		}
+		if err != nil {
+			return fmt.Errorf("cdc: %w", err)
+		}
+	}
+	return g.mirrors.Write(ctx, folded)
 }

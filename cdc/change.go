@@ -2,7 +2,6 @@ package cdc
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -27,7 +26,7 @@ type value = *string
 // row is a decoded tuple: the columns that were sent, by name. A column
 // absent from the map was not sent (an unchanged TOASTed value, or a
 // column outside the key of an old key tuple).
-type row map[string]value
+type row = mirror.Row
 
 // change is one decoded row change of a source transaction.
 type change struct {
@@ -62,6 +61,9 @@ type table struct {
 	name    string // schema.table at the source
 	columns []column
 	mirror  *mirror.Table
+	// rel is the table as the mirror writer sees it: its columns are
+	// columns' names (setColumns).
+	rel mirror.Relation
 }
 
 // column is one column of a relation message.
@@ -141,28 +143,17 @@ func (t *table) decodeTuple(cols []column, td []byte) (row, error) {
 	return r, nil
 }
 
-// keyOf returns the mirror key of a row as text (the value for one key
-// column, a JSON array of the values for several) and whether the row has
-// every key column. A table without key columns gives no row a key: "[]"
-// would fold all its rows into one.
-func (t *table) keyOf(r row) (string, bool) {
-	key := t.mirror.Key
-	if len(key) == 0 {
-		return "", false
+// keyOf returns the mirror key of a row as text (mirror.Table.KeyOf).
+func (t *table) keyOf(r row) (string, bool) { return t.mirror.KeyOf(r) }
+
+// setColumns sets the columns of the table's rows.
+func (t *table) setColumns(cols []column) {
+	t.columns = cols
+	names := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = c.name
 	}
-	vals := make([]string, len(key))
-	for i, k := range key {
-		v, ok := r[k]
-		if !ok || v == nil {
-			return "", false
-		}
-		vals[i] = *v
-	}
-	if len(vals) == 1 {
-		return vals[0], true
-	}
-	b, _ := json.Marshal(vals)
-	return string(b), true
+	t.rel.Columns = names
 }
 
 // json renders a row as a JSON object: text values as strings (the

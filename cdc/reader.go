@@ -307,7 +307,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 		}
 		repl = next
 		for _, t := range tables {
-			t.columns = nil
+			t.setColumns(nil)
 		}
 		s = &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 			applied: max(s.applied, pos.applied), confirmed: s.confirmed, storedConfirmed: max(s.storedConfirmed, pos.confirmed),
@@ -480,7 +480,7 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 			}
 			return nil, err
 		}
-		out[name] = &table{name: name, mirror: m}
+		out[name] = &table{name: name, mirror: m, rel: mirror.Relation{Name: name, Mirror: m}}
 	}
 	return out, nil
 }

@@ -535,7 +535,7 @@ func (s *stream) relation(ctx context.Context, r *relationInfo, seq int) error {
 	if err := s.a.writePendingOf(ctx, t); err != nil {
 		return err
 	}
-	t.columns = cols
+	t.setColumns(cols)
 	if len(added) == 0 {
 		return nil
 	}
@@ -805,9 +805,10 @@ func (s *stream) committedOne(ctx context.Context, block bool) error {
 	for op, n := range g.ops {
 		s.r.m.changes.WithLabelValues(op).Add(float64(n))
 	}
-	s.r.m.mirrored.WithLabelValues("copied").Add(float64(g.copied))
-	s.r.m.mirrored.WithLabelValues("merged").Add(float64(g.merged))
-	s.r.m.mirrored.WithLabelValues("deleted").Add(float64(g.deleted))
+	written := g.mirrors.Written()
+	s.r.m.mirrored.WithLabelValues("copied").Add(float64(written.Copied))
+	s.r.m.mirrored.WithLabelValues("merged").Add(float64(written.Merged))
+	s.r.m.mirrored.WithLabelValues("deleted").Add(float64(written.Deleted))
 	s.applied = max(s.applied, g.end)
 	s.r.m.applyLag.Observe(g.committedAt.Sub(g.lastCommit).Seconds())
 	s.r.m.applied.Set(float64(s.applied))

@@ -14,6 +14,18 @@
 // Table.Distribute set is a distributed table hashed by its first key
 // column.
 //
+// # Applying changes
+//
+// Changes folds a run of row changes per key into one upsert or delete per
+// key, and a Writer writes them, one warehouse transaction (Txn) at a
+// time: each relation's net changes are staged with one COPY and applied
+// with a few set-based statements. Unsent values (unchanged TOAST, values
+// a Debezium connector did not have) keep the stored ones; a key change
+// takes the old key's; deletes flag or remove the row. CDC sources send
+// text rows; Debezium sources send JSON rows that PostgreSQL converts
+// (Relation.JSON) and keep each row's source position (Relation.Position),
+// so that a change sent again never moves a row backwards.
+//
 // # Key reconciliation
 //
 // A KeyReconciler finds the rows of a mirror that were hard deleted at the

@@ -7,10 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,44 +32,6 @@ import (
 
 // SQL of Debezium sources.
 const (
-	// createChangeStageSQL creates the stage of a mirror's net changes:
-	// per key, an upsert or a delete, its position, its commit time, the
-	// row as JSON, and for an upsert older than the last truncate that
-	// truncate's time (it was truncated). %s is the stage.
-	createChangeStageSQL = `
-CREATE TEMP TABLE IF NOT EXISTS %s (kind text, pos bigint[], at timestamptz, "row" jsonb, gone timestamptz) ON COMMIT DELETE ROWS`
-	truncateChangeStageSQL = `TRUNCATE %s`
-	copyChangeStageSQL     = `COPY %s (kind, pos, at, "row", gone) FROM STDIN`
-
-	// The statements below apply a stage: each row's values are the
-	// mirror's row type populated from the JSON row (r), so PostgreSQL
-	// converts them with its input functions. A column the row lacks (a
-	// value Debezium did not have) keeps its stored value. %[1]s mirror,
-	// %[2]s stage, %[3]s SET list of the columns besides the key, each
-	// followed by a comma, %[4]s loaded column, %[5]s deleted column,
-	// %[6]s position column, %[7]s the key match of t and r, %[8]s
-	// columns, %[9]s r's columns.
-	updateUpsertsSQL = `
-UPDATE %[1]s AS t SET %[3]s%[4]s = $1, %[5]s = s.gone, %[6]s = s.pos
-FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
-WHERE s.kind = 'upsert' AND %[7]s AND (t.%[6]s IS NULL OR t.%[6]s < s.pos)`
-	updateDeletesSQL = `
-UPDATE %[1]s AS t SET %[3]s%[5]s = s.at, %[6]s = s.pos
-FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
-WHERE s.kind = 'delete' AND %[7]s AND (t.%[6]s IS NULL OR t.%[6]s < s.pos)`
-	// A delete flags the row with the values the batch gave it, or those
-	// the mirror holds. insertChangesSQL, run after the updates, inserts
-	// the keys the mirror lacks, a delete as a flagged row of its key:
-	// the row keeps the delete's position, so that the change before it,
-	// sent again, does not bring it back. (ON CONFLICT rather than a
-	// correlated NOT EXISTS, which Citus does not plan over a distributed
-	// mirror and a local stage.) %[10]s are the key columns.
-	insertChangesSQL = `
-INSERT INTO %[1]s (%[8]s, %[4]s, %[5]s, %[6]s)
-SELECT %[9]s, $1, CASE WHEN s.kind = 'delete' THEN s.at ELSE s.gone END, s.pos
-FROM %[2]s AS s CROSS JOIN LATERAL jsonb_populate_record(NULL::%[1]s, s."row") AS r
-ON CONFLICT (%[10]s) DO NOTHING`
-
 	// readTruncateSQL reads the position and time of the source's last
 	// truncate, locked against a truncate committing meanwhile.
 	readTruncateSQL = `SELECT position, truncated_at FROM tidemark.debezium_truncates WHERE source = $1 FOR SHARE`
@@ -133,6 +93,9 @@ type changeMirror struct {
 	// textual are the mirror's bytea, json and jsonb columns, whose values
 	// a change without a schema sends as text (see fromText).
 	textual map[string]string
+
+	// writer writes the folded changes to the mirror.
+	writer mirror.Writer
 }
 
 func newChangeMirror(name string, m *config.Mirror, topics []string, distribute bool) *changeMirror {
@@ -379,25 +342,18 @@ func (m *changeMirror) change(ctx context.Context, conn *pgx.Conn, src *source, 
 	return nil
 }
 
-// netChange is the net effect of a batch's changes on one mirror key.
-type netChange struct {
-	delete bool
-	pos    []int64
-	at     time.Time
-	row    map[string]json.RawMessage
-}
-
 // truncation is the last truncate a mirror applied.
 type truncation struct {
 	pos []int64
 	at  time.Time
 }
 
-// applyChanges applies the changes of rows, in order, to the mirror: the
-// changes between truncates folded per key, each key's latest by position
-// winning, then each truncate. A change older than the last truncate (read
-// after it from another partition) is applied as truncated: the row it
-// leaves is flagged deleted at the truncate's time.
+// applyChanges applies the changes of rows, in order, to the mirror
+// through the mirror writer: the changes between truncates folded per key,
+// each key's latest by position winning, then each truncate. A change
+// older than the last truncate (read after it from another partition) is
+// applied as truncated: the row it leaves is flagged deleted at the
+// truncate's time.
 func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row, ingestedAt time.Time) error {
 	cols, key := m.known()
 	if cols == nil {
@@ -407,21 +363,23 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 	if err := tx.QueryRow(ctx, readTruncateSQL, m.source).Scan(&last.pos, &last.at); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read the last truncate of %s: %w", m.source, err)
 	}
-	states := map[string]*netChange{}
-	var order []string
+	rel := &mirror.Relation{Name: m.target.Sanitize(), Columns: cols, JSON: true, Position: m.position,
+		Mirror: &mirror.Table{Target: m.target, Key: key, LoadedColumn: m.loaded, DeletedColumn: m.deleted}}
+	txn := m.writer.BeginShared(tx, ingestedAt)
+	changes := mirror.NewChanges(len(rows))
 	for _, r := range rows {
 		c := r.ev.Change
 		if c.Op == decode.OpTruncate {
 			if slices.Compare(c.Position, last.pos) <= 0 {
 				continue // applied before
 			}
-			if err := m.applyNet(ctx, tx, cols, key, states, order, last, ingestedAt); err != nil {
+			if err := txn.Write(ctx, changes); err != nil {
 				return err
 			}
 			if err := m.truncate(ctx, tx, c.Position, r.ev.Time); err != nil {
 				return err
 			}
-			states, order, last = map[string]*netChange{}, nil, truncation{c.Position, r.ev.Time}
+			changes, last = mirror.NewChanges(len(rows)), truncation{c.Position, r.ev.Time}
 			continue
 		}
 		vals := map[string]json.RawMessage{}
@@ -438,36 +396,37 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 				return fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
 			}
 		}
-		k, err := keyText(vals, key)
+		row := make(mirror.Row, len(vals))
+		for name, v := range vals {
+			if string(v) == "null" {
+				row[name] = nil
+				continue
+			}
+			text := string(v)
+			row[name] = &text
+		}
+		for _, k := range key {
+			if row[k] == nil {
+				return fmt.Errorf("%w: change %s: no value of the key column %s", errBadRow, r.ev.ID, k)
+			}
+		}
+		at := mirror.At{Time: r.ev.Time, Position: c.Position}
+		if slices.Compare(c.Position, last.pos) < 0 {
+			at.Truncated = last.at
+		}
+		var err error
+		if c.Op == decode.OpDelete {
+			err = changes.Delete(rel, row, at)
+		} else {
+			// The values a change lacks (values Debezium did not have)
+			// keep those the batch or the mirror holds.
+			err = changes.Update(rel, nil, row, at)
+		}
 		if err != nil {
 			return fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
 		}
-		prev := states[k]
-		if prev == nil {
-			order = append(order, k)
-		} else if slices.Compare(c.Position, prev.pos) <= 0 {
-			continue // sent again, or older than what the batch has
-		}
-		next := &netChange{delete: c.Op == decode.OpDelete, pos: c.Position, at: r.ev.Time, row: vals}
-		switch {
-		case prev != nil && !prev.delete && next.delete:
-			next.row = prev.row // the row as the batch left it, flagged
-		case next.delete:
-			// The row as the mirror holds it, flagged.
-			next.row = map[string]json.RawMessage{}
-			for _, k := range key {
-				next.row[k] = vals[k]
-			}
-		case prev != nil && !prev.delete:
-			for name, v := range prev.row {
-				if _, ok := next.row[name]; !ok {
-					next.row[name] = v // a value Debezium did not have
-				}
-			}
-		}
-		states[k] = next
 	}
-	return m.applyNet(ctx, tx, cols, key, states, order, last, ingestedAt)
+	return txn.Write(ctx, changes)
 }
 
 // fromText turns the values a change without a schema sends as text into
@@ -504,90 +463,6 @@ func (m *changeMirror) fromText(vals map[string]json.RawMessage) error {
 	return nil
 }
 
-// keyText identifies a row by the JSON of its key's values.
-func keyText(vals map[string]json.RawMessage, key []string) (string, error) {
-	var b strings.Builder
-	for _, k := range key {
-		v, ok := vals[k]
-		if !ok || string(v) == "null" {
-			return "", fmt.Errorf("no value of the key column %s", k)
-		}
-		b.Write(v)
-		b.WriteByte(0)
-	}
-	return b.String(), nil
-}
-
-// applyNet writes the net changes to the mirror through a stage.
-func (m *changeMirror) applyNet(ctx context.Context, tx pgx.Tx, cols, key []string, states map[string]*netChange, order []string,
-	last truncation, ingestedAt time.Time) error {
-	if len(order) == 0 {
-		return nil
-	}
-	w := copytext.New()
-	defer w.Release()
-	for _, k := range order {
-		s := states[k]
-		kind := "upsert"
-		if s.delete {
-			kind = "delete"
-		}
-		row, err := json.Marshal(s.row)
-		if err != nil {
-			return err
-		}
-		w.Text(kind)
-		w.Text(positionText(s.pos))
-		w.Time(s.at)
-		w.Bytes(row)
-		if !s.delete && slices.Compare(s.pos, last.pos) < 0 {
-			w.Time(last.at)
-		} else {
-			w.Null()
-		}
-		w.End()
-	}
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%s", m.target.Sanitize())
-	stage := pgquote.Ident("pg_temp", fmt.Sprintf("tidemark_dbz_%016x", h.Sum64()))
-	if _, err := tx.Exec(ctx, fmt.Sprintf(createChangeStageSQL, stage)+"; "+fmt.Sprintf(truncateChangeStageSQL, stage)); err != nil {
-		return fmt.Errorf("stage of %s: %w", m.target.Sanitize(), err)
-	}
-	if _, err := w.CopyFrom(ctx, tx.Conn().PgConn(), fmt.Sprintf(copyChangeStageSQL, stage)); err != nil {
-		return fmt.Errorf("stage of %s: %w", m.target.Sanitize(), err)
-	}
-	target := m.target.Sanitize()
-	var sets, match, rcols []string
-	for _, c := range cols {
-		q := pgquote.Ident(c)
-		rcols = append(rcols, "r."+q)
-		if slices.Contains(key, c) {
-			// Matched by key, the key columns keep their values; a
-			// distributed mirror refuses a SET of its distribution
-			// column, even to the same value.
-			continue
-		}
-		sets = append(sets, fmt.Sprintf(`%[1]s = CASE WHEN s."row" ? %[2]s THEN r.%[1]s ELSE t.%[1]s END`, q, pgquote.Literal(c)))
-	}
-	for _, k := range key {
-		match = append(match, fmt.Sprintf("t.%[1]s = r.%[1]s", pgquote.Ident(k)))
-	}
-	setList := ""
-	if len(sets) > 0 {
-		setList = strings.Join(sets, ", ") + ", "
-	}
-	args := []any{target, stage, setList, pgquote.Ident(m.loaded), pgquote.Ident(m.deleted), pgquote.Ident(m.position),
-		strings.Join(match, " AND "), pgquote.Idents(cols), strings.Join(rcols, ", "), pgquote.Idents(key)}
-	qb := &pgx.Batch{}
-	qb.Queue(fmt.Sprintf(updateUpsertsSQL, args...), ingestedAt)
-	qb.Queue(fmt.Sprintf(updateDeletesSQL, args...))
-	qb.Queue(fmt.Sprintf(insertChangesSQL, args...), ingestedAt)
-	if err := tx.SendBatch(ctx, qb).Close(); err != nil {
-		return fmt.Errorf("apply changes to %s: %w", target, err)
-	}
-	return nil
-}
-
 // truncate flags the rows written before a truncate at pos and records
 // its position.
 func (m *changeMirror) truncate(ctx context.Context, tx pgx.Tx, pos []int64, at time.Time) error {
@@ -598,15 +473,6 @@ func (m *changeMirror) truncate(ctx context.Context, tx pgx.Tx, pos []int64, at 
 		return fmt.Errorf("truncate %s: %w", m.target.Sanitize(), err)
 	}
 	return nil
-}
-
-// positionText is a position as a bigint[] literal.
-func positionText(pos []int64) string {
-	parts := make([]string, len(pos))
-	for i, p := range pos {
-		parts[i] = strconv.FormatInt(p, 10)
-	}
-	return "{" + strings.Join(parts, ",") + "}"
 }
 
 // copyChanges writes the change rows of a Debezium source with COPY.
