@@ -87,7 +87,7 @@ func BenchmarkCDC(b *testing.B) {
 		if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode_after', 'pgoutput')`); err != nil {
 			b.Fatal(err)
 		}
-		end := writeCDCWorkload(b, src)
+		end := writeCDCWorkload(b, src, cdcChanges)
 		// Autovacuum of the tables just written would take CPU from
 		// whichever measurement it falls into: the tables are vacuumed
 		// first, and each measurement waits until no autovacuum runs.
@@ -449,19 +449,20 @@ func (rr *runningReader) waitFor(b *testing.B, wh *pgxpool.Pool, what string, li
 	b.Fatalf("waited %s for %s: applied %s, confirmed %s", limit, what, applied, confirmed)
 }
 
-// writeCDCWorkload writes the 1M changes and returns a WAL position inside
+// writeCDCWorkload writes n changes (BenchmarkCDC: 1M) in transactions of
+// 1,000 and returns a WAL position inside
 // the last transaction, after its changes and before its commit (see
 // writeOrders). pg_current_wal_lsn() after the last commit would be at or
 // past its end, past it when other WAL was written in between, where
 // applied_lsn never arrives.
-func writeCDCWorkload(b *testing.B, src *pgxpool.Pool) string {
+func writeCDCWorkload(b *testing.B, src *pgxpool.Pool, n int) string {
 	b.Helper()
 	ctx := context.Background()
 	const txn = 1000
 	var end string
 	// Each block of ten transactions inserts 6,000 rows, updates the
 	// first 3,000 of them and deletes the next 1,000.
-	for i := range cdcChanges / txn {
+	for i := range n / txn {
 		block := int64(i/10) * 6 * txn
 		sql, from := cdcInsertSQL, block+int64(i%10)*txn+1
 		switch {

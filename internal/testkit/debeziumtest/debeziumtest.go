@@ -184,7 +184,7 @@ func (s *Stream) source(op, snapshot string, at time.Time) map[string]any {
 func (s *Stream) row0(id int64, v Values, unavailable []string) map[string]any {
 	row := map[string]any{"id": id, "name": v.Name, "bio": v.Bio}
 	if s.Schemas {
-		row["balance"] = decimalBase64(v.Balance)
+		row["balance"] = DecimalBase64(v.Balance)
 		row["born"] = v.Born
 	} else {
 		row["balance"] = cents(v.Balance) // decimal.handling.mode=string
@@ -308,9 +308,9 @@ func envelopeSchema(schemas bool) string {
 {"type":"string","optional":false,"field":"op"},{"type":"int64","optional":true,"field":"ts_ms"}]}`
 }
 
-// decimalBase64 is a number of cents as Connect's Decimal of scale 2
+// DecimalBase64 is a number of cents as Connect's Decimal of scale 2
 // sends it: the unscaled value's big-endian two's complement, base64.
-func decimalBase64(c int64) string {
+func DecimalBase64(c int64) string {
 	n := big.NewInt(c)
 	var b []byte
 	if c >= 0 {
