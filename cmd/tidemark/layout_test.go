@@ -274,3 +274,31 @@ func TestRawShapeInRaw(t *testing.T) {
 		})
 	}
 }
+
+// TestOneMirrorWriter: changes are applied to mirrors by the one writer in
+// package mirror (mirror.Changes, mirror.Writer). Its marks are a stage
+// that empties itself at commit and a JSON row turned into a mirror's row
+// type; elsewhere they appear only where named here, with the reason.
+func TestOneMirrorWriter(t *testing.T) {
+	allowed := map[string]string{
+		// A poll source reloads complete rows of a window; its one
+		// statement merges them and records the rows that changed.
+		"ingest/poll": "the windowed merge of a poll source",
+		// Corrections are rows of an aggregate, not of a mirror.
+		"aggregate": "corrections read as an aggregate's rows",
+	}
+	for _, f := range moduleFiles(t) {
+		if f.dir == "mirror" || allowed[f.dir] != "" {
+			continue
+		}
+		src, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			if strings.Contains(line, "ON COMMIT DELETE ROWS") || strings.Contains(line, "jsonb_populate_record") {
+				t.Errorf("%s:%d: changes to a mirror are applied through mirror.Writer", f.path, i+1)
+			}
+		}
+	}
+}
