@@ -12,3 +12,6 @@ func SetSnapshotProgressEvery(d time.Duration) (restore func()) {
 // SetOnSlotLockBusy makes the reader call f each time it finds the slot's
 // lock held by another session.
 func SetOnSlotLockBusy(o *Options, f func()) { o.slotLockBusy = f }
+
+// CheckFirstSQL is the first query a source check sends.
+const CheckFirstSQL = checkWALLevelSQL

@@ -52,26 +52,22 @@ var netFaults = []netFault{
 }
 
 // stallWhileStarting resets every connection and stalls the network as
-// soon as the reader, starting again, has connected to the source: while
+// soon as the reader, starting again, has connected to the source: its
+// first query there, the source check's (held back by the proxy until
+// the stall), goes into a black hole, as does everything after it while
 // it checks the source and prepares its tables and its replication
 // connection, before the stream's own bound of silence applies.
 func stallWhileStarting(p *faultproxy.Proxy, e *cdcEnv) {
 	e.t.Helper()
-	sessions := func() []int64 {
-		var pids []int64
-		if err := e.src.QueryRow(e.ctx, `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'tidemark-cdc' AND backend_type = 'client backend'`).Scan(&pids); err != nil {
-			e.t.Fatal(err)
-		}
-		return pids
-	}
-	old := sessions()
+	p.Hold([]byte(cdc.CheckFirstSQL))
 	p.Reset()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) && !slices.ContainsFunc(sessions(), func(pid int64) bool { return !slices.Contains(old, pid) }) {
-		time.Sleep(time.Millisecond) // finer than waitfor's pause: the stall must strike in the start's first moments
+	select {
+	case <-p.Held():
+	case <-time.After(waitfor.Timeout):
+		e.t.Fatalf("the reader, starting again, sent no query to the source within %s", waitfor.Timeout)
 	}
 	p.Stall()
+	p.Release() // lost: the connection is a black hole now
 }
 
 // faultRecovery is how soon after a fault heals the reader must have
