@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -22,45 +23,93 @@ import (
 	"github.com/tidemark-dev/tidemark/migrate"
 )
 
-// failoverEnv is a source primary of PostgreSQL 17 or later with a hot
-// standby that syncs failover slots, a warehouse, and a CDC source "shop"
-// whose DSN names both servers.
+// failoverEnv is a source primary with a hot standby, a warehouse, and a
+// CDC source "shop" of the customers table, read as envOptions say: from
+// both servers (a failover slot) or from the standby (decoding on a
+// standby).
 type failoverEnv struct {
 	t                *testing.T
 	ctx              context.Context
 	primary, standby *pgserver.Server
-	srcDSN           string // both servers, read-write
+	srcDSN           string // where the test writes: the source database on the primary, or on both servers
+	readDSN          string // cdc.dsn
+	primaryDSN       string // cdc.primary_dsn, "" for none
+	snapshot         string // cdc.snapshot
 	wh               *pgxpool.Pool
 	whDSN            string
-	changes          int            // row changes made at the source
-	failover         string         // cdc.failover_slot, "" for the default
-	cfg              *config.Config // the configuration readers run with, when not config()
+	changes          int    // row changes made at the source
+	failover         string // cdc.failover_slot, "" for the default
 }
 
-// newFailoverEnv starts the servers; syncWorker turns the standby's slot
-// sync worker on (otherwise the test syncs the slot by hand).
-func newFailoverEnv(t *testing.T, syncWorker bool) *failoverEnv {
+// envOptions say what newFailoverEnv builds.
+type envOptions struct {
+	// needs names what the test needs and major the PostgreSQL major
+	// version it needs it from ("failover slots need", 17): older servers
+	// skip the test.
+	needs string
+	major int
+	// standby are the standby's settings.
+	standby map[string]string
+	// synchronized names the standby in the primary's
+	// synchronized_standby_slots: no logical consumer gets ahead of it.
+	synchronized bool
+	// onStandby makes the reader read the standby, from a snapshot of 50
+	// rows written before the standby started; otherwise it reads through
+	// a DSN that names both servers, as the test writes, without a
+	// snapshot.
+	onStandby bool
+	// withPrimary sets cdc.primary_dsn (with onStandby).
+	withPrimary bool
+}
+
+// failoverSlots are the options of the failover slot tests: PostgreSQL 17,
+// and a standby that syncs the reader's slot by its slot sync worker or
+// (syncWorker false) when the test syncs it by hand.
+func failoverSlots(syncWorker bool) envOptions {
+	sync := "off"
+	if syncWorker {
+		sync = "on"
+	}
+	return envOptions{needs: "failover slots need", major: 17, standby: map[string]string{"sync_replication_slots": sync}, synchronized: true}
+}
+
+// newFailoverEnv starts the servers and migrates the warehouse.
+func newFailoverEnv(t *testing.T, o envOptions) *failoverEnv {
 	t.Helper()
-	e := &failoverEnv{t: t, ctx: context.Background()}
+	e := &failoverEnv{t: t, ctx: context.Background(), snapshot: "never"}
 	e.primary = pgtest.NewServer(t, pgserver.Options{})
-	if v := serverVersion(t, e.primary); v < 170000 {
-		t.Skipf("failover slots need PostgreSQL 17 or later (this is %d): make test PG=17", v)
+	if v := serverVersion(t, e.primary); v < o.major*10000 {
+		t.Skipf("%s PostgreSQL %d or later (this is %d): make test PG=%[2]d", o.needs, o.major, v)
 	}
 	dsn := pgtest.NewDatabaseOn(t, e.primary)
 	src := pgtest.Pool(t, dsn)
 	if _, err := src.Exec(e.ctx, shopDDL); err != nil {
 		t.Fatal(err)
 	}
-	sync := "off"
-	if syncWorker {
-		sync = "on"
+	e.srcDSN = dsn
+	if o.onStandby {
+		e.write(1000, 50)
+		e.changes = 0 // the snapshot's rows, not changes
 	}
-	e.standby = pgtest.NewStandby(t, e.primary, pgserver.StandbyOptions{Settings: map[string]string{"sync_replication_slots": sync}})
-	// No logical consumer gets ahead of the standby.
-	if err := e.primary.Configure(e.ctx, map[string]string{"synchronized_standby_slots": pgserver.DefaultStandbyName}); err != nil {
-		t.Fatal(err)
+	e.standby = pgtest.NewStandby(t, e.primary, pgserver.StandbyOptions{Settings: o.standby})
+	if o.synchronized {
+		if err := e.primary.Configure(e.ctx, map[string]string{"synchronized_standby_slots": pgserver.DefaultStandbyName}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	e.srcDSN = pgtest.MultiHostDSN(t, dsn, e.primary, e.standby)
+	if o.onStandby {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.readDSN, e.snapshot = e.standby.URL(strings.TrimPrefix(u.Path, "/")), "initial"
+		if o.withPrimary {
+			e.primaryDSN = dsn
+		}
+	} else {
+		e.srcDSN = pgtest.MultiHostDSN(t, dsn, e.primary, e.standby)
+		e.readDSN = e.srcDSN
+	}
 	e.wh, e.whDSN = pgtest.NewPool(t)
 	if _, err := migrate.Up(e.ctx, e.whDSN, nil); err != nil {
 		t.Fatal(err)
@@ -79,18 +128,22 @@ func serverVersion(t *testing.T, s *pgserver.Server) int {
 
 func (e *failoverEnv) config() *config.Config {
 	e.t.Helper()
+	primary := ""
+	if e.primaryDSN != "" {
+		primary = fmt.Sprintf("\n      primary_dsn: %q", e.primaryDSN)
+	}
 	yaml := fmt.Sprintf(`warehouse: {dsn: %q}
 sources:
   shop:
     cdc:
-      dsn: %q
+      dsn: %q%s
       tables: [customers]
-      snapshot: never
+      snapshot: %s
       status_every: 200ms
       heartbeat_every: 1s
       failover_slot: %s
     mirror: {schema: mirror}
-`, e.whDSN, e.srcDSN, cmp.Or(e.failover, "auto"))
+`, e.whDSN, e.readDSN, primary, e.snapshot, cmp.Or(e.failover, "auto"))
 	cfg, err := config.Parse("t.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
 		e.t.Fatalf("config: %v\n%s", err, yaml)
@@ -105,11 +158,7 @@ func (e *failoverEnv) run(log *slog.Logger) (chan error, context.CancelFunc) {
 	if log == nil {
 		log = testLogger(e.t)
 	}
-	cfg := e.cfg
-	if cfg == nil {
-		cfg = e.config()
-	}
-	r, err := cdc.New(cfg, "shop", pgtest.Pool(e.t, e.whDSN), cdc.Options{GroupAge: 20 * time.Millisecond,
+	r, err := cdc.New(e.config(), "shop", pgtest.Pool(e.t, e.whDSN), cdc.Options{GroupAge: 20 * time.Millisecond,
 		Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		e.t.Fatal(err)
@@ -139,7 +188,7 @@ func (e *failoverEnv) confirmed() pglogrepl.LSN {
 func (e *failoverEnv) start(log *slog.Logger) (stop func(), done chan error) {
 	e.t.Helper()
 	done, cancel := e.run(log)
-	src := pgtest.Pool(e.t, e.cfgDSN())
+	src := pgtest.Pool(e.t, e.readDSN)
 	stopped := false
 	stop = func() {
 		if stopped {
@@ -278,7 +327,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 		{"slot behind the reader", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newFailoverEnv(t, tt.syncWorker)
+			e := newFailoverEnv(t, failoverSlots(tt.syncWorker))
 			stop, _ := e.start(nil)
 			e.write(0, 20)
 			e.waitMirrored()
@@ -314,7 +363,7 @@ func TestFailoverSlotFollowsPromotion(t *testing.T) {
 // warns in the stream; the reader logs the warning and waits, without an
 // error, and the changes flow once the standby no longer holds them.
 func TestFailoverSlotStandbyDown(t *testing.T) {
-	e := newFailoverEnv(t, true)
+	e := newFailoverEnv(t, failoverSlots(true))
 	logs := kafkatest.NewLogRecorder(slog.LevelWarn)
 	_, done := e.start(slog.New(logs))
 	e.write(0, 5)
@@ -350,7 +399,7 @@ func TestFailoverSlotStandbyDown(t *testing.T) {
 // failover_slot: off is made a failover slot when the reader starts with
 // auto on PostgreSQL 17 (ALTER_REPLICATION_SLOT), and streaming goes on.
 func TestFailoverSlotMadeAtStart(t *testing.T) {
-	e := newFailoverEnv(t, true)
+	e := newFailoverEnv(t, failoverSlots(true))
 	e.failover = "off"
 	stop, _ := e.start(nil)
 	e.write(0, 5)
@@ -397,12 +446,4 @@ func TestFailoverSlotOnRefused(t *testing.T) {
 	done, cancel := e.run(cfg, cdc.Options{})
 	defer cancel()
 	e.stopped(done, "sources.shop.cdc.failover_slot", want)
-}
-
-// cfgDSN is the source DSN readers run with.
-func (e *failoverEnv) cfgDSN() string {
-	if e.cfg != nil {
-		return e.cfg.Sources["shop"].CDC.DSN
-	}
-	return e.srcDSN
 }

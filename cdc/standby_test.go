@@ -1,7 +1,6 @@
 package cdc_test
 
 import (
-	"context"
 	"errors"
 	"net/url"
 	"strings"
@@ -9,48 +8,15 @@ import (
 	"time"
 
 	"github.com/tidemark-dev/tidemark/cdc"
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgserver"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
-	"github.com/tidemark-dev/tidemark/migrate"
 )
 
-// newStandbyEnv is a source primary with rows, a hot standby of it that
-// the CDC source "shop" reads (cdc.dsn), and a warehouse; withPrimary sets
-// cdc.primary_dsn.
-func newStandbyEnv(t *testing.T, withPrimary bool) (*failoverEnv, *config.Config) {
-	t.Helper()
-	e := &failoverEnv{t: t, ctx: context.Background()}
-	e.primary = pgtest.NewServer(t, pgserver.Options{})
-	if v := serverVersion(t, e.primary); v < 160000 {
-		t.Skipf("decoding on a standby needs PostgreSQL 16 or later (this is %d): make test PG=16", v)
-	}
-	dsn := pgtest.NewDatabaseOn(t, e.primary)
-	src := pgtest.Pool(t, dsn)
-	if _, err := src.Exec(e.ctx, shopDDL); err != nil {
-		t.Fatal(err)
-	}
-	e.srcDSN = dsn // the test writes through the primary
-	e.write(1000, 50)
-	e.changes = 0 // the snapshot's rows, not changes
-	e.standby = pgtest.NewStandby(t, e.primary, pgserver.StandbyOptions{})
-	e.wh, e.whDSN = pgtest.NewPool(t)
-	if _, err := migrate.Up(e.ctx, e.whDSN, nil); err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.config()
-	c := cfg.Sources["shop"].CDC
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.DSN = e.standby.URL(strings.TrimPrefix(u.Path, "/"))
-	c.Snapshot = config.SnapshotInitial
-	if withPrimary {
-		c.PrimaryDSN = dsn
-	}
-	return e, cfg
+// decodingOnStandby are the options of the tests that read a standby
+// (PostgreSQL 16); withPrimary sets cdc.primary_dsn.
+func decodingOnStandby(withPrimary bool) envOptions {
+	return envOptions{needs: "decoding on a standby needs", major: 16, onStandby: true, withPrimary: withPrimary}
 }
 
 // TestDecodingOnStandby: on PostgreSQL 16 the reader creates its slot on
@@ -61,8 +27,7 @@ func newStandbyEnv(t *testing.T, withPrimary bool) (*failoverEnv, *config.Config
 // is a setup error that says what to run.
 func TestDecodingOnStandby(t *testing.T) {
 	t.Run("with the primary", func(t *testing.T) {
-		e, cfg := newStandbyEnv(t, true)
-		e.cfg = cfg
+		e := newFailoverEnv(t, decodingOnStandby(true))
 		e.start(nil)
 		e.waitMirrored()
 		var onStandby bool
@@ -89,13 +54,12 @@ func TestDecodingOnStandby(t *testing.T) {
 		waitfor.Until(t, "heartbeats to move the slot past the last change", func() bool { return e.confirmed() > before })
 
 		pgtest.Failover(t, e.primary, e.standby)
-		e.srcDSN = e.cfg.Sources["shop"].CDC.DSN
+		e.srcDSN = e.readDSN
 		e.write(100, 20)
 		e.waitMirrored()
 	})
 	t.Run("without the primary", func(t *testing.T) {
-		e, cfg := newStandbyEnv(t, false)
-		e.cfg = cfg
+		e := newFailoverEnv(t, decodingOnStandby(false))
 		done, cancel := e.run(nil)
 		defer cancel()
 		select {
