@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,6 +49,10 @@ type chaosScale struct {
 	minFaults int           // the phase lasts until this many were injected
 	gap       time.Duration // longest pause between two faults
 }
+
+// chaosAggregates are the aggregates of TestChaos, over each source of
+// events and the CDC source's changes.
+var chaosAggregates = []testAggregate{dailySales, dailyUsers, shopChanges}
 
 // pgBlackHoleRelease is how long a PostgreSQL connection that a stall or
 // a half-open fault turned into a black hole is left so before the test
@@ -177,34 +182,7 @@ sources:
     cdc: {dsn: %[3]q, tables: [orders], status_every: 500ms, heartbeat_every: 5s}
     mirror: {table: dw_orders, deletes: hard}
     raw_partition: day
-aggregates:
-  daily_sales:
-    source: events
-    table: daily_sales
-    partition: {by: day, column: sale_date}
-    lateness_horizon: 48h
-    beyond_horizon: correction
-    sql: |
-      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
-      FROM {{events}} GROUP BY 1
-  daily_users:
-    source: events
-    table: daily_users
-    partition: {by: day, column: day, time_zone: Europe/Berlin}
-    lateness_horizon: 24h
-    beyond_horizon: arrival
-    sql: |
-      SELECT {{partition}} AS day, count(DISTINCT payload->>'user')::int AS users
-      FROM {{events}} GROUP BY 1
-  shop_changes:
-    source: shop
-    table: shop_changes
-    partition: {by: hour, column: hour}
-    lateness_horizon: 1h
-    sql: |
-      SELECT {{partition}} AS hour, op, count(*)::int AS changes
-      FROM {{events}} GROUP BY 1, 2
-`, proxied(t, whDSN, c.whProxy), c.kc.ListenAddrs()[0], proxied(t, srcDSN, c.srcProxy)))
+%[4]s`, proxied(t, whDSN, c.whProxy), c.kc.ListenAddrs()[0], proxied(t, srcDSN, c.srcProxy), aggregatesYAML(chaosAggregates...)))
 	return c
 }
 
@@ -942,10 +920,10 @@ func diffLines(got, want []string) int {
 func (c *chaos) checkAggregates() int {
 	t := c.t
 	n := 0
-	for _, agg := range []string{"daily_sales", "daily_users", "shop_changes"} {
-		code, out, errOut := invoke(t, "verify", "--aggregate", agg, "-c", c.cfg)
+	for _, a := range chaosAggregates {
+		code, out, errOut := invoke(t, "verify", "--aggregate", a.name, "-c", c.cfg)
 		if code != exitOK {
-			t.Errorf("verify %s: exit %d\n%s%s", agg, code, out, errOut)
+			t.Errorf("verify %s: exit %d\n%s%s", a.name, code, out, errOut)
 			n++
 		} else {
 			t.Log(strings.TrimSpace(out))
@@ -977,9 +955,10 @@ func (c *chaos) checkAggregates() int {
 func (c *chaos) checkCorrections() int {
 	t := c.t
 	n := 0
-	for _, a := range []struct {
-		agg, zone, horizon string
-	}{{"daily_sales", "UTC", "48 hours"}, {"daily_users", "Europe/Berlin", "24 hours"}} {
+	for _, a := range chaosAggregates {
+		if a.source != "events" {
+			continue // what is checked is the Kafka events' lateness (raw.events)
+		}
 		var want, got, differ int64
 		err := c.wh.QueryRow(c.ctx, `
 WITH want AS (
@@ -990,16 +969,17 @@ WITH want AS (
 )
 SELECT (SELECT count(*) FROM want), (SELECT count(*) FROM got),
        (SELECT count(*) FROM (SELECT event_id FROM want EXCEPT ALL SELECT event_id FROM got) AS x)
-     + (SELECT count(*) FROM (SELECT event_id FROM got EXCEPT ALL SELECT event_id FROM want) AS y)`, a.agg, a.zone, a.horizon).Scan(&want, &got, &differ)
+     + (SELECT count(*) FROM (SELECT event_id FROM got EXCEPT ALL SELECT event_id FROM want) AS y)`,
+			a.name, cmp.Or(a.zone, "UTC"), fmt.Sprintf("%d hours", a.horizon/time.Hour)).Scan(&want, &got, &differ)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if differ > 0 {
-			t.Errorf("%s: %d corrections, want the %d events beyond the horizon; %d differ", a.agg, got, want, differ)
+			t.Errorf("%s: %d corrections, want the %d events beyond the horizon; %d differ", a.name, got, want, differ)
 			n += int(differ)
 		}
 		if want == 0 {
-			t.Errorf("%s: no event arrived beyond the horizon: the traffic does not cover it", a.agg)
+			t.Errorf("%s: no event arrived beyond the horizon: the traffic does not cover it", a.name)
 			n++
 		}
 	}

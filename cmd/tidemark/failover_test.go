@@ -187,18 +187,7 @@ func newFailover(t *testing.T, opts failoverOptions) *failover {
   shop:
     cdc: {dsn: %q, tables: [orders], status_every: 200ms}
     mirror: {table: dw_orders, deletes: hard}
-    raw_partition: day
-aggregates:
-  shop_changes:
-    source: shop
-    table: shop_changes
-    partition: {by: hour, column: hour}
-    lateness_horizon: 1h
-    sql: |
-      SELECT {{partition}} AS hour, op, count(*)::int AS changes
-      FROM {{events}} GROUP BY 1, 2`, srcDSN)
-	} else {
-		cdc = "\naggregates:"
+    raw_partition: day`, srcDSN)
 	}
 	kc := kafkatest.NewCluster(t, 4, failoverTopic)
 	kafkatest.ExpireSilentMembers(t, kc)
@@ -222,16 +211,7 @@ sources:
     event_id: /event_id
     event_time: /event_time
     max_age: 30d%[5]s
-  daily_sales:
-    source: events
-    table: daily_sales
-    partition: {by: day, column: sale_date}
-    lateness_horizon: 48h
-    beyond_horizon: correction
-    sql: |
-      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
-      FROM {{events}} GROUP BY 1
-`, multi, kc.ListenAddrs()[0], failoverGroup, failoverTopic, cdc))
+%[6]s`, multi, kc.ListenAddrs()[0], failoverGroup, failoverTopic, cdc, aggregatesYAML(f.aggregates()...)))
 
 	producer := kafkatest.Producer(t, kc, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	f.stream = kafkatest.ProduceStream(producer, f.w.Records, n/200, 100*time.Millisecond)
@@ -439,9 +419,9 @@ func (f *failover) checkCDC(exact bool) {
 // checkAggregates runs `tidemark verify` on each aggregate.
 func (f *failover) checkAggregates() {
 	t := f.t
-	for _, agg := range f.aggregates() {
-		if code, out, errOut := invoke(t, "verify", "--aggregate", agg, "-c", f.cfg); code != exitOK {
-			t.Errorf("verify %s: exit %d\n%s%s", agg, code, out, errOut)
+	for _, a := range f.aggregates() {
+		if code, out, errOut := invoke(t, "verify", "--aggregate", a.name, "-c", f.cfg); code != exitOK {
+			t.Errorf("verify %s: exit %d\n%s%s", a.name, code, out, errOut)
 		}
 	}
 	if n := ingesttest.Scalar(t, f.wh, "SELECT count(*) FROM tidemark.pending_partitions"); n != 0 {
@@ -460,12 +440,13 @@ func (f *failover) changes(pool *pgxpool.Pool) (int64, error) {
 	return n, err
 }
 
-// aggregates are the aggregates of the configuration.
-func (f *failover) aggregates() []string {
+// aggregates are the aggregates of the configuration: over the Kafka
+// events, and over the CDC source's changes when there is one.
+func (f *failover) aggregates() []testAggregate {
 	if f.cdc {
-		return []string{"daily_sales", "shop_changes"}
+		return []testAggregate{dailySales, shopChanges}
 	}
-	return []string{"daily_sales"}
+	return []testAggregate{dailySales}
 }
 
 // until waits for cond, taking its errors (the warehouse failing over)
