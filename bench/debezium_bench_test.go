@@ -264,22 +264,7 @@ sources:
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- in.Run(runCtx) }()
-	var firstAt time.Time
-	var firstRows int64
-	for {
-		rows := writtenRows(b, []*prometheus.Registry{reg})
-		if firstAt.IsZero() && rows > 0 {
-			firstAt, firstRows = time.Now(), rows
-		}
-		if rows >= int64(n) {
-			break
-		}
-		select {
-		case err := <-done:
-			b.Fatalf("the ingester stopped: %v", err)
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	firstAt, firstRows := awaitWritten(b, []*prometheus.Registry{reg}, n, done, nil)
 	elapsed := time.Since(firstAt)
 	cancel()
 	if err := <-done; err != nil {

@@ -425,25 +425,7 @@ func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, 
 	for _, in := range ins {
 		go func() { done <- in.Run(ctx) }()
 	}
-	// Progress is read from the ingesters' own counters of committed rows,
-	// not from the warehouse: a query every few milliseconds would be
-	// work for the server that (a) does not have.
-	var firstAt time.Time
-	var firstRows int64
-	for {
-		rows := writtenRows(b, regs)
-		if firstAt.IsZero() && rows > 0 {
-			firstAt, firstRows, cpu = time.Now(), rows, markCPU(b, e.servers()...)
-		}
-		if rows >= int64(n) {
-			break
-		}
-		select {
-		case err := <-done:
-			b.Fatalf("an ingester stopped: %v", err)
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	firstAt, firstRows := awaitWritten(b, regs, n, done, func() { cpu = markCPU(b, e.servers()...) })
 	elapsed := time.Since(firstAt)
 	// Over the same window as the rate: from the first committed batch on.
 	e.cpu = cpu.since(b, e.servers()...)
@@ -465,6 +447,35 @@ func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, 
 		}
 	}
 	return float64(int64(n)-firstRows) / elapsed.Seconds(), firstAt.Sub(start)
+}
+
+// awaitWritten waits until the ingesters of regs have committed n rows
+// and returns when the first batch was seen committed and its rows; first
+// runs then. Progress is read from the ingesters' own counters of
+// committed rows, not from the warehouse: a query every few milliseconds
+// would be work for the server that a baseline does not have. An
+// ingester stopping (done) fails the benchmark.
+func awaitWritten(b *testing.B, regs []*prometheus.Registry, n int, done <-chan error, first func()) (time.Time, int64) {
+	b.Helper()
+	var firstAt time.Time
+	var firstRows int64
+	for {
+		rows := writtenRows(b, regs)
+		if firstAt.IsZero() && rows > 0 {
+			firstAt, firstRows = time.Now(), rows
+			if first != nil {
+				first()
+			}
+		}
+		if rows >= int64(n) {
+			return firstAt, firstRows
+		}
+		select {
+		case err := <-done:
+			b.Fatalf("an ingester stopped: %v", err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // writtenRows sums tidemark_ingest_rows_written_total over the

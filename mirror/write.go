@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -132,12 +133,23 @@ func newStageRows(r *Relation) *stageRows {
 		return newPositionedStage(r)
 	}
 	h := fnv.New64a()
-	var from, cols []string
+	var from []string
 	for _, k := range r.Mirror.Key {
 		c, _ := r.Mirror.Column(k)
 		from = append(from, pgquote.Ident("tidemark from "+k)+" "+c.Type)
 		fmt.Fprintf(h, "%s\x00%s\x00", k, c.Type)
 	}
+	cols := typedColumns(r, h)
+	name := pgquote.Ident("pg_temp", fmt.Sprintf("tidemark_cdc_%016x", h.Sum64()))
+	return &stageRows{r: r, name: name, w: copytext.New(),
+		ddl: fmt.Sprintf(createStageSQL, name, strings.Join(from, ", "), strings.Join(cols, ", "))}
+}
+
+// typedColumns returns the stage's columns of r's rows, each in its
+// mirror column's type (text for a column the mirror lacks), and writes
+// their names and types to h, which names the stage.
+func typedColumns(r *Relation, h io.Writer) []string {
+	cols := make([]string, 0, len(r.Columns))
 	for _, c := range r.Columns {
 		typ := "text"
 		if mc, ok := r.Mirror.Column(c); ok {
@@ -146,9 +158,7 @@ func newStageRows(r *Relation) *stageRows {
 		cols = append(cols, pgquote.Ident(c)+" "+typ)
 		fmt.Fprintf(h, "%s\x00%s\x00", c, typ)
 	}
-	name := pgquote.Ident("pg_temp", fmt.Sprintf("tidemark_cdc_%016x", h.Sum64()))
-	return &stageRows{r: r, name: name, w: copytext.New(),
-		ddl: fmt.Sprintf(createStageSQL, name, strings.Join(from, ", "), strings.Join(cols, ", "))}
+	return cols
 }
 
 // upsert stages an upsert.

@@ -24,16 +24,7 @@ func newPositionedStage(r *Relation) *stageRows {
 		cols = `"tidemark row" jsonb`
 		fmt.Fprintf(h, "json\x00%s", r.Mirror.Target.Sanitize())
 	} else {
-		var typed []string
-		for _, c := range r.Columns {
-			typ := "text"
-			if mc, ok := r.Mirror.Column(c); ok {
-				typ = mc.Type
-			}
-			typed = append(typed, pgquote.Ident(c)+" "+typ)
-			fmt.Fprintf(h, "%s\x00%s\x00", c, typ)
-		}
-		cols = strings.Join(typed, ", ")
+		cols = strings.Join(typedColumns(r, h), ", ")
 	}
 	name := pgquote.Ident("pg_temp", fmt.Sprintf("tidemark_pos_%016x", h.Sum64()))
 	return &stageRows{r: r, name: name, w: copytext.New(), positioned: true,
