@@ -37,10 +37,10 @@ type Relation struct {
 type At struct {
 	Time     time.Time
 	Position []int64
-	// Truncated, when set, is the time of a truncate of the source table
-	// that came after this change (which arrived late): the row it leaves
-	// is flagged deleted at that time.
-	Truncated time.Time
+	// Truncated, when not nil, is the time of a truncate of the source
+	// table that came after this change (which arrived late): the row it
+	// leaves is flagged deleted at that time.
+	Truncated *time.Time
 }
 
 // KeyOf returns the key of a row as text (the value for one key column, a
@@ -187,7 +187,9 @@ func (c *Changes) upsert(r *Relation, old, row Row, insert bool, at At) error {
 			cols[name] = v
 		}
 	}
-	fresh := from == nil && len(cols) == len(r.Columns) && r.Position == ""
+	// Fresh rows are COPYed as text into the mirror: not JSON rows, nor
+	// rows whose position the mirror must compare.
+	fresh := from == nil && len(cols) == len(r.Columns) && r.Position == "" && !r.JSON
 	if insert {
 		fresh = fresh && prev == nil
 	} else {

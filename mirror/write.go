@@ -126,6 +126,9 @@ type stageRows struct {
 	// positioned: the stage has positions and JSON or typed rows (see
 	// newPositionedStage).
 	positioned bool
+	// jsonNames are, for JSON rows, each column's name as a JSON object
+	// key followed by a colon.
+	jsonNames map[string]string
 }
 
 func newStageRows(r *Relation) *stageRows {

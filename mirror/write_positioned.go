@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -20,14 +21,21 @@ import (
 func newPositionedStage(r *Relation) *stageRows {
 	h := fnv.New64a()
 	var cols string
+	var jsonNames map[string]string
 	if r.JSON {
+		// Each column's name as a JSON object key, with its colon.
+		jsonNames = make(map[string]string, len(r.Columns))
+		for _, c := range r.Columns {
+			k, _ := json.Marshal(c)
+			jsonNames[c] = string(k) + ":"
+		}
 		cols = `"tidemark row" jsonb`
 		fmt.Fprintf(h, "json\x00%s", r.Mirror.Target.Sanitize())
 	} else {
 		cols = strings.Join(typedColumns(r, h), ", ")
 	}
 	name := pgquote.Ident("pg_temp", fmt.Sprintf("tidemark_pos_%016x", h.Sum64()))
-	return &stageRows{r: r, name: name, w: copytext.New(), positioned: true,
+	return &stageRows{r: r, name: name, w: copytext.New(), positioned: true, jsonNames: jsonNames,
 		ddl: fmt.Sprintf(createPositionedStageSQL, name, cols)}
 }
 
@@ -38,10 +46,10 @@ func (st *stageRows) positions(s *state) {
 	} else {
 		st.w.Text(positionText(s.at.Position))
 	}
-	if s.delete || s.at.Truncated.IsZero() {
+	if s.delete || s.at.Truncated == nil {
 		st.w.Null()
 	} else {
-		st.w.Time(s.at.Truncated)
+		st.w.Time(*s.at.Truncated)
 	}
 }
 
@@ -60,8 +68,7 @@ func (st *stageRows) row(r Row, keyOnly bool) {
 				b.WriteByte(',')
 			}
 			n++
-			b.WriteString(strconv.Quote(c))
-			b.WriteByte(':')
+			b.WriteString(st.jsonNames[c])
 			if v == nil {
 				b.WriteString("null")
 			} else {
@@ -109,7 +116,7 @@ func (t *Txn) writePositioned(ctx context.Context, st *stageRows) error {
 		va = "v"
 		from += fmt.Sprintf(` CROSS JOIN LATERAL jsonb_populate_record(NULL::%s, s."tidemark row") AS v`, target)
 	}
-	var sets, match, vals, keys []string
+	var sets, match, vals []string
 	for _, c := range r.Columns {
 		q := pgquote.Ident(c)
 		vals = append(vals, va+"."+q)
@@ -128,7 +135,6 @@ func (t *Txn) writePositioned(ctx context.Context, st *stageRows) error {
 	for _, k := range m.Key {
 		q := pgquote.Ident(k)
 		match = append(match, fmt.Sprintf("t.%[1]s = %[2]s.%[1]s", q, va))
-		keys = append(keys, va+"."+q)
 	}
 	loaded, deleted := pgquote.Ident(m.LoadedColumn), pgquote.Ident(m.DeletedColumn)
 	var setPos, newer, posCol, posVal string
@@ -157,8 +163,8 @@ func (t *Txn) writePositioned(ctx context.Context, st *stageRows) error {
 			qb.Queue(fmt.Sprintf(flagPositionedSQL, target, from, deleted, "", keyMatch, " AND t."+deleted+" IS NULL"))
 		default:
 			qb.Queue(fmt.Sprintf(flagPositionedSQL, target, from, deleted, setPos, keyMatch, newer))
-			qb.Queue(fmt.Sprintf(tombstoneSQL, target, from, pgquote.Idents(m.Key), loaded, deleted, posCol,
-				strings.Join(keys, ", "), posVal), t.loadedAt)
+			qb.Queue(fmt.Sprintf(tombstoneSQL, target, from, pgquote.Idents(r.Columns), loaded, deleted, posCol,
+				strings.Join(vals, ", "), posVal, pgquote.Idents(m.Key)), t.loadedAt)
 		}
 	}
 	if err := t.tx.SendBatch(ctx, qb).Close(); err != nil {

@@ -131,15 +131,16 @@ USING %[2]s
 WHERE s."tidemark kind" = 'delete' AND %[3]s`
 
 	// tombstoneSQL inserts, for the staged deletes of keys the mirror
-	// lacks, a flagged row holding the delete's position, so that the
-	// change before it, sent again, does not bring the row back. %[1]s
-	// mirror, %[2]s the stage and its values, %[3]s key columns, %[4]s
-	// loaded column, %[5]s deleted column, %[6]s position column, %[7]s
-	// v's key columns, %[8]s the staged position.
+	// lacks, a flagged row of the key, its other columns NULL, holding the
+	// delete's position, so that the change before it, sent again, does
+	// not bring the row back. %[1]s mirror, %[2]s the stage and its
+	// values, %[3]s columns, %[4]s loaded column, %[5]s deleted column,
+	// %[6]s position column, %[7]s v's columns (a delete's stage row has
+	// its key's only), %[8]s the staged position, %[9]s key columns.
 	tombstoneSQL = `
 INSERT INTO %[1]s (%[3]s, %[4]s, %[5]s%[6]s)
 SELECT %[7]s, $1, s."tidemark at"%[8]s
 FROM %[2]s
 WHERE s."tidemark kind" = 'delete'
-ON CONFLICT (%[3]s) DO NOTHING`
+ON CONFLICT (%[9]s) DO NOTHING`
 )

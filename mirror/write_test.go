@@ -63,7 +63,10 @@ func writeRun(t *testing.T, pool *pgxpool.Pool, w *mirror.Writer, rel *mirror.Re
 	ctx := context.Background()
 	c := mirror.NewChanges(len(run))
 	for _, ch := range run {
-		at := mirror.At{Time: time.Date(2026, 10, 1, 12, 0, 0, 0, time.UTC), Truncated: ch.truncate}
+		at := mirror.At{Time: time.Date(2026, 10, 1, 12, 0, 0, 0, time.UTC)}
+		if !ch.truncate.IsZero() {
+			at.Truncated = &ch.truncate
+		}
 		if rel.Position != "" {
 			at.Position = []int64{ch.pos}
 		}
@@ -192,6 +195,7 @@ func TestWriterShared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer func() { _ = tx.Rollback(ctx) }()
 		for i, row := range []string{"id=1 name=a note=x", "id=2 name=b note=y"} {
 			c := mirror.NewChanges(1)
 			if err := c.Update(rel, nil, parseRow(t, row, json), mirror.At{Time: time.Now()}); err != nil {
@@ -216,5 +220,50 @@ func TestWriterShared(t *testing.T) {
 		if _, err := pool.Exec(ctx, `TRUNCATE m`); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestWriterEdges: a JSON row's column names are JSON-escaped whatever
+// characters they hold; a delete of a key the mirror lacks leaves its
+// other columns NULL, not their defaults; a truncate at the zero time
+// still flags the late change.
+func TestWriterEdges(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	odd := "a\x01b\x7fc\u2028"
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE m (id integer PRIMARY KEY, %s text DEFAULT 'dflt',
+		loaded_at timestamptz NOT NULL, deleted_at timestamptz, pos bigint[])`, pgx.Identifier{odd}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	rel := &mirror.Relation{Name: "public.m", Columns: []string{"id", odd}, JSON: true, Position: "pos",
+		Mirror: &mirror.Table{Target: pgx.Identifier{"public", "m"}, Key: []string{"id"}, LoadedColumn: "loaded_at", DeletedColumn: "deleted_at"}}
+	text := func(s string) *string { return &s }
+	var zero time.Time
+	c := mirror.NewChanges(3)
+	for _, err := range []error{
+		c.Update(rel, nil, mirror.Row{"id": text("1"), odd: text(`"v"`)}, mirror.At{Time: time.Now(), Position: []int64{5}}),
+		c.Delete(rel, mirror.Row{"id": text("7")}, mirror.At{Time: time.Now(), Position: []int64{6}}),
+		c.Update(rel, nil, mirror.Row{"id": text("3"), odd: text(`"w"`)}, mirror.At{Time: time.Now(), Position: []int64{4}, Truncated: &zero}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var w mirror.Writer
+	if err := w.Begin(tx, time.Now()).Write(ctx, c); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(pgtest.Rows(t, pool, fmt.Sprintf(`SELECT concat_ws(' ', id, coalesce(%s, '-'), CASE WHEN deleted_at IS NOT NULL THEN 'deleted' END)
+		FROM m ORDER BY id`, pgx.Identifier{odd}.Sanitize())), "; ")
+	if want := "1 v; 3 w deleted; 7 - deleted"; got != want {
+		t.Errorf("mirror %q, want %q", got, want)
 	}
 }

@@ -379,7 +379,9 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 			if err := m.truncate(ctx, tx, c.Position, r.ev.Time); err != nil {
 				return err
 			}
-			changes, last = mirror.NewChanges(len(rows)), truncation{c.Position, r.ev.Time}
+			// Not sized for the rows left: a batch of many truncates
+			// would allocate for them again at each.
+			changes, last = mirror.NewChanges(0), truncation{c.Position, r.ev.Time}
 			continue
 		}
 		vals := map[string]json.RawMessage{}
@@ -412,7 +414,8 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 		}
 		at := mirror.At{Time: r.ev.Time, Position: c.Position}
 		if slices.Compare(c.Position, last.pos) < 0 {
-			at.Truncated = last.at
+			truncated := last.at
+			at.Truncated = &truncated
 		}
 		var err error
 		if c.Op == decode.OpDelete {
