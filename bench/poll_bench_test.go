@@ -247,7 +247,11 @@ sources:
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := poll.New(cfg, "customers", wh, poll.Options{})
+	pc, err := poll.ConfigFrom(cfg, "customers")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := poll.New(pc, wh, poll.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

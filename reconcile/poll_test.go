@@ -40,7 +40,11 @@ aggregates:
 `, whDSN, srcDSN)
 	cfg := parseConfig(t, yaml)
 	clk := clock.New(at("2026-10-06 12:00"))
-	p, err := poll.New(cfg, "orders", wh, poll.Options{Now: clk.Now})
+	pc, err := poll.ConfigFrom(cfg, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := poll.New(pc, wh, poll.Options{Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

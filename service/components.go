@@ -52,7 +52,11 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 		src := cfg.Sources[name]
 		switch {
 		case src.Kind() == config.KindPoll && slices.Contains(running, ComponentPoll):
-			p, err := poll.New(cfg, name, pool, poll.Options{Logger: log, Registerer: reg, Now: now})
+			pc, err := poll.ConfigFrom(cfg, name)
+			if err != nil {
+				return nil, err
+			}
+			p, err := poll.New(pc, pool, poll.Options{Logger: log, Registerer: reg, Now: now})
 			if err != nil {
 				return nil, err
 			}

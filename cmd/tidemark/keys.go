@@ -87,7 +87,12 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else {
 		// Preparing the poller checks the source table and creates or
 		// extends the mirror, as `tidemark run` does.
-		p, err := poll.New(cfg, *name, pool, poll.Options{Logger: log, Now: serviceClock})
+		pc, err := poll.ConfigFrom(cfg, *name)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+			return exitFailure
+		}
+		p, err := poll.New(pc, pool, poll.Options{Logger: log, Now: serviceClock})
 		if err != nil {
 			fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 			return exitFailure

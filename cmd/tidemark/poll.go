@@ -72,7 +72,12 @@ func cmdPoll(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// A first load shows its progress: a bar on a terminal, plain lines
 	// elsewhere; the log goes through the display around the bar.
 	disp := progress.Command(stderr, progressEvery)
-	p, err := poll.New(cfg, *name, pool, poll.Options{Logger: logger(cfg, disp.Writer()), Now: serviceClock, Progress: disp})
+	pc, err := poll.ConfigFrom(cfg, *name)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark poll: %v\n", err)
+		return exitFailure
+	}
+	p, err := poll.New(pc, pool, poll.Options{Logger: logger(cfg, disp.Writer()), Now: serviceClock, Progress: disp})
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark poll: %v\n", err)
 		return exitFailure

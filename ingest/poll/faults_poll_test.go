@@ -46,7 +46,7 @@ func TestPollFaults(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer pool.Close()
-				p, err := poll.New(cfg, "customers", pool, poll.Options{Now: e.clock.Now})
+				p, err := poll.New(pollConfig(t, cfg, "customers"), pool, poll.Options{Now: e.clock.Now})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/periodic"
@@ -62,7 +62,7 @@ type Options struct {
 // the mirror, records the rows that changed in raw.<source> with ledger
 // rows, and advances the watermark to the newest updated_at read.
 type Poller struct {
-	src   *config.Source
+	conf  Config
 	table *mirror.Table
 	raw   *raw.Table
 	pool  *pgxpool.Pool
@@ -76,12 +76,10 @@ type Poller struct {
 	conn     *pgx.Conn  // the source connection, reopened after errors
 	ddl      *pgx.Conn  // a warehouse connection outside the pool, for raw partitions
 	prepared bool
-	// waitTimeout bounds the wait for each step of a run
-	// (warehouse.write_timeout); wd is the running run's deadline, moved
-	// on by every chunk.
-	waitTimeout time.Duration
-	wd          *pgconnect.Watchdog
-	zone        string // time zone of a timestamp-without-time-zone updated_at
+	// wd is the running run's deadline (conf.WriteTimeout), moved on by
+	// every chunk.
+	wd   *pgconnect.Watchdog
+	zone string // time zone of a timestamp-without-time-zone updated_at
 	// estimateWarned is set once a failed estimate of the source
 	// table's rows was logged.
 	estimateWarned bool
@@ -90,27 +88,28 @@ type Poller struct {
 	mergeOnly bool
 }
 
-// New returns the poller of the poll source called name.
-func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Poller, error) {
-	src := cfg.Sources[name]
-	if src.Kind() != config.KindPoll {
-		return nil, fmt.Errorf("%w: no poll source is named %q", ErrSource, name)
-	}
-	t, err := mirror.FromConfig(src)
-	if err != nil {
+// New returns the poller of the poll source that c configures (see
+// ConfigFrom), writing to the warehouse through pool.
+func New(c Config, pool *pgxpool.Pool, opts Options) (*Poller, error) {
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	t := &mirror.Table{Name: c.Source, Source: slices.Clone(c.Table), Target: slices.Clone(c.Mirror), Key: slices.Clone(c.Key),
+		DeletedColumn: c.DeletedColumn, LoadedColumn: c.LoadedColumn, Hard: c.HardDeletes}
+	// A poll source's raw table stays on the coordinator of a Citus
+	// warehouse (config.Config.Distributes).
+	rt := raw.NewChangeTable(c.Source, c.RawPartition)
+	rt.Local = true
 	opts = opts.withDefaults()
-	p := &Poller{src: src, table: t, raw: raw.ForSource(cfg, name), pool: pool,
-		log: opts.Logger.With("source", name), now: opts.Now, m: newPollMetrics(opts.Registerer), waitTimeout: cfg.Warehouse.WriteTimeout.Duration(),
-		progress: opts.Progress}
+	p := &Poller{conf: c, table: t, raw: rt, pool: pool,
+		log: opts.Logger.With("source", c.Source), now: opts.Now, m: newPollMetrics(opts.Registerer), progress: opts.Progress}
 	p.raw.Log = opts.Logger
-	p.m.register(name, p.now)
+	p.m.register(c.Source, p.now)
 	return p, nil
 }
 
 // Name is the source's name.
-func (p *Poller) Name() string { return p.src.Name }
+func (p *Poller) Name() string { return p.conf.Source }
 
 // Mirror is the poller's mirror table; its columns are known after Prepare.
 func (p *Poller) Mirror() *mirror.Table { return p.table }
@@ -153,9 +152,9 @@ func (p *Poller) source(ctx context.Context) (*pgx.Conn, error) {
 	if p.conn != nil && !p.conn.IsClosed() {
 		return p.conn, nil
 	}
-	conn, err := mirror.Connect(ctx, p.src.Poll.DSN, "tidemark-poll")
+	conn, err := mirror.Connect(ctx, p.conf.DSN, "tidemark-poll")
 	if err != nil {
-		return nil, fmt.Errorf("sources.%s.poll.dsn: %w", p.src.Name, err)
+		return nil, fmt.Errorf("sources.%s.poll.dsn: %w", p.conf.Source, err)
 	}
 	p.conn = conn
 	return conn, nil
@@ -186,7 +185,7 @@ func (p *Poller) prepare(ctx context.Context) error {
 	}
 	wh, err := p.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("poll %s: %w", p.src.Name, err)
+		return fmt.Errorf("poll %s: %w", p.conf.Source, err)
 	}
 	defer wh.Release()
 	if err := p.table.Ensure(ctx, wh.Conn()); err != nil {
@@ -195,8 +194,8 @@ func (p *Poller) prepare(ctx context.Context) error {
 	if err := p.raw.Ensure(ctx, wh.Conn()); err != nil {
 		return err
 	}
-	if _, err := wh.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
-		return fmt.Errorf("poll %s: %w", p.src.Name, err)
+	if _, err := wh.Exec(ctx, ensurePollStateSQL, p.conf.Source); err != nil {
+		return fmt.Errorf("poll %s: %w", p.conf.Source, err)
 	}
 	p.prepared = true
 	return nil
@@ -206,30 +205,30 @@ func (p *Poller) prepare(ctx context.Context) error {
 // without time zone is accepted only with a configured zone, because its
 // values jump at daylight-saving changes otherwise.
 func (p *Poller) checkColumns() error {
-	cfg, name := p.src.Poll, p.src.Name
-	c, ok := p.table.Column(cfg.UpdatedAt)
+	conf, name := p.conf, p.conf.Source
+	c, ok := p.table.Column(conf.UpdatedAt)
 	switch {
 	case !ok:
-		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s has no column %s", ErrSource, name, p.table.Source.Sanitize(), cfg.UpdatedAt)
+		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s has no column %s", ErrSource, name, p.table.Source.Sanitize(), conf.UpdatedAt)
 	case strings.HasPrefix(c.Type, "timestamp") && strings.HasSuffix(c.Type, "with time zone") && !strings.HasSuffix(c.Type, "without time zone"):
-		if cfg.TimeZone != "" {
+		if conf.TimeZone != "" {
 			return fmt.Errorf("%w: sources.%s.poll.time_zone: %s is timestamptz, which carries its zone; remove time_zone",
-				ErrSource, name, cfg.UpdatedAt)
+				ErrSource, name, conf.UpdatedAt)
 		}
 		p.zone = ""
 	case strings.HasPrefix(c.Type, "timestamp") && strings.HasSuffix(c.Type, "without time zone"):
-		if cfg.TimeZone == "" {
+		if conf.TimeZone == "" {
 			return fmt.Errorf("%w: sources.%s.poll.time_zone: %s is a timestamp without time zone; set time_zone to the zone its writers use "+
-				"(values stored as local time repeat or skip an hour at daylight-saving changes; UTC is safest)", ErrSource, name, cfg.UpdatedAt)
+				"(values stored as local time repeat or skip an hour at daylight-saving changes; UTC is safest)", ErrSource, name, conf.UpdatedAt)
 		}
-		p.zone = cfg.TimeZone
+		p.zone = conf.TimeZone
 	default:
 		return fmt.Errorf("%w: sources.%s.poll.updated_at: %s is %s; it must be a timestamptz (or a timestamp with time_zone)",
-			ErrSource, name, cfg.UpdatedAt, c.Type)
+			ErrSource, name, conf.UpdatedAt, c.Type)
 	}
 	if !c.NotNull {
 		p.log.Warn("the updated_at column may be NULL; rows where it is NULL are never loaded (tidemark keys counts them as not in the mirror)",
-			"column", cfg.UpdatedAt)
+			"column", conf.UpdatedAt)
 	}
 	for _, reserved := range []string{"tidemark_src", "tidemark_key", "tidemark_time", "tidemark_deleted", "tidemark_payload"} {
 		if _, clash := p.table.Column(reserved); clash {
@@ -238,18 +237,18 @@ func (p *Poller) checkColumns() error {
 		}
 	}
 	p.soft = "false"
-	if cfg.SoftDelete != "" {
-		sd, ok := p.table.Column(cfg.SoftDelete)
-		col := "tidemark_src." + pgquote.Ident(cfg.SoftDelete)
+	if conf.SoftDelete != "" {
+		sd, ok := p.table.Column(conf.SoftDelete)
+		col := "tidemark_src." + pgquote.Ident(conf.SoftDelete)
 		switch {
 		case !ok:
-			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s has no column %s", ErrSource, name, p.table.Source.Sanitize(), cfg.SoftDelete)
+			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s has no column %s", ErrSource, name, p.table.Source.Sanitize(), conf.SoftDelete)
 		case sd.Type == "boolean":
 			p.soft = "coalesce(" + col + ", false)"
 		case strings.HasPrefix(sd.Type, "timestamp") || sd.Type == "date":
 			p.soft = col + " IS NOT NULL"
 		default:
-			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s is %s; it must be a boolean or a timestamp", ErrSource, name, cfg.SoftDelete, sd.Type)
+			return fmt.Errorf("%w: sources.%s.poll.soft_delete: %s is %s; it must be a boolean or a timestamp", ErrSource, name, conf.SoftDelete, sd.Type)
 		}
 	}
 	return nil
@@ -316,9 +315,9 @@ func (p *Poller) RunOnce(ctx context.Context, run Window) (Report, error) {
 	defer p.mu.Unlock()
 	start := time.Now()
 	// No step of a run, on the source or in the warehouse, may wait
-	// longer than p.waitTimeout: a stalled connection fails the run, which is
-	// then repeated on new connections.
-	wctx, wd := pgconnect.WithWatchdog(ctx, p.waitTimeout)
+	// longer than p.conf.WriteTimeout: a stalled connection fails the run,
+	// which is then repeated on new connections.
+	wctx, wd := pgconnect.WithWatchdog(ctx, p.conf.WriteTimeout)
 	defer wd.Stop()
 	p.wd = wd
 	rep, err := p.runOnce(wctx, run)
@@ -332,14 +331,14 @@ func (p *Poller) RunOnce(ctx context.Context, run Window) (Report, error) {
 	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
 		err = fmt.Errorf("%w: %w", context.Cause(wctx), err)
 	}
-	p.m.observe(p.src.Name, rep, err, time.Since(start), p.now())
+	p.m.observe(p.conf.Source, rep, err, time.Since(start), p.now())
 	if err != nil {
 		if ctx.Err() == nil && (p.conn == nil || p.conn.IsClosed() || !errors.Is(err, ErrSource)) {
 			// The source connection may be mid-transaction or broken;
 			// start the next run on a fresh one.
 			p.closeConn()
 		}
-		return rep, fmt.Errorf("poll %s: %w", p.src.Name, err)
+		return rep, fmt.Errorf("poll %s: %w", p.conf.Source, err)
 	}
 	return rep, nil
 }
@@ -356,11 +355,11 @@ type pollRow struct {
 }
 
 func (p *Poller) runOnce(ctx context.Context, run Window) (Report, error) {
-	rep := Report{Source: p.src.Name}
+	rep := Report{Source: p.conf.Source}
 	if err := p.prepare(ctx); err != nil {
 		return rep, err
 	}
-	lookback := p.src.Poll.Lookback.Duration()
+	lookback := p.conf.Lookback
 	if run.Lookback != nil {
 		lookback = *run.Lookback
 	}
@@ -418,10 +417,10 @@ func (p *Poller) lockWatermark(ctx context.Context, tx pgx.Tx, lookback time.Dur
 	if err := mirror.SetLocal(ctx, tx); err != nil {
 		return hw, low, fmt.Errorf("warehouse: %w", err)
 	}
-	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.src.Name); err != nil {
+	if _, err := tx.Exec(ctx, ensurePollStateSQL, p.conf.Source); err != nil {
 		return hw, low, fmt.Errorf("warehouse: %w", err)
 	}
-	if err := tx.QueryRow(ctx, lockPollStateSQL, p.src.Name, lookback.Microseconds()).Scan(&hw, &low); err != nil {
+	if err := tx.QueryRow(ctx, lockPollStateSQL, p.conf.Source, lookback.Microseconds()).Scan(&hw, &low); err != nil {
 		return hw, low, fmt.Errorf("lock the watermark: %w", err)
 	}
 	if hw.InfinityModifier == pgtype.Finite {
@@ -440,7 +439,7 @@ func (p *Poller) lockWatermark(ctx context.Context, tx pgx.Tx, lookback time.Dur
 // the poller described.
 func (p *Poller) openWindow(ctx context.Context, tx, stx pgx.Tx, upper time.Time, low pgtype.Timestamptz, rep *Report) error {
 	if upper.IsZero() {
-		if err := stx.QueryRow(ctx, sourceUpperSQL, p.src.Poll.SafetyLag.Duration().Microseconds()).Scan(&upper); err != nil {
+		if err := stx.QueryRow(ctx, sourceUpperSQL, p.conf.SafetyLag.Microseconds()).Scan(&upper); err != nil {
 			return fmt.Errorf("source clock: %w", err)
 		}
 	}
@@ -493,7 +492,7 @@ func (p *Poller) startProgress(ctx context.Context, stx pgx.Tx, hw pgtype.Timest
 		est = 0
 	}
 	return p.progress.Start(p.log, progress.Job{Label: "poll first load", Unit: "rows",
-		Total: min(est, int64(p.src.Poll.MaxRowsPerRun)), Estimated: true})
+		Total: min(est, int64(p.conf.MaxRowsPerRun)), Estimated: true})
 }
 
 // loadWindow reads the window from the cursor in chunks and merges (or
@@ -502,7 +501,6 @@ func (p *Poller) startProgress(ctx context.Context, stx pgx.Tx, hw pgtype.Timest
 // the high watermark hw (rep.More), and returns the updated_at of the
 // last row read.
 func (p *Poller) loadWindow(ctx context.Context, tx, stx pgx.Tx, hw pgtype.Timestamptz, ingestedAt time.Time, rep *Report, tr *progress.Tracker) (time.Time, error) {
-	cfg := p.src.Poll
 	var (
 		maxRead    time.Time
 		fresh      int64      // rows newer than the stored watermark
@@ -515,7 +513,7 @@ func (p *Poller) loadWindow(ctx context.Context, tx, stx pgx.Tx, hw pgtype.Times
 	}
 	// The next chunk is fetched from the source while the current one is
 	// merged in the warehouse; at most three chunks are in memory.
-	chunks, stopReading := readChunks(ctx, stx, int(cfg.ChunkRows), rep.Copied)
+	chunks, stopReading := readChunks(ctx, stx, p.conf.ChunkRows, rep.Copied)
 	defer stopReading()
 	for res := range chunks {
 		if res.err != nil {
@@ -538,7 +536,7 @@ func (p *Poller) loadWindow(ctx context.Context, tx, stx pgx.Tx, hw pgtype.Times
 			if !hw.Valid || hw.InfinityModifier == pgtype.NegativeInfinity || r.time.After(hw.Time) {
 				fresh++
 			}
-			if cut == nil && fresh >= int64(cfg.MaxRowsPerRun) {
+			if cut == nil && fresh >= int64(p.conf.MaxRowsPerRun) {
 				t := r.time
 				cut = &t
 			}
@@ -573,7 +571,7 @@ func (p *Poller) advance(ctx context.Context, tx pgx.Tx, maxRead, ingestedAt tim
 		maxArg = pgtype.Timestamptz{Time: maxRead, Valid: true}
 	}
 	var after pgtype.Timestamptz
-	if err := tx.QueryRow(ctx, advancePollSQL, p.src.Name, maxArg, rep.Upper, ingestedAt, rep.Read, rep.Merged).Scan(&after); err != nil {
+	if err := tx.QueryRow(ctx, advancePollSQL, p.conf.Source, maxArg, rep.Upper, ingestedAt, rep.Read, rep.Merged).Scan(&after); err != nil {
 		return fmt.Errorf("advance the watermark: %w", err)
 	}
 	if after.InfinityModifier != pgtype.Finite {
@@ -582,8 +580,8 @@ func (p *Poller) advance(ctx context.Context, tx pgx.Tx, maxRead, ingestedAt tim
 	rep.Watermark = after.Time
 	// Rows found through the lookback may be that much older than the
 	// watermark.
-	wm := after.Time.Add(-max(p.src.Watermark.OutOfOrderness.Duration(), lookback))
-	if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.src.Name, wm, ingestedAt); err != nil {
+	wm := after.Time.Add(-max(p.conf.OutOfOrderness, lookback))
+	if _, err := tx.Exec(ctx, storeSourceWatermarkSQL, p.conf.Source, wm, ingestedAt); err != nil {
 		return fmt.Errorf("store the event-time watermark: %w", err)
 	}
 	return nil
@@ -731,7 +729,7 @@ func (p *Poller) mergeChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk [
 		case "delete":
 			rep.Deleted += n
 		}
-		ledger.AddHour(p.src.Name, bucket.Time, n, min.Time, max.Time)
+		ledger.AddHour(p.conf.Source, bucket.Time, n, min.Time, max.Time)
 	}
 	if err := rows.Err(); err != nil {
 		return p.mergeError(err)
@@ -802,7 +800,7 @@ func (p *Poller) copyChunk(ctx context.Context, tx pgx.Tx, stmt string, chunk []
 		} else {
 			rep.Inserted++
 		}
-		ledger.Add(p.src.Name, r.time)
+		ledger.Add(p.conf.Source, r.time)
 	}
 	rep.Merged += int64(len(chunk))
 	return nil
@@ -856,7 +854,7 @@ func (o Options) withDefaults() Options {
 // run that stopped at max_rows_per_run is followed at once; a failed run
 // is logged and retried after 1s, doubling up to poll.every.
 func (p *Poller) Run(ctx context.Context) error {
-	every := p.src.Poll.Every.Duration()
+	every := p.conf.Every
 	var more bool // the last run stopped at max_rows_per_run
 	job := periodic.Job{
 		Name:    "poll run",

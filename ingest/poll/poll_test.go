@@ -86,9 +86,19 @@ func indent(s, by string) string {
 	return strings.Join(lines, "\n")
 }
 
+// pollConfig returns the Config of the poll source name of cfg.
+func pollConfig(t testing.TB, cfg *config.Config, name string) poll.Config {
+	t.Helper()
+	c, err := poll.ConfigFrom(cfg, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func (e *pollEnv) poller(extra string) *poll.Poller {
 	e.t.Helper()
-	p, err := poll.New(e.config(extra), "customers", e.wh, poll.Options{Now: e.clock.Now, Registerer: e.reg})
+	p, err := poll.New(pollConfig(e.t, e.config(extra), "customers"), e.wh, poll.Options{Now: e.clock.Now, Registerer: e.reg})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -570,7 +580,7 @@ sources:
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := poll.New(cfg, name, pool, poll.Options{Now: e.clock.Now})
+		p, err := poll.New(pollConfig(t, cfg, name), pool, poll.Options{Now: e.clock.Now})
 		if err != nil {
 			t.Fatal(err)
 		}

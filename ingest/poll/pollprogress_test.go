@@ -30,7 +30,7 @@ func TestPollFirstLoadProgress(t *testing.T) {
 		timestamptz '2026-10-05 09:00+00' + i * interval '1 second' FROM generate_series(1, 3000) AS i; ANALYZE src_customers`)
 	poller := func(d *progress.Display) (*poll.Poller, *syncbuf.Buffer) {
 		var logs syncbuf.Buffer
-		p, err := poll.New(e.config("chunk_rows: 100"), "customers", e.wh, poll.Options{Now: e.clock.Now,
+		p, err := poll.New(pollConfig(t, e.config("chunk_rows: 100"), "customers"), e.wh, poll.Options{Now: e.clock.Now,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil)), Progress: d})
 		if err != nil {
 			t.Fatal(err)
@@ -107,7 +107,7 @@ func TestPollFirstLoadWithoutEstimate(t *testing.T) {
 	e.srcDSN = u.String()
 
 	var logs syncbuf.Buffer
-	p, err := poll.New(e.config("chunk_rows: 100"), "customers", e.wh, poll.Options{Now: e.clock.Now,
+	p, err := poll.New(pollConfig(t, e.config("chunk_rows: 100"), "customers"), e.wh, poll.Options{Now: e.clock.Now,
 		Logger:   slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Progress: progress.New(progress.Lines, nil, time.Hour)})
 	if err != nil {

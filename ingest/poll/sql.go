@@ -137,7 +137,7 @@ SELECT 'merged', NULL, count(*), NULL, NULL FROM merged`
 // For a COPY (copying), the last column has the text of every column;
 // otherwise of the json columns.
 func (p *Poller) cursorSQL(low pgtype.Timestamptz, upper time.Time, copying bool) string {
-	col := "tidemark_src." + pgquote.Ident(p.src.Poll.UpdatedAt)
+	col := "tidemark_src." + pgquote.Ident(p.conf.UpdatedAt)
 	lowLit := "'-infinity'::timestamptz"
 	if low.InfinityModifier == pgtype.Finite {
 		lowLit = tsLiteral(low.Time)
@@ -206,7 +206,7 @@ func (p *Poller) mergeSQL() string {
 		payload = "s.tidemark_payload - ARRAY[" + strings.Join(names, ", ") + "]::text[]"
 	}
 	return fmt.Sprintf(mergeChunkSQL, t.Target.Sanitize(), strings.Join(cols, ", "), pgquote.Idents(t.Key),
-		strings.Join(sets, ", "), pgquote.Ident(p.src.Poll.UpdatedAt), p.raw.Ident(), pgquote.Ident(t.LoadedColumn), pgquote.Ident(t.DeletedColumn),
+		strings.Join(sets, ", "), pgquote.Ident(p.conf.UpdatedAt), p.raw.Ident(), pgquote.Ident(t.LoadedColumn), pgquote.Ident(t.DeletedColumn),
 		strings.Join(join, " AND "), rowJSON("t", t.Columns)+" IS DISTINCT FROM "+rowJSON("EXCLUDED", t.Columns),
 		incoming, payload, pollChangeColumns.List())
 }

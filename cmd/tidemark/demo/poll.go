@@ -27,7 +27,11 @@ const sourceDDL = `CREATE TABLE src_customers (
 func (d *run) pollPart(cfg *config.Config, src *pgxpool.Pool) error {
 	fmt.Fprintln(d.out, "Part 2: a table of the application's database (customers), loaded by its updated_at watermark into")
 	fmt.Fprintln(d.out, "the mirror dw_customers; each step is one `tidemark poll --once --source customers --upper T`:")
-	p, err := poll.New(cfg, "customers", d.pool, poll.Options{Now: d.clk.Now})
+	pc, err := poll.ConfigFrom(cfg, "customers")
+	if err != nil {
+		return err
+	}
+	p, err := poll.New(pc, d.pool, poll.Options{Now: d.clk.Now})
 	if err != nil {
 		return err
 	}
