@@ -374,7 +374,11 @@ sources:
 
 func startReader(b *testing.B, cfg *config.Config, wh *pgxpool.Pool) *runningReader {
 	b.Helper()
-	r, err := cdc.New(cfg, "shop", wh, cdc.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	cc, err := cdc.ConfigFrom(cfg, "shop")
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := cdc.New(cc, wh, cdc.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -40,5 +40,5 @@ func (r *Reader) confirmedWithin(ctx context.Context, pos position, slot string,
 		"it was recreated, or the warehouse lost tidemark's last transactions (a failover to a standby that had not received them, or a restore "+
 		"from a backup); the changes in between are not in the mirrors: re-snapshot the source (stop tidemark, drop the slot, delete the source's "+
 		"row in tidemark.cdc_positions, start tidemark)",
-		ErrSetup, r.src.Name, slot, confirmed, max(pos.applied, pos.confirmed))
+		ErrSetup, r.conf.Source, slot, confirmed, max(pos.applied, pos.confirmed))
 }

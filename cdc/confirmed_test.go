@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/migrate"
 )
@@ -25,7 +24,7 @@ func TestConfirmedWithinRereadsThePosition(t *testing.T) {
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {
 		t.Fatal(err)
 	}
-	r := &Reader{src: &config.Source{Name: "shop"}, pool: pool, log: slog.New(slog.DiscardHandler)}
+	r := &Reader{conf: Config{Source: "shop"}, pool: pool, log: slog.New(slog.DiscardHandler)}
 	lsn := func(s string) pglogrepl.LSN {
 		l, err := pglogrepl.ParseLSN(s)
 		if err != nil {

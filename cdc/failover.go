@@ -130,10 +130,10 @@ func alterSlotFailoverSQL(slot string) string {
 // that stopped, not yet noticed gone) cannot be altered: that is logged,
 // and tried again at the next start.
 func (r *Reader) makeFailover(ctx context.Context, repl *pgconn.PgConn, report Report) error {
-	if !report.Slot.Exists || report.Slot.Failover || !wantsFailover(r.src.CDC.FailoverSlot, report) {
+	if !report.Slot.Exists || report.Slot.Failover || !wantsFailover(r.conf.FailoverSlot, report) {
 		return nil
 	}
-	slot := r.src.CDC.Slot
+	slot := r.conf.Slot
 	actx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	_, err := repl.Exec(actx, alterSlotFailoverSQL(slot)).ReadAll()
 	cancel()
@@ -145,9 +145,9 @@ func (r *Reader) makeFailover(ctx context.Context, repl *pgconn.PgConn, report R
 		r.log.Warn("cannot make the replication slot a failover slot while another session holds it; trying again at the next start", "slot", slot, "err", err)
 		return nil
 	case pgerr.Refused(err):
-		return fmt.Errorf("%w: sources.%s.cdc.failover_slot: make slot %s a failover slot: %w (set failover_slot: off to leave it as it is)", ErrSetup, r.src.Name, slot, err)
+		return fmt.Errorf("%w: sources.%s.cdc.failover_slot: make slot %s a failover slot: %w (set failover_slot: off to leave it as it is)", ErrSetup, r.conf.Source, slot, err)
 	}
-	return fmt.Errorf("sources.%s.cdc.slot: make slot %s a failover slot: %w", r.src.Name, slot, err)
+	return fmt.Errorf("sources.%s.cdc.slot: make slot %s a failover slot: %w", r.conf.Source, slot, err)
 }
 
 // StandbySlot is what a standby of the source holds of the slot.

@@ -158,7 +158,7 @@ func (e *failoverEnv) run(log *slog.Logger) (chan error, context.CancelFunc) {
 	if log == nil {
 		log = testLogger(e.t)
 	}
-	r, err := cdc.New(e.config(), "shop", pgtest.Pool(e.t, e.whDSN), cdc.Options{GroupAge: 20 * time.Millisecond,
+	r, err := cdc.New(shopConfig(e.t, e.config()), pgtest.Pool(e.t, e.whDSN), cdc.Options{GroupAge: 20 * time.Millisecond,
 		Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		e.t.Fatal(err)

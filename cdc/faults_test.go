@@ -609,7 +609,7 @@ func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, 
 	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), nil))
 	opts.Logger, opts.Registerer = log, e.reg
-	r, err := cdc.New(cfg, "shop", pool, opts)
+	r, err := cdc.New(shopConfig(t, cfg), pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,18 +41,13 @@ type Inspection struct {
 	Notes []string
 }
 
-// Inspect checks the CDC source name of cfg, as its reader does at start,
-// and what a failover of the source would do to its slot. wh, when not
-// nil, is the warehouse, whose stored position makes a missing slot a
+// Inspect checks the CDC source that c configures, as its reader does at
+// start, and what a failover of the source would do to its slot. wh, when
+// not nil, is the warehouse, whose stored position makes a missing slot a
 // problem.
-func Inspect(ctx context.Context, cfg *config.Config, name string, wh *pgxpool.Pool) Inspection {
+func Inspect(ctx context.Context, c Config, wh *pgxpool.Pool) Inspection {
+	name := c.Source
 	in := Inspection{Source: name}
-	src := cfg.Sources[name]
-	if src.Kind() != config.KindCDC {
-		in.Err = fmt.Errorf("%s is not a CDC source of the configuration", name)
-		return in
-	}
-	c := src.CDC
 	if wh != nil {
 		pctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 		var applied string
@@ -80,8 +75,7 @@ func Inspect(ctx context.Context, cfg *config.Config, name string, wh *pgxpool.P
 	defer pgconnect.Close(ctx, conn)
 	specs := make([]pgx.Identifier, len(c.Tables))
 	for i, t := range c.Tables {
-		schema, table := config.SplitTable(t)
-		specs[i] = pgx.Identifier{schema, table}
+		specs[i] = t.Source
 	}
 	in.Report, in.Err = Check(cctx, conn, CheckSpec{Source: name, Slot: c.Slot, Publication: c.Publication, Tables: specs,
 		Position: in.Position, Failover: c.FailoverSlot})
@@ -110,7 +104,7 @@ func inspectStandby(ctx context.Context, dsn, slot string) (*StandbySlot, error)
 
 // failoverNotes say how the source's slot fares in a failover of the
 // source, and what to configure.
-func failoverNotes(c *config.CDCSource, in Inspection) []string {
+func failoverNotes(c Config, in Inspection) []string {
 	r := in.Report
 	if r.ServerVersion == 0 {
 		return nil // not reached

@@ -89,7 +89,7 @@ func (r *Reader) lockSlot(ctx context.Context, lock *pgx.Conn) error {
 	for {
 		tctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 		var ok bool
-		err := lock.QueryRow(tctx, tryLockSlotSQL, r.src.CDC.Slot).Scan(&ok)
+		err := lock.QueryRow(tctx, tryLockSlotSQL, r.conf.Slot).Scan(&ok)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("wait for the slot's lock: %w", err)

@@ -25,7 +25,7 @@ func TestSnapshotProgress(t *testing.T) {
 	e.exec(`INSERT INTO orders SELECT i, 1, i % 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second' FROM generate_series(1, 20000) AS i;
 		ANALYZE orders`)
 	var logs syncbuf.Buffer
-	r, err := cdc.New(e.config("snapshot_workers: 2\nsnapshot_chunk_rows: 1000", ""), "shop", e.readers,
+	r, err := cdc.New(shopConfig(t, e.config("snapshot_workers: 2\nsnapshot_chunk_rows: 1000", "")), e.readers,
 		cdc.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

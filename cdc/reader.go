@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -91,28 +92,26 @@ type Options struct {
 
 // Reader mirrors the tables of one CDC source.
 type Reader struct {
-	src   *config.Source
-	pool  *pgxpool.Pool
-	log   *slog.Logger
-	now   func() time.Time
-	opts  Options
-	raw   *raw.Table
-	m     *metrics
+	conf Config
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	now  func() time.Time
+	opts Options
+	raw  *raw.Table
+	m    *metrics
+	// specs are the source tables of conf.Tables.
 	specs []pgx.Identifier
-	// distribute creates missing mirrors distributed on a Citus warehouse
-	// (config.Config.Distributes).
-	distribute bool
 	// stopAt, once set, stops the next run before a transaction (see
 	// stopBefore).
 	stopAt *stopBefore
 	// waitTimeout bounds each wait on the warehouse or on a source query
-	// (warehouse.write_timeout); walSenderTimeout is the replication
+	// (conf.WriteTimeout); walSenderTimeout is the replication
 	// session's, which bounds its silence (see silence).
 	waitTimeout      time.Duration
 	walSenderTimeout time.Duration
 	// keep is how often a group's transaction that waits for the group
 	// before runs a statement: a quarter of the shorter of
-	// write_timeout and idle_in_transaction_session_timeout.
+	// conf.WriteTimeout and conf.IdleInTransactionTimeout.
 	keep time.Duration
 }
 
@@ -136,25 +135,26 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// New returns the reader of the CDC source called name.
-func New(cfg *config.Config, name string, pool *pgxpool.Pool, opts Options) (*Reader, error) {
-	src := cfg.Sources[name]
-	if src.Kind() != config.KindCDC {
-		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
+// New returns the reader of the CDC source that c configures (see
+// ConfigFrom), writing to the warehouse through pool.
+func New(c Config, pool *pgxpool.Pool, opts Options) (*Reader, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
 	}
 	opts = opts.withDefaults()
-	r := &Reader{src: src, pool: pool, log: opts.Logger.With("source", name), now: opts.Now, opts: opts, raw: raw.ForSource(cfg, name),
-		waitTimeout: cfg.Warehouse.WriteTimeout.Duration(), distribute: cfg.Distributes(name)}
+	rt := raw.NewChangeTable(c.Source, c.RawPartition)
+	rt.Local = !c.Distribute
+	r := &Reader{conf: c, pool: pool, log: opts.Logger.With("source", c.Source), now: opts.Now, opts: opts, raw: rt,
+		waitTimeout: c.WriteTimeout}
 	r.keep = r.waitTimeout / 4
-	if idle := cfg.Warehouse.IdleInTransactionSessionTimeout.Duration(); idle > 0 {
+	if idle := c.IdleInTransactionTimeout; idle > 0 {
 		r.keep = min(r.waitTimeout, idle) / 4
 	}
 	r.raw.Log = r.log
-	for _, t := range src.CDC.Tables {
-		s, n := config.SplitTable(t)
-		r.specs = append(r.specs, pgx.Identifier{s, n})
+	for _, t := range c.Tables {
+		r.specs = append(r.specs, t.Source)
 	}
-	r.m = newMetrics(opts.Registerer, name)
+	r.m = newMetrics(opts.Registerer, c.Source)
 	return r, nil
 }
 
@@ -203,11 +203,11 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 }
 
 func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) error {
-	cfg := r.src.CDC
+	conf := &r.conf
 	r.stopAt = nil
-	srcConn, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc")
+	srcConn, err := mirror.Connect(ctx, conf.DSN, "tidemark-cdc")
 	if err != nil {
-		return fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
+		return fmt.Errorf("sources.%s.cdc.dsn: %w", r.conf.Source, err)
 	}
 	defer pgconnect.Close(ctx, srcConn)
 
@@ -263,16 +263,16 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
 		applied: pos.applied, confirmed: max(pos.applied, pos.confirmed), storedConfirmed: pos.confirmed, buffers: map[uint32]*buffer{},
-		a: &applier{pool: r.pool, source: r.src.Name, raw: r.raw, now: r.now, truncate: cfg.Truncate == config.TruncateApply, rawBinary: rawBinary, chunk: r.opts.ChunkChanges, waitTimeout: r.waitTimeout, keep: r.keep}}
+		a: &applier{pool: r.pool, source: r.conf.Source, raw: r.raw, now: r.now, truncate: conf.ApplyTruncate, rawBinary: rawBinary, chunk: r.opts.ChunkChanges, waitTimeout: r.waitTimeout, keep: r.keep}}
 	// s is the stream reading now: the loop below may replace it.
 	s.a.keepalive = func(ctx context.Context, done <-chan struct{}) error { return s.keepalive(ctx, done) }
 	defer s.a.close(ctx)
-	if hb, dsn := cfg.HeartbeatEvery.Duration(), r.writeDSN(report); hb > 0 && dsn != "" {
+	if hb, dsn := conf.HeartbeatEvery, r.writeDSN(report); hb > 0 && dsn != "" {
 		hctx, stop := context.WithCancel(ctx)
 		defer stop()
 		go r.heartbeat(hctx, dsn, hb)
 	} else if hb > 0 {
-		r.log.Info("no heartbeats: the source is a standby and cdc.primary_dsn is not set; the slot moves with the tracked tables' changes", "slot", cfg.Slot)
+		r.log.Info("no heartbeats: the source is a standby and cdc.primary_dsn is not set; the slot moves with the tracked tables' changes", "slot", conf.Slot)
 	}
 	for {
 		err := s.run(ctx)
@@ -320,13 +320,13 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 // creates the publication if it is missing. It returns the check's report
 // and pos, moved to what the slot confirmed if that is further on.
 func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos position) (Report, position, error) {
-	cfg := r.src.CDC
+	conf := &r.conf
 	// Each wait on the source before streaming is bounded by r.waitTimeout: a
 	// stalled connection answers nothing and does not fail either, and
 	// the stream's bound of silence applies only once it streams.
 	cctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
-	report, err := Check(cctx, srcConn, CheckSpec{Source: r.src.Name, Slot: cfg.Slot, Publication: cfg.Publication, Tables: r.specs,
-		Position: pos.readFrom(), Failover: cfg.FailoverSlot})
+	report, err := Check(cctx, srcConn, CheckSpec{Source: r.conf.Source, Slot: conf.Slot, Publication: conf.Publication, Tables: r.specs,
+		Position: pos.readFrom(), Failover: conf.FailoverSlot})
 	cancel()
 	if err != nil {
 		return report, pos, err
@@ -339,10 +339,10 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 	pending := pos.exists && pos.snapshot == "pending"
 	if pos.exists && !pending && pos.systemID != report.SystemID {
 		return report, pos, fmt.Errorf("%w: sources.%s: the source database is another server (system identifier %s, tidemark read from %s); "+
-			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.src.Name, report.SystemID, pos.systemID)
+			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.conf.Source, report.SystemID, pos.systemID)
 	}
 	if pos.exists && !pending && report.Slot.Exists {
-		if pos, err = r.confirmedWithin(ctx, pos, cfg.Slot, report.Slot.ConfirmedFlush); err != nil {
+		if pos, err = r.confirmedWithin(ctx, pos, conf.Slot, report.Slot.ConfirmedFlush); err != nil {
 			return report, pos, err
 		}
 	}
@@ -362,18 +362,18 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 // tables. A statement the source refuses is a setup the reader cannot use
 // (ErrSetup); one it could not run is retried with the run.
 func (r *Reader) createPublication(ctx context.Context, srcConn *pgx.Conn) error {
-	cfg := r.src.CDC
+	conf := &r.conf
 	pctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	_, err := srcConn.Exec(pctx, r.createPublicationStatement())
 	cancel()
 	if pgerr.Refused(err) {
-		return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.src.Name, cfg.Publication, err)
+		return fmt.Errorf("%w: sources.%s.cdc.publication: create publication %s: %w", ErrSetup, r.conf.Source, conf.Publication, err)
 	}
 	if err != nil {
 		// The server could not run the statement: retry.
-		return fmt.Errorf("sources.%s.cdc.publication: create publication %s: %w", r.src.Name, cfg.Publication, err)
+		return fmt.Errorf("sources.%s.cdc.publication: create publication %s: %w", r.conf.Source, conf.Publication, err)
 	}
-	r.log.Info("created publication", "publication", cfg.Publication)
+	r.log.Info("created publication", "publication", conf.Publication)
 	return nil
 }
 
@@ -384,7 +384,7 @@ func (r *Reader) createPublicationStatement() string {
 	for _, t := range r.specs {
 		names = append(names, t.Sanitize())
 	}
-	return fmt.Sprintf(createPublicationSQL, pgquote.Ident(r.src.CDC.Publication), strings.Join(names, ", "))
+	return fmt.Sprintf(createPublicationSQL, pgquote.Ident(r.conf.Publication), strings.Join(names, ", "))
 }
 
 // prepareRaw creates or extends the source's raw change table and reports
@@ -438,7 +438,7 @@ func (r *Reader) position(ctx context.Context) (position, error) {
 		p                  position
 		applied, confirmed string
 	)
-	err := r.pool.QueryRow(ctx, readPositionSQL, r.src.Name).Scan(&p.systemID, &p.snapshot, &applied, &confirmed)
+	err := r.pool.QueryRow(ctx, readPositionSQL, r.conf.Source).Scan(&p.systemID, &p.snapshot, &applied, &confirmed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, nil
 	}
@@ -464,10 +464,10 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 	}
 	defer wh.Release()
 	out := map[string]*table{}
-	for _, id := range r.specs {
-		name := id[0] + "." + id[1]
+	for _, t := range r.conf.Tables {
+		name := t.Source[0] + "." + t.Source[1]
 		dctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
-		m, err := describeMirror(dctx, src, r.src, id, r.distribute)
+		m, err := describeMirror(dctx, src, &r.conf, t)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -476,7 +476,7 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 			if errors.Is(err, mirror.ErrMirror) {
 				// A mirror that does not fit the source does not fix
 				// itself: retrying would only repeat the error.
-				return nil, fmt.Errorf("%w: sources.%s: %w", ErrSetup, r.src.Name, err)
+				return nil, fmt.Errorf("%w: sources.%s: %w", ErrSetup, r.conf.Source, err)
 			}
 			return nil, err
 		}
@@ -485,22 +485,20 @@ func (r *Reader) prepareTables(ctx context.Context, src *pgx.Conn) (map[string]*
 	return out, nil
 }
 
-// describeMirror describes a source table, with its primary key as the
-// mirror's key, and returns its mirror.
-func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx.Identifier, distribute bool) (*mirror.Table, error) {
-	name := id[0] + "." + id[1]
+// describeMirror describes the source table t of c, with its primary key
+// as the mirror's key, and returns its mirror.
+func describeMirror(ctx context.Context, src *pgx.Conn, c *Config, t Table) (*mirror.Table, error) {
+	name := t.Source[0] + "." + t.Source[1]
 	var key []string
-	if err := src.QueryRow(ctx, primaryKeySQL, id.Sanitize()).Scan(&key); err != nil {
-		return nil, fmt.Errorf("sources.%s.cdc.tables: %s: %w", s.Name, name, err)
+	if err := src.QueryRow(ctx, primaryKeySQL, t.Source.Sanitize()).Scan(&key); err != nil {
+		return nil, fmt.Errorf("sources.%s.cdc.tables: %s: %w", c.Source, name, err)
 	}
 	if len(key) == 0 {
 		return nil, fmt.Errorf("%w: sources.%s.cdc.tables: %s has no primary key; the mirror needs one to apply updates and deletes",
-			ErrSetup, s.Name, name)
+			ErrSetup, c.Source, name)
 	}
-	ts, tn := config.SplitTable(s.MirrorTables()[name])
-	m := &mirror.Table{Name: s.Name, Source: id, Target: pgx.Identifier{ts, tn}, Key: key,
-		DeletedColumn: s.Mirror.DeletedColumn, LoadedColumn: s.Mirror.LoadedColumn, Hard: s.Mirror.Deletes == config.DeletesHard,
-		Distribute: distribute}
+	m := &mirror.Table{Name: c.Source, Source: slices.Clone(t.Source), Target: slices.Clone(t.Mirror), Key: key,
+		DeletedColumn: c.DeletedColumn, LoadedColumn: c.LoadedColumn, Hard: c.HardDeletes, Distribute: c.Distribute}
 	if err := m.Describe(ctx, src); err != nil {
 		if errors.Is(err, mirror.ErrSource) {
 			// The table cannot be mirrored as configured.
@@ -512,23 +510,18 @@ func describeMirror(ctx context.Context, src *pgx.Conn, s *config.Source, id pgx
 	return m, nil
 }
 
-// Mirrors describes the mirror of each table of the CDC source called
-// name, as the reader does, without changing anything: for drift checks
-// with key reconciliation.
-func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Table, error) {
-	s := cfg.Sources[name]
-	if s.Kind() != config.KindCDC {
-		return nil, fmt.Errorf("cdc: no CDC source is named %q", name)
-	}
-	src, err := mirror.Connect(ctx, s.CDC.DSN, "tidemark-keys")
+// Mirrors describes the mirror of each table of the CDC source that c
+// configures, as the reader does, without changing anything: for drift
+// checks with key reconciliation.
+func Mirrors(ctx context.Context, c Config) ([]*mirror.Table, error) {
+	src, err := mirror.Connect(ctx, c.DSN, "tidemark-keys")
 	if err != nil {
-		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", name, err)
+		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", c.Source, err)
 	}
 	defer pgconnect.Close(ctx, src)
 	var out []*mirror.Table
-	for _, t := range s.CDC.Tables {
-		schema, table := config.SplitTable(t)
-		m, err := describeMirror(ctx, src, s, pgx.Identifier{schema, table}, cfg.Distributes(name))
+	for _, t := range c.Tables {
+		m, err := describeMirror(ctx, src, &c, t)
 		if err != nil {
 			return nil, err
 		}
@@ -539,16 +532,16 @@ func Mirrors(ctx context.Context, cfg *config.Config, name string) ([]*mirror.Ta
 
 // replicationConn opens a logical replication connection to the source.
 func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
-	pc, err := pgconnect.Replication(r.src.CDC.DSN, replicationApp)
+	pc, err := pgconnect.Replication(r.conf.DSN, replicationApp)
 	if err != nil {
-		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", r.src.Name, err)
+		return nil, fmt.Errorf("sources.%s.cdc.dsn: %w", r.conf.Source, err)
 	}
 	for k, v := range mirror.SessionParams {
 		pc.RuntimeParams[k] = v
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("sources.%s.cdc.dsn: replication connection to the source: %w", r.src.Name, connerr.Explain(err))
+		return nil, fmt.Errorf("sources.%s.cdc.dsn: replication connection to the source: %w", r.conf.Source, connerr.Explain(err))
 	}
 	r.readWalSenderTimeout(ctx, conn)
 	return conn, nil
@@ -564,16 +557,16 @@ func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
 // network still ends it (see createSlotWatched); each other wait is
 // bounded by r.waitTimeout.
 func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, report Report, pos position, tables map[string]*table) (position, error) {
-	cfg := r.src.CDC
+	conf := &r.conf
 	if report.Slot.Exists {
 		if !pos.exists {
-			if cfg.Snapshot == config.SnapshotInitial {
+			if conf.Snapshot == config.SnapshotInitial {
 				return pos, fmt.Errorf("%w: sources.%s.cdc.slot: slot %s exists but tidemark has never read from it, so its changes cannot be joined to a snapshot; "+
-					"drop the slot to let tidemark create it, or set cdc.snapshot: never to stream from where the slot stands", ErrSetup, r.src.Name, cfg.Slot)
+					"drop the slot to let tidemark create it, or set cdc.snapshot: never to stream from where the slot stands", ErrSetup, r.conf.Source, conf.Slot)
 			}
 			// Stream from where the existing slot stands.
 			at := report.Slot.ConfirmedFlush
-			err := r.execStep(ctx, insertPositionSQL, r.src.Name, cfg.Slot, report.SystemID, at.String(), "skipped", r.now())
+			err := r.execStep(ctx, insertPositionSQL, r.conf.Source, conf.Slot, report.SystemID, at.String(), "skipped", r.now())
 			return position{exists: true, systemID: report.SystemID, snapshot: "skipped", applied: at, confirmed: at}, err
 		}
 		// A snapshot that did not finish: start over with a new slot.
@@ -582,36 +575,36 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 		}
 	}
 	if pos.exists {
-		if err := r.execStep(ctx, deletePositionSQL, r.src.Name); err != nil {
+		if err := r.execStep(ctx, deletePositionSQL, r.conf.Source); err != nil {
 			return pos, fmt.Errorf("store the position: %w", err)
 		}
 	}
-	if err := r.execStep(ctx, claimSlotSQL, r.src.Name, cfg.Slot, report.SystemID, r.now()); err != nil {
+	if err := r.execStep(ctx, claimSlotSQL, r.conf.Source, conf.Slot, report.SystemID, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
-	res, err := r.createSlotWatched(ctx, repl, src, cfg.Snapshot == config.SnapshotInitial, report)
+	res, err := r.createSlotWatched(ctx, repl, src, conf.Snapshot == config.SnapshotInitial, report)
 	if err != nil && (errors.Is(err, pgconnect.ErrNoProgress) || !pgerr.Refused(err)) {
 		// The server stopped confirming progress, or could not run
 		// the statement: retry.
-		return pos, fmt.Errorf("sources.%s.cdc.slot: create slot %s: %w", r.src.Name, cfg.Slot, err)
+		return pos, fmt.Errorf("sources.%s.cdc.slot: create slot %s: %w", r.conf.Source, conf.Slot, err)
 	}
 	if err != nil {
-		return pos, fmt.Errorf("%w: sources.%s.cdc.slot: create slot %s: %w", ErrSetup, r.src.Name, cfg.Slot, err)
+		return pos, fmt.Errorf("%w: sources.%s.cdc.slot: create slot %s: %w", ErrSetup, r.conf.Source, conf.Slot, err)
 	}
 	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
 		return pos, err
 	}
 	state := "skipped"
-	if cfg.Snapshot == config.SnapshotInitial {
+	if conf.Snapshot == config.SnapshotInitial {
 		state = "pending"
 	}
-	if err := r.execStep(ctx, slotCreatedSQL, r.src.Name, at.String(), state, r.now()); err != nil {
+	if err := r.execStep(ctx, slotCreatedSQL, r.conf.Source, at.String(), state, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
-	r.log.Info("created replication slot", "slot", cfg.Slot, "consistent_point", at, "snapshot", cfg.Snapshot,
-		"failover", wantsFailover(cfg.FailoverSlot, report))
-	if cfg.Snapshot == config.SnapshotInitial {
+	r.log.Info("created replication slot", "slot", conf.Slot, "consistent_point", at, "snapshot", conf.Snapshot,
+		"failover", wantsFailover(conf.FailoverSlot, report))
+	if conf.Snapshot == config.SnapshotInitial {
 		// The exported snapshot lives as long as repl stays idle.
 		if err := r.snapshot(ctx, res.SnapshotName, tables); err != nil {
 			return pos, fmt.Errorf("initial snapshot: %w", err)

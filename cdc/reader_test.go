@@ -88,6 +88,16 @@ sources:
 	return cfg
 }
 
+// shopConfig returns the Config of the CDC source shop of cfg.
+func shopConfig(t testing.TB, cfg *config.Config) cdc.Config {
+	t.Helper()
+	c, err := cdc.ConfigFrom(cfg, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // withTriggers keeps the tables of cfg on the coordinator of a Citus
 // warehouse (and changes nothing on one server), for a test that puts a
 // trigger on a mirror: Citus has none on a distributed table.
@@ -133,6 +143,12 @@ func (e *cdcEnv) startWith(cfg *config.Config, opts cdc.Options) {
 // the function that stops it.
 func (e *cdcEnv) run(cfg *config.Config, opts cdc.Options) (chan error, context.CancelFunc) {
 	e.t.Helper()
+	return e.runConfig(shopConfig(e.t, cfg), opts)
+}
+
+// runConfig is run with the reader's Config.
+func (e *cdcEnv) runConfig(c cdc.Config, opts cdc.Options) (chan error, context.CancelFunc) {
+	e.t.Helper()
 	e.waitSlotFree()
 	if opts.Logger == nil {
 		opts.Logger = testLogger(e.t)
@@ -140,7 +156,7 @@ func (e *cdcEnv) run(cfg *config.Config, opts cdc.Options) (chan error, context.
 	if opts.Registerer == nil {
 		opts.Registerer = prometheus.NewRegistry()
 	}
-	r, err := cdc.New(cfg, "shop", e.readers, opts)
+	r, err := cdc.New(c, e.readers, opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -769,7 +785,7 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 	var reg *prometheus.Registry
 	run := func() (context.CancelFunc, chan error) {
 		reg = prometheus.NewRegistry()
-		r, err := cdc.New(cfg, "shop", e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: reg})
+		r, err := cdc.New(shopConfig(t, cfg), e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1401,7 +1417,7 @@ func TestOneReaderPerSlot(t *testing.T) {
 	opts := cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()}
 	var refused atomic.Int64
 	cdc.SetOnSlotLockBusy(&opts, func() { refused.Add(1) })
-	r, err := cdc.New(cfg, "shop", e.readers, opts)
+	r, err := cdc.New(shopConfig(t, cfg), e.readers, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1500,7 +1516,7 @@ func TestStartWaitsForBusySlot(t *testing.T) {
 	}
 
 	var logs syncbuf.Buffer
-	r, err := cdc.New(cfg, "shop", e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: prometheus.NewRegistry(),
+	r, err := cdc.New(shopConfig(t, cfg), e.readers, cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: prometheus.NewRegistry(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -62,7 +62,7 @@ func (r *Reader) execStep(ctx context.Context, sql string, args ...any) error {
 // on at the server until its TCP keepalives find the client gone, and a
 // drop would wait for it that long. Each wait is bounded by r.waitTimeout.
 func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn) error {
-	slot := r.src.CDC.Slot
+	slot := r.conf.Slot
 	tctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	var ended int64
 	err := src.QueryRow(tctx, terminateSlotHolderSQL, slot, replicationApp).Scan(&ended)
@@ -114,7 +114,7 @@ func (r *Reader) createSlotWatched(ctx context.Context, repl *pgconn.PgConn, src
 		go func() { defer close(nudged); r.nudgePrimary(wctx, stop) }()
 		defer func() { <-nudged }()
 	}
-	res, err := sendCreateSlot(wctx, repl, r.src.CDC.Slot, export, wantsFailover(r.src.CDC.FailoverSlot, report), report.ServerVersion)
+	res, err := sendCreateSlot(wctx, repl, r.conf.Slot, export, wantsFailover(r.conf.FailoverSlot, report), report.ServerVersion)
 	// The watch ends its query, if one is under way, before src is
 	// used again; the watchdog bounds that query.
 	close(stop)
@@ -180,7 +180,7 @@ func (r *Reader) watchSlotCreation(ctx context.Context, src *pgx.Conn, pid uint3
 			continue
 		}
 		logged = time.Now()
-		attrs := []any{"slot", r.src.CDC.Slot, "waited", time.Since(started).Round(100 * time.Millisecond)}
+		attrs := []any{"slot", r.conf.Slot, "waited", time.Since(started).Round(100 * time.Millisecond)}
 		if oldest != nil && age != nil {
 			attrs = append(attrs, "oldest_pid", *oldest, "oldest_age", time.Duration(*age*float64(time.Second)).Round(100*time.Millisecond))
 		}

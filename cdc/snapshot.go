@@ -81,8 +81,8 @@ type chunk struct {
 // copies, planned in the exported snapshot name on a connection of its
 // own, closed before the copy starts.
 func (r *Reader) planSnapshot(ctx context.Context, name string, tables map[string]*table) ([]chunk, error) {
-	cfg := r.src.CDC
-	plan, err := mirror.Connect(ctx, cfg.DSN, "tidemark-cdc-snapshot")
+	conf := &r.conf
+	plan, err := mirror.Connect(ctx, conf.DSN, "tidemark-cdc-snapshot")
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func (r *Reader) planSnapshot(ctx context.Context, name string, tables map[strin
 	for _, id := range r.specs {
 		t := tables[id[0]+"."+id[1]]
 		pctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
-		wheres, err := planChunks(pctx, ptx, t, id, cfg.SnapshotChunkRows)
+		wheres, err := planChunks(pctx, ptx, t, id, conf.SnapshotChunkRows)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("plan the snapshot of %s: %w", t.name, err)
@@ -127,7 +127,7 @@ func (r *Reader) planSnapshot(ctx context.Context, name string, tables map[strin
 // slot: the exported snapshot lives only as long as the replication
 // connection that created it, so a snapshot cannot be resumed.
 func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*table) error {
-	cfg := r.src.CDC
+	conf := &r.conf
 	started := time.Now()
 	chunks, err := r.planSnapshot(ctx, name, tables)
 	if err != nil {
@@ -146,7 +146,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 	}
 	r.m.snapshotPlanned.Set(float64(len(chunks)))
 	r.m.snapshotCopied.Set(0)
-	workers := min(cfg.SnapshotWorkers, len(chunks))
+	workers := min(conf.SnapshotWorkers, len(chunks))
 	r.log.Info("snapshot planned", "tables", len(r.specs), "chunks", len(chunks), "workers", workers)
 	// A service component: plain lines through the reader's log.
 	tr := progress.Service(time.Duration(snapshotProgressEvery.Load())).Start(r.log,
@@ -173,7 +173,7 @@ func (r *Reader) snapshot(ctx context.Context, name string, tables map[string]*t
 	}
 	for range workers {
 		wg.Go(func() {
-			conn, err := mirror.Connect(wctx, cfg.DSN, "tidemark-cdc-snapshot")
+			conn, err := mirror.Connect(wctx, conf.DSN, "tidemark-cdc-snapshot")
 			if err != nil {
 				fail(err)
 				return
@@ -217,7 +217,7 @@ feed:
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
-	err = execDurable(dctx, r.pool, snapshotDoneSQL, r.src.Name, r.now())
+	err = execDurable(dctx, r.pool, snapshotDoneSQL, r.conf.Source, r.now())
 	cancel()
 	if err != nil {
 		return fmt.Errorf("mark the snapshot done: %w", err)

@@ -56,13 +56,17 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := cfg.Sources["shop"]
-	id := pgx.Identifier{"public", "orders"}
+	src, err := ConfigFrom(cfg, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Distribute = false
+	id := src.Tables[0].Source
 	setup, err := mirror.Connect(ctx, srcDSN, "tidemark-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := describeMirror(ctx, setup, src, id, false)
+	m, err := describeMirror(ctx, setup, &src, src.Tables[0])
 	setup.Close(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +115,7 @@ sources:
 				t.Fatal(err)
 			}
 			defer conn.Close(ctx)
-			r := &Reader{src: src, pool: pool, log: slog.New(slog.DiscardHandler), waitTimeout: step}
+			r := &Reader{conf: src, pool: pool, log: slog.New(slog.DiscardHandler), waitTimeout: step}
 			c := chunk{t: &table{name: "public.orders", mirror: m}, id: id, where: "true"}
 
 			px.SetLatency(tt.latency)
@@ -210,8 +214,13 @@ sources:
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	id := pgx.Identifier{"public", "orders"}
-	m, err := describeMirror(ctx, conn, cfg.Sources["shop"], id, false)
+	src, err := ConfigFrom(cfg, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Distribute = false
+	id := src.Tables[0].Source
+	m, err := describeMirror(ctx, conn, &src, src.Tables[0])
 	if err != nil {
 		t.Fatal(err)
 	}

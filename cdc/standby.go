@@ -32,26 +32,26 @@ const nudgeEvery = 2 * time.Second
 // standby, "" when no primary is configured.
 func (r *Reader) writeDSN(report Report) string {
 	if report.InRecovery {
-		return r.src.CDC.PrimaryDSN
+		return r.conf.PrimaryDSN
 	}
-	return r.src.CDC.DSN
+	return r.conf.DSN
 }
 
 // createPublicationOnPrimary creates the publication of a source that is a
 // standby on its primary and waits, within r.waitTimeout, until the standby has
 // replayed it. Without cdc.primary_dsn it says what to run.
 func (r *Reader) createPublicationOnPrimary(ctx context.Context, srcConn *pgx.Conn) error {
-	cfg := r.src.CDC
-	if cfg.PrimaryDSN == "" {
+	conf := &r.conf
+	if conf.PrimaryDSN == "" {
 		return fmt.Errorf("%w: sources.%s.cdc.publication: publication %s does not exist, and %s is a standby, where it cannot be created: "+
 			"run %s on the primary, or set sources.%s.cdc.primary_dsn to the primary",
-			ErrSetup, r.src.Name, cfg.Publication, "sources."+r.src.Name+".cdc.dsn", r.createPublicationStatement(), r.src.Name)
+			ErrSetup, r.conf.Source, conf.Publication, "sources."+r.conf.Source+".cdc.dsn", r.createPublicationStatement(), r.conf.Source)
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	defer cancel()
-	primary, err := mirror.Connect(pctx, cfg.PrimaryDSN, "tidemark-cdc")
+	primary, err := mirror.Connect(pctx, conf.PrimaryDSN, "tidemark-cdc")
 	if err != nil {
-		return fmt.Errorf("sources.%s.cdc.primary_dsn: %w", r.src.Name, err)
+		return fmt.Errorf("sources.%s.cdc.primary_dsn: %w", r.conf.Source, err)
 	}
 	defer pgconnect.Close(ctx, primary)
 	if err := r.createPublication(ctx, primary); err != nil {
@@ -59,16 +59,16 @@ func (r *Reader) createPublicationOnPrimary(ctx context.Context, srcConn *pgx.Co
 	}
 	for {
 		var all bool
-		err := srcConn.QueryRow(pctx, checkPublicationSQL, cfg.Publication).Scan(&all)
+		err := srcConn.QueryRow(pctx, checkPublicationSQL, conf.Publication).Scan(&all)
 		if err == nil {
 			return nil
 		}
 		if err != pgx.ErrNoRows {
-			return fmt.Errorf("sources.%s.cdc.publication: read publication %s on the standby: %w", r.src.Name, cfg.Publication, err)
+			return fmt.Errorf("sources.%s.cdc.publication: read publication %s on the standby: %w", r.conf.Source, conf.Publication, err)
 		}
 		select {
 		case <-pctx.Done():
-			return fmt.Errorf("sources.%s.cdc.publication: the standby did not replay publication %s within %s: %w", r.src.Name, cfg.Publication, r.waitTimeout, pctx.Err())
+			return fmt.Errorf("sources.%s.cdc.publication: the standby did not replay publication %s within %s: %w", r.conf.Source, conf.Publication, r.waitTimeout, pctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -79,12 +79,12 @@ func (r *Reader) createPublicationOnPrimary(ctx context.Context, srcConn *pgx.Co
 // the slot's creation on the standby need not wait for the primary to
 // write one itself. Failures are logged: the creation then waits longer.
 func (r *Reader) nudgePrimary(ctx context.Context, stop <-chan struct{}) {
-	if r.src.CDC.PrimaryDSN == "" {
+	if r.conf.PrimaryDSN == "" {
 		r.log.Info("creating the replication slot on a standby waits for a running-transactions record from the primary; "+
-			"without cdc.primary_dsn tidemark cannot ask for one (the primary writes one every 15 s while it is busy)", "slot", r.src.CDC.Slot)
+			"without cdc.primary_dsn tidemark cannot ask for one (the primary writes one every 15 s while it is busy)", "slot", r.conf.Slot)
 		return
 	}
-	conn, err := mirror.Connect(ctx, r.src.CDC.PrimaryDSN, "tidemark-cdc")
+	conn, err := mirror.Connect(ctx, r.conf.PrimaryDSN, "tidemark-cdc")
 	if err != nil {
 		r.log.Warn("cannot ask the primary for a running-transactions record", "err", err)
 		return

@@ -81,14 +81,14 @@ func pluginArgs(publication string) []string {
 const slotBusyWait = 10 * time.Second
 
 func (s *stream) run(ctx context.Context) error {
-	cfg := s.r.src.CDC
+	conf := &s.r.conf
 	deadline := time.Now().Add(slotBusyWait)
 	for {
 		// Bounded like every wait before the stream's bound of silence
 		// applies.
 		sctx, cancel := context.WithTimeout(ctx, s.r.waitTimeout)
-		err := pglogrepl.StartReplication(sctx, s.repl, cfg.Slot, s.applied,
-			pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(cfg.Publication)})
+		err := pglogrepl.StartReplication(sctx, s.repl, conf.Slot, s.applied,
+			pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(conf.Publication)})
 		cancel()
 		if pgerr.ObjectInUse(err) && time.Now().Before(deadline) {
 			if err := backoff.Sleep(ctx, 100*time.Millisecond); err != nil {
@@ -101,7 +101,7 @@ func (s *stream) run(ctx context.Context) error {
 		}
 		break
 	}
-	s.r.log.Info("streaming", "slot", cfg.Slot, "from", s.applied)
+	s.r.log.Info("streaming", "slot", conf.Slot, "from", s.applied)
 	s.r.m.streaming.Set(1)
 	defer s.r.m.streaming.Set(0)
 	defer watchStop(ctx, s.repl)()
@@ -110,7 +110,7 @@ func (s *stream) run(ctx context.Context) error {
 			b.close()
 		}
 	}()
-	interval := cfg.StatusEvery.Duration()
+	interval := conf.StatusEvery
 	// silent is how long the stream has listened without hearing from the
 	// server. The server answers a status update that asks for a reply at
 	// once, and ends the session itself after wal_sender_timeout without
@@ -363,13 +363,13 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 		// reports. Once per status_every, so that an idle reader does
 		// not commit in a loop (nor retry in one while the warehouse
 		// fails).
-		if s.walEnd <= s.storedConfirmed || time.Since(s.idleRecordAt) >= s.r.src.CDC.StatusEvery.Duration() {
+		if s.walEnd <= s.storedConfirmed || time.Since(s.idleRecordAt) >= s.r.conf.StatusEvery {
 			pos = s.walEnd
 		} else {
 			pos = max(pos, s.storedConfirmed)
 		}
 	}
-	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.src.CDC.StatusEvery.Duration() {
+	if !force && pos == s.confirmed && time.Since(s.sentAt) < s.r.conf.StatusEvery {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.r.waitTimeout)
@@ -380,7 +380,7 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 		// from another client's. The slot is never confirmed past what
 		// the warehouse records.
 		s.idleRecordAt = time.Now()
-		if err := execDurable(ctx, s.r.pool, storeConfirmedSQL, s.r.src.Name, pos.String()); err != nil {
+		if err := execDurable(ctx, s.r.pool, storeConfirmedSQL, s.r.conf.Source, pos.String()); err != nil {
 			s.r.log.Debug("could not record the idle position; confirming what is applied", "err", err)
 			pos = max(s.confirmed, durable)
 		} else {
@@ -395,7 +395,7 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 	}
 	s.confirmed, s.sentAt = pos, time.Now()
 	s.r.m.confirmed.Set(float64(pos))
-	if time.Since(s.metricsAt) >= s.r.src.CDC.StatusEvery.Duration() {
+	if time.Since(s.metricsAt) >= s.r.conf.StatusEvery {
 		// A query on the source: once per interval, not per group.
 		s.slotMetrics(ctx)
 		s.metricsAt = time.Now()
@@ -409,7 +409,7 @@ func (s *stream) slotMetrics(ctx context.Context) {
 		lag    int64
 		status string
 	)
-	if err := s.src.QueryRow(ctx, slotMetricsSQL, s.r.src.CDC.Slot).Scan(&lag, &status); err != nil {
+	if err := s.src.QueryRow(ctx, slotMetricsSQL, s.r.conf.Slot).Scan(&lag, &status); err != nil {
 		return
 	}
 	s.r.m.slotLag.Set(float64(lag))
@@ -473,7 +473,7 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 	case *pglogrepl.StreamStartMessageV2:
 		s.inStream, s.streamX = true, m.Xid
 		if s.buffers[m.Xid] == nil {
-			s.buffers[m.Xid] = newBuffer(int(s.r.src.CDC.MaxBufferBytes))
+			s.buffers[m.Xid] = newBuffer(s.r.conf.MaxBufferBytes)
 		}
 	case *pglogrepl.StreamStopMessageV2:
 		s.inStream = false
@@ -599,7 +599,7 @@ func (s *stream) typesKept(ctx context.Context, t *table, cols []column) error {
 		if typ != m.Type {
 			return fmt.Errorf("%w: sources.%s: column %s of %s changed type at the source from %s to %s; "+
 				"alter the mirror's column to match (ALTER TABLE %s ALTER COLUMN %s TYPE %s) and start tidemark again",
-				ErrSetup, s.r.src.Name, c.name, t.name, m.Type, typ, t.mirror.Target.Sanitize(), pgquote.Ident(c.name), typ)
+				ErrSetup, s.r.conf.Source, c.name, t.name, m.Type, typ, t.mirror.Target.Sanitize(), pgquote.Ident(c.name), typ)
 		}
 	}
 	return nil
@@ -745,7 +745,7 @@ func (s *stream) keepalive(ctx context.Context, done <-chan struct{}) error {
 		return nil
 	default:
 	}
-	t := time.NewTicker(s.r.src.CDC.StatusEvery.Duration())
+	t := time.NewTicker(s.r.conf.StatusEvery)
 	defer t.Stop()
 	keep := time.NewTicker(s.a.keep)
 	defer keep.Stop()

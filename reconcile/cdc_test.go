@@ -58,7 +58,11 @@ aggregates:
 			t.Logf("the CDC reader's log:\n%s", logs.String())
 		}
 	})
-	rd, err := cdc.New(cfg, "shop", wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	cc, err := cdc.ConfigFrom(cfg, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := cdc.New(cc, wh, cdc.Options{GroupAge: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,7 +69,11 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 				}})
 			}
 		case src.Kind() == config.KindCDC && slices.Contains(running, ComponentCDC):
-			rd, err := cdc.New(cfg, name, pool, cdc.Options{Logger: log, Registerer: reg, Now: now})
+			cc, err := cdc.ConfigFrom(cfg, name)
+			if err != nil {
+				return nil, err
+			}
+			rd, err := cdc.New(cc, pool, cdc.Options{Logger: log, Registerer: reg, Now: now})
 			if err != nil {
 				return nil, err
 			}

@@ -49,8 +49,14 @@ func cmdCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	code := exitOK
 	for _, name := range names {
-		in := cdc.Inspect(ctx, cfg, name, wh)
-		writeInspection(stdout, in, cfg.Sources[name].CDC.Slot)
+		in := cdc.Inspection{Source: name}
+		cc, err := cdc.ConfigFrom(cfg, name)
+		if err != nil {
+			in.Err = err
+		} else {
+			in = cdc.Inspect(ctx, cc, wh)
+		}
+		writeInspection(stdout, in, cc.Slot)
 		if in.Err != nil {
 			code = exitFailure
 		}

@@ -188,7 +188,12 @@ func keysCDC(ctx context.Context, cfg *config.Config, name string, dryRun bool, 
 		return exitFailure
 	}
 	defer pool.Close()
-	mirrors, err := cdc.Mirrors(ctx, cfg, name)
+	cc, err := cdc.ConfigFrom(cfg, name)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
+		return exitFailure
+	}
+	mirrors, err := cdc.Mirrors(ctx, cc)
 	if err != nil {
 		fmt.Fprintf(stderr, "tidemark keys: %v\n", err)
 		return exitFailure

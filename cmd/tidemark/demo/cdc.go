@@ -29,7 +29,11 @@ func (d *run) cdcPart(cfg *config.Config, src *pgxpool.Pool) error {
 	if _, err := src.Exec(d.ctx, ordersDDL); err != nil {
 		return err
 	}
-	rd, err := cdc.New(cfg, "shop", d.pool, cdc.Options{Now: d.clk.Now, Logger: d.log})
+	cc, err := cdc.ConfigFrom(cfg, "shop")
+	if err != nil {
+		return err
+	}
+	rd, err := cdc.New(cc, d.pool, cdc.Options{Now: d.clk.Now, Logger: d.log})
 	if err != nil {
 		return err
 	}
