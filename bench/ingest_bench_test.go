@@ -413,7 +413,7 @@ func (e *env) measureGroup(b *testing.B, end map[int32]int64, n, instances int, 
 	regs := make([]*prometheus.Registry, instances)
 	for i := range ins {
 		regs[i] = prometheus.NewRegistry()
-		if ins[i], err = kafka.New(cfg, kafka.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return benchNow }, Registerer: regs[i]}); err != nil {
+		if ins[i], err = kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return benchNow }, Registerer: regs[i]}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -129,7 +129,7 @@ aggregates:%s
 // startIngest runs an ingester on the bundle's clock until the test ends.
 func (b *bundle) startIngest() {
 	b.t.Helper()
-	in, err := kafka.New(b.cfg, kafka.Options{Now: b.clock.Now, Logger: testLogger(b.t)})
+	in, err := kafka.New(kafka.ConfigFrom(b.cfg), kafka.Options{Now: b.clock.Now, Logger: testLogger(b.t)})
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -101,7 +101,7 @@ aggregates:
 
 	now := time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC)
 	clk := clock.New(now)
-	in, err := kafka.New(cfg, kafka.Options{Now: clk.Now, Logger: slog.New(slog.DiscardHandler)})
+	in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Now: clk.Now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		rt.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 	add := func(c ...component) { out = append(out, c...) }
 	log, reg, now := opts.Logger, opts.Registry, opts.Now
 	if slices.Contains(running, ComponentIngest) {
-		in, err := kafka.New(cfg, kafka.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
+		in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
 		if err != nil {
 			return nil, err
 		}

@@ -129,7 +129,7 @@ func deadLettersReplay(ctx context.Context, f deadLetterFlags, stdout, stderr io
 	}
 	defer conn.Release()
 	opts.Logger = logger(cfg, stderr)
-	rep, err := kafka.Replay(ctx, conn.Conn(), cfg, opts)
+	rep, err := kafka.Replay(ctx, conn.Conn(), kafka.ConfigFrom(cfg), opts)
 	if errors.Is(err, decode.ErrRegistryUnavailable) {
 		return replayRegistryDown(stdout, stderr, cfg.SchemaRegistry.URL, opts.Source, rep, err)
 	}

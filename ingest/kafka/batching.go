@@ -25,9 +25,9 @@ func (in *Ingester) flushDue() bool {
 	if in.b.empty() {
 		return false
 	}
-	return in.b.len() >= int(in.cfg.Ingest.BatchMaxRows) ||
-		int64(in.b.bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) ||
-		!time.Now().Before(in.b.started.Add(in.cfg.Ingest.BatchMaxAge.Duration()))
+	return in.b.len() >= in.conf.BatchMaxRows ||
+		int64(in.b.bytes) >= in.conf.BatchMaxBytes ||
+		!time.Now().Before(in.b.started.Add(in.conf.BatchMaxAge))
 }
 
 func (in *Ingester) batchDeadline() (time.Time, bool) {
@@ -36,7 +36,7 @@ func (in *Ingester) batchDeadline() (time.Time, bool) {
 	if in.b.empty() {
 		return time.Time{}, false
 	}
-	return in.b.started.Add(in.cfg.Ingest.BatchMaxAge.Duration()), true
+	return in.b.started.Add(in.conf.BatchMaxAge), true
 }
 
 // decodeAhead decodes fetches and, if there were any, goes on polling and
@@ -54,7 +54,7 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRow
 			rows += len(d.recs)
 			bytes += d.bytes()
 		}
-		if rows >= maxRows || int64(bytes) >= int64(in.cfg.Ingest.BatchMaxBytes) || ctx.Err() != nil {
+		if rows >= maxRows || int64(bytes) >= in.conf.BatchMaxBytes || ctx.Err() != nil {
 			return parts
 		}
 		if in.ahead.polling != nil {
@@ -129,7 +129,7 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 	// timeout, so that resolving them takes two at most: a poll holds
 	// rebalances until its records are decoded. The partitions left
 	// waiting are read again at the next poll.
-	until := time.Now().Add(in.cfg.SchemaRegistry.Timeout.Duration())
+	until := time.Now().Add(in.conf.RegistryTimeout)
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		d := decodedPart{tp: topicPartition{p.Topic, p.Partition}, hwm: p.HighWatermark, src: in.byTopic[p.Topic]}
 		if d.src != nil {

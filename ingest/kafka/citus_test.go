@@ -44,7 +44,7 @@ func TestCitusReplayCommitsInTwoPhases(t *testing.T) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		rep, err := kafka.Replay(ctx, c.Conn(), cfg, kafka.ReplayOptions{Source: "app_events", Now: b.clock.Now})
+		rep, err := kafka.Replay(ctx, c.Conn(), kafka.ConfigFrom(cfg), kafka.ReplayOptions{Source: "app_events", Now: b.clock.Now})
 		done <- outcome{rep, err}
 	}()
 	select {

@@ -52,7 +52,7 @@ func (b *bundle) startDebezium(t *testing.T, batchRows int, extra ...string) *ru
 	t.Helper()
 	cfg := b.debeziumConfig(t, batchRows, extra...)
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	in, err := kafka.New(cfg, kafka.Options{Now: b.clock.Now, Logger: log})
+	in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Now: b.clock.Now, Logger: log})
 	if err != nil {
 		t.Fatalf("kafka.New: %v", err)
 	}
@@ -346,7 +346,7 @@ func TestDebeziumAvroRegistryOutage(t *testing.T) {
 	b.produce(t, p, s.Records)
 	opts := kafka.Options{Now: b.clock.Now, Registerer: prometheus.NewRegistry()}
 	kafka.SetRegistryRetry(&opts, 20*time.Millisecond, 200*time.Millisecond)
-	in, err := kafka.New(b.debeziumConfig(t, 100, registry), opts)
+	in, err := kafka.New(kafka.ConfigFrom(b.debeziumConfig(t, 100, registry)), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ func TestDebeziumReplay(t *testing.T) {
 
 	exec(`ALTER TABLE dw.customers DROP CONSTRAINT no_negative`)
 	cfg := b.debeziumConfig(t, 100)
-	rep, err := kafka.Replay(ctx, pgtest.Conn(t, b.dsn), cfg, kafka.ReplayOptions{Source: "customers", Now: b.clock.Now})
+	rep, err := kafka.Replay(ctx, pgtest.Conn(t, b.dsn), kafka.ConfigFrom(cfg), kafka.ReplayOptions{Source: "customers", Now: b.clock.Now})
 	if err != nil {
 		t.Fatalf("replay: %v", err)
 	}
@@ -150,7 +150,7 @@ func TestDebeziumReplay(t *testing.T) {
 	if got := strings.Join(pgtest.Rows(t, b.pool, `SELECT count(*), count(DISTINCT event_id) FROM raw.customers`), ""); got != "5 5" {
 		t.Errorf("raw change rows (all, distinct) %s, want 5 5", got)
 	}
-	rep, err = kafka.Replay(ctx, pgtest.Conn(t, b.dsn), cfg, kafka.ReplayOptions{Source: "customers", Now: b.clock.Now})
+	rep, err = kafka.Replay(ctx, pgtest.Conn(t, b.dsn), kafka.ConfigFrom(cfg), kafka.ReplayOptions{Source: "customers", Now: b.clock.Now})
 	if err != nil || rep.Read != 0 {
 		t.Errorf("a second replay read %d (%v), want 0", rep.Read, err)
 	}
@@ -195,7 +195,7 @@ func TestDebeziumWrongTable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			in, err := kafka.New(cfg, kafka.Options{Now: b.clock.Now})
+			in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Now: b.clock.Now})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -144,7 +144,7 @@ func TestDuplicateOnlyOfStoredCopy(t *testing.T) {
 			// The warehouse now takes -3, not -5: the replay stores X2=-3.
 			exec(`ALTER TABLE raw.app_events DROP CONSTRAINT no_refunds`)
 			exec(`ALTER TABLE raw.app_events ADD CONSTRAINT no_big_refunds CHECK ((payload->>'amount')::int >= -4)`)
-			rep, err := kafka.Replay(ctx, pgtest.Conn(t, b.dsn), b.config(t), kafka.ReplayOptions{Source: "app_events", Now: b.clock.Now})
+			rep, err := kafka.Replay(ctx, pgtest.Conn(t, b.dsn), kafka.ConfigFrom(b.config(t)), kafka.ReplayOptions{Source: "app_events", Now: b.clock.Now})
 			if err != nil {
 				t.Fatal(err)
 			}

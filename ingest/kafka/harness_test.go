@@ -141,12 +141,18 @@ func (b *bundle) start(t *testing.T, extra ...kgo.Opt) *running {
 // test log, and Registerer and Now are always the test's.
 func (b *bundle) startWith(t *testing.T, opts kafka.Options) *running {
 	t.Helper()
+	return b.startConfig(t, kafka.ConfigFrom(b.config(t)), opts)
+}
+
+// startConfig is startWith with the ingester's Config.
+func (b *bundle) startConfig(t *testing.T, c kafka.Config, opts kafka.Options) *running {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	opts.Registerer, opts.Now = reg, b.clock.Now
-	in, err := kafka.New(b.config(t), opts)
+	in, err := kafka.New(c, opts)
 	if err != nil {
 		t.Fatalf("kafka.New: %v", err)
 	}

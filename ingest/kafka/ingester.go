@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgerr"
@@ -68,26 +67,29 @@ type source struct {
 	prepared bool
 }
 
-// newSource is the source named name as cfg configures it, for the
-// ingester and for a replay of its dead letters alike; reg is the schema
-// registry, nil when no source needs it.
-func newSource(cfg *config.Config, name string, reg *decode.Registry) (*source, error) {
-	sc := cfg.Sources[name]
-	dec, err := decode.NewRegistryDecoder(sc, reg)
+// newSource is the source s, for the ingester and for a replay of its
+// dead letters alike; reg is the schema registry, nil when no source
+// needs it.
+func newSource(s Source, reg *decode.Registry) (*source, error) {
+	dec, err := decode.NewRegistryDecoder(s.Decoding, reg)
 	if err != nil {
 		return nil, err
 	}
-	if sc.Kind() == config.KindDebezium {
-		return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), mirror: newChangeMirror(name, sc.Mirror, sc.Kafka.Topics, cfg.Distributes(name))}, nil
+	// raw.<name> holds row changes for a Debezium source, events
+	// otherwise.
+	rt := raw.NewTable(s.Name, s.RawPartition)
+	rt.Changes, rt.Local = s.Mirror != nil, !s.Distribute
+	if s.Mirror != nil {
+		return &source{name: s.Name, dec: dec, raw: rt, mirror: newChangeMirror(s.Name, s.Mirror, s.Topics, s.Distribute)}, nil
 	}
-	return &source{name: name, dec: dec, raw: raw.ForSource(cfg, name), dedupeWindow: sc.DedupeWindow()}, nil
+	return &source{name: s.Name, dec: dec, raw: rt, dedupeWindow: s.DedupeWindow}, nil
 }
 
 // Ingester consumes the configured Kafka sources as one member of the
 // consumer group and writes them to the warehouse. See the package
 // documentation for its guarantees.
 type Ingester struct {
-	cfg   *config.Config
+	conf  Config
 	log   *slog.Logger
 	m     *metrics
 	now   func() time.Time
@@ -193,12 +195,15 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// New builds an Ingester for the Kafka sources of cfg. It does not connect
-// to anything until Run.
-func New(cfg *config.Config, opts Options) (*Ingester, error) {
+// New builds an Ingester for the Kafka sources that c configures (see
+// ConfigFrom). It does not connect to anything until Run.
+func New(c Config, opts Options) (*Ingester, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
 	opts = opts.withDefaults()
 	in := &Ingester{
-		cfg:       cfg,
+		conf:      c,
 		log:       opts.Logger,
 		now:       opts.Now,
 		grace:     opts.ShutdownGrace,
@@ -219,7 +224,7 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	if opts.registryRetry != nil {
 		in.health.retry = *opts.registryRetry
 	}
-	reg, err := newRegistry(cfg)
+	reg, err := newRegistry(&c)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: %w", err)
 	}
@@ -230,54 +235,47 @@ func New(cfg *config.Config, opts Options) (*Ingester, error) {
 	in.stalls.first = opts.stallRetry
 	in.log = in.log.With("component", "ingest")
 	var topics, names []string
-	for _, name := range cfg.SourceNames() {
-		sc := cfg.Sources[name]
-		if !sc.Kind().Kafka() {
-			continue
-		}
-		src, err := newSource(cfg, name, in.reg)
+	for _, s := range c.Sources {
+		src, err := newSource(s, in.reg)
 		if err != nil {
-			return nil, fmt.Errorf("ingest: source %s: %w", name, err)
+			return nil, fmt.Errorf("ingest: source %s: %w", s.Name, err)
 		}
 		src.raw.Log = in.log
 		if src.mirror != nil {
 			src.mirror.log = in.log
 		}
 		in.sources = append(in.sources, src)
-		names = append(names, name)
-		for _, t := range sc.Kafka.Topics {
+		names = append(names, s.Name)
+		for _, t := range s.Topics {
 			in.byTopic[t] = src
 			topics = append(topics, t)
 		}
 	}
-	if len(in.sources) == 0 {
-		return nil, errors.New("ingest: no Kafka sources configured")
-	}
 	in.m = newMetrics(opts.Registerer, names)
 	in.start = kgo.NewOffset().AtStart()
-	if cfg.Kafka.StartOffset == "latest" {
+	if c.StartOffset == "latest" {
 		in.start = kgo.NewOffset().AtEnd()
 	}
 
-	auth, kopts, err := clientAuthOptions(cfg.Kafka)
+	auth, kopts, err := clientAuthOptions(c.Connection)
 	if err != nil {
 		return nil, err
 	}
 	in.auth, in.klog.auth, auth.log = auth, auth, in.klog
-	kopts = append(kopts, netOptions(cfg.Kafka)...)
+	kopts = append(kopts, netOptions(c.Connection)...)
 	kopts = append(kopts,
 		kgo.ConsumeTopics(topics...),
-		kgo.ConsumerGroup(cfg.Kafka.Group),
+		kgo.ConsumerGroup(c.Group),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(in.start),
-		kgo.SessionTimeout(cfg.Kafka.SessionTimeout.Duration()),
-		kgo.HeartbeatInterval(min(3*time.Second, cfg.Kafka.SessionTimeout.Duration()/3)),
-		kgo.RebalanceTimeout(cfg.Kafka.RebalanceTimeout.Duration()),
-		kgo.FetchMaxBytes(int32(cfg.Kafka.FetchMaxBytes)),
-		kgo.FetchMaxPartitionBytes(int32(cfg.Kafka.FetchMaxPartitionBytes)),
+		kgo.SessionTimeout(c.SessionTimeout),
+		kgo.HeartbeatInterval(min(3*time.Second, c.SessionTimeout/3)),
+		kgo.RebalanceTimeout(c.RebalanceTimeout),
+		kgo.FetchMaxBytes(c.FetchMaxBytes),
+		kgo.FetchMaxPartitionBytes(c.FetchMaxPartitionBytes),
 		kgo.AdjustFetchOffsetsFn(in.adjustOffsets),
 		kgo.OnPartitionsAssigned(in.onAssigned),
 		kgo.OnPartitionsRevoked(in.onRevoked),
@@ -325,7 +323,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 		in.precreate(ctx)
 	}()
 	defer func() { <-precreated }()
-	maxRows := int(in.cfg.Ingest.BatchMaxRows)
+	maxRows := in.conf.BatchMaxRows
 	for ctx.Err() == nil {
 		if in.flushDue() {
 			if err := in.flushDecodingAhead(ctx, maxRows); err != nil {
@@ -372,7 +370,7 @@ func (in *Ingester) prepare(ctx context.Context) error {
 func (in *Ingester) ensureTables(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, in.cfg.Warehouse.WriteTimeout.Duration())
+	ctx, cancel := context.WithTimeout(ctx, in.conf.WriteTimeout)
 	defer cancel()
 	for _, s := range in.sources {
 		if s.prepared {
@@ -617,7 +615,7 @@ func (in *Ingester) writeOnceLocked(ctx context.Context) error {
 // Citus the coordinator shows the batch before the workers confirm), and
 // the next attempt would find its own batch stored.
 func (in *Ingester) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	timeout := in.cfg.Warehouse.WriteTimeout.Duration()
+	timeout := in.conf.WriteTimeout
 	if deadline, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(deadline))
 	}

@@ -39,14 +39,14 @@ func netOptions(k config.Kafka) []kgo.Opt {
 func tlsDialer(tc *tls.Config) func(ctx context.Context, network, host string) (net.Conn, error) {
 	nd := dialer.New(dialer.DialTimeout)
 	return func(ctx context.Context, network, host string) (net.Conn, error) {
-		cfg := tc.Clone()
-		if cfg.ServerName == "" {
+		c := tc.Clone()
+		if c.ServerName == "" {
 			server, _, err := net.SplitHostPort(host)
 			if err != nil {
 				return nil, fmt.Errorf("unable to split host:port for dialing: %w", err)
 			}
-			cfg.ServerName = server
+			c.ServerName = server
 		}
-		return (&tls.Dialer{NetDialer: nd, Config: cfg}).DialContext(ctx, network, host)
+		return (&tls.Dialer{NetDialer: nd, Config: c}).DialContext(ctx, network, host)
 	}
 }

@@ -43,7 +43,7 @@ func (in *Ingester) adjustOffsets(ctx context.Context, offsets map[string]map[in
 				// The broker's log lost records (reset.go).
 				parts[p] = in.start
 				in.stored[tp] = pos
-				in.resetLocked(tp, OffsetReset{Stored: pos.Offset, LogEnd: end, ResumedAt: "kafka.start_offset (" + in.cfg.Kafka.StartOffset + ")"}, 0)
+				in.resetLocked(tp, OffsetReset{Stored: pos.Offset, LogEnd: end, ResumedAt: "kafka.start_offset (" + in.conf.StartOffset + ")"}, 0)
 			} else if ok && pos.Offset >= 0 {
 				parts[p] = kgo.NewOffset().At(pos.Offset).WithEpoch(pos.Epoch)
 				in.stored[tp] = pos
@@ -75,7 +75,7 @@ func (in *Ingester) readStored(ctx context.Context, offsets map[string]map[int32
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	defer pgconnect.Close(ctx, conn)
-	rows, err := conn.Query(cctx, readStoredSQL, in.cfg.Kafka.Group, topics)
+	rows, err := conn.Query(cctx, readStoredSQL, in.conf.Group, topics)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func (in *Ingester) onAssigned(_ context.Context, _ *kgo.Client, assigned map[st
 func (in *Ingester) onRevoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	deadline := time.Now().Add(in.cfg.Kafka.RebalanceTimeout.Duration() / 2)
+	deadline := time.Now().Add(in.conf.RebalanceTimeout / 2)
 	fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	for !in.b.empty() {

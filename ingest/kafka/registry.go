@@ -11,7 +11,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 )
@@ -105,23 +104,14 @@ func (e *registryDownError) Error() string {
 
 func (e *registryDownError) Unwrap() error { return e.err }
 
-// newRegistry returns the schema registry client when a Kafka source of
-// cfg needs one (a Debezium source reads the AvroConverter's records
-// through it when it is configured), nil otherwise.
-func newRegistry(cfg *config.Config) (*decode.Registry, error) {
-	for _, sc := range cfg.Sources {
-		if needsRegistry(cfg, sc) {
-			return decode.NewRegistry(cfg.SchemaRegistry)
-		}
+// newRegistry returns the schema registry client when a source of c
+// needs one (a Debezium source reads the AvroConverter's records through
+// it when it is configured), nil otherwise.
+func newRegistry(c *Config) (*decode.Registry, error) {
+	if !c.usesRegistry() {
+		return nil, nil
 	}
-	return nil, nil
-}
-
-// needsRegistry reports whether the Kafka source sc reads the schema
-// registry: a source of a registry format, or a Debezium source when a
-// registry is configured.
-func needsRegistry(cfg *config.Config, sc *config.Source) bool {
-	return sc.Kind().Kafka() && config.UsesRegistry(sc.Format) || sc.Kind() == config.KindDebezium && cfg.SchemaRegistry.URL != ""
+	return decode.NewRegistry(*c.SchemaRegistry)
 }
 
 // UsesRegistry reports whether a source of the ingester reads the schema

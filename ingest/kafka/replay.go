@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
@@ -137,11 +136,17 @@ type chunkResult struct {
 // marked replayed in the same transaction, one transaction per chunk.
 // Dead letters that still fail are left as they are. conn is a
 // connection of its own: raw partitions are created on it between chunks.
-func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts ReplayOptions) (ReplayReport, error) {
+func Replay(ctx context.Context, conn *pgx.Conn, c Config, opts ReplayOptions) (ReplayReport, error) {
 	var err error
-	sc := cfg.Sources[opts.Source]
-	if !sc.Kind().Kafka() {
+	sc := c.source(opts.Source)
+	if sc == nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, ErrNotKafkaSource)
+	}
+	if err := c.validateReplay(); err != nil {
+		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
+	}
+	if err := sc.validate(); err != nil {
+		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 	}
 	if opts.ChunkSize <= 0 {
 		opts.ChunkSize = DefaultReplayChunk
@@ -153,20 +158,23 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg *config.Config, opts Replay
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	var reg *decode.Registry
-	if needsRegistry(cfg, sc) {
-		if reg, err = decode.NewRegistry(cfg.SchemaRegistry); err != nil {
+	if sc.Registry {
+		if c.SchemaRegistry == nil {
+			return ReplayReport{}, fmt.Errorf("replay %s: ingest: SchemaRegistry is required: the source reads the schema registry", opts.Source)
+		}
+		if reg, err = decode.NewRegistry(*c.SchemaRegistry); err != nil {
 			return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 		}
 	}
-	src, err := newSource(cfg, opts.Source, reg)
+	src, err := newSource(*sc, reg)
 	if err != nil {
 		return ReplayReport{}, fmt.Errorf("replay %s: %w", opts.Source, err)
 	}
 	r := &replayer{
 		opts: opts,
 		src:  src,
-		w:    &writer{group: cfg.Kafka.Group, conn: conn},
-		wait: cfg.Warehouse.WriteTimeout.Duration(),
+		w:    &writer{group: c.Group, conn: conn},
+		wait: c.WriteTimeout,
 		rep:  ReplayReport{Source: opts.Source, DryRun: opts.DryRun, Failing: map[string]int{}},
 	}
 	ectx, cancel := context.WithTimeout(ctx, r.wait)

@@ -47,7 +47,7 @@ func (b *bundle) replay(t *testing.T, opts kafka.ReplayOptions) kafka.ReplayRepo
 	}
 	defer c.Release()
 	opts.Source, opts.Now = "app_events", b.clock.Now
-	rep, err := kafka.Replay(ctx, c.Conn(), b.config(t), opts)
+	rep, err := kafka.Replay(ctx, c.Conn(), kafka.ConfigFrom(b.config(t)), opts)
 	if err != nil {
 		t.Fatalf("replay (dry run %v): %v", opts.DryRun, err)
 	}

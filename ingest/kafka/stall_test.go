@@ -253,7 +253,7 @@ func testSourceStallsAlone(t *testing.T, tc stallCase) {
 	}
 	if !tc.stalls {
 		conn := pgtest.Conn(t, b.dsn)
-		rep, err := kafka.Replay(ctx, conn, b.config(t), kafka.ReplayOptions{Source: "other", Now: b.clock.Now})
+		rep, err := kafka.Replay(ctx, conn, kafka.ConfigFrom(b.config(t)), kafka.ReplayOptions{Source: "other", Now: b.clock.Now})
 		if err != nil {
 			t.Fatalf("replay: %v", err)
 		}

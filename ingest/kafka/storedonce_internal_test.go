@@ -98,7 +98,7 @@ func FuzzStoredOnce(f *testing.F) {
 		// The replay, with amounts of -2 and more taken.
 		h.exec(t, `ALTER TABLE raw.app_events DROP CONSTRAINT amount_floor`)
 		h.exec(t, `ALTER TABLE raw.app_events ADD CONSTRAINT amount_floor CHECK ((payload->>'amount')::int >= -2)`)
-		if _, err := Replay(ctx, h.w.conn, cfg, ReplayOptions{Source: "app_events", Now: func() time.Time { return now }}); err != nil {
+		if _, err := Replay(ctx, h.w.conn, ConfigFrom(cfg), ReplayOptions{Source: "app_events", Now: func() time.Time { return now }}); err != nil {
 			t.Fatalf("replay: %v", err)
 		}
 		model.run(model.dead, dedupe, -2)

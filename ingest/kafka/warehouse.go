@@ -20,7 +20,7 @@ func (in *Ingester) writerLocked(ctx context.Context) (*writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	in.w = &writer{group: in.cfg.Kafka.Group, conn: conn}
+	in.w = &writer{group: in.conf.Group, conn: conn}
 	return in.w, nil
 }
 
@@ -30,8 +30,8 @@ func (in *Ingester) connect(ctx context.Context) (*pgx.Conn, error) {
 	// The server ends a statement of these sessions that outlives the
 	// client's deadline, so that a session the client gave up on does
 	// not hold its row locks.
-	return pgconnect.Warehouse(ctx, in.cfg.Warehouse.Settings(), "tidemark-ingest",
-		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.cfg.Warehouse.WriteTimeout.Duration().Milliseconds())})
+	return pgconnect.Warehouse(ctx, in.conf.Warehouse, "tidemark-ingest",
+		map[string]string{"statement_timeout": fmt.Sprintf("%dms", in.conf.WriteTimeout.Milliseconds())})
 }
 
 // precreateEvery is how often the ingester creates the raw partitions
@@ -45,7 +45,7 @@ func (in *Ingester) precreate(ctx context.Context) {
 	job := periodic.Job{
 		Name:    "creating upcoming raw partitions",
 		Every:   precreateEvery,
-		Timeout: in.cfg.Warehouse.WriteTimeout.Duration(),
+		Timeout: in.conf.WriteTimeout,
 		Run:     in.precreateOnce,
 		Log:     in.log,
 	}
