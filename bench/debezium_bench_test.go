@@ -255,7 +255,7 @@ sources:
 		b.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	in, err := kafka.New(cfg, kafka.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg})
+	in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg})
 	if err != nil {
 		b.Fatal(err)
 	}
