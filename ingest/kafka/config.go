@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
 )
@@ -83,9 +85,23 @@ type Source struct {
 	// the id (dedupe.by: event_id, dedupe.window); 0 when the source does
 	// not dedupe by id.
 	DedupeWindow time.Duration
-	// Mirror is a Debezium source's mirror block (mirror), which makes
-	// raw.<Name> a table of row changes; nil for a source of events.
-	Mirror *config.Mirror
+	// Mirror is a Debezium source's mirror, which makes raw.<Name> a table
+	// of row changes; nil for a source of events.
+	Mirror *ChangeMirror
+}
+
+// ChangeMirror is the mirror of a Debezium source (its mirror block).
+type ChangeMirror struct {
+	// Target is the mirror table (mirror.table).
+	Target pgx.Identifier
+	// LoadedColumn, DeletedColumn and PositionColumn are the mirror's own
+	// columns: when a row was last loaded, when it was deleted at the
+	// source, and the source position of the change that wrote it.
+	LoadedColumn, DeletedColumn, PositionColumn string
+	// SourceTable is the source table the mirror follows (schema.table,
+	// or a table in any schema); "" takes the table of the changes stored
+	// (mirror.source_table).
+	SourceTable string
 }
 
 // ConfigFrom returns the Config of the Kafka sources of cfg, a loaded (so
@@ -115,7 +131,9 @@ func ConfigFrom(cfg *config.Config) Config {
 		s := Source{Name: name, Topics: sc.Kafka.Topics, Decoding: sc, Registry: needsRegistry(cfg, sc),
 			RawPartition: sc.RawPartition, Distribute: cfg.Distributes(name)}
 		if sc.Kind() == config.KindDebezium {
-			s.Mirror = sc.Mirror
+			schema, table := config.SplitTable(sc.Mirror.Table)
+			s.Mirror = &ChangeMirror{Target: pgx.Identifier{schema, table}, LoadedColumn: sc.Mirror.LoadedColumn,
+				DeletedColumn: sc.Mirror.DeletedColumn, PositionColumn: sc.Mirror.PositionColumn, SourceTable: sc.Mirror.SourceTable}
 		} else {
 			s.DedupeWindow = sc.DedupeWindow()
 		}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/copytext"
 	"github.com/tidemark-dev/tidemark/internal/pgjson"
@@ -98,9 +97,8 @@ type changeMirror struct {
 	writer mirror.Writer
 }
 
-func newChangeMirror(name string, m *config.Mirror, topics []string, distribute bool) *changeMirror {
-	schema, table := config.SplitTable(m.Table)
-	return &changeMirror{source: name, target: pgx.Identifier{schema, table},
+func newChangeMirror(name string, m *ChangeMirror, topics []string, distribute bool) *changeMirror {
+	return &changeMirror{source: name, target: m.Target,
 		loaded: m.LoadedColumn, deleted: m.DeletedColumn, position: m.PositionColumn, distribute: distribute,
 		table: m.SourceTable, topics: topics, log: slog.New(slog.DiscardHandler)}
 }
