@@ -45,7 +45,7 @@ test-short:
 # test checks it). Citus is tested on the default version only (test-citus):
 # the matrix does not require it. .ci/matrix runs MATRIX_JOBS versions at a
 # time; CI runs MATRIX_FLAGS=-short MATRIX_JOBS=2 (smaller workloads,
-# no race detector); the measured cost is in docs/benchmarks.md.
+# no race detector); .ci/run says why.
 PG_VERSIONS     ?= 14 16 17 18
 MATRIX_PACKAGES ?= ./cdc/ ./mirror/ ./ingest/poll/ ./ingest/kafka/ ./raw/ ./reconcile/ ./aggregate/ ./migrate/ ./grants/ ./retention/ ./backfill/ ./lateness/ ./service/ ./internal/copytext/ ./internal/pgjson/ ./internal/pgerr/ ./internal/pgconnect/
 MATRIX_FLAGS    ?= -race
