@@ -17,7 +17,21 @@ type testAggregate struct {
 	zone         string        // the partition's time zone, "" for UTC
 	horizon      time.Duration // lateness_horizon, in whole hours
 	beyond       string        // beyond_horizon, "" for the default
+	verifyEvery  string        // verify_every, "" for none
 	sql          string
+}
+
+// soakAggregates are the soak's aggregates: the fault tests' over the
+// Kafka events, with horizons of days and a weekly verify.
+var soakAggregates = []testAggregate{
+	dailySales.with(72*time.Hour, "7d"),
+	dailyUsers.with(48*time.Hour, ""),
+}
+
+// with returns a with another horizon and verify_every.
+func (a testAggregate) with(horizon time.Duration, verifyEvery string) testAggregate {
+	a.horizon, a.verifyEvery = horizon, verifyEvery
+	return a
 }
 
 var (
@@ -49,6 +63,9 @@ func aggregatesYAML(aggs ...testAggregate) string {
 			a.name, a.source, a.name, a.by, a.column, zone, a.horizon/time.Hour)
 		if a.beyond != "" {
 			fmt.Fprintf(&b, "    beyond_horizon: %s\n", a.beyond)
+		}
+		if a.verifyEvery != "" {
+			fmt.Fprintf(&b, "    verify_every: %s\n", a.verifyEvery)
 		}
 		b.WriteString("    sql: |")
 		for _, line := range strings.Split(strings.TrimSpace(a.sql), "\n") {

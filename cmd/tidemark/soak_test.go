@@ -148,27 +148,7 @@ sources:
     mirror: {table: dw_orders, deletes: hard}
     raw_partition: day
     retention: {raw: 21d}
-aggregates:
-  daily_sales:
-    source: events
-    table: daily_sales
-    partition: {by: day, column: sale_date}
-    lateness_horizon: 72h
-    beyond_horizon: correction
-    verify_every: 7d
-    sql: |
-      SELECT {{partition}} AS sale_date, sum((payload->>'amount')::numeric(12,2)) AS total, count(*)::int AS event_count
-      FROM {{events}} GROUP BY 1
-  daily_users:
-    source: events
-    table: daily_users
-    partition: {by: day, column: day, time_zone: Europe/Berlin}
-    lateness_horizon: 48h
-    beyond_horizon: arrival
-    sql: |
-      SELECT {{partition}} AS day, count(DISTINCT payload->>'user')::int AS users
-      FROM {{events}} GROUP BY 1
-`, whDSN, kc.ListenAddrs()[0], srcDSN))
+%[4]s`, whDSN, kc.ListenAddrs()[0], srcDSN, aggregatesYAML(soakAggregates...)))
 	return s
 }
 
@@ -490,7 +470,8 @@ func kib(b int64) string { return fmt.Sprintf("%dK", b/1024) }
 func (s *soak) checkAggregates() {
 	t := s.t
 	utc := time.UTC
-	berlin, err := time.LoadLocation("Europe/Berlin")
+	bySale, byUser := soakAggregates[0], soakAggregates[1]
+	berlin, err := time.LoadLocation(byUser.zone)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,13 +484,13 @@ func (s *soak) checkAggregates() {
 	users := map[string]map[int]bool{}
 	for _, e := range s.events {
 		d := dayOf(e.eventTime, utc)
-		if !e.ingestedAt.After(d.AddDate(0, 0, 1).Add(72 * time.Hour)) {
+		if !e.ingestedAt.After(d.AddDate(0, 0, 1).Add(bySale.horizon)) {
 			k := d.Format(time.DateOnly)
 			sales[k] = sale{sales[k].total + e.amount, sales[k].n + 1}
 		}
 		bd := dayOf(e.eventTime, berlin)
 		into := bd
-		if e.ingestedAt.After(bd.AddDate(0, 0, 1).Add(48 * time.Hour)) {
+		if e.ingestedAt.After(bd.AddDate(0, 0, 1).Add(byUser.horizon)) {
 			into = dayOf(e.ingestedAt, berlin)
 		}
 		k := into.Format(time.DateOnly)
