@@ -1412,7 +1412,11 @@ func TestOneReaderPerSlot(t *testing.T) {
 	first, stopFirst := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})
 	e.waitStreaming(first)
 	activePID := e.slotPID
-	streaming := activePID()
+	// The slot can be free for a moment between its creation and
+	// START_REPLICATION (seen on PostgreSQL 14): its pid is read once the
+	// streaming walsender holds it.
+	var streaming int64
+	waitfor.Until(t, "the first reader's walsender to hold the slot", func() bool { streaming = activePID(); return streaming != 0 })
 	// Not e.run: it waits for the slot to be free.
 	opts := cdc.Options{GroupAge: 20 * time.Millisecond, Logger: testLogger(t), Registerer: prometheus.NewRegistry()}
 	var refused atomic.Int64
