@@ -196,6 +196,19 @@ func (w *workload) run(ctx context.Context, stop <-chan struct{}, pause time.Dur
 	return ended
 }
 
+// committed returns the number of transactions committed so far.
+func (w *workload) committed() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+// waitCommitted waits until n more transactions than from have committed.
+func (w *workload) waitCommitted(t *testing.T, from, n int) {
+	t.Helper()
+	waitfor.Until(t, fmt.Sprintf("%d more source transactions", n), func() bool { return w.committed() >= from+n })
+}
+
 // made returns the changes of the committed transactions.
 func (w *workload) made() []string {
 	w.mu.Lock()
@@ -237,12 +250,12 @@ func TestCDCFaults(t *testing.T) {
 				// Faults strike while transactions stream.
 				stop := make(chan struct{})
 				writing := w.run(e.ctx, stop, 50*time.Millisecond)
-				time.Sleep(500 * time.Millisecond) // the stream's run before the fault, not a wait
+				w.waitCommitted(t, w.committed(), 5)
 				f.inject(px, e)
 				time.Sleep(3 * time.Second) // the fault's duration, not a wait
 				f.heal(px)
 				healed := time.Now()
-				time.Sleep(time.Second) // the writes after the fault heals, not a wait
+				w.waitCommitted(t, w.committed(), 10)
 				close(stop)
 				if err := <-writing; err != nil {
 					t.Fatal(err)
