@@ -3,6 +3,7 @@ package mirror
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -176,15 +177,10 @@ func (c *Changes) upsert(r *Relation, old, row Row, insert bool, at At) error {
 	// run knows of it: no state's columns are changed once set.
 	cols := row
 	if p := upserted(prev); p != nil && !insert {
-		cols = make(Row, len(p.cols))
-		for name, v := range p.cols {
-			cols[name] = v
-		}
+		cols = maps.Clone(p.cols)
+		maps.Copy(cols, row)
 		if p.from != nil {
 			from = p.from
-		}
-		for name, v := range row {
-			cols[name] = v
 		}
 	}
 	// Fresh rows are COPYed as text into the mirror: not JSON rows, nor

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -61,7 +62,7 @@ func (st *stageRows) row(r Row, keyOnly bool) {
 		n := 0
 		for _, c := range st.r.Columns {
 			v, ok := r[c]
-			if !ok || keyOnly && !st.r.Mirror.isKey(c) {
+			if !ok || keyOnly && !slices.Contains(st.r.Mirror.Key, c) {
 				continue
 			}
 			if n > 0 {
@@ -81,7 +82,7 @@ func (st *stageRows) row(r Row, keyOnly bool) {
 		return
 	}
 	for _, c := range st.r.Columns {
-		if v, ok := r[c]; ok && (!keyOnly || st.r.Mirror.isKey(c)) {
+		if v, ok := r[c]; ok && (!keyOnly || slices.Contains(st.r.Mirror.Key, c)) {
 			st.w.Value(v)
 		} else {
 			st.w.Null()
@@ -120,7 +121,7 @@ func (t *Txn) writePositioned(ctx context.Context, st *stageRows) error {
 	for _, c := range r.Columns {
 		q := pgquote.Ident(c)
 		vals = append(vals, va+"."+q)
-		if m.isKey(c) {
+		if slices.Contains(m.Key, c) {
 			// Matched by key, the key columns keep their values; a
 			// distributed mirror refuses a SET of its distribution
 			// column, even to the same value.
@@ -173,14 +174,4 @@ func (t *Txn) writePositioned(ctx context.Context, st *stageRows) error {
 	t.written.Merged += int64(st.upserts)
 	t.written.Deleted += int64(st.deletes)
 	return nil
-}
-
-// isKey reports whether column c is a key column.
-func (t *Table) isKey(c string) bool {
-	for _, k := range t.Key {
-		if k == c {
-			return true
-		}
-	}
-	return false
 }
