@@ -27,13 +27,32 @@ func TestRebalance(t *testing.T) {
 	}
 	b := setup(t, 8)
 	w := ingesttest.Make(b.topic, n, 8, 3, 0.005, 0.01, testNow)
+	// The second half is produced only once the second member holds
+	// partitions, so that both members have records to write however
+	// fast the first drains the first half.
+	half := len(w.Records) / 2
 	p := &produced{end: map[int32]int64{}}
-	streamed := b.produceStream(p, w.Records, n/50, 40*time.Millisecond)
+	streamed := b.produceStream(p, w.Records[:half], n/50, 40*time.Millisecond)
 
 	first := b.start(t)
 	b.waitProgress(t, int64(n/5), 2*time.Minute)
 	second := b.start(t)
-	b.waitProgress(t, int64(n/2), 2*time.Minute)
+	if err := waitfor.Poll(2*time.Minute, func() bool {
+		return counterSum(t, second, "tidemark_ingest_assigned_partitions") > 0 &&
+			counterSum(t, first, "tidemark_ingest_assigned_partitions") > 0 &&
+			counterSum(t, first, "tidemark_ingest_assigned_partitions")+counterSum(t, second, "tidemark_ingest_assigned_partitions") == 8
+	}); err != nil {
+		t.Fatalf("the partitions were not shared between the two members: %v", err)
+	}
+	if err := <-streamed; err != nil {
+		t.Fatal(err)
+	}
+	streamed = b.produceStream(p, w.Records[half:], n/50, 40*time.Millisecond)
+	if err := waitfor.Poll(2*time.Minute, func() bool {
+		return counterSum(t, second, "tidemark_ingest_rows_written_total") > 0
+	}); err != nil {
+		t.Fatalf("the second member wrote nothing: %v", err)
+	}
 	first.stop(t)
 	if err := <-streamed; err != nil {
 		t.Fatal(err)
