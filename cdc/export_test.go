@@ -13,5 +13,12 @@ func SetSnapshotProgressEvery(d time.Duration) (restore func()) {
 // lock held by another session.
 func SetOnSlotLockBusy(o *Options, f func()) { o.slotLockBusy = f }
 
+// SetOnSlotCreationWatched makes the reader call f each time the watch of
+// a slot's creation finds walsender pid still creating it, waited after
+// the creation began.
+func SetOnSlotCreationWatched(o *Options, f func(pid int64, waited time.Duration)) {
+	o.creationWatched = func(pid uint32, waited time.Duration) { f(int64(pid), waited) }
+}
+
 // CheckFirstSQL is the first query a source check sends.
 const CheckFirstSQL = checkWALLevelSQL

@@ -350,8 +350,35 @@ type setupRun struct {
 	e    *cdcEnv
 	px   *faultproxy.Proxy
 	logs *syncbuf.Buffer
+	// watch holds how long the reader has watched each walsender create
+	// the slot.
+	watch *creationWatch
 	// healed is when the fault ended; zero for none.
 	healed time.Time
+}
+
+// creationWatch records, per walsender, how long the reader's watch of a
+// slot's creation has seen it creating the slot.
+type creationWatch struct {
+	mu     sync.Mutex
+	waited map[int64]time.Duration
+}
+
+func (w *creationWatch) record(pid int64, waited time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.waited[pid] = max(w.waited[pid], waited)
+}
+
+// waitWatched waits until the reader has watched walsender pid create
+// the slot for at least d without giving the creation up.
+func (run *setupRun) waitWatched(pid int64, d time.Duration) {
+	run.t.Helper()
+	waitfor.Until(run.t, fmt.Sprintf("the reader to watch walsender %d create the slot for %s", pid, d), func() bool {
+		run.watch.mu.Lock()
+		defer run.watch.mu.Unlock()
+		return run.watch.waited[pid] >= d
+	})
 }
 
 // setupFault is a fault injected while the reader sets up: strike waits
@@ -383,9 +410,9 @@ var setupFaults = []setupFault{
 const snapshotRows = 50000
 
 // stallWhileCopying slows the network until a few snapshot chunks are
-// copied, so that the copy lasts, then stalls it for 3 s: the chunks under
-// way must end within write_timeout, and the snapshot must be taken again,
-// whole, with a new slot.
+// copied, so that the copy lasts, then stalls it until the reader gives
+// the copy up: the chunks under way must end within write_timeout, and the
+// snapshot must be taken again, whole, with a new slot.
 func stallWhileCopying(run *setupRun) {
 	run.t.Helper()
 	run.px.SetLatency(5 * time.Millisecond)
@@ -395,8 +422,13 @@ func stallWhileCopying(run *setupRun) {
 	if n := run.e.count("SELECT count(*) FROM tidemark.cdc_positions WHERE snapshot = 'done'"); n != 0 {
 		run.t.Fatal("the snapshot was done before the stall: the test did not exercise it")
 	}
+	restarts := strings.Count(run.logs.String(), "restarting")
 	run.px.Stall()
-	time.Sleep(3 * time.Second) // the stall's duration, not a wait
+	stalled := time.Now()
+	waitfor.Within(run.t, 30*time.Second, "the reader to give the stalled copy up", func() bool {
+		return strings.Count(run.logs.String(), "restarting") > restarts
+	})
+	run.t.Logf("the copy was given up %s after the stall (%d restarts before it)", time.Since(stalled).Round(time.Millisecond), restarts)
 	run.px.SetLatency(0)
 	run.px.Resume()
 	run.healed = time.Now()
@@ -485,7 +517,7 @@ func stallWhileCreatingSlot(run *setupRun) {
 	run.t.Helper()
 	_, commit := holdTransaction(run)
 	first := creatingWalsender(run)
-	time.Sleep(1500 * time.Millisecond) // the creation's wait, longer than write_timeout: not a wait
+	run.waitWatched(first, 1500*time.Millisecond) // longer than write_timeout
 	if strings.Contains(run.logs.String(), "restarting") {
 		run.t.Fatalf("a slot creation waiting for a transaction was given up:\n%s", run.logs.String())
 	}
@@ -513,8 +545,7 @@ func stallWhileCreatingSlot(run *setupRun) {
 func waitWhileCreatingSlot(run *setupRun) {
 	run.t.Helper()
 	holder, commit := holdTransaction(run)
-	creatingWalsender(run)
-	time.Sleep(2500 * time.Millisecond) // the transaction's time, more than twice write_timeout: not a wait
+	run.waitWatched(creatingWalsender(run), 2500*time.Millisecond) // more than twice write_timeout
 	commit()
 	waitLogged(run, fmt.Sprintf("oldest_pid=%d", holder), 10*time.Second)
 }
@@ -534,9 +565,12 @@ func TestCDCSetupFaults(t *testing.T) {
 			e.exec(fmt.Sprintf(`INSERT INTO orders SELECT 10000000 + i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second'
 				FROM generate_series(1, %d) AS i; ANALYZE orders`, snapshotRows))
 			cfg := e.config("snapshot: initial\nsnapshot_workers: 2\nsnapshot_chunk_rows: 1000\nheartbeat_every: 1s", "deletes: hard")
-			px, logs, done := e.startReader(t, cfg, f.side)
+			watch := &creationWatch{waited: map[int64]time.Duration{}}
+			opts := cdc.Options{GroupAge: 20 * time.Millisecond}
+			cdc.SetOnSlotCreationWatched(&opts, watch.record)
+			px, logs, done := e.startReaderWith(t, cfg, f.side, time.Second, opts)
 
-			run := &setupRun{t: t, e: e, px: px, logs: logs}
+			run := &setupRun{t: t, e: e, px: px, logs: logs, watch: watch}
 			f.strike(run)
 			if run.healed.IsZero() {
 				run.healed = time.Now()

@@ -88,6 +88,9 @@ type Options struct {
 	// source's COPY into the warehouse's, each time the chunk's watchdog
 	// is moved on.
 	chunkMoving func()
+	// creationWatched is called each time the watch of a slot's creation
+	// finds the walsender pid still creating it, waited after it began.
+	creationWatched func(pid uint32, waited time.Duration)
 }
 
 // Reader mirrors the tables of one CDC source.

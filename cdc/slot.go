@@ -176,6 +176,9 @@ func (r *Reader) watchSlotCreation(ctx context.Context, src *pgx.Conn, pid uint3
 			return fmt.Errorf("the walsender creating the slot (pid %d) is %s, not active", pid, s)
 		}
 		wd.Touch()
+		if r.opts.creationWatched != nil {
+			r.opts.creationWatched(pid, time.Since(started))
+		}
 		if waitType == nil || *waitType != "Lock" || time.Since(logged) < slotWaitLogEvery {
 			continue
 		}
