@@ -76,6 +76,10 @@ type Options struct {
 	// ChunkChanges is how many changes of a group are folded and written
 	// at a time; default 10000.
 	ChunkChanges int
+	// Paused reports whether an operator paused a source (pause.Watch):
+	// the reader then stops reading the slot until it is resumed. nil:
+	// none is.
+	Paused func(source string) bool
 
 	// Hooks that tell tests a state was reached (set by tests; nil
 	// otherwise). Each is called on the goroutine that reached the
@@ -167,6 +171,9 @@ func (r *Reader) Run(ctx context.Context) error {
 	// Runs restart after 1s, doubling to 30s while they end quickly.
 	retry := backoff.Backoff{First: time.Second, Max: 30 * time.Second}
 	for {
+		if r.waitResumed(ctx) != nil {
+			return nil
+		}
 		started := time.Now()
 		err := r.RunOnce(ctx)
 		if time.Since(started) > time.Minute {
@@ -178,6 +185,9 @@ func (r *Reader) Run(ctx context.Context) error {
 			return nil
 		case errors.Is(err, ErrSetup):
 			return err
+		case errors.Is(err, errPaused):
+			retry.Reset()
+			continue
 		}
 		wait := retry.Next()
 		if err != nil {
@@ -196,6 +206,8 @@ func (r *Reader) RunOnce(ctx context.Context) error {
 	// A run whose lock session fails ends, and is started again.
 	rctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
+	stopWatching := r.watchPause(rctx, lose)
+	defer stopWatching()
 	err := r.runOnce(rctx, lose)
 	if ctx.Err() == nil && rctx.Err() != nil {
 		if cause := context.Cause(rctx); err == nil || !errors.Is(err, cause) {

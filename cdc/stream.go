@@ -404,21 +404,25 @@ func (s *stream) statusAsk(ctx context.Context, force, ask bool) error {
 }
 
 // slotMetrics reads the slot's lag and WAL status from the source.
-func (s *stream) slotMetrics(ctx context.Context) {
+func (s *stream) slotMetrics(ctx context.Context) { s.r.slotMetrics(ctx, s.src) }
+
+// slotMetrics reads the slot's lag and WAL status from the source through
+// src; a failed read leaves the gauges as they are.
+func (r *Reader) slotMetrics(ctx context.Context, src *pgx.Conn) {
 	var (
 		lag    int64
 		status string
 	)
-	if err := s.src.QueryRow(ctx, slotMetricsSQL, s.r.conf.Slot).Scan(&lag, &status); err != nil {
+	if err := src.QueryRow(ctx, slotMetricsSQL, r.conf.Slot).Scan(&lag, &status); err != nil {
 		return
 	}
-	s.r.m.slotLag.Set(float64(lag))
+	r.m.slotLag.Set(float64(lag))
 	for _, w := range walStatuses {
 		v := 0.0
 		if w == status {
 			v = 1
 		}
-		s.r.m.walStatus.WithLabelValues(w).Set(v)
+		r.m.walStatus.WithLabelValues(w).Set(v)
 	}
 }
 

@@ -51,8 +51,8 @@ import (
 var StateTables = []string{
 	"backfill_chunks", "backfill_runs", "cdc_positions", "corrections", "dead_letters", "debezium_truncates",
 	"event_ids", "ingest_ledger", "kafka_offsets", "key_reconciliations", "load_watermarks", "partition_arrivals",
-	"partitions", "pending_partitions", "poll_watermarks", "raw_retention", "shadow_builds", "source_watermarks",
-	"verify_runs",
+	"partitions", "pending_partitions", "poll_watermarks", "raw_retention", "shadow_builds", "source_pauses",
+	"source_watermarks", "verify_runs",
 }
 
 // DML are the privileges the runtime role holds on every state table.

@@ -18,6 +18,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/poll"
 	"github.com/tidemark-dev/tidemark/internal/periodic"
 	"github.com/tidemark-dev/tidemark/mirror"
+	"github.com/tidemark-dev/tidemark/pause"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
 )
@@ -36,12 +37,12 @@ type component struct {
 }
 
 // components builds the components of running that cfg gives work to.
-func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []string, h *handler) ([]component, error) {
-	var out []component
+func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []string, h *handler, pauses *pause.Watch) ([]component, error) {
+	out := []component{{name: "paused sources", run: pauses.Run}}
 	add := func(c ...component) { out = append(out, c...) }
-	log, reg, now := opts.Logger, opts.Registry, opts.Now
+	log, reg, now, paused := opts.Logger, opts.Registry, opts.Now, pauses.IsPaused
 	if slices.Contains(running, ComponentIngest) {
-		in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts})
+		in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Logger: log, Registerer: reg, Now: now, KafkaOpts: opts.KafkaOpts, Paused: paused})
 		if err != nil {
 			return nil, err
 		}
@@ -56,7 +57,7 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 			if err != nil {
 				return nil, err
 			}
-			p, err := poll.New(pc, pool, poll.Options{Logger: log, Registerer: reg, Now: now})
+			p, err := poll.New(pc, pool, poll.Options{Logger: log, Registerer: reg, Now: now, Paused: paused})
 			if err != nil {
 				return nil, err
 			}
@@ -64,7 +65,7 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 			if every := src.Mirror.KeyReconcileEvery.Duration(); every > 0 {
 				keys := mirror.KeyOptions{Logger: log, Registerer: reg, Now: now, MaxDelete: src.Mirror.KeyReconcileMaxDelete}
 				add(component{name: "keys " + name, run: func(ctx context.Context) error {
-					keyLoop(ctx, p, src.Poll.DSN, pool, every, keys)
+					keyLoop(ctx, p, src.Poll.DSN, pool, every, keys, paused)
 					return nil
 				}})
 			}
@@ -73,7 +74,7 @@ func components(cfg *config.Config, pool *pgxpool.Pool, opts Options, running []
 			if err != nil {
 				return nil, err
 			}
-			rd, err := cdc.New(cc, pool, cdc.Options{Logger: log, Registerer: reg, Now: now})
+			rd, err := cdc.New(cc, pool, cdc.Options{Logger: log, Registerer: reg, Now: now, Paused: paused})
 			if err != nil {
 				return nil, err
 			}
@@ -205,8 +206,8 @@ const lastKeyCheckSQL = `SELECT max(finished_at) FROM tidemark.key_reconciliatio
 // mirror.key_reconcile_max_delete is recorded like any other, so the next
 // one comes an interval later and refuses again until an operator runs
 // `tidemark keys --force` or the source has its rows back.
-func keyLoop(ctx context.Context, p *poll.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts mirror.KeyOptions) {
-	kl := &keyLoopState{p: p, dsn: dsn, pool: pool, every: every, opts: opts, log: opts.Logger.With("source", p.Name())}
+func keyLoop(ctx context.Context, p *poll.Poller, dsn string, pool *pgxpool.Pool, every time.Duration, opts mirror.KeyOptions, paused func(string) bool) {
+	kl := &keyLoopState{p: p, dsn: dsn, pool: pool, every: every, opts: opts, log: opts.Logger.With("source", p.Name()), paused: paused}
 	job := periodic.Job{
 		Name: "key reconciliation",
 		Run:  kl.turn,
@@ -237,7 +238,10 @@ type keyLoopState struct {
 	every time.Duration
 	opts  mirror.KeyOptions
 	log   *slog.Logger
-	k     *mirror.KeyReconciler // made at the first run
+	// paused reports whether an operator paused the source: a run due
+	// then waits, checking again every keyRetry.
+	paused func(source string) bool
+	k      *mirror.KeyReconciler // made at the first run
 	// wait is how long until the next run is due, as the warehouse
 	// recorded the last; once waited, the next turn runs.
 	wait time.Duration
@@ -259,6 +263,10 @@ func (kl *keyLoopState) turn(ctx context.Context) error {
 		}
 	}
 	kl.wait = 0
+	if kl.paused != nil && kl.paused(kl.p.Name()) {
+		kl.wait = keyRetry // the source is paused: its runs wait too
+		return nil
+	}
 	if kl.k == nil {
 		// The poller's checks describe the source table and create
 		// the mirror; the reconciler shares that description.

@@ -25,6 +25,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/connerr"
 	"github.com/tidemark-dev/tidemark/lateness"
+	"github.com/tidemark-dev/tidemark/pause"
 	"github.com/tidemark-dev/tidemark/status"
 )
 
@@ -67,6 +68,7 @@ type handler struct {
 	reg         *prometheus.Registry
 	stopping    atomic.Bool
 	lateness    latenessCache
+	pauses      atomic.Pointer[pause.Watch] // set once the schema is ready
 }
 
 func (h *handler) mux() *http.ServeMux {
@@ -155,6 +157,15 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 		if in.UsesRegistry() {
 			check("schema_registry", in.RegistryError())
+		}
+	}
+	if pauses := h.pauses.Load(); pauses != nil {
+		// A paused source is named, but it does not make the instance
+		// unready: it stands still on purpose.
+		for _, name := range h.cfg.SourceNames() {
+			if p, paused := pauses.Paused(name); paused && checks["source "+name] == "" {
+				checks["source "+name] = "paused " + p.String()
+			}
 		}
 	}
 	if h.stopping.Load() {

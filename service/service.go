@@ -25,7 +25,9 @@ import (
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
+	"github.com/tidemark-dev/tidemark/internal/backoff"
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/pause"
 	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/reconcile"
 	"github.com/tidemark-dev/tidemark/retention"
@@ -147,7 +149,14 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		return err
 	}
 	h.schemaReady.Store(true)
-	comps, err := components(cfg, pool, opts, running, h)
+	// The pauses are read before any component starts, so that a paused
+	// source is not read even briefly.
+	pauses := pause.NewWatch(pool, cfg.SourceNames(), pause.WatchOptions{Logger: opts.Logger, Registerer: opts.Registry})
+	if err := loadPauses(sup.ctx, pauses, opts.Logger); err != nil {
+		return nil // the service stops while it waits
+	}
+	h.pauses.Store(pauses)
+	comps, err := components(cfg, pool, opts, running, h, pauses)
 	if err != nil {
 		return err
 	}
@@ -156,6 +165,23 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	opts.Logger.Info("tidemark running", "version", VersionString(), "components", running)
 	return sup.wait(func() { h.stopping.Store(true) })
+}
+
+// loadPauses reads the paused sources, trying again while the warehouse
+// cannot answer, until ctx ends (it returns ctx's error then).
+func loadPauses(ctx context.Context, w *pause.Watch, log *slog.Logger) error {
+	retry := backoff.Backoff{First: time.Second, Max: 30 * time.Second}
+	for {
+		err := w.Load(ctx)
+		if err == nil || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := retry.Next()
+		log.Warn("reading the paused sources failed; trying again", "err", err, "retry_in", wait)
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
 }
 
 // withDefaults fills the options left empty.

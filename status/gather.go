@@ -13,6 +13,7 @@ import (
 	"github.com/tidemark-dev/tidemark/aggregate"
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/migrate"
+	"github.com/tidemark-dev/tidemark/pause"
 	"github.com/tidemark-dev/tidemark/raw"
 	"github.com/tidemark-dev/tidemark/retention"
 )
@@ -22,6 +23,9 @@ type Querier interface {
 	raw.Querier
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
+
+// pausesVersion is the schema version that made tidemark.source_pauses.
+const pausesVersion = 15
 
 // Gather builds the report. adm may be nil (no brokers configured or
 // reachable); partitions then show no end offset or lag. now is the
@@ -40,10 +44,23 @@ func Gather(ctx context.Context, q Querier, cfg *config.Config, adm *kadm.Client
 		return nil, err
 	}
 	st.ends, st.starts, st.kafkaErr = listOffsets(ctx, adm, cfg)
+	paused := map[string]pause.Pause{}
+	if v >= pausesVersion {
+		list, err := pause.List(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range list {
+			paused[p.Source] = p
+		}
+	}
 	for _, name := range cfg.SourceNames() {
 		s, err := gatherSource(ctx, q, name, cfg.Sources[name], v, &st, now)
 		if err != nil {
 			return nil, err
+		}
+		if p, ok := paused[name]; ok {
+			s.Paused = &p
 		}
 		r.Sources = append(r.Sources, s)
 	}

@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"io"
 	"time"
+
+	"github.com/tidemark-dev/tidemark/pause"
 )
 
 // Report is the whole view.
@@ -181,6 +183,8 @@ type Source struct {
 	// Raw is what the raw table of a Kafka, poll or CDC source holds, and
 	// what retention dropped.
 	Raw *Raw `json:"raw,omitempty"`
+	// Paused is the source's pause (tidemark pause); nil while it runs.
+	Paused *pause.Pause `json:"paused,omitempty"`
 }
 
 // Raw is a source's raw table under retention.

@@ -26,6 +26,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		default:
 			writeKafka(tw, s)
 		}
+		if p := s.Paused; p != nil {
+			fmt.Fprintf(tw, "  PAUSED\t%s; tidemark resume %s starts it again\n", p, s.Name)
+		}
 	}
 	if len(r.Aggregates) > 0 {
 		// The sources' columns end here.

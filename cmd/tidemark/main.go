@@ -136,6 +136,8 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"keys":         cmdKeys,
 	"prune":        cmdPrune,
 	"forget":       cmdForget,
+	"pause":        cmdPause,
+	"resume":       cmdResume,
 	"dead-letters": cmdDeadLetters,
 	"grants":       cmdGrants,
 	"demo":         cmdDemo,

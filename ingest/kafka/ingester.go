@@ -30,6 +30,9 @@ type Options struct {
 	// ShutdownGrace bounds, from the stop, the batch write under way and
 	// the final flush; default 30s.
 	ShutdownGrace time.Duration
+	// Paused reports whether an operator paused a source (pause.Watch):
+	// its topics are not fetched until it is resumed. nil: none is.
+	Paused func(source string) bool
 
 	kafkaLogEvery time.Duration // rate limit of Kafka client errors; default kafkaLogEvery
 	// registryRetry overrides the waits between attempts at an
@@ -62,6 +65,10 @@ type source struct {
 	dedupeWindow time.Duration
 	// mirror is the mirror of a Debezium source, nil for others.
 	mirror *changeMirror
+	// topics are the topics it reads; paused is whether their fetching
+	// is paused because an operator paused the source (Run's loop only).
+	topics []string
+	paused bool
 	// prepared is set once its raw table is made and its mirror read
 	// (writer.prepare); guarded by the ingester's mu.
 	prepared bool
@@ -148,7 +155,8 @@ type Ingester struct {
 	// stopAhead, set while flushDecodingAhead writes, ends the polling
 	// ahead and waits for it: a seek must not come between its polls.
 	stopAhead func()
-	afterSeek func() // Options.afterSeek
+	afterSeek func()                   // Options.afterSeek
+	isPaused  func(source string) bool // Options.Paused
 	ahead     aheadHooks
 	w         *writer
 	// checkRows holds the sources whose rows the last attempt found one
@@ -214,6 +222,7 @@ func New(c Config, opts Options) (*Ingester, error) {
 		hwm:       map[topicPartition]int64{},
 		reseeked:  map[topicPartition]bool{},
 		afterSeek: opts.afterSeek,
+		isPaused:  opts.Paused,
 		ahead:     aheadHooks{polling: opts.pollingAhead, polled: opts.polledAhead},
 		retry:     backoff.Backoff{First: retryFirst, Max: retryMax, Jitter: 0.5},
 		paused:    map[topicPartition]pauseKind{},
@@ -244,6 +253,7 @@ func New(c Config, opts Options) (*Ingester, error) {
 		if src.mirror != nil {
 			src.mirror.log = in.log
 		}
+		src.topics = s.Topics
 		in.sources = append(in.sources, src)
 		names = append(names, s.Name)
 		for _, t := range s.Topics {
@@ -252,6 +262,11 @@ func New(c Config, opts Options) (*Ingester, error) {
 		}
 	}
 	in.m = newMetrics(opts.Registerer, names)
+	for _, src := range in.sources {
+		for _, t := range src.topics {
+			in.m.topicPaused.WithLabelValues(src.name, t).Set(0)
+		}
+	}
 	in.start = kgo.NewOffset().AtStart()
 	if c.StartOffset == "latest" {
 		in.start = kgo.NewOffset().AtEnd()
@@ -334,6 +349,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 		in.mu.Lock()
 		in.resumeDueLocked()
 		in.mu.Unlock()
+		in.obeyPauses()
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
 		if deadline, ok := in.pollDeadline(); ok {
 			pollCtx, cancel = context.WithDeadline(ctx, deadline)

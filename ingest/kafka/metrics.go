@@ -25,6 +25,7 @@ type metrics struct {
 	lag           *prometheus.GaugeVec
 	assigned      prometheus.Gauge
 	stalled       *prometheus.GaugeVec
+	topicPaused   *prometheus.GaugeVec
 	offsetResets  *prometheus.CounterVec
 
 	registryErrors *prometheus.CounterVec
@@ -94,6 +95,10 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 			Name: "tidemark_ingest_source_stalled",
 			Help: "1 while the warehouse refuses a source's writes: its partitions wait, tried again after a backoff, while the other sources go on; 0 otherwise.",
 		}, []string{"source"}),
+		topicPaused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tidemark_ingest_topic_paused",
+			Help: "1 while this ingester does not fetch the topic because an operator paused its source (tidemark pause); 0 otherwise.",
+		}, []string{"source", "topic"}),
 		offsetResets: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tidemark_ingest_offset_resets_total",
 			Help: "Partitions whose stored position was beyond the end of the broker's log (the topic recreated, or records lost at the broker), read again from kafka.start_offset or where the client resumed, per source.",
@@ -124,6 +129,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) *metrics {
 		m.lag = promreg.Shared(reg, m.lag)
 		m.assigned = promreg.Shared(reg, m.assigned)
 		m.stalled = promreg.Shared(reg, m.stalled)
+		m.topicPaused = promreg.Shared(reg, m.topicPaused)
 		m.offsetResets = promreg.Shared(reg, m.offsetResets)
 	}
 	for _, s := range sources {

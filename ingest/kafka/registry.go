@@ -234,9 +234,9 @@ func (in *Ingester) resumeLocked(tps map[topicPartition]bool) {
 	}
 }
 
-// pollDeadline is when a poll must return: the batch's age limit, or the
+// pollDeadline is when a poll must return: the batch's age limit, the
 // next attempt at the registry or at a stalled source while partitions are
-// paused for it.
+// paused for it, or, when sources may be paused, pollPauseCheck from now.
 func (in *Ingester) pollDeadline() (time.Time, bool) {
 	deadline, ok := in.batchDeadline()
 	in.mu.Lock()
@@ -252,6 +252,9 @@ func (in *Ingester) pollDeadline() (time.Time, bool) {
 		if !ok || at.Before(deadline) {
 			deadline, ok = at, true
 		}
+	}
+	if at := time.Now().Add(pollPauseCheck); in.isPaused != nil && (!ok || at.Before(deadline)) {
+		deadline, ok = at, true
 	}
 	return deadline, ok
 }

@@ -54,6 +54,9 @@ type Options struct {
 	// progress.DefaultEvery, as a service component does (none when
 	// progress.Env is "off").
 	Progress *progress.Display
+	// Paused reports whether an operator paused a source (pause.Watch):
+	// Run skips its runs while it is. nil: none is.
+	Paused func(source string) bool
 }
 
 // Poller loads one poll source: each run reads the source rows whose
@@ -86,6 +89,8 @@ type Poller struct {
 	soft           string // SQL testing the soft-delete column, or "false"
 	// mergeOnly is set after errCopyConflict: runs always merge.
 	mergeOnly bool
+	// isPaused is Options.Paused.
+	isPaused func(source string) bool
 }
 
 // New returns the poller of the poll source that c configures (see
@@ -102,7 +107,7 @@ func New(c Config, pool *pgxpool.Pool, opts Options) (*Poller, error) {
 	rt.Local = true
 	opts = opts.withDefaults()
 	p := &Poller{conf: c, table: t, raw: rt, pool: pool,
-		log: opts.Logger.With("source", c.Source), now: opts.Now, m: newPollMetrics(opts.Registerer), progress: opts.Progress}
+		log: opts.Logger.With("source", c.Source), now: opts.Now, m: newPollMetrics(opts.Registerer), progress: opts.Progress, isPaused: opts.Paused}
 	p.raw.Log = opts.Logger
 	p.m.register(c.Source, p.now)
 	return p, nil
@@ -852,16 +857,30 @@ func (o Options) withDefaults() Options {
 
 // Run polls on the source's interval until ctx ends, and returns nil. A
 // run that stopped at max_rows_per_run is followed at once; a failed run
-// is logged and retried after 1s, doubling up to poll.every.
+// is logged and retried after 1s, doubling up to poll.every; a run while
+// the source is paused (Options.Paused) is skipped.
 func (p *Poller) Run(ctx context.Context) error {
 	every := p.conf.Every
-	var more bool // the last run stopped at max_rows_per_run
+	var more bool   // the last run stopped at max_rows_per_run
+	var paused bool // the last run was skipped: the source is paused
 	job := periodic.Job{
 		Name:    "poll run",
 		Every:   every,
 		Backoff: backoff.Backoff{First: time.Second, Max: every},
 		Log:     p.log,
 		Run: func(ctx context.Context) error {
+			if now := p.isPaused != nil && p.isPaused(p.conf.Source); now != paused {
+				paused = now
+				if paused {
+					p.log.Info("source paused: its poll runs are skipped")
+				} else {
+					p.log.Info("source resumed: its poll runs go on")
+				}
+			}
+			if paused {
+				more = false
+				return nil
+			}
 			rep, err := p.RunOnce(ctx, Window{})
 			more = err == nil && rep.More
 			if err == nil && rep.Merged > 0 && ctx.Err() == nil {
