@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -412,6 +413,29 @@ func parseSlotLSN(text string) (pglogrepl.LSN, error) {
 	return pglogrepl.ParseLSN(text)
 }
 
+// warnUnconfigured warns of the tables the publication publishes that the
+// configuration does not name (a table removed from cdc.tables): their
+// changes are sent and ignored, and their mirrors and raw rows are kept.
+func (c *checker) warnUnconfigured(published map[[2]string]bool) {
+	tracked := map[[2]string]bool{}
+	for _, t := range c.tables {
+		tracked[[2]string{t.schema, t.name}] = true
+	}
+	var extra []string
+	for st := range published {
+		if !tracked[st] {
+			extra = append(extra, pgquote.Ident(st[0], st[1]))
+		}
+	}
+	if len(extra) == 0 {
+		return
+	}
+	slices.Sort(extra)
+	c.warn("publication %s also publishes %s, which %s does not name: their changes are sent and ignored, their mirrors and raw rows are kept; "+
+		"ALTER PUBLICATION %s DROP TABLE %s stops sending them",
+		c.spec.Publication, strings.Join(extra, ", "), c.key("tables"), pgquote.Ident(c.spec.Publication), strings.Join(extra, ", "))
+}
+
 func (c *checker) checkPublication(ctx context.Context) error {
 	var allTables bool
 	err := c.conn.QueryRow(ctx, checkPublicationSQL, c.spec.Publication).Scan(&allTables)
@@ -440,6 +464,9 @@ func (c *checker) checkPublication(ctx context.Context) error {
 	}
 	var missing, quoted []string
 	partitioned := false
+	if !allTables {
+		c.warnUnconfigured(published)
+	}
 	for _, t := range c.tables {
 		if published[[2]string{t.schema, t.name}] {
 			continue

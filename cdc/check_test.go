@@ -232,6 +232,13 @@ func TestCheck(t *testing.T) {
 			},
 		},
 		{
+			name: "publication holds a table no longer configured",
+			setup: []string{ordersDDL, `CREATE TABLE sales.items (id int PRIMARY KEY)`,
+				`CREATE PUBLICATION tidemark_shop FOR TABLE public.orders, sales.items`},
+			warnings: []string{"replica identity DEFAULT",
+				`publication tidemark_shop also publishes "sales"."items", which sources.shop.cdc.tables does not name: their changes are sent and ignored, their mirrors and raw rows are kept; ALTER PUBLICATION "tidemark_shop" DROP TABLE "sales"."items"`},
+		},
+		{
 			name: "publication for all tables",
 			setup: []string{ordersDDL, `CREATE PUBLICATION tidemark_shop FOR ALL TABLES`,
 				`CREATE TABLE sales.items (id int PRIMARY KEY)`,
@@ -260,7 +267,8 @@ func TestCheck(t *testing.T) {
 			name:    "table missing",
 			setup:   []string{ordersDDL, ordersPubDDL},
 			spec:    func(s *cdc.CheckSpec) { s.Tables = []pgx.Identifier{{"public", "nope"}} },
-			wantErr: []string{"sources.shop.cdc.tables", "public.nope", "does not exist"},
+			wantErr:  []string{"sources.shop.cdc.tables", "public.nope", "does not exist"},
+			warnings: []string{`also publishes "public"."orders"`},
 		},
 		{
 			name:    "no primary key and default identity",
