@@ -264,9 +264,9 @@ func TestCheck(t *testing.T) {
 				`CREATE PUBLICATION tidemark_shop FOR ALL TABLES WITH (publish_via_partition_root = true)`},
 		},
 		{
-			name:    "table missing",
-			setup:   []string{ordersDDL, ordersPubDDL},
-			spec:    func(s *cdc.CheckSpec) { s.Tables = []pgx.Identifier{{"public", "nope"}} },
+			name:     "table missing",
+			setup:    []string{ordersDDL, ordersPubDDL},
+			spec:     func(s *cdc.CheckSpec) { s.Tables = []pgx.Identifier{{"public", "nope"}} },
 			wantErr:  []string{"sources.shop.cdc.tables", "public.nope", "does not exist"},
 			warnings: []string{`also publishes "public"."orders"`},
 		},

@@ -198,7 +198,9 @@ func TestPauseResume(t *testing.T) {
 	for i, log := range logs {
 		ctx, cancel := context.WithCancel(e.ctx)
 		done := make(chan int, 1)
-		go func() { done <- run(ctx, []string{"run", "--only", "ingest,poll,cdc", "-c", e.cfg}, &strings.Builder{}, log) }()
+		go func() {
+			done <- run(ctx, []string{"run", "--only", "ingest,poll,cdc", "-c", e.cfg}, &strings.Builder{}, log)
+		}()
 		t.Cleanup(func() {
 			cancel()
 			if code := <-done; code != exitOK {
