@@ -127,6 +127,9 @@ type group struct {
 	done        chan struct{}
 	err         error
 	committedAt time.Time
+
+	// resyncs are the resync chunks the group applies.
+	resyncs []resyncStep
 }
 
 // open reports whether a group is open.
@@ -424,6 +427,9 @@ func (a *applier) commitGroup(ctx context.Context, g *group) error {
 		err = a.ledger(ctx, g)
 	}
 	if err == nil {
+		err = a.writeResync(ctx, g)
+	}
+	if err == nil {
 		if _, err = g.tx.Exec(ctx, advancePositionSQL, a.source, g.end.String(), g.lastCommit, g.txns, g.changes, g.ingestedAt); err != nil {
 			err = fmt.Errorf("store the position: %w", err)
 		}
@@ -497,6 +503,9 @@ func (a *applier) write(ctx context.Context, g *group, changes []change) error {
 	if err := a.applyMirrors(ctx, g, changes); err != nil {
 		return err
 	}
+	if err := a.recordResyncKeys(ctx, g, changes); err != nil {
+		return err
+	}
 	if last.op == opTruncate && a.truncate {
 		m := last.table.mirror
 		q := fmt.Sprintf(truncateFlagSQL, m.Target.Sanitize(), pgquote.Ident(m.DeletedColumn))
@@ -561,7 +570,7 @@ func (a *applier) applyMirrors(ctx context.Context, g *group, changes []change) 
 		switch c.op {
 		case opInsert:
 			err = folded.Insert(&c.table.rel, c.newRow, mirror.At{Time: c.commitTime})
-		case opUpdate:
+		case opUpdate, opSnapshot:
 			err = folded.Update(&c.table.rel, c.oldRow, c.newRow, mirror.At{Time: c.commitTime})
 		case opDelete:
 			err = folded.Delete(&c.table.rel, c.oldRow, mirror.At{Time: c.commitTime})

@@ -38,6 +38,9 @@ type change struct {
 	commitTime time.Time
 	newRow     row // insert, update
 	oldRow     row // update with a key change or FULL identity; delete
+	// resync is the generation of the resync of the table under way when
+	// the change was read, 0 when none was: its key is kept by the sweep.
+	resync int64
 }
 
 // bytes estimates the memory of a change, for the buffer bound.

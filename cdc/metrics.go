@@ -22,6 +22,7 @@ type metrics struct {
 	snapshotPlanned prometheus.Gauge
 	snapshotCopied  prometheus.Gauge
 	snapshotRows    prometheus.Counter
+	resyncRows      prometheus.Counter
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -151,6 +152,10 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Name: "tidemark_cdc_snapshot_chunks_copied",
 		Help: "Chunks of the initial snapshot committed to the warehouse.",
 	}, []string{"source"})
+	resyncRows := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tidemark_cdc_resync_rows_total",
+		Help: "Rows read by resyncs (tidemark resync, tables added to a running source), per source.",
+	}, []string{"source"})
 	snapRows := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tidemark_cdc_snapshot_rows_total",
 		Help: "Rows copied into mirrors by initial snapshots.",
@@ -160,6 +165,7 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		planned = promreg.Shared(reg, planned)
 		copied = promreg.Shared(reg, copied)
 		snapRows = promreg.Shared(reg, snapRows)
+		resyncRows = promreg.Shared(reg, resyncRows)
 		changes = promreg.Shared(reg, changes)
 		mirrored = promreg.Shared(reg, mirrored)
 		txns = promreg.Shared(reg, txns)
@@ -167,7 +173,7 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		applied = promreg.Shared(reg, applied)
 		confirmed = promreg.Shared(reg, confirmed)
 	}
-	for _, op := range []string{opInsert, opUpdate, opDelete, opTruncate} {
+	for _, op := range []string{opInsert, opUpdate, opDelete, opTruncate, opSnapshot} {
 		changes.WithLabelValues(source, op)
 	}
 	for _, how := range []string{"copied", "merged", "deleted"} {
@@ -187,5 +193,6 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		snapshotPlanned: planned.WithLabelValues(source),
 		snapshotCopied:  copied.WithLabelValues(source),
 		snapshotRows:    snapRows.WithLabelValues(source),
+		resyncRows:      resyncRows.WithLabelValues(source),
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -111,6 +112,9 @@ type Reader struct {
 	// stopAt, once set, stops the next run before a transaction (see
 	// stopBefore).
 	stopAt *stopBefore
+	// rs is the resync under way, nil when none is: its driver sets it,
+	// the stream reads it.
+	rs atomic.Pointer[resync]
 	// waitTimeout bounds each wait on the warehouse or on a source query
 	// (conf.WriteTimeout); walSenderTimeout is the replication
 	// session's, which bounds its silence (see silence).
@@ -289,6 +293,20 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	} else if hb > 0 {
 		r.log.Info("no heartbeats: the source is a standby and cdc.primary_dsn is not set; the slot moves with the tracked tables' changes", "slot", conf.Slot)
 	}
+	next, err := r.nextResync(ctx, tables)
+	if err != nil {
+		return err
+	}
+	defer r.rs.Store(nil)
+	rctx, stopResyncs := context.WithCancel(ctx)
+	resynced := make(chan struct{})
+	go func() {
+		defer close(resynced)
+		if err := r.resyncs(rctx, tables, r.writeDSN(report), next); err != nil && rctx.Err() == nil {
+			lose(err)
+		}
+	}()
+	defer func() { stopResyncs(); <-resynced }()
 	for {
 		err := s.run(ctx)
 		var stop *stopBefore

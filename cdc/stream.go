@@ -48,7 +48,11 @@ type stream struct {
 	commitLSN  pglogrepl.LSN
 	commitTime time.Time
 	seq        int
+	xid        uint32 // its transaction id
 	groupStart time.Time
+	// deferred is a resync chunk whose high mark came inside a
+	// transaction: it is applied once the transaction is.
+	deferred *resyncChunk
 
 	// current is the commit LSN of the transaction being applied.
 	current pglogrepl.LSN
@@ -70,7 +74,7 @@ type stream struct {
 // to lower case unless double-quoted: the name is quoted as the
 // identifier CREATE PUBLICATION was given, then as a literal.
 func pluginArgs(publication string) []string {
-	return []string{"proto_version '2'", "publication_names " + pgquote.CommandLiteral(pgquote.Ident(publication)), "streaming 'on'"}
+	return []string{"proto_version '2'", "publication_names " + pgquote.CommandLiteral(pgquote.Ident(publication)), "streaming 'on'", "messages 'true'"}
 }
 
 // slotBusyWait bounds how long a start waits for the slot to be released
@@ -446,7 +450,7 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 		if at := s.r.stopAt; at != nil && m.FinalLSN >= at.lsn {
 			return s.stopHere(ctx)
 		}
-		s.inTxn, s.seq = true, 0
+		s.inTxn, s.seq, s.xid = true, 0, m.Xid
 		s.commitLSN, s.commitTime = m.FinalLSN, m.CommitTime
 		s.current = m.FinalLSN
 		// Transactions the warehouse already holds are skipped: after a
@@ -462,12 +466,19 @@ func (s *stream) message(ctx context.Context, msg pglogrepl.Message) error {
 		s.inTxn = false
 		if s.skip {
 			s.skip = false
-			return nil
+			return s.applyDeferredChunk(ctx, m.TransactionEndLSN)
 		}
 		s.a.txnDone(m.TransactionEndLSN, m.CommitTime)
 		if s.a.changes() >= int64(s.r.opts.GroupChanges) || time.Since(s.groupStart) >= s.r.opts.GroupAge {
-			return s.commitGroup(ctx)
+			if err := s.commitGroup(ctx); err != nil {
+				return err
+			}
 		}
+		return s.applyDeferredChunk(ctx, m.TransactionEndLSN)
+	case *pglogrepl.LogicalDecodingMessageV2:
+		return s.logicalMessage(ctx, &m.LogicalDecodingMessage)
+	case *pglogrepl.LogicalDecodingMessage:
+		return s.logicalMessage(ctx, m)
 	case *pglogrepl.TruncateMessageV2:
 		for _, id := range m.RelationIDs {
 			if err := s.change(ctx, opTruncate, m.Xid, id, nil, nil); err != nil {
@@ -637,6 +648,7 @@ func (s *stream) change(ctx context.Context, op string, xid, rel uint32, newT, o
 	}
 	c.seq, c.commitLSN, c.commitTime = s.seq, s.commitLSN, s.commitTime
 	s.seq++
+	s.resyncRecord(s.xid, &c)
 	return s.a.add(ctx, c)
 }
 
@@ -673,6 +685,7 @@ func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMess
 		}
 		c := change{op: e.Op, table: t, newRow: e.New, oldRow: e.Old, seq: seq, commitLSN: m.CommitLSN, commitTime: m.CommitTime}
 		seq++
+		s.resyncRecord(m.Xid, &c)
 		return s.a.add(ctx, c)
 	})
 	if err != nil {
@@ -814,6 +827,9 @@ func (s *stream) committedOne(ctx context.Context, block bool) error {
 	s.r.m.mirrored.WithLabelValues("merged").Add(float64(written.Merged))
 	s.r.m.mirrored.WithLabelValues("deleted").Add(float64(written.Deleted))
 	s.applied = max(s.applied, g.end)
+	for _, st := range g.resyncs {
+		close(st.c.applied)
+	}
 	s.r.m.applyLag.Observe(g.committedAt.Sub(g.lastCommit).Seconds())
 	s.r.m.applied.Set(float64(s.applied))
 	return s.status(ctx, true)

@@ -16,7 +16,7 @@ func TestPluginArgsQuotePublication(t *testing.T) {
 		{`Shop,x\`, `publication_names '"Shop,x\"'`},
 	} {
 		got := pluginArgs(tt.name)
-		if want := []string{"proto_version '2'", tt.want, "streaming 'on'"}; !slices.Equal(got, want) {
+		if want := []string{"proto_version '2'", tt.want, "streaming 'on'", "messages 'true'"}; !slices.Equal(got, want) {
 			t.Errorf("pluginArgs(%q) = %q, want %q", tt.name, got, want)
 		}
 	}

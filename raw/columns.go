@@ -46,7 +46,7 @@ var ChangeColumns = Columns{
 	{"event_id", `text COLLATE "C" NOT NULL`, pgtype.TextOID},
 	{"event_time", "timestamptz NOT NULL", pgtype.TimestamptzOID},
 	{"ingested_at", "timestamptz NOT NULL", pgtype.TimestamptzOID},
-	{"op", "text NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate'))", pgtype.TextOID},
+	{"op", "text NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'snapshot'))", pgtype.TextOID},
 	{"source_table", "text NOT NULL", pgtype.TextOID},
 	{"payload", "jsonb NOT NULL", pgtype.JSONBOID},
 	{"row_key", "text", pgtype.TextOID},

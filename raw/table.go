@@ -220,6 +220,11 @@ func (t *Table) Ensure(ctx context.Context, conn *pgx.Conn) error {
 			return fmt.Errorf("%w: %s holds %s but sources.%s now configures %s; use a new source name",
 				ErrPartitioningChanged, t.Ident(), kind[hasOp], t.Source, kind[t.Changes])
 		}
+		if existed && t.Changes {
+			if err := widenOpCheck(ctx, tx, t.Ident()); err != nil {
+				return err
+			}
+		}
 		rows, err := tx.Query(ctx, listRawPartitionsSQL, t.Ident())
 		if err != nil {
 			return err
@@ -495,3 +500,34 @@ func formatBound(ts time.Time) string { return ts.UTC().Format("2006-01-02 15:04
 // error pgerr.MissingPartition recognises with it, and repeat the write
 // once the partition cache is dropped (Forget).
 var ErrMissingPartition = errors.New("raw partition missing")
+
+// SQL of widening the op check of a change table made before resyncs
+// recorded the rows they copy (op snapshot).
+const (
+	narrowOpChecksSQL = `
+SELECT conname::text FROM pg_constraint
+WHERE conrelid = $1::regclass AND contype = 'c'
+  AND pg_get_constraintdef(oid) LIKE '%op%insert%' AND pg_get_constraintdef(oid) NOT LIKE '%snapshot%'`
+	// widenOpCheckSQL replaces the check without reading the rows, which
+	// the old check held. %[1]s table, %[2]s constraint.
+	widenOpCheckSQL = `ALTER TABLE %[1]s DROP CONSTRAINT %[2]s,
+    ADD CONSTRAINT %[2]s CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'snapshot')) NOT VALID`
+)
+
+// widenOpCheck lets the change table ident hold op snapshot.
+func widenOpCheck(ctx context.Context, tx pgx.Tx, ident string) error {
+	rows, err := tx.Query(ctx, narrowOpChecksSQL, ident)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(widenOpCheckSQL, ident, pgquote.Ident(n))); err != nil {
+			return fmt.Errorf("let %s hold the rows resyncs copy: %w", ident, err)
+		}
+	}
+	return nil
+}

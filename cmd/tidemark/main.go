@@ -138,6 +138,7 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"forget":       cmdForget,
 	"pause":        cmdPause,
 	"resume":       cmdResume,
+	"resync":       cmdResync,
 	"dead-letters": cmdDeadLetters,
 	"grants":       cmdGrants,
 	"demo":         cmdDemo,

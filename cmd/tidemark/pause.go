@@ -81,21 +81,15 @@ func cmdResume(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // parseSource parses the flags of a command that takes one source name as
 // its argument, before or after the flags.
 func parseSource(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (string, int, bool) {
-	var name string
-	rest := args
-	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
-		name, rest = rest[0], rest[1:]
-	} else if n := len(rest); n > 0 && !strings.HasPrefix(rest[n-1], "-") && (n < 2 || !takesValue(fs, rest[n-2])) {
-		name, rest = rest[n-1], rest[:n-1]
-	}
-	if code, ok := parse(fs, rest, stdout, stderr); !ok {
+	names, code, ok := parseNames(fs, args, stdout, stderr)
+	if !ok {
 		return "", code, false
 	}
-	if name == "" {
-		fmt.Fprintf(stderr, "%s: name the source: %s SOURCE\n", fs.Name(), fs.Name())
+	if len(names) > 1 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q: name one source\n", fs.Name(), names[1])
 		return "", exitUsage, false
 	}
-	return name, 0, true
+	return names[0], 0, true
 }
 
 // takesValue reports whether arg is a flag of fs given without "=" that
