@@ -113,8 +113,14 @@ type resyncChunk struct {
 	// applied is closed once the group applying the chunk has committed,
 	// with err set when it could not be applied.
 	applied chan struct{}
+	once    sync.Once
 	err     error
 }
+
+// markApplied closes applied, once: a chunk read again from the slot
+// after its group committed (a stream that stopped before a transaction
+// and read the slot again) is applied, and committed, again.
+func (c *resyncChunk) markApplied() { c.once.Do(func() { close(c.applied) }) }
 
 // snapshot is a source snapshot, as pg_current_snapshot prints it, the
 // transaction ids in 32 bits as pgoutput sends them.

@@ -828,7 +828,7 @@ func (s *stream) committedOne(ctx context.Context, block bool) error {
 	s.r.m.mirrored.WithLabelValues("deleted").Add(float64(written.Deleted))
 	s.applied = max(s.applied, g.end)
 	for _, st := range g.resyncs {
-		close(st.c.applied)
+		st.c.markApplied()
 	}
 	s.r.m.applyLag.Observe(g.committedAt.Sub(g.lastCommit).Seconds())
 	s.r.m.applied.Set(float64(s.applied))
