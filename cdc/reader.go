@@ -293,20 +293,11 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 	} else if hb > 0 {
 		r.log.Info("no heartbeats: the source is a standby and cdc.primary_dsn is not set; the slot moves with the tracked tables' changes", "slot", conf.Slot)
 	}
-	next, err := r.nextResync(ctx, tables)
+	stopResyncs, err := r.startResyncs(ctx, tables, r.writeDSN(report), lose)
 	if err != nil {
 		return err
 	}
-	defer r.rs.Store(nil)
-	rctx, stopResyncs := context.WithCancel(ctx)
-	resynced := make(chan struct{})
-	go func() {
-		defer close(resynced)
-		if err := r.resyncs(rctx, tables, r.writeDSN(report), next); err != nil && rctx.Err() == nil {
-			lose(err)
-		}
-	}()
-	defer func() { stopResyncs(); <-resynced }()
+	defer stopResyncs()
 	for {
 		err := s.run(ctx)
 		var stop *stopBefore

@@ -381,6 +381,26 @@ func (r *Reader) resyncs(ctx context.Context, tables map[string]*table, writeDSN
 	}
 }
 
+// startResyncs installs the resync under way, before the run streams,
+// and runs the resyncs of the source beside the stream (resyncs); an
+// error of theirs ends the run through lose. The returned function stops
+// them and waits.
+func (r *Reader) startResyncs(ctx context.Context, tables map[string]*table, writeDSN string, lose context.CancelCauseFunc) (stop func(), err error) {
+	next, err := r.nextResync(ctx, tables)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := r.resyncs(rctx, tables, writeDSN, next); err != nil && rctx.Err() == nil {
+			lose(err)
+		}
+	}()
+	return func() { cancel(); <-done; r.rs.Store(nil) }, nil
+}
+
 // pendingResync is a resync to copy, installed for the stream to record
 // the changes of its table: from last (its key columns' values; empty:
 // from the start), chunk n.
