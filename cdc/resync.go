@@ -264,7 +264,9 @@ func (s *stream) applyChunk(ctx context.Context, lsn pglogrepl.LSN, rs *resync, 
 			}
 		}
 		copied++
-		ch := change{op: opSnapshot, table: rs.t, seq: i, commitLSN: lsn, commitTime: c.at, newRow: r, resync: rs.gen}
+		// Not marked for the resync: writeResync keeps every key of the
+		// chunk, those left out included.
+		ch := change{op: opSnapshot, table: rs.t, seq: i, commitLSN: lsn, commitTime: c.at, newRow: r}
 		if err := s.a.add(ctx, ch); err != nil {
 			return err
 		}

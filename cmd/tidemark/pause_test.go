@@ -122,7 +122,6 @@ func (e *pauseEnv) behind(sources ...string) []string {
 	e.t.Helper()
 	var out []string
 	same := func(table, mirror string) bool {
-		var ok bool
 		sql := fmt.Sprintf(`SELECT coalesce(string_agg(t::text, ',' ORDER BY id), '') FROM (SELECT * FROM %s) t`, table)
 		var want, got string
 		if e.src.QueryRow(e.ctx, sql).Scan(&want) != nil {
@@ -132,8 +131,7 @@ func (e *pauseEnv) behind(sources ...string) []string {
 		if e.wh.QueryRow(e.ctx, fmt.Sprintf(`SELECT coalesce(string_agg(t::text, ',' ORDER BY id), '') FROM (SELECT %s FROM %s) t`, cols, mirror)).Scan(&got) != nil {
 			return false
 		}
-		ok = want == got
-		return ok
+		return want == got
 	}
 	for _, s := range sources {
 		var ok bool
