@@ -215,6 +215,9 @@ func (rs *resync) mark(content string) *resyncChunk {
 // transaction c's snapshot missed, and forgets the window.
 func (rs *resync) excluded(c *resyncChunk) map[string]bool {
 	out := rs.window
+	if out == nil {
+		out = map[string]bool{}
+	}
 	rs.window = nil
 	for x, keys := range rs.byXid {
 		if c.snap.invisible(x) {
