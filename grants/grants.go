@@ -49,7 +49,7 @@ import (
 // that adds a table adds it here (a test compares the list with the
 // migrated schema).
 var StateTables = []string{
-	"backfill_chunks", "backfill_runs", "cdc_positions", "cdc_resync_keys", "cdc_resyncs", "corrections", "dead_letters", "debezium_truncates",
+	"backfill_chunks", "backfill_runs", "cdc_gaps", "cdc_positions", "cdc_resync_keys", "cdc_resyncs", "corrections", "dead_letters", "debezium_truncates",
 	"event_ids", "ingest_ledger", "kafka_offsets", "key_reconciliations", "load_watermarks", "partition_arrivals",
 	"partitions", "pending_partitions", "poll_watermarks", "raw_retention", "shadow_builds", "source_pauses",
 	"source_watermarks", "verify_runs",

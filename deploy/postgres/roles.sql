@@ -56,7 +56,7 @@ GRANT USAGE, CREATE ON SCHEMA raw TO :"runtime_role";
 -- State tables that later migrations create, and those that exist.
 ALTER DEFAULT PRIVILEGES FOR ROLE :"migration_role" IN SCHEMA tidemark GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO :"runtime_role";
 SELECT format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', string_agg('tidemark.' || t, ', '), :'runtime_role')
-FROM unnest(ARRAY['backfill_chunks', 'backfill_runs', 'cdc_positions', 'cdc_resync_keys', 'cdc_resyncs', 'corrections', 'dead_letters', 'debezium_truncates', 'event_ids', 'ingest_ledger', 'kafka_offsets', 'key_reconciliations', 'load_watermarks', 'partition_arrivals', 'partitions', 'pending_partitions', 'poll_watermarks', 'raw_retention', 'shadow_builds', 'source_pauses', 'source_watermarks', 'verify_runs']) AS t
+FROM unnest(ARRAY['backfill_chunks', 'backfill_runs', 'cdc_gaps', 'cdc_positions', 'cdc_resync_keys', 'cdc_resyncs', 'corrections', 'dead_letters', 'debezium_truncates', 'event_ids', 'ingest_ledger', 'kafka_offsets', 'key_reconciliations', 'load_watermarks', 'partition_arrivals', 'partitions', 'pending_partitions', 'poll_watermarks', 'raw_retention', 'shadow_builds', 'source_pauses', 'source_watermarks', 'verify_runs']) AS t
 WHERE to_regclass('tidemark.' || t) IS NOT NULL HAVING count(*) > 0 \gexec
 SELECT format('GRANT SELECT ON tidemark.schema_migrations TO %1$I; REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON tidemark.schema_migrations FROM %1$I', :'runtime_role')
 WHERE to_regclass('tidemark.schema_migrations') IS NOT NULL \gexec
