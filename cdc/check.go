@@ -34,6 +34,10 @@ type CheckSpec struct {
 	Position pglogrepl.LSN
 	// Failover is cdc.failover_slot: auto, on or off ("" is auto).
 	Failover string
+	// Replace reports a slot that tidemark drops and creates again (a
+	// snapshot cut short, or a slot replaced by tidemark resync
+	// --new-slot): the WAL it lost is not held against it.
+	Replace bool
 }
 
 // SlotState describes the slot if it exists.
@@ -63,6 +67,12 @@ type Report struct {
 	Slot SlotState
 	// PublicationExists reports whether spec.Publication exists.
 	PublicationExists bool
+	// Unpublished are the tables of spec that the existing publication
+	// does not publish and that the role may add to it (it owns the
+	// publication and the tables): the reader adds them and copies them
+	// while the stream goes on. A table the role may not add is a
+	// problem.
+	Unpublished []pgx.Identifier
 	// Warnings describe things that work but that the operator should
 	// know, such as replica identity DEFAULT: deletes carry only the key.
 	Warnings []string
@@ -127,6 +137,17 @@ FROM pg_replication_slots
 WHERE slot_name = $1`
 
 	checkPublicationSQL = `SELECT puballtables FROM pg_publication WHERE pubname = $1`
+
+	// checkMayPublishSQL reads whether the role may add the tables
+	// (quoted names) to the publication: ALTER PUBLICATION ... ADD TABLE
+	// needs ownership of both.
+	checkMayPublishSQL = `
+SELECT pg_has_role(p.pubowner, 'USAGE')
+       AND coalesce(bool_and(pg_has_role(c.relowner, 'USAGE')), true)
+FROM pg_publication p
+LEFT JOIN pg_class c ON c.oid = ANY (SELECT to_regclass(t) FROM unnest($2::text[]) AS t)
+WHERE p.pubname = $1
+GROUP BY p.pubowner`
 
 	checkPublicationTablesSQL = `
 SELECT schemaname::text, tablename::text
@@ -354,7 +375,7 @@ func (c *checker) checkSlot(ctx context.Context) error {
 		if c.spec.Position != 0 {
 			c.problem("%s: replication slot %s does not exist, but tidemark has read changes from it up to %s: "+
 				"it was dropped, or lost in a failover to a server that did not have it, and changes after that position may be missing. "+
-				"Re-snapshot: reset source %s's stored position and let tidemark snapshot the tables again",
+				"Run tidemark resync %s --new-slot: a new slot, and every table copied again while the stream goes on",
 				key, c.spec.Slot, c.spec.Position, c.spec.Source)
 		}
 		return nil
@@ -389,6 +410,9 @@ func (c *checker) checkSlot(ctx context.Context) error {
 			key, c.spec.Slot, st.Database, currentDB, c.key("dsn"), other)
 		return nil
 	}
+	if c.spec.Replace {
+		return nil
+	}
 	switch st.WALStatus {
 	case walStatusLost:
 		since := "its confirmed position"
@@ -396,12 +420,12 @@ func (c *checker) checkSlot(ctx context.Context) error {
 			since = st.ConfirmedFlush.String()
 		}
 		c.problem("%s: replication slot %s has lost WAL it needed; the changes since %s are gone: "+
-			"drop the slot (SELECT pg_drop_replication_slot('%s')), and re-snapshot (reset source %s's stored position and let tidemark snapshot the tables again); "+
+			"run tidemark resync %s --new-slot (a new slot, and every table copied again while the stream goes on); "+
 			"raise max_slot_wal_keep_size on the source so that it does not happen again",
-			key, c.spec.Slot, since, c.spec.Slot, c.spec.Source)
+			key, c.spec.Slot, since, c.spec.Source)
 	case walStatusUnreserved:
 		c.warn("replication slot %s is about to lose WAL it needs (wal_status unreserved: it is behind by more than max_slot_wal_keep_size); "+
-			"unless it catches up before the next checkpoint, the slot is lost and the tables must be snapshotted again", c.spec.Slot)
+			"unless it catches up before the next checkpoint, the slot is lost and the tables must be resynced with a new slot", c.spec.Slot)
 	}
 	return nil
 }
@@ -488,6 +512,22 @@ func (c *checker) checkPublication(ctx context.Context) error {
 			c.key("publication"), c.spec.Publication, strings.Join(missing, ", "), fix)
 		return nil
 	}
+	if !partitioned {
+		addable, err := c.mayAddToPublication(ctx, quoted)
+		if err != nil {
+			return err
+		}
+		if addable {
+			for _, t := range c.tables {
+				if !published[[2]string{t.schema, t.name}] {
+					c.report.Unpublished = append(c.report.Unpublished, pgx.Identifier{t.schema, t.name})
+				}
+			}
+			c.warn("publication %s does not publish %s: the reader adds them (ALTER PUBLICATION %s ADD TABLE %s) and copies them while the stream goes on",
+				c.spec.Publication, strings.Join(missing, ", "), pub, strings.Join(quoted, ", "))
+			return nil
+		}
+	}
 	fix := "ALTER PUBLICATION " + pub + " ADD TABLE " + strings.Join(quoted, ", ")
 	if partitioned {
 		fix += " (for a partitioned table already in it: ALTER PUBLICATION " + pub + " SET (publish_via_partition_root = true))"
@@ -495,4 +535,16 @@ func (c *checker) checkPublication(ctx context.Context) error {
 	c.problem("%s: publication %s does not publish %s: run %s",
 		c.key("publication"), c.spec.Publication, strings.Join(missing, ", "), fix)
 	return nil
+}
+
+// mayAddToPublication reports whether the role may add the tables (quoted
+// names) to the publication: it owns the publication and each table, or
+// is a member of their owners.
+func (c *checker) mayAddToPublication(ctx context.Context, quoted []string) (bool, error) {
+	var may bool
+	err := c.conn.QueryRow(ctx, checkMayPublishSQL, c.spec.Publication, quoted).Scan(&may)
+	if err != nil {
+		return false, fmt.Errorf("cdc check: read the owners of publication %s and its tables: %w", c.spec.Publication, err)
+	}
+	return may, nil
 }

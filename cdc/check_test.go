@@ -223,13 +223,28 @@ func TestCheck(t *testing.T) {
 			spec: func(s *cdc.CheckSpec) {
 				s.Tables = append(s.Tables, pgx.Identifier{"sales", "items"})
 			},
-			wantErr:  []string{"sources.shop.cdc.publication", "sales.items", `ALTER PUBLICATION "tidemark_shop" ADD TABLE "sales"."items"`},
-			warnings: []string{"public.orders", "sales.items"},
+			warnings: []string{"public.orders", "sales.items",
+				`publication tidemark_shop does not publish sales.items: the reader adds them (ALTER PUBLICATION "tidemark_shop" ADD TABLE "sales"."items")`},
 			report: func(t *testing.T, _ *checkEnv, r cdc.Report) {
 				if !r.PublicationExists {
 					t.Error("PublicationExists false; the publication exists")
 				}
+				if len(r.Unpublished) != 1 || r.Unpublished[0].Sanitize() != `"sales"."items"` {
+					t.Errorf("Unpublished %v, want sales.items", r.Unpublished)
+				}
 			},
+		},
+		{
+			name: "publication lacks a table the role may not add",
+			setup: []string{ordersDDL, ordersPubDDL, `CREATE TABLE sales.items (id int PRIMARY KEY)`,
+				`CREATE ROLE {role} LOGIN REPLICATION`, `GRANT USAGE ON SCHEMA sales TO {role}`,
+				`GRANT SELECT ON public.orders, sales.items TO {role}`},
+			as: "{role}",
+			spec: func(s *cdc.CheckSpec) {
+				s.Tables = append(s.Tables, pgx.Identifier{"sales", "items"})
+			},
+			wantErr:  []string{"sources.shop.cdc.publication", "sales.items", `ALTER PUBLICATION "tidemark_shop" ADD TABLE "sales"."items"`},
+			warnings: []string{"public.orders", "sales.items"},
 		},
 		{
 			name: "publication holds a table no longer configured",
@@ -293,8 +308,8 @@ func TestCheck(t *testing.T) {
 			spec: func(s *cdc.CheckSpec) {
 				s.Tables = append(s.Tables, pgx.Identifier{"public", "gone"}, pgx.Identifier{"public", "items"})
 			},
-			wantErr:  []string{"3 problems", "public.orders", "NOTHING", "public.gone", "does not exist", "does not publish public.items"},
-			warnings: []string{"public.items"},
+			wantErr:  []string{"2 problems", "public.orders", "NOTHING", "public.gone", "does not exist"},
+			warnings: []string{"public.items", "does not publish public.items: the reader adds them"},
 		},
 		{
 			name:     "slot with another plugin",
@@ -359,7 +374,7 @@ func TestCheck(t *testing.T) {
 			name:     "slot missing after tidemark read from it",
 			setup:    []string{ordersDDL, ordersPubDDL},
 			spec:     func(s *cdc.CheckSpec) { s.Position = storedPosition },
-			wantErr:  []string{"sources.shop.cdc.slot", "does not exist", storedPosition.String(), "Re-snapshot", "reset source shop's stored position"},
+			wantErr:  []string{"sources.shop.cdc.slot", "does not exist", storedPosition.String(), "Run tidemark resync shop --new-slot"},
 			warnings: []string{"DEFAULT"},
 		},
 		{
@@ -492,8 +507,14 @@ func TestCheckLostSlot(t *testing.T) {
 
 	report, err := runCheck(t, e.admin, spec)
 	wantSetupError(t, err, "sources.shop.cdc.slot", e.slot+" has lost WAL it needed", "the changes since "+report.Slot.ConfirmedFlush.String()+" are gone",
-		"pg_drop_replication_slot", "re-snapshot")
+		"tidemark resync shop --new-slot", "max_slot_wal_keep_size")
 	if report.Slot.WALStatus != "lost" || report.Slot.ConfirmedFlush == 0 {
 		t.Errorf("Slot %+v; want a lost slot with its confirmed position", report.Slot)
+	}
+	// A slot tidemark replaces (tidemark resync --new-slot) is not held
+	// to the WAL it lost.
+	spec.Replace = true
+	if _, err := runCheck(t, e.admin, spec); err != nil {
+		t.Errorf("Check of a lost slot to replace: %v", err)
 	}
 }

@@ -38,7 +38,7 @@ func (r *Reader) confirmedWithin(ctx context.Context, pos position, slot string,
 	}
 	return pos, fmt.Errorf("%w: sources.%s.cdc.slot: slot %s is confirmed up to %s, beyond what tidemark applied (%s): another client consumed it, "+
 		"it was recreated, or the warehouse lost tidemark's last transactions (a failover to a standby that had not received them, or a restore "+
-		"from a backup); the changes in between are not in the mirrors: re-snapshot the source (stop tidemark, drop the slot, delete the source's "+
-		"row in tidemark.cdc_positions, start tidemark)",
-		ErrSetup, r.conf.Source, slot, confirmed, max(pos.applied, pos.confirmed))
+		"from a backup); the changes in between are not in the mirrors: run tidemark resync %s --new-slot (a new slot, and every table copied again while "+
+		"the stream goes on)",
+		ErrSetup, r.conf.Source, slot, confirmed, max(pos.applied, pos.confirmed), r.conf.Source)
 }

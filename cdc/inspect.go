@@ -20,7 +20,7 @@ const inspectTimeout = 10 * time.Second
 
 // storedPositionSQL reads the position tidemark applied of a source, once
 // its snapshot is done.
-const storedPositionSQL = `SELECT applied_lsn::text FROM tidemark.cdc_positions WHERE source = $1 AND snapshot <> 'pending'`
+const storedPositionSQL = `SELECT applied_lsn::text FROM tidemark.cdc_positions WHERE source = $1 AND snapshot NOT IN ('pending', 'resync')`
 
 // Inspection is what tidemark check finds of a CDC source: the checks the
 // reader runs at start, and how the slot would fare in a failover.
@@ -115,7 +115,7 @@ func failoverNotes(c Config, in Inspection) []string {
 	case r.InRecovery:
 		add("the source is a standby: the slot is decoded there, and a standby's slot cannot be a failover slot")
 	case r.ServerVersion < failoverSlotsVersion:
-		add("PostgreSQL %s has no failover slots: a failover of the source loses the slot, and the tables must be snapshotted again",
+		add("PostgreSQL %s has no failover slots: a failover of the source loses the slot, and the tables must be resynced with a new slot",
 			versionText(r.ServerVersion))
 	case c.FailoverSlot == config.FailoverOff:
 		add("failover_slot: off: a failover of the source loses the slot")

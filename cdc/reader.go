@@ -273,11 +273,7 @@ func (r *Reader) runOnce(ctx context.Context, lose context.CancelCauseFunc) erro
 			pgconnect.Close(ctx, repl)
 		}
 	}()
-	if !pos.exists || pos.snapshot == "pending" {
-		if pos, err = r.createSlot(ctx, repl, srcConn, report, pos, tables); err != nil {
-			return err
-		}
-	} else if err := r.makeFailover(ctx, repl, report); err != nil {
+	if pos, err = r.prepareSlot(ctx, repl, srcConn, report, pos, tables); err != nil {
 		return err
 	}
 	s := &stream{r: r, repl: repl, src: srcConn, byName: tables, rels: map[uint32]*table{},
@@ -349,8 +345,12 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 	// stalled connection answers nothing and does not fail either, and
 	// the stream's bound of silence applies only once it streams.
 	cctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
+	// A pending position is a snapshot cut short, a position in state
+	// resync a slot to replace: the slot, if any, is dropped and created
+	// again, so it is not held to these checks.
+	replace := pos.exists && (pos.snapshot == "pending" || pos.snapshot == snapshotResync)
 	report, err := Check(cctx, srcConn, CheckSpec{Source: r.conf.Source, Slot: conf.Slot, Publication: conf.Publication, Tables: r.specs,
-		Position: pos.readFrom(), Failover: conf.FailoverSlot})
+		Position: pos.readFrom(), Failover: conf.FailoverSlot, Replace: replace})
 	cancel()
 	if err != nil {
 		return report, pos, err
@@ -358,14 +358,11 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 	for _, w := range report.Warnings {
 		r.log.Warn(w)
 	}
-	// A pending position is a snapshot cut short: its slot, if any, is
-	// dropped and created again below, so it is not held to these checks.
-	pending := pos.exists && pos.snapshot == "pending"
-	if pos.exists && !pending && pos.systemID != report.SystemID {
+	if pos.exists && !replace && pos.systemID != report.SystemID {
 		return report, pos, fmt.Errorf("%w: sources.%s: the source database is another server (system identifier %s, tidemark read from %s); "+
-			"a failover to a server without the slot loses changes: re-snapshot the source", ErrSetup, r.conf.Source, report.SystemID, pos.systemID)
+			"a failover to a server without the slot loses changes: run tidemark resync %s --new-slot", ErrSetup, r.conf.Source, report.SystemID, pos.systemID, r.conf.Source)
 	}
-	if pos.exists && !pending && report.Slot.Exists {
+	if pos.exists && !replace && report.Slot.Exists {
 		if pos, err = r.confirmedWithin(ctx, pos, conf.Slot, report.Slot.ConfirmedFlush); err != nil {
 			return report, pos, err
 		}
@@ -376,6 +373,10 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 			create = r.createPublicationOnPrimary
 		}
 		if err := create(ctx, srcConn); err != nil {
+			return report, pos, err
+		}
+	} else if len(report.Unpublished) > 0 {
+		if err := r.addToPublication(ctx, srcConn, report); err != nil {
 			return report, pos, err
 		}
 	}
@@ -451,7 +452,7 @@ type position struct {
 // not: a snapshot still pending is taken again with a new slot, so its
 // slot missing is no loss.
 func (p position) readFrom() pglogrepl.LSN {
-	if !p.exists || p.snapshot == "pending" {
+	if !p.exists || p.snapshot == "pending" || p.snapshot == snapshotResync {
 		return 0
 	}
 	return p.applied
@@ -571,6 +572,28 @@ func (r *Reader) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
 	return conn, nil
 }
 
+// prepareSlot makes the slot the reader streams from: it creates it when
+// the source has none that tidemark reads (createSlot), replaces it when
+// tidemark resync --new-slot asked for it (replaceSlot), or makes the
+// existing one a failover slot as configured; then it takes on the tables
+// the reader did not stream before (takeOnTables).
+func (r *Reader) prepareSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, report Report, pos position, tables map[string]*table) (position, error) {
+	var err error
+	switch {
+	case pos.exists && pos.snapshot == snapshotResync:
+		return r.replaceSlot(ctx, repl, src, report)
+	case !pos.exists || pos.snapshot == "pending":
+		if pos, err = r.createSlot(ctx, repl, src, report, pos, tables); err != nil {
+			return pos, err
+		}
+		return pos, r.takeOnTables(ctx, true, report.Unpublished)
+	}
+	if err := r.makeFailover(ctx, repl, report); err != nil {
+		return pos, err
+	}
+	return pos, r.takeOnTables(ctx, false, report.Unpublished)
+}
+
 // createSlot creates the slot and, with snapshot: initial, copies the
 // tables in the snapshot the slot exports, so that streaming from the
 // slot's consistent point has no gap and no overlap. A snapshot cut short
@@ -606,16 +629,7 @@ func (r *Reader) createSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.C
 	if err := r.execStep(ctx, claimSlotSQL, r.conf.Source, conf.Slot, report.SystemID, r.now()); err != nil {
 		return pos, fmt.Errorf("store the position: %w", err)
 	}
-	res, err := r.createSlotWatched(ctx, repl, src, conf.Snapshot == config.SnapshotInitial, report)
-	if err != nil && (errors.Is(err, pgconnect.ErrNoProgress) || !pgerr.Refused(err)) {
-		// The server stopped confirming progress, or could not run
-		// the statement: retry.
-		return pos, fmt.Errorf("sources.%s.cdc.slot: create slot %s: %w", r.conf.Source, conf.Slot, err)
-	}
-	if err != nil {
-		return pos, fmt.Errorf("%w: sources.%s.cdc.slot: create slot %s: %w", ErrSetup, r.conf.Source, conf.Slot, err)
-	}
-	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	res, at, err := r.newSlot(ctx, repl, src, conf.Snapshot == config.SnapshotInitial, report)
 	if err != nil {
 		return pos, err
 	}

@@ -1362,13 +1362,13 @@ func TestSlotIdentityRefused(t *testing.T) {
 	}{
 		{name: "another server", first: true,
 			before: []string{`UPDATE tidemark.cdc_positions SET system_id = '12345'`},
-			want:   []string{"another server", "system identifier", "re-snapshot"}},
+			want:   []string{"another server", "system identifier", "tidemark resync shop --new-slot"}},
 		{name: "slot advanced by another client", first: true,
 			// The test server commits asynchronously; decoding, and so
 			// the advance, stops at the flushed WAL.
 			before: []string{`BEGIN; SET LOCAL synchronous_commit = on; INSERT INTO orders VALUES (7, 1, 7, '2026-10-05 10:00+00'); COMMIT`,
 				`SELECT pg_replication_slot_advance('tidemark_shop', pg_current_wal_flush_lsn())`},
-			want: []string{"beyond what tidemark applied", "re-snapshot"}},
+			want: []string{"beyond what tidemark applied", "tidemark resync shop --new-slot"}},
 		{name: "existing slot never read",
 			before: []string{`SELECT pg_create_logical_replication_slot('tidemark_shop', 'pgoutput')`},
 			want:   []string{"never read from it", "cdc.snapshot: never"}},

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -379,6 +380,9 @@ func (r *Reader) resyncs(ctx context.Context, tables map[string]*table, writeDSN
 			return nil
 		case <-t.C:
 		}
+		if asked, err := r.newSlotAsked(ctx); err != nil || asked {
+			return cmp.Or(err, errNewSlot)
+		}
 		var err error
 		if next, err = r.nextResync(ctx, tables); err != nil {
 			return err
@@ -712,7 +716,7 @@ type Resync struct {
 // RequestResync asks the readers of source to copy table ("schema.name")
 // again while its changes stream. It returns the resync, and false when
 // one was under way already, which it leaves as it is.
-func RequestResync(ctx context.Context, db pgxQuerier, source, table, by string, now time.Time) (Resync, bool, error) {
+func RequestResync(ctx context.Context, db Querier, source, table, by string, now time.Time) (Resync, bool, error) {
 	var gen int64
 	err := db.QueryRow(ctx, requestResyncSQL, source, table, now, by).Scan(&gen)
 	asked := err == nil
@@ -725,7 +729,7 @@ func RequestResync(ctx context.Context, db pgxQuerier, source, table, by string,
 
 // LastResync returns the latest resync of table, and false when it has
 // never had one.
-func LastResync(ctx context.Context, db pgxQuerier, source, table string) (Resync, bool, error) {
+func LastResync(ctx context.Context, db Querier, source, table string) (Resync, bool, error) {
 	r := Resync{Source: source, Table: table}
 	err := db.QueryRow(ctx, readResyncSQL, source, table).Scan(&r.Generation, &r.State, &r.RequestedAt, &r.RequestedBy,
 		&r.StartedAt, &r.FinishedAt, &r.Chunks, &r.Rows, &r.Removed)
@@ -738,8 +742,8 @@ func LastResync(ctx context.Context, db pgxQuerier, source, table string) (Resyn
 	return r, true, nil
 }
 
-// pgxQuerier is what RequestResync and LastResync need of a pool, a
-// connection or a transaction.
-type pgxQuerier interface {
+// Querier is what the requests to the readers (RequestResync,
+// RequestNewSlot) need of a pool, a connection or a transaction.
+type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }

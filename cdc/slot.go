@@ -55,9 +55,9 @@ func (r *Reader) execStep(ctx context.Context, sql string, args ...any) error {
 	return execDurable(ctx, r.pool, sql, args...)
 }
 
-// dropUnfinishedSlot drops the slot of a snapshot that did not finish, or
-// of a creation that did not: tidemark created it and has read nothing
-// from it. A walsender of tidemark still holding it is ended first: that
+// dropUnfinishedSlot drops the slot of a snapshot that did not finish, of
+// a creation that did not (tidemark created it and has read nothing from
+// it), or that tidemark resync --new-slot replaces. A walsender of tidemark still holding it is ended first: that
 // of a replication connection given up on behind a stalled network lives
 // on at the server until its TCP keepalives find the client gone, and a
 // drop would wait for it that long. Each wait is bounded by r.waitTimeout.
@@ -71,11 +71,11 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 	case pgerr.Refused(err):
 		// Refused (a holder of another role, say): the drop below
 		// waits for it, within its bound.
-		r.log.Warn("cannot end the session holding the slot of an unfinished snapshot", "slot", slot, "err", err)
+		r.log.Warn("cannot end the session holding the slot of an unfinished snapshot or of a slot replaced", "slot", slot, "err", err)
 	case err != nil:
-		return fmt.Errorf("end the session holding the slot of an unfinished snapshot: %w", err)
+		return fmt.Errorf("end the session holding the slot of an unfinished snapshot or of a slot replaced: %w", err)
 	case ended > 0:
-		r.log.Info("ended the earlier session holding the slot of an unfinished snapshot", "slot", slot)
+		r.log.Info("ended the earlier session holding the slot of an unfinished snapshot or of a slot replaced", "slot", slot)
 	}
 	// WAIT: the ended session releases the slot as it exits. A slot
 	// still being created when its session ended is gone with it.
@@ -83,9 +83,27 @@ func (r *Reader) dropUnfinishedSlot(ctx context.Context, repl *pgconn.PgConn, sr
 	err = pglogrepl.DropReplicationSlot(dctx, repl, slot, pglogrepl.DropReplicationSlotOptions{Wait: true})
 	cancel()
 	if err != nil && !pgerr.UndefinedObject(err) {
-		return fmt.Errorf("drop the slot of an unfinished snapshot: %w", err)
+		return fmt.Errorf("drop the slot of an unfinished snapshot or of a slot replaced: %w", err)
 	}
 	return nil
+}
+
+// newSlot creates the slot (createSlotWatched), exporting its snapshot
+// when export is set, and returns its consistent point. A statement the
+// source refuses is a setup the reader cannot use (ErrSetup); the others
+// are retried with the run.
+func (r *Reader) newSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.Conn, export bool, report Report) (pglogrepl.CreateReplicationSlotResult, pglogrepl.LSN, error) {
+	res, err := r.createSlotWatched(ctx, repl, src, export, report)
+	if err != nil && (errors.Is(err, pgconnect.ErrNoProgress) || !pgerr.Refused(err)) {
+		// The server stopped confirming progress, or could not run
+		// the statement: retry.
+		return res, 0, fmt.Errorf("sources.%s.cdc.slot: create slot %s: %w", r.conf.Source, r.conf.Slot, err)
+	}
+	if err != nil {
+		return res, 0, fmt.Errorf("%w: sources.%s.cdc.slot: create slot %s: %w", ErrSetup, r.conf.Source, r.conf.Slot, err)
+	}
+	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	return res, at, err
 }
 
 // createSlotWatched creates the slot on repl with snapshot action action.

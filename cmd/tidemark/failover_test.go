@@ -81,7 +81,7 @@ func TestWarehouseFailover(t *testing.T) {
 //   - With a CDC source: its slot is confirmed by then beyond what the
 //     promoted warehouse holds, and is refused: tidemark stops with a
 //     message that says what happened and how to recover, rather than
-//     skip the changes in between. After that recovery (a re-snapshot)
+//     skip the changes in between. After that recovery (a new slot)
 //     the mirror equals the source again, and every event is stored once.
 func TestWarehouseFailoverAsynchronous(t *testing.T) {
 	t.Run("kafka", func(t *testing.T) {
@@ -108,7 +108,7 @@ func TestWarehouseFailoverAsynchronous(t *testing.T) {
 		if !errors.As(f.proc.err, &exit) || exit.ExitCode() != exitFailure {
 			t.Fatalf("tidemark run: %v, want exit status %d", f.proc.err, exitFailure)
 		}
-		for _, want := range []string{"beyond what tidemark applied", "the warehouse lost tidemark's last transactions", "re-snapshot the source"} {
+		for _, want := range []string{"beyond what tidemark applied", "the warehouse lost tidemark's last transactions", "tidemark resync shop --new-slot"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("tidemark run's output lacks %q:\n%s", want, tail(out, 40))
 			}
@@ -116,13 +116,16 @@ func TestWarehouseFailoverAsynchronous(t *testing.T) {
 		f.writer.stop(t)
 
 		// The recovery the message gives.
-		if _, err := f.src.Exec(f.ctx, "SELECT pg_drop_replication_slot('tidemark_shop')"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.wh.Exec(f.ctx, "DELETE FROM tidemark.cdc_positions WHERE source = 'shop'"); err != nil {
-			t.Fatal(err)
+		if code, out, errOut := invoke(t, "resync", "shop", "--new-slot", "-c", f.cfg); code != exitOK {
+			t.Fatalf("resync --new-slot: exit %d\n%s%s", code, out, errOut)
 		}
 		f.proc = startWith(t, nil, "run", "-c", f.cfg)
+		f.until(3*time.Minute, "the resync after the new slot to end", func() (bool, error) {
+			var pending, done int64
+			err := f.wh.QueryRow(f.ctx, `SELECT count(*) FILTER (WHERE state <> 'done'), count(*) FILTER (WHERE state = 'done')
+				FROM tidemark.cdc_resyncs WHERE source = 'shop'`).Scan(&pending, &done)
+			return pending == 0 && done > 0, err
+		})
 		f.finish()
 		f.checkKafka()
 		f.checkCDC(false)

@@ -20,6 +20,7 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	const app = "tidemark resync"
 	fs, path := flags("resync", stderr)
 	dryRun := fs.Bool("dry-run", false, "say what would be copied and how long the last copy of each table took; change nothing")
+	newSlot := fs.Bool("new-slot", false, "replace a lost or missing slot with a new one and copy every table again (no TABLE)")
 	names, code, ok := parseNames(fs, args, stdout, stderr)
 	if !ok {
 		return code
@@ -41,6 +42,10 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		known[s+"."+n] = true
 		all = append(all, s+"."+n)
 	}
+	if *newSlot && (len(tables) > 0 || *dryRun) {
+		fmt.Fprintf(stderr, "%s: --new-slot copies every table of the source again: it takes no TABLE and no --dry-run\n", app)
+		return exitUsage
+	}
 	if len(tables) == 0 {
 		tables = all
 	}
@@ -57,6 +62,9 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitFailure
 	}
 	defer pool.Close()
+	if *newSlot {
+		return askNewSlot(ctx, pool, source, stdout, stderr)
+	}
 	for _, t := range tables {
 		if *dryRun {
 			last, had, err := cdc.LastResync(ctx, pool, source, t)
