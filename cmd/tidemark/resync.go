@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 )
 
 // cmdResync asks the readers of a CDC source to copy tables again while
@@ -20,9 +21,14 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	const app = "tidemark resync"
 	fs, path := flags("resync", stderr)
 	dryRun := fs.Bool("dry-run", false, "say what would be copied and how long the last copy of each table took; change nothing")
+	wait := fs.Bool("wait", false, "follow the resyncs until each is done, showing their progress")
 	names, code, ok := parseNames(fs, args, stdout, stderr)
 	if !ok {
 		return code
+	}
+	if *wait && *dryRun {
+		fmt.Fprintf(stderr, "%s: --wait follows the resyncs asked for, which --dry-run does not ask for: give one of them\n", app)
+		return exitUsage
 	}
 	cfg, ok := load(*path, stderr)
 	if !ok {
@@ -57,6 +63,7 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitFailure
 	}
 	defer pool.Close()
+	var asked []cdc.Resync
 	for _, t := range tables {
 		if *dryRun {
 			last, had, err := cdc.LastResync(ctx, pool, source, t)
@@ -66,15 +73,22 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			fmt.Fprintf(stdout, "%s: would resync %s %s (%s)\n", app, source, t, lastCopy(last, had))
 			continue
 		}
-		r, asked, err := cdc.RequestResync(ctx, pool, source, t, osUser(), time.Now())
+		r, isNew, err := cdc.RequestResync(ctx, pool, source, t, osUser(), time.Now())
 		if err != nil {
 			return failed(stderr, app, err)
 		}
-		if !asked {
+		asked = append(asked, r)
+		if !isNew {
 			fmt.Fprintf(stdout, "%s: %s %s is being resynced already (%s, %d chunks, %d rows copied)\n", app, source, t, r.State, r.Chunks, r.Rows)
 			continue
 		}
 		fmt.Fprintf(stdout, "%s: %s %s asked for (generation %d); the reader streaming the source copies it while the stream goes on\n", app, source, t, r.Generation)
+	}
+	if *wait && len(asked) > 0 {
+		// A bar on a terminal, plain lines elsewhere; the log goes
+		// through the display around the bar.
+		disp := progress.Command(stderr, progressEvery)
+		return waitResyncs(ctx, pool, source, asked, disp, logger(cfg, disp.Writer()), stdout, stderr)
 	}
 	return exitOK
 }
