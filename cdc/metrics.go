@@ -23,6 +23,10 @@ type metrics struct {
 	snapshotCopied  prometheus.Gauge
 	snapshotRows    prometheus.Counter
 	resyncRows      prometheus.Counter
+	// resyncCopied and resyncPlanned are the progress of the resync this
+	// instance copies, by table.
+	resyncCopied  *prometheus.GaugeVec
+	resyncPlanned *prometheus.GaugeVec
 }
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -156,6 +160,14 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		Name: "tidemark_cdc_resync_rows_total",
 		Help: "Rows read by resyncs (tidemark resync, tables added to a running source), per source.",
 	}, []string{"source"})
+	resyncCopied := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_resync_rows_copied",
+		Help: "Rows the resync under way has copied into the mirror (tidemark.cdc_resyncs.rows_copied), for the table this instance copies; absent when it copies none.",
+	}, []string{"source", "table"})
+	resyncPlanned := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tidemark_cdc_resync_rows_planned",
+		Help: "The source's estimate of the rows of the table the resync under way copies (pg_class.reltuples when it began); absent when it copies none or the source has no estimate.",
+	}, []string{"source", "table"})
 	snapRows := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tidemark_cdc_snapshot_rows_total",
 		Help: "Rows copied into mirrors by initial snapshots.",
@@ -166,6 +178,8 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		copied = promreg.Shared(reg, copied)
 		snapRows = promreg.Shared(reg, snapRows)
 		resyncRows = promreg.Shared(reg, resyncRows)
+		resyncCopied = promreg.Shared(reg, resyncCopied)
+		resyncPlanned = promreg.Shared(reg, resyncPlanned)
 		changes = promreg.Shared(reg, changes)
 		mirrored = promreg.Shared(reg, mirrored)
 		txns = promreg.Shared(reg, txns)
@@ -194,5 +208,14 @@ func newMetrics(reg prometheus.Registerer, source string) *metrics {
 		snapshotCopied:  copied.WithLabelValues(source),
 		snapshotRows:    snapRows.WithLabelValues(source),
 		resyncRows:      resyncRows.WithLabelValues(source),
+		resyncCopied:    resyncCopied.MustCurryWith(prometheus.Labels{"source": source}),
+		resyncPlanned:   resyncPlanned.MustCurryWith(prometheus.Labels{"source": source}),
 	}
+}
+
+// resyncEnded removes the progress series of the resync of table: this
+// instance no longer copies it.
+func (m *metrics) resyncEnded(table string) {
+	m.resyncCopied.DeleteLabelValues(table)
+	m.resyncPlanned.DeleteLabelValues(table)
 }

@@ -60,8 +60,12 @@ const (
 SELECT source_table, generation, coalesce(last_key, '{}'), chunks
 FROM tidemark.cdc_resyncs WHERE source = $1 AND state <> 'done'
 ORDER BY requested_at, source_table LIMIT 1`
+	// startResyncSQL marks a resync copying; the rows planned ($5) are
+	// those of its first start: a resync that goes on after a stop keeps
+	// them.
 	startResyncSQL = `
-UPDATE tidemark.cdc_resyncs SET state = 'copying', started_at = coalesce(started_at, $4)
+UPDATE tidemark.cdc_resyncs SET state = 'copying', started_at = coalesce(started_at, $4),
+    rows_planned = CASE WHEN started_at IS NULL THEN $5 ELSE rows_planned END
 WHERE source = $1 AND source_table = $2 AND generation = $3`
 	chunkResyncSQL = `
 UPDATE tidemark.cdc_resyncs SET last_key = $4, chunks = chunks + 1, rows_copied = rows_copied + $5
@@ -456,9 +460,16 @@ func (r *Reader) resyncTable(ctx context.Context, p *pendingResync, dsn string) 
 		return fmt.Errorf("resync %s: %w", t.rel.Name, err)
 	}
 	defer pgconnect.Close(ctx, src)
-	if _, err := r.pool.Exec(ctx, startResyncSQL, r.conf.Source, t.rel.Name, gen, r.now()); err != nil {
+	planned, err := plannedRows(ctx, src, t.mirror.Source)
+	if err != nil {
+		// Only the progress shown needs it.
+		r.log.Warn("resync: the source's estimate of the table's rows could not be read", "table", t.rel.Name, "error", err)
+	}
+	if _, err := r.pool.Exec(ctx, startResyncSQL, r.conf.Source, t.rel.Name, gen, r.now(), planned); err != nil {
 		return fmt.Errorf("resync %s: %w", t.rel.Name, err)
 	}
+	defer r.m.resyncEnded(t.rel.Name)
+	r.resyncProgress(ctx, t.rel.Name)
 	if err := r.awaitRunning(ctx, src); err != nil {
 		return fmt.Errorf("resync %s: %w", t.rel.Name, err)
 	}
@@ -483,6 +494,7 @@ func (r *Reader) resyncTable(ctx context.Context, p *pendingResync, dsn string) 
 			return fmt.Errorf("resync %s: chunk %d was not applied within %s", t.rel.Name, c.n, resyncChunkLimit)
 		}
 		r.m.resyncRows.Add(float64(len(c.rows)))
+		r.resyncProgress(ctx, t.rel.Name)
 		if c.final {
 			r.log.Info("resync done", "table", t.rel.Name, "generation", gen, "chunks", c.n+1)
 			return nil
@@ -692,11 +704,12 @@ INSERT INTO tidemark.cdc_resyncs AS r (source, source_table, generation, state, 
 VALUES ($1, $2, 1, 'pending', $3, $4)
 ON CONFLICT (source, source_table) DO UPDATE SET
     generation = r.generation + 1, state = 'pending', requested_at = $3, requested_by = $4,
-    started_at = NULL, finished_at = NULL, last_key = NULL, chunks = 0, rows_copied = 0, rows_removed = 0
+    started_at = NULL, finished_at = NULL, last_key = NULL, chunks = 0, rows_copied = 0, rows_removed = 0,
+    rows_planned = NULL
 WHERE r.state = 'done'
 RETURNING generation`
 	readResyncSQL = `
-SELECT generation, state, requested_at, requested_by, started_at, finished_at, chunks, rows_copied, rows_removed
+SELECT generation, state, requested_at, requested_by, started_at, finished_at, chunks, rows_copied, rows_removed, rows_planned
 FROM tidemark.cdc_resyncs WHERE source = $1 AND source_table = $2`
 )
 
@@ -711,6 +724,10 @@ type Resync struct {
 	RequestedBy           string
 	StartedAt, FinishedAt *time.Time
 	Chunks, Rows, Removed int64
+	// Planned is the source's estimate of the table's rows when the copy
+	// began (pg_class.reltuples, summed over partitions); nil before it
+	// began or when the source had none (a table never analysed).
+	Planned *int64
 }
 
 // RequestResync asks the readers of source to copy table ("schema.name")
@@ -732,7 +749,7 @@ func RequestResync(ctx context.Context, db Querier, source, table, by string, no
 func LastResync(ctx context.Context, db Querier, source, table string) (Resync, bool, error) {
 	r := Resync{Source: source, Table: table}
 	err := db.QueryRow(ctx, readResyncSQL, source, table).Scan(&r.Generation, &r.State, &r.RequestedAt, &r.RequestedBy,
-		&r.StartedAt, &r.FinishedAt, &r.Chunks, &r.Rows, &r.Removed)
+		&r.StartedAt, &r.FinishedAt, &r.Chunks, &r.Rows, &r.Removed, &r.Planned)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}

@@ -77,6 +77,34 @@ DROP TABLE stale`); err != nil {
 	return e.count(`SELECT count(*) FROM mirror.orders WHERE id > 90000000`)
 }
 
+// resyncSeries returns the values of the resync progress gauges of
+// public.orders, and whether each is exported.
+func resyncSeries(t *testing.T, e *cdcEnv) (copied, planned float64, hasCopied, hasPlanned bool) {
+	t.Helper()
+	families, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["source"] != "shop" || labels["table"] != "public.orders" {
+				continue
+			}
+			switch f.GetName() {
+			case "tidemark_cdc_resync_rows_copied":
+				copied, hasCopied = m.GetGauge().GetValue(), true
+			case "tidemark_cdc_resync_rows_planned":
+				planned, hasPlanned = m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return copied, planned, hasCopied, hasPlanned
+}
+
 func resyncState(t *testing.T, e *cdcEnv) cdc.Resync {
 	t.Helper()
 	r, _, err := cdc.LastResync(e.ctx, e.wh, "shop", "public.orders")
@@ -97,7 +125,7 @@ func TestResync(t *testing.T) {
 			e.exec(fmt.Sprintf(`INSERT INTO orders SELECT %d + i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second'
 				FROM generate_series(1, %d) AS i; ANALYZE orders`, resyncBase, resyncRows))
 			cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000", "deletes: hard")
-			opts := cdc.Options{GroupAge: 20 * time.Millisecond}
+			opts := cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: e.reg}
 			done, cancel := e.run(cfg, opts)
 			t.Cleanup(func() {
 				cancel()
@@ -127,9 +155,15 @@ func TestResync(t *testing.T) {
 			}
 			minRows := e.count(`SELECT count(*) FROM mirror.orders`)
 			if kill {
-				waitfor.Until(t, "the resync to copy five chunks", func() bool {
-					return resyncState(t, e).Chunks >= 5
+				// The gauges follow the chunks applied, from the
+				// warehouse's row.
+				waitfor.Until(t, "the resync to copy five chunks, and its gauges to show them", func() bool {
+					copied, _, _, _ := resyncSeries(t, e)
+					return resyncState(t, e).Chunks >= 5 && copied >= 4000
 				})
+				if _, planned, _, _ := resyncSeries(t, e); planned < resyncRows*9/10 || planned > resyncRows*11/10 {
+					t.Errorf("tidemark_cdc_resync_rows_planned is %v, want about %d", planned, resyncRows)
+				}
 				cancel()
 				if r := resyncState(t, e); r.State == "done" {
 					t.Fatalf("the resync ended before the kill: %+v", r)
@@ -137,7 +171,18 @@ func TestResync(t *testing.T) {
 				if err := <-done; err != nil {
 					t.Fatalf("reader: %v", err)
 				}
+				if _, _, hasCopied, hasPlanned := resyncSeries(t, e); hasCopied || hasPlanned {
+					t.Errorf("the stopped reader still exports the resync's progress (copied %v, planned %v)", hasCopied, hasPlanned)
+				}
+				// The resync goes on with the estimate it began with.
+				if _, err := e.wh.Exec(e.ctx, `UPDATE tidemark.cdc_resyncs SET rows_planned = 12345`); err != nil {
+					t.Fatal(err)
+				}
 				done, cancel = e.run(cfg, opts)
+				waitfor.Until(t, "the resync's gauges after the restart", func() bool {
+					copied, planned, _, _ := resyncSeries(t, e)
+					return copied >= 4000 && planned == 12345 || resyncState(t, e).State == "done"
+				})
 			}
 			waitfor.Within(t, 3*time.Minute, "the resync to end", func() bool {
 				minRows = min(minRows, e.count(`SELECT count(*) FROM mirror.orders`))
@@ -163,6 +208,19 @@ func TestResync(t *testing.T) {
 			if n := e.count(`SELECT count(*) FROM tidemark.cdc_resync_keys`); n != 0 {
 				t.Errorf("%d resync keys left after the resync ended", n)
 			}
+			// The planned rows are the analysed table's, taken when the
+			// copy began and kept when it went on after a stop.
+			wantPlanned := func(p int64) bool { return p >= resyncRows*9/10 && p <= resyncRows*11/10 }
+			if kill {
+				wantPlanned = func(p int64) bool { return p == 12345 }
+			}
+			if got.Planned == nil || !wantPlanned(*got.Planned) {
+				t.Errorf("rows planned %v, want about %d (12345 after the kill)", got.Planned, resyncRows)
+			}
+			waitfor.Until(t, "the progress gauges to go once the resync ended", func() bool {
+				_, _, hasCopied, hasPlanned := resyncSeries(t, e)
+				return !hasCopied && !hasPlanned
+			})
 		})
 	}
 }

@@ -141,7 +141,7 @@ func gatherSource(ctx context.Context, q Querier, name string, sc *config.Source
 		}
 	}
 	if sc.Kind() == config.KindCDC {
-		if s.CDC, err = gatherCDC(ctx, q, sc, v); err != nil {
+		if s.CDC, err = gatherCDC(ctx, q, sc, v, now); err != nil {
 			return s, err
 		}
 	}
@@ -276,8 +276,8 @@ const cdcStateSQL = `
 SELECT snapshot, applied_lsn::text, confirmed_lsn::text, last_commit_time, transactions, changes, updated_at
 FROM tidemark.cdc_positions WHERE source = $1`
 
-func gatherCDC(ctx context.Context, q Querier, sc *config.Source, version int) (*CDC, error) {
-	c := &CDC{Slot: sc.CDC.Slot, Tables: sc.CDC.Tables}
+func gatherCDC(ctx context.Context, q Querier, sc *config.Source, version int, now time.Time) (*CDC, error) {
+	c := &CDC{Slot: sc.CDC.Slot, Tables: sc.CDC.Tables, Resyncs: []Resync{}}
 	if version < 4 {
 		return c, nil
 	}
@@ -287,7 +287,83 @@ func gatherCDC(ctx context.Context, q Querier, sc *config.Source, version int) (
 		return nil, fmt.Errorf("read the CDC position of source %s: %w", sc.Name, err)
 	}
 	c.LastCommitTime, c.UpdatedAt = utc(last), utc(upd)
+	if version >= resyncsVersion {
+		if c.Resyncs, err = gatherResyncs(ctx, q, sc.Name, version, now); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// resyncsVersion is the schema version that made tidemark.cdc_resyncs,
+// plannedVersion the one that added its rows_planned.
+const (
+	resyncsVersion = 16
+	plannedVersion = 17
+)
+
+// resyncsSQL reads a source's resyncs not done, the one copying first and
+// the others in the order the reader takes them, then the last one that
+// ended. %s is rows_planned, or NULL
+// before the schema had it.
+const resyncsSQL = `
+SELECT source_table, generation, state, requested_at, requested_by, started_at, finished_at, chunks, rows_copied, rows_removed, %s
+FROM tidemark.cdc_resyncs
+WHERE source = $1 AND (state <> 'done'
+    OR finished_at = (SELECT max(finished_at) FROM tidemark.cdc_resyncs WHERE source = $1 AND state = 'done'))
+ORDER BY state = 'done', state <> 'copying', requested_at, source_table`
+
+// gatherResyncs reads the resyncs of source with their progress at now.
+func gatherResyncs(ctx context.Context, q Querier, source string, version int, now time.Time) ([]Resync, error) {
+	planned := "rows_planned"
+	if version < plannedVersion {
+		planned = "NULL::bigint"
+	}
+	rows, err := q.Query(ctx, fmt.Sprintf(resyncsSQL, planned), source)
+	if err != nil {
+		return nil, fmt.Errorf("read the resyncs of source %s: %w", source, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Resync, error) {
+		var r Resync
+		err := row.Scan(&r.Table, &r.Generation, &r.State, &r.RequestedAt, &r.RequestedBy, &r.StartedAt, &r.FinishedAt,
+			&r.Chunks, &r.RowsCopied, &r.RowsRemoved, &r.RowsPlanned)
+		r.RequestedAt, r.StartedAt, r.FinishedAt = r.RequestedAt.UTC(), utc(r.StartedAt), utc(r.FinishedAt)
+		r.progress(now)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the resyncs of source %s: %w", source, err)
+	}
+	return out, nil
+}
+
+// progress sets r's percent, rate and time left, at now.
+func (r *Resync) progress(now time.Time) {
+	pct := func(p float64) *float64 { return &p }
+	switch {
+	case r.State == "done":
+		r.Percent = pct(100)
+	case r.RowsPlanned != nil && *r.RowsPlanned > 0 && r.State == "copying":
+		// Not 100 before the last chunk, however short the estimate.
+		r.Percent = pct(min(99.9, 100*float64(r.RowsCopied)/float64(*r.RowsPlanned)))
+	}
+	if r.StartedAt == nil || r.State == "pending" {
+		return
+	}
+	end := now
+	if r.FinishedAt != nil {
+		end = *r.FinishedAt
+	}
+	secs := end.Sub(*r.StartedAt).Seconds()
+	if secs <= 0 {
+		return
+	}
+	rate := float64(r.RowsCopied) / secs
+	r.RowsPerSecond = &rate
+	if r.State == "copying" && rate > 0 && r.RowsPlanned != nil && *r.RowsPlanned > r.RowsCopied {
+		eta := float64(*r.RowsPlanned-r.RowsCopied) / rate
+		r.ETASeconds = &eta
+	}
 }
 
 const rawRetentionSQL = `SELECT retained_from, partitions_dropped FROM tidemark.raw_retention WHERE source = $1`

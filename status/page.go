@@ -129,6 +129,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 	"age":      func(now time.Time, t *time.Time) string { return fmtAge(now, t) },
 	"int":      fmtInt,
 	"ratio":    fmtRatio,
+	"percent":  func(p *float64) string { return fmt.Sprintf("%.1f", *p) },
 	"bytes":    fmtBytes,
 	"dur":      lateness.Format,
 	"pct":      lateness.Percent,
@@ -172,6 +173,31 @@ func (p *Page) AggregateLateness(name, source string) *lateness.Aggregate {
 		}
 	}
 	return nil
+}
+
+// ResyncUnderWay returns the resync of c that the reader copies, or will
+// copy first; nil when all are done.
+func (c *CDC) ResyncUnderWay() *Resync {
+	for i := range c.Resyncs {
+		if c.Resyncs[i].State != "done" {
+			return &c.Resyncs[i]
+		}
+	}
+	return nil
+}
+
+// ResyncsWaiting counts the resyncs of c pending after the one under way.
+func (c *CDC) ResyncsWaiting() int {
+	n := 0
+	for _, r := range c.Resyncs {
+		if r.State == "pending" {
+			n++
+		}
+	}
+	if u := c.ResyncUnderWay(); u != nil && u.State == "pending" {
+		n--
+	}
+	return n
 }
 
 // Target is the share the recommended horizons keep.

@@ -218,6 +218,38 @@ type CDC struct {
 	Transactions   int64      `json:"transactions"`
 	Changes        int64      `json:"changes"`
 	UpdatedAt      *time.Time `json:"updated_at"`
+	// Resyncs are the source's resyncs not done (tidemark resync), in the
+	// order the reader copies them, then the last one that ended.
+	Resyncs []Resync `json:"resyncs"`
+}
+
+// Resync is the resync of one table of a CDC source, as
+// tidemark.cdc_resyncs holds it, with its progress.
+type Resync struct {
+	Table      string `json:"table"`
+	Generation int64  `json:"generation"`
+	// State is pending (asked for), copying or done.
+	State       string     `json:"state"`
+	RequestedAt time.Time  `json:"requested_at"`
+	RequestedBy string     `json:"requested_by"`
+	StartedAt   *time.Time `json:"started_at"`
+	FinishedAt  *time.Time `json:"finished_at"`
+	Chunks      int64      `json:"chunks"`
+	RowsCopied  int64      `json:"rows_copied"`
+	// RowsPlanned is the source's estimate of the table's rows when the
+	// copy began; null before, or when the source had none.
+	RowsPlanned *int64 `json:"rows_planned"`
+	RowsRemoved int64  `json:"rows_removed"`
+	// Percent is RowsCopied of RowsPlanned: below 100 until the copy is
+	// done (the estimate may fall short), 100 once it is; null without
+	// an estimate while copying, and while pending.
+	Percent *float64 `json:"percent"`
+	// RowsPerSecond is the rows copied per second since the copy began,
+	// until it ended for one done; null while pending.
+	RowsPerSecond *float64 `json:"rows_per_second"`
+	// ETASeconds is the time left at that rate while copying, when the
+	// estimate is not yet reached.
+	ETASeconds *float64 `json:"eta_seconds"`
 }
 
 // Poll is the state of a poll source: its watermark, its last run and its

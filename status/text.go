@@ -89,7 +89,84 @@ func writeCDC(w io.Writer, s Source) {
 	fmt.Fprintf(w, "  applied / confirmed LSN\t%s / %s\n", orDash(c.AppliedLSN), orDash(c.ConfirmedLSN))
 	fmt.Fprintf(w, "  last source commit applied\t%s\n", fmtTime(c.LastCommitTime))
 	fmt.Fprintf(w, "  transactions / changes\t%d / %d\n", c.Transactions, c.Changes)
+	for _, r := range c.ShownResyncs() {
+		fmt.Fprintf(w, "  %s\t%s\n", r.Label(), r.Text())
+	}
+	if more := c.MoreResyncs(); more > 0 {
+		fmt.Fprintf(w, "    … and %d more pending\n", more)
+	}
 	writeRaw(w, s.Raw)
+}
+
+// maxResyncs is how many resyncs of a CDC source the text and the page
+// list; the JSON has them all.
+const maxResyncs = 10
+
+// ShownResyncs are the resyncs the text and the page list: the first
+// maxResyncs of those not done, and the last one done.
+func (c *CDC) ShownResyncs() []Resync {
+	var out []Resync
+	for i, r := range c.Resyncs {
+		if r.State == "done" || i < maxResyncs {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// MoreResyncs counts the resyncs not done that ShownResyncs leaves out.
+func (c *CDC) MoreResyncs() int { return len(c.Resyncs) - len(c.ShownResyncs()) }
+
+// Label names the resync in a list: "resync public.orders", "last resync
+// public.orders" for one done.
+func (r Resync) Label() string {
+	if r.State == "done" {
+		return "last resync " + r.Table
+	}
+	return "resync " + r.Table
+}
+
+// Text describes the resync and its progress on one line: "copying:
+// 12000 of about 30000 rows (40.0%), 12 chunks, since <time>, 1500
+// rows/s, about 12s left".
+func (r Resync) Text() string {
+	switch r.State {
+	case "pending":
+		return fmt.Sprintf("pending: asked for %s by %s", fmtTime(&r.RequestedAt), r.RequestedBy)
+	case "done":
+		took := "-"
+		if r.StartedAt != nil && r.FinishedAt != nil {
+			took = r.FinishedAt.Sub(*r.StartedAt).Round(time.Second).String()
+		}
+		return fmt.Sprintf("done %s: %s copied in %s%s, %d removed", fmtTime(r.FinishedAt), plural(r.RowsCopied, "row"), took, fmtRate(r.RowsPerSecond), r.RowsRemoved)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d", r.State, r.RowsCopied)
+	if r.RowsPlanned != nil {
+		fmt.Fprintf(&b, " of about %d rows", *r.RowsPlanned)
+	} else {
+		b.WriteString(" rows (the source has no estimate of the table's rows)")
+	}
+	if r.Percent != nil {
+		fmt.Fprintf(&b, " (%.1f%%)", *r.Percent)
+	}
+	fmt.Fprintf(&b, ", %s, since %s%s", plural(r.Chunks, "chunk"), fmtTime(r.StartedAt), fmtRate(r.RowsPerSecond))
+	if r.ETASeconds != nil {
+		fmt.Fprintf(&b, ", about %s left", (time.Duration(*r.ETASeconds) * time.Second).Round(time.Second))
+	}
+	return b.String()
+}
+
+// fmtRate writes a rate of rows for people: ", 1500 rows/s"; nothing when
+// there is none.
+func fmtRate(r *float64) string {
+	switch {
+	case r == nil:
+		return ""
+	case *r >= 10:
+		return fmt.Sprintf(", %.0f rows/s", *r)
+	}
+	return fmt.Sprintf(", %.1f rows/s", *r)
 }
 
 // writeKafka writes a Kafka source: what it read and stored, its raw

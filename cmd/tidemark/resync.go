@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/config"
+	"github.com/tidemark-dev/tidemark/internal/progress"
 )
 
 // cmdResync asks the readers of a CDC source to copy tables again while
@@ -21,9 +22,14 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs, path := flags("resync", stderr)
 	dryRun := fs.Bool("dry-run", false, "say what would be copied and how long the last copy of each table took; change nothing")
 	newSlot := fs.Bool("new-slot", false, "replace a lost or missing slot with a new one and copy every table again (no TABLE)")
+	wait := fs.Bool("wait", false, "follow the resyncs until each is done, showing their progress")
 	names, code, ok := parseNames(fs, args, stdout, stderr)
 	if !ok {
 		return code
+	}
+	if *wait && *dryRun {
+		fmt.Fprintf(stderr, "%s: --wait follows the resyncs asked for, which --dry-run does not ask for: give one of them\n", app)
+		return exitUsage
 	}
 	cfg, ok := load(*path, stderr)
 	if !ok {
@@ -42,8 +48,8 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		known[s+"."+n] = true
 		all = append(all, s+"."+n)
 	}
-	if *newSlot && (len(tables) > 0 || *dryRun) {
-		fmt.Fprintf(stderr, "%s: --new-slot copies every table of the source again: it takes no TABLE and no --dry-run\n", app)
+	if *newSlot && (len(tables) > 0 || *dryRun || *wait) {
+		fmt.Fprintf(stderr, "%s: --new-slot copies every table of the source again: it takes no TABLE, --dry-run or --wait\n", app)
 		return exitUsage
 	}
 	if len(tables) == 0 {
@@ -65,6 +71,7 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *newSlot {
 		return askNewSlot(ctx, pool, source, stdout, stderr)
 	}
+	var asked []cdc.Resync
 	for _, t := range tables {
 		if *dryRun {
 			last, had, err := cdc.LastResync(ctx, pool, source, t)
@@ -74,15 +81,22 @@ func cmdResync(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			fmt.Fprintf(stdout, "%s: would resync %s %s (%s)\n", app, source, t, lastCopy(last, had))
 			continue
 		}
-		r, asked, err := cdc.RequestResync(ctx, pool, source, t, osUser(), time.Now())
+		r, isNew, err := cdc.RequestResync(ctx, pool, source, t, osUser(), time.Now())
 		if err != nil {
 			return failed(stderr, app, err)
 		}
-		if !asked {
+		asked = append(asked, r)
+		if !isNew {
 			fmt.Fprintf(stdout, "%s: %s %s is being resynced already (%s, %d chunks, %d rows copied)\n", app, source, t, r.State, r.Chunks, r.Rows)
 			continue
 		}
 		fmt.Fprintf(stdout, "%s: %s %s asked for (generation %d); the reader streaming the source copies it while the stream goes on\n", app, source, t, r.Generation)
+	}
+	if *wait && len(asked) > 0 {
+		// A bar on a terminal, plain lines elsewhere; the log goes
+		// through the display around the bar.
+		disp := progress.Command(stderr, progressEvery)
+		return waitResyncs(ctx, pool, source, asked, disp, logger(cfg, disp.Writer()), stdout, stderr)
 	}
 	return exitOK
 }
