@@ -456,8 +456,8 @@ func (c *checker) warnUnconfigured(published map[[2]string]bool) {
 	}
 	slices.Sort(extra)
 	c.warn("publication %s also publishes %s, which %s does not name: their changes are sent and ignored, their mirrors and raw rows are kept; "+
-		"ALTER PUBLICATION %s DROP TABLE %s stops sending them",
-		c.spec.Publication, strings.Join(extra, ", "), c.key("tables"), pgquote.Ident(c.spec.Publication), strings.Join(extra, ", "))
+		"tidemark unpublish %s (ALTER PUBLICATION %s DROP TABLE %s) stops sending them",
+		c.spec.Publication, strings.Join(extra, ", "), c.key("tables"), c.spec.Source, pgquote.Ident(c.spec.Publication), strings.Join(extra, ", "))
 }
 
 func (c *checker) checkPublication(ctx context.Context) error {

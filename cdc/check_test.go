@@ -251,7 +251,7 @@ func TestCheck(t *testing.T) {
 			setup: []string{ordersDDL, `CREATE TABLE sales.items (id int PRIMARY KEY)`,
 				`CREATE PUBLICATION tidemark_shop FOR TABLE public.orders, sales.items`},
 			warnings: []string{"replica identity DEFAULT",
-				`publication tidemark_shop also publishes "sales"."items", which sources.shop.cdc.tables does not name: their changes are sent and ignored, their mirrors and raw rows are kept; ALTER PUBLICATION "tidemark_shop" DROP TABLE "sales"."items"`},
+				`publication tidemark_shop also publishes "sales"."items", which sources.shop.cdc.tables does not name: their changes are sent and ignored, their mirrors and raw rows are kept; tidemark unpublish shop (ALTER PUBLICATION "tidemark_shop" DROP TABLE "sales"."items") stops sending them`},
 		},
 		{
 			name: "publication for all tables",

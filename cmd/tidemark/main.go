@@ -139,6 +139,7 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"pause":        cmdPause,
 	"resume":       cmdResume,
 	"resync":       cmdResync,
+	"unpublish":    cmdUnpublish,
 	"dead-letters": cmdDeadLetters,
 	"grants":       cmdGrants,
 	"demo":         cmdDemo,

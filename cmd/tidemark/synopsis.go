@@ -31,6 +31,7 @@ var synopses = []commandSynopsis{
 	{[]string{"tidemark pause     SOURCE [-c FILE] [--reason TEXT]"}, "stop reading a source on every instance"},
 	{[]string{"tidemark resume    SOURCE [-c FILE]"}, "read a paused source again"},
 	{[]string{"tidemark resync    SOURCE [TABLE...] [-c FILE] [--dry-run | --wait] [--new-slot]"}, "copy CDC tables again while they stream"},
+	{[]string{"tidemark unpublish SOURCE [TABLE...] [-c FILE] [--dry-run]"}, "drop tables cdc.tables no longer names from the publication"},
 	{[]string{"tidemark status    [-c FILE] [--json]"}, "offsets, lag, watermarks, partitions"},
 	{[]string{"tidemark check     [-c FILE] [--source NAME]"}, "check CDC sources and their slots' failover; exit 1 on a problem"},
 	{[]string{"tidemark lateness  --source NAME [-c FILE] [--since 30d] [--until T] [--target 99.9%] [--timeout 10m] [--json]"}, "how late events arrive; the horizon that keeps a target share"},
