@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,6 +85,9 @@ SELECT $1, $2, $3, unnest($4::text[]) ON CONFLICT DO NOTHING`
 	runningXactsSQL  = `SELECT count(*) FROM unnest($1::xid8[]) AS x WHERE pg_xact_status(x) = 'in progress'`
 	resyncWaitXacts  = 100 * time.Millisecond
 	resyncChunkLimit = 10 * time.Minute
+	// resyncDepth is how many chunks of a resync are read ahead of the
+	// stream applying them: the next is read while one is applied.
+	resyncDepth = 2
 )
 
 // resync is the resync of one table that a run of the reader copies.
@@ -99,8 +103,10 @@ type resync struct {
 	// mark; nil outside a window.
 	window map[string]bool
 
-	mu    sync.Mutex
-	chunk *resyncChunk
+	mu sync.Mutex
+	// chunks are the chunks read and not yet applied, in their order: at
+	// most resyncDepth.
+	chunks []*resyncChunk
 }
 
 // resyncChunk is one chunk of a resync.
@@ -197,23 +203,33 @@ func (rs *resync) mark(content string) *resyncChunk {
 		return nil
 	}
 	rs.mu.Lock()
-	c := rs.chunk
+	var c *resyncChunk
+	for _, x := range rs.chunks {
+		if x.id == id {
+			c = x
+		}
+	}
+	ready := c != nil && c.ready
 	rs.mu.Unlock()
-	if c == nil || c.id != id {
+	if c == nil {
 		return nil // a mark of a chunk given up
 	}
 	switch kind {
 	case "low":
 		rs.window = map[string]bool{}
 	case "high":
-		rs.mu.Lock()
-		ready := c.ready
-		rs.mu.Unlock()
 		if ready && rs.window != nil {
 			return c
 		}
 	}
 	return nil
+}
+
+// forget drops c from the chunks under way, once it is applied.
+func (rs *resync) forget(c *resyncChunk) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.chunks = slices.DeleteFunc(rs.chunks, func(x *resyncChunk) bool { return x == c })
 }
 
 // excluded returns the keys of c that the stream has seen changed by a
@@ -474,11 +490,26 @@ func (r *Reader) resyncTable(ctx context.Context, p *pendingResync, dsn string) 
 		return fmt.Errorf("resync %s: %w", t.rel.Name, err)
 	}
 	r.log.Info("resync copying", "table", t.rel.Name, "generation", gen, "from_chunk", n)
+	// The next chunk is read while the stream applies the one before:
+	// its marks come after the high mark of that one, so that the
+	// windows of two chunks never overlap.
+	var (
+		inFlight []*resyncChunk
+		readAll  bool
+	)
 	for {
-		c, err := r.readChunk(ctx, src, rs, n, last)
-		if err != nil {
-			return fmt.Errorf("resync %s: %w", t.rel.Name, err)
+		if !readAll && len(inFlight) < resyncDepth {
+			c, err := r.readChunk(ctx, src, rs, n, last)
+			if err != nil {
+				return fmt.Errorf("resync %s: %w", t.rel.Name, err)
+			}
+			inFlight = append(inFlight, c)
+			readAll = c.final
+			n, last = c.n+1, c.last
+			continue
 		}
+		c := inFlight[0]
+		inFlight = inFlight[1:]
 		wctx, cancel := context.WithTimeout(ctx, resyncChunkLimit)
 		select {
 		case <-c.applied:
@@ -493,13 +524,13 @@ func (r *Reader) resyncTable(ctx context.Context, p *pendingResync, dsn string) 
 		case !isClosed(c.applied):
 			return fmt.Errorf("resync %s: chunk %d was not applied within %s", t.rel.Name, c.n, resyncChunkLimit)
 		}
+		rs.forget(c)
 		r.m.resyncRows.Add(float64(len(c.rows)))
 		r.resyncProgress(ctx, t.rel.Name)
 		if c.final {
 			r.log.Info("resync done", "table", t.rel.Name, "generation", gen, "chunks", c.n+1)
 			return nil
 		}
-		n, last = c.n+1, c.last
 	}
 }
 
@@ -552,7 +583,7 @@ func (r *Reader) readChunk(ctx context.Context, src *pgx.Conn, rs *resync, n int
 	_, _ = rand.Read(nonce)
 	c := &resyncChunk{id: fmt.Sprintf("%d.%d.%s", rs.gen, n, hex.EncodeToString(nonce)), n: n, applied: make(chan struct{})}
 	rs.mu.Lock()
-	rs.chunk = c
+	rs.chunks = append(rs.chunks, c)
 	rs.mu.Unlock()
 	if _, err := src.Exec(ctx, emitMarkSQL, c.id+"|low"); err != nil {
 		return nil, fmt.Errorf("write the low mark: %w", err)

@@ -178,6 +178,7 @@ func TestNewSlot(t *testing.T) {
 		t.Fatalf("reader: %v", err)
 	}
 
+	e.waitSlotFree()
 	e.exec(`SELECT pg_drop_replication_slot('tidemark_shop')`)
 	e.exec(`DELETE FROM orders WHERE id % 5 = 0; UPDATE customers SET tier = 'gold' WHERE id % 3 = 0;
 		INSERT INTO orders SELECT i, 1, 1.00, '2026-10-03 00:00+00' FROM generate_series(3001, 3100) AS i`)
