@@ -18,9 +18,9 @@ import (
 // inspectTimeout bounds each connection and query of Inspect.
 const inspectTimeout = 10 * time.Second
 
-// storedPositionSQL reads the position tidemark applied of a source, once
-// its snapshot is done.
-const storedPositionSQL = `SELECT applied_lsn::text FROM tidemark.cdc_positions WHERE source = $1 AND snapshot NOT IN ('pending', 'resync')`
+// storedPositionSQL reads the position tidemark applied of a source, and
+// the state of its snapshot.
+const storedPositionSQL = `SELECT applied_lsn::text, snapshot FROM tidemark.cdc_positions WHERE source = $1`
 
 // Inspection is what tidemark check finds of a CDC source: the checks the
 // reader runs at start, and how the slot would fare in a failover.
@@ -31,8 +31,12 @@ type Inspection struct {
 	Report Report
 	Err    error
 	// Position is what tidemark stored of the slot, 0 when nothing (or
-	// when the warehouse was not asked).
+	// when the warehouse was not asked, or the next start replaces the
+	// slot); Snapshot the stored state of its snapshot ("" when none):
+	// pending, done, skipped, or resync when tidemark resync --new-slot
+	// asked for a new slot.
 	Position pglogrepl.LSN
+	Snapshot string
 	// Standby is the copy of the slot on cdc.standby_dsn, nil without it;
 	// StandbyErr why it could not be read.
 	Standby    *StandbySlot
@@ -51,13 +55,15 @@ func Inspect(ctx context.Context, c Config, wh *pgxpool.Pool) Inspection {
 	if wh != nil {
 		pctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 		var applied string
-		err := wh.QueryRow(pctx, storedPositionSQL, name).Scan(&applied)
+		err := wh.QueryRow(pctx, storedPositionSQL, name).Scan(&applied, &in.Snapshot)
 		cancel()
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
 			in.Err = fmt.Errorf("read the stored position: %w", err)
 			return in
+		case in.Snapshot == "pending" || in.Snapshot == snapshotResync:
+			// The next start drops the slot and creates it again.
 		default:
 			if in.Position, err = pglogrepl.ParseLSN(applied); err != nil {
 				in.Err = err
@@ -78,7 +84,7 @@ func Inspect(ctx context.Context, c Config, wh *pgxpool.Pool) Inspection {
 		specs[i] = t.Source
 	}
 	in.Report, in.Err = Check(cctx, conn, CheckSpec{Source: name, Slot: c.Slot, Publication: c.Publication, Tables: specs,
-		Position: in.Position, Failover: c.FailoverSlot})
+		Position: in.Position, Failover: c.FailoverSlot, Replace: in.Snapshot == snapshotResync})
 	if c.StandbyDSN != "" {
 		in.Standby, in.StandbyErr = inspectStandby(ctx, c.StandbyDSN, c.Slot)
 	}

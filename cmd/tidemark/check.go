@@ -106,6 +106,9 @@ func writeInspection(w io.Writer, in cdc.Inspection, slot string) {
 	if in.Position != 0 {
 		fmt.Fprintf(w, "  stored position: %s\n", in.Position)
 	}
+	if in.Snapshot == "resync" {
+		fmt.Fprintf(w, "  new slot asked for (tidemark resync --new-slot): the reader replaces the slot as it starts and resyncs every table\n")
+	}
 	switch st := in.Standby; {
 	case in.StandbyErr != nil:
 		fmt.Fprintf(w, "  standby: %v\n", in.StandbyErr)

@@ -69,6 +69,16 @@ sources:
 	}
 	t.Logf("tidemark check:\n%s", stdout)
 
+	// A new slot asked for: the slot is not held to the stored position.
+	wh := pgtest.Pool(t, whDSN)
+	if _, err := wh.Exec(ctx, `INSERT INTO tidemark.cdc_positions (source, slot, system_id, snapshot, applied_lsn, updated_at)
+		VALUES ('shop', 'tidemark_shop', '1', 'resync', '0/16B3748', now())`); err != nil {
+		t.Fatal(err)
+	}
+	if code, stdout, _ := invoke(t, "check", "-c", cfg); code != exitOK || !strings.Contains(stdout, "new slot asked for (tidemark resync --new-slot)") {
+		t.Errorf("a new slot asked for: exit %d, want 0 saying so:\n%s", code, stdout)
+	}
+
 	bad := writeFile(t, "bad.yaml", fmt.Sprintf(`
 warehouse: {dsn: %q}
 sources:
