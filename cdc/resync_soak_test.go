@@ -62,13 +62,13 @@ func (p soakPhase) String() string {
 // TIDEMARK_RESYNC_SOAK_ROWS rows (20,000; make soak-resync: 1,000,000),
 // its mirror made wrong, is resynced while a steady workload updates,
 // inserts, deletes and changes keys in it, and the reader is killed once
-// half its chunks are applied and started again. Meanwhile another table of
-// the source, customers, gets a row every 20 ms. The mirror of orders
+// half its chunks are applied and started again. Meanwhile another table
+// of the source, customers, gets a row every 20 ms. The mirror of orders
 // ends md5-equal to the source, the rows the source never had removed;
 // the other table's lag (from a source commit to its row visible in the
 // mirror) is logged for each phase, and during the copy its maximum must
-// stay below half of the copy's time: the stream is never held for most
-// of the copy.
+// stay below half of the copy's time (or 10 s): the stream is never held
+// for most of the copy.
 func TestResyncSoak(t *testing.T) {
 	rows := envInt(t, envSoakRows, 20_000)
 	if testing.Short() && os.Getenv(envSoakRows) == "" {
@@ -138,8 +138,8 @@ func TestResyncSoak(t *testing.T) {
 	waitfor.Within(t, limit, "half of the chunks to be applied", func() bool {
 		return resyncState(t, e).Chunks >= half
 	})
-	// The kill: the reader stops where it is, its warehouse transaction
-	// under way rolled back.
+	// The kill: the reader's run is cancelled where it is, a warehouse
+	// transaction under way abandoned.
 	phase.Store(int32(phaseRestarted))
 	feed.killed()
 	cancel()
