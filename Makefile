@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: demo demo-citus test test-short test-matrix test-citus pg-install bench soak chaos lint rules build fuzz fuzz-short
+.PHONY: demo demo-citus test test-short test-matrix test-citus pg-install bench soak soak-resync chaos lint rules build fuzz fuzz-short
 
 ## PG=MAJOR: every target that starts PostgreSQL runs on that version (make test PG=17)
 # Its server binaries come from .ci/pgbin: Debian's /usr/lib/postgresql/MAJOR
@@ -102,6 +102,14 @@ bench:
 ## soak: 180 simulated days of the service with kills and short retention (a few minutes; make test runs a 120-day one)
 soak:
 	TIDEMARK_SOAK=full $(GO) test -run '^TestSoak$$' -v -timeout 60m ./cmd/tidemark/
+
+## soak-resync: a 1,000,000-row table resynced under a steady workload, the reader killed half-way, while another table's lag is measured (a few minutes; make test runs a 20,000-row one)
+# TIDEMARK_RESYNC_SOAK_CHUNK_ROWS sets cdc.snapshot_chunk_rows (default: a
+# tenth of the rows), TIDEMARK_RESYNC_SOAK_RATE the workload's transactions
+# a second (200).
+RESYNC_SOAK_ROWS ?= 1000000
+soak-resync:
+	TIDEMARK_RESYNC_SOAK_ROWS=$(RESYNC_SOAK_ROWS) $(GO) test -count=1 -run '^TestResyncSoak$$' -v -timeout 60m ./cdc/
 
 ## chaos: 15 minutes of kills, PostgreSQL restarts, network faults and a second instance under traffic (make test runs a bounded one); TIDEMARK_CHAOS_SEED replays a run
 chaos:

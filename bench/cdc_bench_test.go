@@ -461,35 +461,50 @@ func (rr *runningReader) waitFor(b *testing.B, wh *pgxpool.Pool, what string, li
 // applied_lsn never arrives.
 func writeCDCWorkload(b *testing.B, src *pgxpool.Pool, n int) string {
 	b.Helper()
-	ctx := context.Background()
-	const txn = 1000
 	var end string
-	// Each block of ten transactions inserts 6,000 rows, updates the
-	// first 3,000 of them and deletes the next 1,000.
-	for i := range n / txn {
-		block := int64(i/10) * 6 * txn
-		sql, from := cdcInsertSQL, block+int64(i%10)*txn+1
-		switch {
-		case i%10 >= 6 && i%10 < 9:
-			sql, from = cdcUpdateSQL, block+int64(i%10-6)*txn+1
-		case i%10 == 9:
-			sql, from = cdcDeleteSQL, block+3*txn+1
-		}
-		err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
-			tag, err := tx.Exec(ctx, sql, from, from+txn-1)
-			if err != nil {
-				return err
-			}
-			if tag.RowsAffected() != txn {
-				return fmt.Errorf("%s changed %d rows, want %d", tag, tag.RowsAffected(), txn)
-			}
-			return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end)
-		})
-		if err != nil {
+	for i := range n / cdcTxnChanges {
+		var err error
+		if end, err = writeCDCTxn(context.Background(), src, i); err != nil {
 			b.Fatal(err)
 		}
 	}
 	return end
+}
+
+// cdcTxnChanges is the number of changes of each transaction of
+// BenchmarkCDC's workload.
+const cdcTxnChanges = 1000
+
+// writeCDCTxn writes transaction i (from 0) of BenchmarkCDC's workload to
+// an orders table that held none of the rows of the transactions before
+// it, and returns a WAL position inside it, after its changes and before
+// its commit. Each block of ten transactions inserts 6,000 rows, updates
+// the first 3,000 of them and deletes the next 1,000.
+func writeCDCTxn(ctx context.Context, src *pgxpool.Pool, i int) (string, error) {
+	const txn = cdcTxnChanges
+	block := int64(i/10) * 6 * txn
+	sql, from := cdcInsertSQL, block+int64(i%10)*txn+1
+	switch {
+	case i%10 >= 6 && i%10 < 9:
+		sql, from = cdcUpdateSQL, block+int64(i%10-6)*txn+1
+	case i%10 == 9:
+		sql, from = cdcDeleteSQL, block+3*txn+1
+	}
+	var end string
+	err := pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, sql, from, from+txn-1)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != txn {
+			return fmt.Errorf("%s changed %d rows, want %d", tag, tag.RowsAffected(), txn)
+		}
+		return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&end)
+	})
+	if err != nil {
+		return "", fmt.Errorf("transaction %d of the workload: %w", i, err)
+	}
+	return end, nil
 }
 
 // steadyLag writes transactions of 50 changes (35 inserts, 10 updates, 5
