@@ -34,7 +34,7 @@ const feedInFlight = 30
 //	    snapshot (BenchmarkCDCSnapshot's (b)), until recorded done;
 //	(b) the same reader, streaming, asked to resync src_customers: from
 //	    the resync's start to its end as tidemark.cdc_resyncs records
-//	    them, every row read again in chunks of cdc.snapshot_chunk_rows
+//	    them, every row read again in chunks of cdc.resync_chunk_rows
 //	    between two marks and applied by the stream into the full mirror,
 //	    with a raw change row each;
 //	(c) the stream's apply rate of the other table's changes without a
@@ -48,7 +48,7 @@ const feedInFlight = 30
 // It reports the medians over TIDEMARK_BENCH_ROUNDS rounds (3), each on a
 // fresh warehouse and slot, of (b)/(a) and (d)/(c); (c) and (d) alternate
 // which goes first. TIDEMARK_BENCH_RESYNC_CHUNK_ROWS sets
-// cdc.snapshot_chunk_rows (default: the configuration's).
+// cdc.resync_chunk_rows (default: the configuration's).
 func BenchmarkResync(b *testing.B) {
 	rows := size("TIDEMARK_BENCH_RESYNC_ROWS", pollRows, pollRows/10)
 	rounds := envInt("TIDEMARK_BENCH_ROUNDS", 3)
@@ -93,7 +93,7 @@ func BenchmarkResync(b *testing.B) {
 			copyRatios = append(copyRatios, quietRate/snapRate)
 			applyRatios = append(applyRatios, busy.rate()/idle.rate())
 			fmt.Fprintf(os.Stderr, `
-resync, %d rows of about 150 bytes, cdc.snapshot_chunk_rows %d, fsync on, round %d:
+resync, %d rows of about 150 bytes, cdc.resync_chunk_rows %d, fsync on, round %d:
   (a) initial snapshot, a new slot                 %8.0f rows/s     (%s)
   (b) resync, no other changes                     %8.0f rows/s     (%s; %s from the request)   (b)/(a) = %.2f
   (c) the other table's changes, no resync          %8.0f changes/s  (%d in %s)
@@ -139,9 +139,9 @@ func startResyncRound(b *testing.B, e *env, srcDSN string, src *pgxpool.Pool, ro
 	whDSN := e.freshDatabase(b)
 	wh, cfg := cdcWarehouse(b, whDSN, srcDSN, "src_customers, orders", "{schema: public}")
 	if chunkRows > 0 {
-		cfg.Sources["shop"].CDC.SnapshotChunkRows = chunkRows
+		cfg.Sources["shop"].CDC.ResyncChunkRows = chunkRows
 	}
-	rd := &resyncRound{whDSN: whDSN, wh: wh, rows: rows, chunkRows: cfg.Sources["shop"].CDC.SnapshotChunkRows,
+	rd := &resyncRound{whDSN: whDSN, wh: wh, rows: rows, chunkRows: cfg.Sources["shop"].CDC.ResyncChunkRows,
 		feed: &feeder{src: src}}
 	prof := startProfile(b, e.srv, dbName(b, srcDSN), dbName(b, whDSN))
 	started := time.Now()

@@ -42,6 +42,9 @@ type Config struct {
 	// SnapshotChunkRows is the estimated rows of a snapshot chunk
 	// (cdc.snapshot_chunk_rows).
 	SnapshotChunkRows int
+	// ResyncChunkRows is the rows of a resync's chunk, which the stream
+	// applies in one transaction (cdc.resync_chunk_rows).
+	ResyncChunkRows int
 	// ApplyTruncate empties the mirrors of the tables truncated at the
 	// source; false ignores a truncation (cdc.truncate).
 	ApplyTruncate bool
@@ -116,6 +119,7 @@ func ConfigFrom(cfg *config.Config, name string) (Config, error) {
 		Snapshot:                 c.Snapshot,
 		SnapshotWorkers:          c.SnapshotWorkers,
 		SnapshotChunkRows:        c.SnapshotChunkRows,
+		ResyncChunkRows:          c.ResyncChunkRows,
 		ApplyTruncate:            c.Truncate == config.TruncateApply,
 		HeartbeatEvery:           c.HeartbeatEvery.Duration(),
 		StatusEvery:              c.StatusEvery.Duration(),
@@ -153,6 +157,8 @@ func (c *Config) validate() error {
 		return problem("SnapshotWorkers", "must be at least 1, got %d", c.SnapshotWorkers)
 	case c.SnapshotChunkRows < 1:
 		return problem("SnapshotChunkRows", "must be at least 1, got %d", c.SnapshotChunkRows)
+	case c.ResyncChunkRows < 1:
+		return problem("ResyncChunkRows", "must be at least 1, got %d", c.ResyncChunkRows)
 	case c.HeartbeatEvery < 0:
 		return problem("HeartbeatEvery", "must not be negative, got %s", c.HeartbeatEvery)
 	case c.StatusEvery <= 0:

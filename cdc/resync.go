@@ -607,7 +607,7 @@ func (r *Reader) readChunk(ctx context.Context, src *pgx.Conn, rs *resync, n int
 		}
 	}
 	rs.mu.Lock()
-	c.rows, c.cols, c.keys, c.snap, c.last, c.final, c.at, c.ready = rows, cols, keys, snap, lastKey, len(rows) < r.conf.SnapshotChunkRows, r.now(), true
+	c.rows, c.cols, c.keys, c.snap, c.last, c.final, c.at, c.ready = rows, cols, keys, snap, lastKey, len(rows) < r.conf.ResyncChunkRows, r.now(), true
 	rs.mu.Unlock()
 	if _, err := src.Exec(ctx, emitMarkSQL, c.id+"|high"); err != nil {
 		return nil, fmt.Errorf("write the high mark: %w", err)
@@ -615,7 +615,7 @@ func (r *Reader) readChunk(ctx context.Context, src *pgx.Conn, rs *resync, n int
 	return c, nil
 }
 
-// selectChunk reads, in one snapshot, up to snapshot_chunk_rows rows of t
+// selectChunk reads, in one snapshot, up to resync_chunk_rows rows of t
 // after last in its key order, each value in its text form.
 func (r *Reader) selectChunk(ctx context.Context, src *pgx.Conn, t *table, last []string) ([]row, []column, snapshot, error) {
 	m := t.mirror
@@ -634,7 +634,7 @@ func (r *Reader) selectChunk(ctx context.Context, src *pgx.Conn, t *table, last 
 		}
 		where = fmt.Sprintf("WHERE (%s) > (%s)", keys, strings.Join(params, ", "))
 	}
-	q := fmt.Sprintf("SELECT %s FROM %s %s ORDER BY %s LIMIT %d", strings.Join(cols, ", "), m.Source.Sanitize(), where, keys, r.conf.SnapshotChunkRows)
+	q := fmt.Sprintf("SELECT %s FROM %s %s ORDER BY %s LIMIT %d", strings.Join(cols, ", "), m.Source.Sanitize(), where, keys, r.conf.ResyncChunkRows)
 	tx, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, nil, snapshot{}, err

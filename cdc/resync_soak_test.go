@@ -27,9 +27,9 @@ import (
 const (
 	// envSoakRows is the rows of the orders table the test resyncs.
 	envSoakRows = "TIDEMARK_RESYNC_SOAK_ROWS"
-	// envSoakChunkRows is cdc.snapshot_chunk_rows; default a tenth of
-	// the rows (at least 1,000, the least the configuration takes), so
-	// that the kill falls in the middle of the copy.
+	// envSoakChunkRows is cdc.resync_chunk_rows; default a tenth of
+	// the rows (at least 1,000), so that the kill falls in the middle
+	// of the copy, and at most the configuration's default, 10,000.
 	envSoakChunkRows = "TIDEMARK_RESYNC_SOAK_CHUNK_ROWS"
 	// envSoakRate is the workload's transactions a second on orders
 	// (default 200), each of four statements: an update, a delete, an
@@ -77,7 +77,7 @@ func TestResyncSoak(t *testing.T) {
 	if pgtest.OnCitus() {
 		t.Skip("the resync soak runs on a server of its own, not on Citus")
 	}
-	chunkRows := envInt(t, envSoakChunkRows, max(1000, rows/10))
+	chunkRows := envInt(t, envSoakChunkRows, min(10000, max(1000, rows/10)))
 	rate := envInt(t, envSoakRate, 200)
 	limit := max(waitfor.Timeout, time.Duration(rows/1000)*time.Second)
 
@@ -88,7 +88,7 @@ func TestResyncSoak(t *testing.T) {
 	e := newCDCEnvOn(t, srv)
 	e.exec(fmt.Sprintf(`INSERT INTO orders SELECT %d + i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second'
 		FROM generate_series(1, %d) AS i; ANALYZE orders`, resyncBase, rows))
-	cfg := e.config(fmt.Sprintf("snapshot: initial\nsnapshot_chunk_rows: %d", chunkRows), "deletes: hard")
+	cfg := e.config(fmt.Sprintf("snapshot: initial\nresync_chunk_rows: %d", chunkRows), "deletes: hard")
 	done, cancel := e.run(cfg, cdc.Options{})
 	t.Cleanup(func() {
 		cancel()

@@ -124,7 +124,7 @@ func TestResync(t *testing.T) {
 			e := newCDCEnv(t)
 			e.exec(fmt.Sprintf(`INSERT INTO orders SELECT %d + i, i %% 100, i %% 997, timestamptz '2026-10-01 00:00+00' + i * interval '1 second'
 				FROM generate_series(1, %d) AS i; ANALYZE orders`, resyncBase, resyncRows))
-			cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000", "deletes: hard")
+			cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000\nresync_chunk_rows: 1000", "deletes: hard")
 			opts := cdc.Options{GroupAge: 20 * time.Millisecond, Registerer: e.reg}
 			done, cancel := e.run(cfg, opts)
 			t.Cleanup(func() {

@@ -82,7 +82,7 @@ func TestTableAdded(t *testing.T) {
 			e := newCDCEnv(t)
 			e.exec(`INSERT INTO customers SELECT i, 'c' || i, 'free', NULL, repeat('x', i % 50) FROM generate_series(1, 5000) AS i;
 				INSERT INTO orders SELECT i, i % 100, i % 997, '2026-10-01 00:00+00' FROM generate_series(1, 500) AS i`)
-			cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000", "deletes: hard")
+			cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000\nresync_chunk_rows: 1000", "deletes: hard")
 			cfg.Sources["shop"].CDC.Tables = []string{"orders"}
 			opts := cdc.Options{GroupAge: 20 * time.Millisecond}
 			done, cancel := e.run(cfg, opts)
@@ -168,7 +168,7 @@ func TestNewSlot(t *testing.T) {
 	e := newCDCEnv(t)
 	e.exec(`INSERT INTO customers SELECT i, 'c' || i, 'free', NULL, NULL FROM generate_series(1, 2000) AS i;
 		INSERT INTO orders SELECT i, i % 100, i % 997, '2026-10-01 00:00+00' FROM generate_series(1, 3000) AS i`)
-	cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000", "deletes: hard")
+	cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000\nresync_chunk_rows: 1000", "deletes: hard")
 	opts := cdc.Options{GroupAge: 20 * time.Millisecond}
 	done, cancel := e.run(cfg, opts)
 	e.waitStreaming(done)

@@ -27,6 +27,10 @@ type CDCSource struct {
 	// table's statistics.
 	SnapshotWorkers   int `yaml:"snapshot_workers"`
 	SnapshotChunkRows int `yaml:"snapshot_chunk_rows"`
+	// ResyncChunkRows is the rows of a chunk of a resync (tidemark
+	// resync, a table added), each applied in one warehouse transaction
+	// of the stream.
+	ResyncChunkRows int `yaml:"resync_chunk_rows"`
 	// Truncate is apply (empty the mirror) or ignore.
 	Truncate string `yaml:"truncate"`
 	// HeartbeatEvery writes a logical message on the source at this
@@ -96,7 +100,7 @@ func (cfg *Config) validateCDCSource(ix *index, p string, s *Source) {
 		}
 		seen[schema+"."+name] = true
 	}
-	for _, key := range []string{"snapshot", "truncate", "snapshot_workers", "snapshot_chunk_rows", "heartbeat_every", "status_every", "max_buffer_bytes", "failover_slot"} {
+	for _, key := range []string{"snapshot", "truncate", "snapshot_workers", "snapshot_chunk_rows", "resync_chunk_rows", "heartbeat_every", "status_every", "max_buffer_bytes", "failover_slot"} {
 		cfg.check(ix, "sources.<name>.cdc."+key, s.Name)
 	}
 	for key, dsn := range map[string]string{"standby_dsn": c.StandbyDSN, "primary_dsn": c.PrimaryDSN} {

@@ -216,6 +216,7 @@ var keys = []Key{
 	{Path: "sources.<name>.cdc.snapshot", Default: SnapshotInitial, OneOf: []string{SnapshotInitial, SnapshotNever}},
 	{Path: "sources.<name>.cdc.snapshot_workers", Default: "2", Min: "1", Max: "32"},
 	{Path: "sources.<name>.cdc.snapshot_chunk_rows", Default: "250000", Min: "1000"},
+	{Path: "sources.<name>.cdc.resync_chunk_rows", Default: "10000", Min: "100", Max: "1000000"},
 	{Path: "sources.<name>.cdc.truncate", Default: TruncateApply, OneOf: []string{TruncateApply, TruncateIgnore}},
 	{Path: "sources.<name>.cdc.heartbeat_every", Default: "1m", KeepZero: true, Zero: "off", Min: "1s"},
 	{Path: "sources.<name>.cdc.status_every", Default: "10s", Min: "100ms", Max: "1m"},

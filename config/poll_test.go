@@ -140,7 +140,7 @@ func TestCDCConfig(t *testing.T) {
 	s := cfg.Sources["shop"]
 	c := s.CDC
 	if c.Slot != "tidemark_shop" || c.Publication != "tidemark_shop" || c.Snapshot != SnapshotInitial || c.Truncate != TruncateApply ||
-		c.HeartbeatEvery.Duration() != time.Minute || c.SnapshotWorkers != 2 || c.SnapshotChunkRows != 250000 || c.StatusEvery.Duration() != 10*time.Second || s.RawPartition != PartitionMonth || s.Mirror.Deletes != DeletesSoft {
+		c.HeartbeatEvery.Duration() != time.Minute || c.SnapshotWorkers != 2 || c.SnapshotChunkRows != 250000 || c.ResyncChunkRows != 10000 || c.StatusEvery.Duration() != 10*time.Second || s.RawPartition != PartitionMonth || s.Mirror.Deletes != DeletesSoft {
 		t.Errorf("defaults: %+v %+v", c, s.Mirror)
 	}
 	if got := s.MirrorTables(); got["public.customers"] != "mirror.customers" || got["public.orders"] != "mirror.orders" {

@@ -98,7 +98,7 @@ func newResyncWaitEnv(t *testing.T) *resyncWaitEnv {
 http: {listen: "off"}
 sources:
   shop:
-    cdc: {dsn: %q, tables: [orders], snapshot: initial, status_every: 200ms, snapshot_chunk_rows: 1000}
+    cdc: {dsn: %q, tables: [orders], snapshot: initial, status_every: 200ms, snapshot_chunk_rows: 1000, resync_chunk_rows: 1000}
     mirror: {table: dw_orders}
 `, whDSN, srcDSN))}
 	ctx, cancel := context.WithCancel(t.Context())
