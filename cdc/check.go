@@ -68,11 +68,12 @@ type Report struct {
 	// PublicationExists reports whether spec.Publication exists.
 	PublicationExists bool
 	// Unpublished are the tables of spec that the existing publication
-	// does not publish and that the role may add to it (it owns the
-	// publication and the tables): the reader adds them and copies them
-	// while the stream goes on. A table the role may not add is a
-	// problem.
+	// (not FOR ALL TABLES) does not publish. MayPublish reports that the
+	// role may add them (it owns the publication and the tables): the
+	// reader adds them and copies them while the stream goes on; else
+	// they are a problem.
 	Unpublished []pgx.Identifier
+	MayPublish  bool
 	// Warnings describe things that work but that the operator should
 	// know, such as replica identity DEFAULT: deletes carry only the key.
 	Warnings []string
@@ -512,17 +513,18 @@ func (c *checker) checkPublication(ctx context.Context) error {
 			c.key("publication"), c.spec.Publication, strings.Join(missing, ", "), fix)
 		return nil
 	}
+	for _, t := range c.tables {
+		if !published[[2]string{t.schema, t.name}] {
+			c.report.Unpublished = append(c.report.Unpublished, pgx.Identifier{t.schema, t.name})
+		}
+	}
 	if !partitioned {
 		addable, err := c.mayAddToPublication(ctx, quoted)
 		if err != nil {
 			return err
 		}
 		if addable {
-			for _, t := range c.tables {
-				if !published[[2]string{t.schema, t.name}] {
-					c.report.Unpublished = append(c.report.Unpublished, pgx.Identifier{t.schema, t.name})
-				}
-			}
+			c.report.MayPublish = true
 			c.warn("publication %s does not publish %s: the reader adds them (ALTER PUBLICATION %s ADD TABLE %s) and copies them while the stream goes on",
 				c.spec.Publication, strings.Join(missing, ", "), pub, strings.Join(quoted, ", "))
 			return nil

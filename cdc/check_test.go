@@ -229,8 +229,8 @@ func TestCheck(t *testing.T) {
 				if !r.PublicationExists {
 					t.Error("PublicationExists false; the publication exists")
 				}
-				if len(r.Unpublished) != 1 || r.Unpublished[0].Sanitize() != `"sales"."items"` {
-					t.Errorf("Unpublished %v, want sales.items", r.Unpublished)
+				if len(r.Unpublished) != 1 || r.Unpublished[0].Sanitize() != `"sales"."items"` || !r.MayPublish {
+					t.Errorf("Unpublished %v (may publish %v), want sales.items that the role may add", r.Unpublished, r.MayPublish)
 				}
 			},
 		},
@@ -245,6 +245,11 @@ func TestCheck(t *testing.T) {
 			},
 			wantErr:  []string{"sources.shop.cdc.publication", "sales.items", `ALTER PUBLICATION "tidemark_shop" ADD TABLE "sales"."items"`},
 			warnings: []string{"public.orders", "sales.items"},
+			report: func(t *testing.T, _ *checkEnv, r cdc.Report) {
+				if len(r.Unpublished) != 1 || r.MayPublish {
+					t.Errorf("Unpublished %v (may publish %v), want sales.items that the role may not add", r.Unpublished, r.MayPublish)
+				}
+			},
 		},
 		{
 			name: "publication holds a table no longer configured",

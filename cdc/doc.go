@@ -4,7 +4,8 @@
 // A Reader checks the source first (Check: wal_level, the role's
 // privileges, each table's replica identity, the slot's state and
 // identity) and refuses, with ErrSetup and a message naming the fix, what
-// it cannot use; it never recreates a slot it has read from. It creates the
+// it cannot use; it recreates a slot it has read from only when tidemark
+// resync --new-slot asks, and then resyncs every table. It creates the
 // publication and the slot when missing; with snapshot: initial the tables
 // are copied in the snapshot the new slot exports, and streaming starts at
 // the slot's consistent point, so there is no gap and no overlap. One

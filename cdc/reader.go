@@ -352,6 +352,19 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 	report, err := Check(cctx, srcConn, CheckSpec{Source: r.conf.Source, Slot: conf.Slot, Publication: conf.Publication, Tables: r.specs,
 		Position: pos.readFrom(), Failover: conf.FailoverSlot, Replace: replace})
 	cancel()
+	unpublished := report.Unpublished
+	if !report.PublicationExists && err == nil {
+		// Dropped since the reader streamed: every table's changes
+		// since are not in the slot.
+		unpublished = r.specs
+	}
+	if len(unpublished) > 0 && pos.exists && !replace {
+		// Before the tables are published, whoever publishes them:
+		// their changes until then are not in the slot.
+		if rerr := r.resyncUnpublished(ctx, unpublished); rerr != nil {
+			return report, pos, errors.Join(err, rerr)
+		}
+	}
 	if err != nil {
 		return report, pos, err
 	}
@@ -586,12 +599,12 @@ func (r *Reader) prepareSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.
 		if pos, err = r.createSlot(ctx, repl, src, report, pos, tables); err != nil {
 			return pos, err
 		}
-		return pos, r.takeOnTables(ctx, true, report.Unpublished)
+		return pos, r.takeOnTables(ctx, true)
 	}
 	if err := r.makeFailover(ctx, repl, report); err != nil {
 		return pos, err
 	}
-	return pos, r.takeOnTables(ctx, false, report.Unpublished)
+	return pos, r.takeOnTables(ctx, false)
 }
 
 // createSlot creates the slot and, with snapshot: initial, copies the

@@ -59,7 +59,7 @@ const opSnapshot = "snapshot"
 const (
 	nextResyncSQL = `
 SELECT source_table, generation, coalesce(last_key, '{}'), chunks
-FROM tidemark.cdc_resyncs WHERE source = $1 AND state <> 'done'
+FROM tidemark.cdc_resyncs WHERE source = $1 AND state <> 'done' AND source_table = ANY ($2)
 ORDER BY requested_at, source_table LIMIT 1`
 	// startResyncSQL marks a resync copying; the rows planned ($5) are
 	// those of its first start: a resync that goes on after a stop keeps
@@ -450,7 +450,9 @@ func (r *Reader) nextResync(ctx context.Context, tables map[string]*table) (*pen
 		p    pendingResync
 		gen  int64
 	)
-	err := r.pool.QueryRow(ctx, nextResyncSQL, r.conf.Source).Scan(&name, &gen, &p.last, &p.n)
+	// A resync of a table cdc.tables no longer names waits until it is
+	// named again, which starts it over (takeOnTables).
+	err := r.pool.QueryRow(ctx, nextResyncSQL, r.conf.Source, r.tableNames()).Scan(&name, &gen, &p.last, &p.n)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -525,6 +527,9 @@ func (r *Reader) resyncTable(ctx context.Context, p *pendingResync, dsn string) 
 			return fmt.Errorf("resync %s: chunk %d was not applied within %s", t.rel.Name, c.n, resyncChunkLimit)
 		}
 		rs.forget(c)
+		if asked, err := r.newSlotAsked(ctx); err != nil || asked {
+			return cmp.Or(err, errNewSlot)
+		}
 		r.m.resyncRows.Add(float64(len(c.rows)))
 		r.resyncProgress(ctx, t.rel.Name)
 		if c.final {
@@ -708,7 +713,7 @@ func (s *stream) logicalMessage(ctx context.Context, m *pglogrepl.LogicalDecodin
 		return nil
 	}
 	if s.inTxn {
-		s.deferred = c
+		s.deferred = append(s.deferred, c)
 		return nil
 	}
 	return s.applyChunk(ctx, m.LSN, rs, c)
@@ -717,13 +722,19 @@ func (s *stream) logicalMessage(ctx context.Context, m *pglogrepl.LogicalDecodin
 // applyDeferredChunk applies the chunk whose high mark came inside the
 // transaction just received, at that transaction's end.
 func (s *stream) applyDeferredChunk(ctx context.Context, end pglogrepl.LSN) error {
-	c := s.deferred
-	rs := s.r.rs.Load()
-	if c == nil || rs == nil {
-		return nil
-	}
+	cs := s.deferred
 	s.deferred = nil
-	return s.applyChunk(ctx, end, rs, c)
+	rs := s.r.rs.Load()
+	for _, c := range cs {
+		if rs == nil {
+			return nil
+		}
+		if err := s.applyChunk(ctx, end, rs, c); err != nil {
+			return err
+		}
+		rs = s.r.rs.Load()
+	}
+	return nil
 }
 
 // SQL of resync requests.

@@ -50,9 +50,10 @@ type stream struct {
 	seq        int
 	xid        uint32 // its transaction id
 	groupStart time.Time
-	// deferred is a resync chunk whose high mark came inside a
-	// transaction: it is applied once the transaction is.
-	deferred *resyncChunk
+	// deferred are the resync chunks whose high marks came inside a
+	// transaction, in their order: they are applied once the
+	// transaction is.
+	deferred []*resyncChunk
 
 	// current is the commit LSN of the transaction being applied.
 	current pglogrepl.LSN

@@ -8,11 +8,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidemark-dev/tidemark/internal/pgconnect"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgquote"
 	"github.com/tidemark-dev/tidemark/mirror"
 )
@@ -43,10 +45,10 @@ const (
 	snapshotStateSQL = `SELECT snapshot FROM tidemark.cdc_positions WHERE source = $1`
 	storeTablesSQL   = `UPDATE tidemark.cdc_positions SET tables = $2 WHERE source = $1`
 	// restartResyncSQL asks for a resync of a table from its first row,
-	// as a new generation, whatever the state of the one before: a
+	// as a new generation, unless one is asked for and not begun: a
 	// resync under way when the stream missed changes (the table was not
 	// streamed, or the slot was replaced) would keep chunks that lack
-	// them.
+	// them. No row when one is pending.
 	restartResyncSQL = `
 INSERT INTO tidemark.cdc_resyncs AS r (source, source_table, generation, state, requested_at, requested_by)
 VALUES ($1, $2, 1, 'pending', $3, $4)
@@ -54,9 +56,16 @@ ON CONFLICT (source, source_table) DO UPDATE SET
     generation = r.generation + 1, state = 'pending', requested_at = $3, requested_by = $4,
     started_at = NULL, finished_at = NULL, last_key = NULL, chunks = 0, rows_copied = 0, rows_removed = 0,
     rows_planned = NULL
+WHERE r.state <> 'pending'
 RETURNING generation`
 	dropOldResyncKeysSQL = `DELETE FROM tidemark.cdc_resync_keys WHERE source = $1 AND source_table = $2 AND generation < $3`
 	addToPublicationSQL  = `ALTER PUBLICATION %s ADD TABLE %s`
+	// lockTablesSQL holds off the writers of the tables added to the
+	// publication until the statement commits (see addToPublication),
+	// waiting at most lockForPublicationSQL's milliseconds for those
+	// under way.
+	lockTablesSQL         = `LOCK TABLE %s IN SHARE MODE`
+	lockForPublicationSQL = `SET LOCAL lock_timeout = %d`
 	// slotReplacedSQL stores the consistent point of a slot that
 	// replaced a lost one, and the tables streamed from it.
 	slotReplacedSQL = `
@@ -70,21 +79,40 @@ WHERE source = $1 AND resumed_lsn IS NULL`
 	// the reader for the slot; no row when the source has no position or
 	// a new slot is asked for already.
 	requestNewSlotSQL = `
-WITH gap AS (
-    INSERT INTO tidemark.cdc_gaps (source, recorded_at, recorded_by, slot, system_id, applied_lsn, last_commit_time)
-    SELECT source, $2, $3, slot, system_id, applied_lsn, last_commit_time
-    FROM tidemark.cdc_positions WHERE source = $1 AND snapshot IN ('done', 'skipped')
-    RETURNING source, applied_lsn::text
+WITH asked AS (
+    UPDATE tidemark.cdc_positions SET snapshot = 'resync', updated_at = $2
+    WHERE source = $1 AND snapshot IN ('done', 'skipped')
+    RETURNING source, slot, system_id, applied_lsn, last_commit_time
 )
-UPDATE tidemark.cdc_positions p SET snapshot = 'resync', updated_at = $2
-FROM gap WHERE p.source = gap.source
-RETURNING gap.applied_lsn`
+INSERT INTO tidemark.cdc_gaps (source, recorded_at, recorded_by, slot, system_id, applied_lsn, last_commit_time)
+SELECT source, $2, $3, slot, system_id, applied_lsn, last_commit_time FROM asked
+RETURNING applied_lsn::text`
 )
+
+// resyncUnpublished asks for the resync of tracked tables the publication
+// does not publish, before the reader (or an operator) adds them: their
+// changes until then are not in the slot, and once they are published a
+// start no longer sees that they were not.
+func (r *Reader) resyncUnpublished(ctx context.Context, tables []pgx.Identifier) error {
+	var names []string
+	for _, t := range tables {
+		names = append(names, t[0]+"."+t[1])
+	}
+	tctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
+	defer cancel()
+	return pgx.BeginFunc(tctx, r.pool, func(tx pgx.Tx) error {
+		return r.restartResyncs(tctx, tx, names, "tidemark: added to "+r.conf.Source+".cdc.tables")
+	})
+}
 
 // addToPublication adds the tables the publication lacks (report's
 // Unpublished) to it, on the source or, for a standby, on its primary,
 // before the stream starts: the tables' changes are sent from the
-// statement's commit on.
+// statement's commit on. The tables are locked against writes (SHARE) in
+// the statement's transaction: a transaction writing a table before the
+// statement and committing after it would make pgoutput take the table
+// for unpublished until something else invalidates its cache (a bug of
+// PostgreSQL releases before May 2025), and its changes would be lost.
 func (r *Reader) addToPublication(ctx context.Context, src *pgx.Conn, report Report) error {
 	var quoted []string
 	for _, t := range report.Unpublished {
@@ -107,7 +135,22 @@ func (r *Reader) addToPublication(ctx context.Context, src *pgx.Conn, report Rep
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.waitTimeout)
 	defer cancel()
-	if _, err := conn.Exec(pctx, stmt); err != nil {
+	err := pgx.BeginFunc(pctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(pctx, fmt.Sprintf(lockForPublicationSQL, r.waitTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(pctx, fmt.Sprintf(lockTablesSQL, strings.Join(quoted, ", "))); err != nil {
+			return err
+		}
+		_, err := tx.Exec(pctx, stmt)
+		return err
+	})
+	if pgerr.Refused(err) && !pgerr.Retryable(err) && pgerr.Code(err) != pgerrcode.LockNotAvailable {
+		// Refused for good (the role owns neither): a lock not had in
+		// time is tried again with the run.
+		return fmt.Errorf("%w: sources.%s.cdc.tables: %s: %w", ErrSetup, r.conf.Source, stmt, err)
+	}
+	if err != nil {
 		return fmt.Errorf("sources.%s.cdc.tables: %s: %w", r.conf.Source, stmt, err)
 	}
 	r.log.Info("added tables to the publication", "publication", r.conf.Publication, "tables", strings.Join(quoted, ", "))
@@ -147,27 +190,22 @@ func (r *Reader) tableNames() []string {
 	return out
 }
 
-// takeOnTables asks for the resync of the tables the reader takes on (see
-// the top of this file) and stores the tables it streams. fresh reports a
-// slot created by this start, whose snapshot (if any) copied every table;
-// added are the tables this start added to the publication.
-func (r *Reader) takeOnTables(ctx context.Context, fresh bool, added []pgx.Identifier) error {
+// takeOnTables asks for the resync of the tables cdc.tables names that
+// the reader did not stream at its last start, and stores the tables it
+// streams. fresh reports a slot created by this start, whose snapshot (if
+// any) copied every table. Those the publication lacked were asked for
+// already (resyncUnpublished). Stored NULL, as a release before left it,
+// takes the tables as streamed.
+func (r *Reader) takeOnTables(ctx context.Context, fresh bool) error {
 	names := r.tableNames()
 	var stored []string
 	if err := r.pool.QueryRow(ctx, storedTablesSQL, r.conf.Source).Scan(&stored); err != nil {
 		return fmt.Errorf("read the tables streamed: %w", err)
 	}
 	var take []string
-	if !fresh {
-		for _, t := range added {
-			take = append(take, t[0]+"."+t[1])
-		}
-		// Tables stored NULL: none stored yet (the state of a release
-		// before); only those just published are new for certain.
-		for _, n := range names {
-			if stored != nil && !slices.Contains(stored, n) && !slices.Contains(take, n) {
-				take = append(take, n)
-			}
+	for _, n := range names {
+		if !fresh && stored != nil && !slices.Contains(stored, n) {
+			take = append(take, n)
 		}
 	}
 	if len(take) == 0 && slices.Equal(stored, names) {
@@ -192,7 +230,11 @@ func (r *Reader) takeOnTables(ctx context.Context, fresh bool, added []pgx.Ident
 func (r *Reader) restartResyncs(ctx context.Context, tx pgx.Tx, tables []string, by string) error {
 	for _, t := range tables {
 		var gen int64
-		if err := tx.QueryRow(ctx, restartResyncSQL, r.conf.Source, t, r.now(), by).Scan(&gen); err != nil {
+		err := tx.QueryRow(ctx, restartResyncSQL, r.conf.Source, t, r.now(), by).Scan(&gen)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // pending: it starts from the first row
+		}
+		if err != nil {
 			return fmt.Errorf("request the resync of %s: %w", t, err)
 		}
 		if _, err := tx.Exec(ctx, dropOldResyncKeysSQL, r.conf.Source, t, gen); err != nil {

@@ -77,13 +77,26 @@ func resyncOf(t *testing.T, e *cdcEnv, table string) (cdc.Resync, bool) {
 // table stream, and streamed from then on; the other table's mirror is not
 // copied again, and a later start takes nothing on.
 func TestTableAdded(t *testing.T) {
-	for _, published := range []bool{false, true} {
-		t.Run(map[bool]string{false: "publication lacks it", true: "publication has it"}[published], func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// first are the tables of the first run; between is run on the
+		// source after it; published: the publication has customers
+		// when the reader starts again.
+		first     []string
+		between   string
+		published bool
+	}{
+		{"publication lacks it", []string{"orders"}, "", false},
+		{"publication has it", []string{"orders"}, `ALTER PUBLICATION tidemark_shop ADD TABLE customers`, true},
+		{"dropped from the publication", []string{"customers", "orders"}, `ALTER PUBLICATION tidemark_shop DROP TABLE customers`, false},
+	} {
+		published := tc.published
+		t.Run(tc.name, func(t *testing.T) {
 			e := newCDCEnv(t)
 			e.exec(`INSERT INTO customers SELECT i, 'c' || i, 'free', NULL, repeat('x', i % 50) FROM generate_series(1, 5000) AS i;
 				INSERT INTO orders SELECT i, i % 100, i % 997, '2026-10-01 00:00+00' FROM generate_series(1, 500) AS i`)
 			cfg := e.config("snapshot: initial\nsnapshot_chunk_rows: 1000\nresync_chunk_rows: 1000", "deletes: hard")
-			cfg.Sources["shop"].CDC.Tables = []string{"orders"}
+			cfg.Sources["shop"].CDC.Tables = tc.first
 			opts := cdc.Options{GroupAge: 20 * time.Millisecond}
 			done, cancel := e.run(cfg, opts)
 			e.waitStreaming(done)
@@ -94,8 +107,8 @@ func TestTableAdded(t *testing.T) {
 			if err := <-done; err != nil {
 				t.Fatalf("reader: %v", err)
 			}
-			if published {
-				e.exec(`ALTER PUBLICATION tidemark_shop ADD TABLE customers`)
+			if tc.between != "" {
+				e.exec(tc.between)
 			}
 			e.exec(`UPDATE customers SET tier = 'silver' WHERE id % 7 = 0`)
 
