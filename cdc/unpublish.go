@@ -39,11 +39,14 @@ type Unpublished struct {
 // Unpublish drops tables from the publication of the CDC source c: the
 // tables named (schema.table), or, with none, every table the publication
 // publishes that c's tables do not name. Naming a table c's tables name is
-// the caller's error to refuse. With dryRun it only says what it would
-// run. The reader applies nothing of a table it does not track; dropping
-// it from the publication stops the source sending its changes. Its
-// mirror and raw change rows are kept.
-func Unpublish(ctx context.Context, c Config, tables []string, dryRun bool) (Unpublished, error) {
+// the caller's error to refuse; a table of streamed (the tables the
+// source's reader streamed at its last start, StreamedTables) is refused
+// here: a reader running with another configuration would lose its
+// changes. With dryRun it only says what it would run. The reader applies
+// nothing of a table it does not track; dropping it from the publication
+// stops the source sending its changes. Its mirror and raw change rows
+// are kept.
+func Unpublish(ctx context.Context, c Config, tables, streamed []string, dryRun bool) (Unpublished, error) {
 	var out Unpublished
 	ctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()
@@ -52,7 +55,7 @@ func Unpublish(ctx context.Context, c Config, tables []string, dryRun bool) (Unp
 		return out, fmt.Errorf("sources.%s.cdc.dsn: %w", c.Source, err)
 	}
 	defer pgconnect.Close(ctx, conn)
-	published, all, err := publishedTables(ctx, conn, c.Publication)
+	published, idents, all, err := publishedTables(ctx, conn, c.Publication)
 	if err != nil {
 		return out, err
 	}
@@ -72,8 +75,11 @@ func Unpublish(ctx context.Context, c Config, tables []string, dryRun bool) (Unp
 		if !slices.Contains(published, t) {
 			return out, fmt.Errorf("%w: publication %s does not publish %s", ErrUnpublish, c.Publication, t)
 		}
-		s, n, _ := strings.Cut(t, ".")
-		quoted = append(quoted, pgquote.Ident(s, n))
+		if slices.Contains(streamed, t) {
+			return out, fmt.Errorf("%w: the reader of %s streamed %s at its last start (tidemark.cdc_positions.tables): "+
+				"restart the readers with it removed from sources.%s.cdc.tables first", ErrUnpublish, c.Source, t, c.Source)
+		}
+		quoted = append(quoted, pgquote.Ident(idents[t][0], idents[t][1]))
 	}
 	if len(quoted) == 0 {
 		return out, nil
@@ -105,29 +111,43 @@ func Unpublish(ctx context.Context, c Config, tables []string, dryRun bool) (Unp
 }
 
 // publishedTables reads the tables the publication publishes, as
-// schema.table, and whether it is FOR ALL TABLES.
-func publishedTables(ctx context.Context, conn *pgx.Conn, publication string) ([]string, bool, error) {
+// schema.table, each with its schema and name, and whether it is FOR ALL
+// TABLES.
+func publishedTables(ctx context.Context, conn *pgx.Conn, publication string) ([]string, map[string][2]string, bool, error) {
 	var all bool
 	err := conn.QueryRow(ctx, checkPublicationSQL, publication).Scan(&all)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, fmt.Errorf("%w: publication %s does not exist", ErrUnpublish, publication)
+		return nil, nil, false, fmt.Errorf("%w: publication %s does not exist", ErrUnpublish, publication)
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("read publication %s: %w", publication, err)
+		return nil, nil, false, fmt.Errorf("read publication %s: %w", publication, err)
 	}
 	rows, err := conn.Query(ctx, checkPublicationTablesSQL, publication)
 	if err != nil {
-		return nil, false, fmt.Errorf("read the tables of publication %s: %w", publication, err)
+		return nil, nil, false, fmt.Errorf("read the tables of publication %s: %w", publication, err)
 	}
 	var out []string
+	idents := map[string][2]string{}
 	var schema, name string
 	_, err = pgx.ForEachRow(rows, []any{&schema, &name}, func() error {
 		out = append(out, schema+"."+name)
+		idents[schema+"."+name] = [2]string{schema, name}
 		return nil
 	})
 	if err != nil {
-		return nil, false, fmt.Errorf("read the tables of publication %s: %w", publication, err)
+		return nil, nil, false, fmt.Errorf("read the tables of publication %s: %w", publication, err)
 	}
 	slices.Sort(out)
-	return out, all, nil
+	return out, idents, all, nil
+}
+
+// StreamedTables returns the tables (schema.table) the reader of source
+// streamed at its last start; none before a reader stored them.
+func StreamedTables(ctx context.Context, db Querier, source string) ([]string, error) {
+	var out []string
+	err := db.QueryRow(ctx, storedTablesSQL, source).Scan(&out)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("read the tables streamed: %w", err)
+	}
+	return out, nil
 }

@@ -45,7 +45,16 @@ func cmdUnpublish(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			}
 		}
 	}
-	u, err := cdc.Unpublish(ctx, c, tables, *dryRun)
+	pool, ok := prepareWarehouse(ctx, cfg, app, stderr)
+	if !ok {
+		return exitFailure
+	}
+	defer pool.Close()
+	streamed, err := cdc.StreamedTables(ctx, pool, source)
+	if err != nil {
+		return failed(stderr, app, err)
+	}
+	u, err := cdc.Unpublish(ctx, c, tables, streamed, *dryRun)
 	switch {
 	case errors.Is(err, cdc.ErrUnpublish):
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
