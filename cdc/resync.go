@@ -102,6 +102,12 @@ type resync struct {
 	// window are the keys of t changed since the current chunk's low
 	// mark; nil outside a window.
 	window map[string]bool
+	// unsent are, for the keys of t the stream changed since the resync
+	// began, the columns that none of those changes sent (an update
+	// leaves out an unchanged TOASTed value): the mirror may lack their
+	// value, which a chunk that leaves the key out then fills in from
+	// its row (see applyChunk). Keys with every column sent are absent.
+	unsent map[string]map[string]bool
 
 	mu sync.Mutex
 	// chunks are the chunks read and not yet applied, in their order: at
@@ -277,8 +283,28 @@ func (s *stream) applyChunk(ctx context.Context, lsn pglogrepl.LSN, rs *resync, 
 	copied := int64(0)
 	for i, r := range c.rows {
 		if skip[c.keys[i]] {
+			// The stream's changes of the key win, but for the columns
+			// none of them sent: those the chunk's row has as they are
+			// (no change the chunk missed touched them).
+			if missing := rs.unsent[c.keys[i]]; len(missing) > 0 {
+				part := row{}
+				for _, k := range rs.t.mirror.Key {
+					part[k] = r[k]
+				}
+				for name := range missing {
+					if v, ok := r[name]; ok && known[name] {
+						part[name] = v
+					}
+				}
+				ch := change{op: opSnapshot, table: rs.t, seq: i, commitLSN: lsn, commitTime: c.at, newRow: part}
+				if err := s.a.add(ctx, ch); err != nil {
+					return err
+				}
+			}
+			delete(rs.unsent, c.keys[i])
 			continue
 		}
+		delete(rs.unsent, c.keys[i])
 		for name := range r {
 			if !known[name] {
 				// A column the stream has not described yet: its
@@ -463,7 +489,7 @@ func (r *Reader) nextResync(ctx context.Context, tables map[string]*table) (*pen
 	if t == nil {
 		return nil, fmt.Errorf("%w: resync of %s: sources.%s.cdc.tables does not name it", ErrSetup, name, r.conf.Source)
 	}
-	p.rs = &resync{t: t, gen: gen, byXid: map[uint32]map[string]bool{}}
+	p.rs = &resync{t: t, gen: gen, byXid: map[uint32]map[string]bool{}, unsent: map[string]map[string]bool{}}
 	r.rs.Store(p.rs)
 	return &p, nil
 }
@@ -693,11 +719,53 @@ func (s *stream) resyncRecord(xid uint32, c *change) {
 		return
 	}
 	c.resync = rs.gen
-	for _, r := range []row{c.newRow, c.oldRow} {
-		if k, ok := c.table.keyOf(r); ok {
+	oldKey, hadOld := c.table.keyOf(c.oldRow)
+	newKey, hasNew := c.table.keyOf(c.newRow)
+	for _, k := range []string{oldKey, newKey} {
+		if k != "" {
 			rs.record(xid, k)
 		}
 	}
+	rs.noteSent(c.op, oldKey, hadOld, newKey, hasNew, c.newRow)
+}
+
+// noteSent updates unsent for a change: a delete leaves nothing to fill
+// in, an insert sends every column, an update those of its new row, over
+// what the key held before (the old key's, when it changed).
+func (rs *resync) noteSent(op, oldKey string, hadOld bool, newKey string, hasNew bool, newRow row) {
+	if hadOld && (!hasNew || oldKey != newKey) {
+		defer delete(rs.unsent, oldKey)
+	}
+	if !hasNew {
+		return
+	}
+	if op == opInsert {
+		delete(rs.unsent, newKey)
+		return
+	}
+	from := rs.unsent[newKey]
+	if hadOld && oldKey != newKey {
+		from = rs.unsent[oldKey]
+	}
+	missing := map[string]bool{}
+	if from == nil {
+		// Nothing recorded of the key: what the mirror holds is unknown.
+		for _, col := range rs.t.columns {
+			missing[col.name] = true
+		}
+	} else {
+		for name := range from {
+			missing[name] = true
+		}
+	}
+	for name := range newRow {
+		delete(missing, name)
+	}
+	if len(missing) == 0 {
+		delete(rs.unsent, newKey)
+		return
+	}
+	rs.unsent[newKey] = missing
 }
 
 // logicalMessage handles a logical decoding message: a mark of the resync
