@@ -127,11 +127,10 @@ type resyncChunk struct {
 	final bool     // the table ends with it
 	at    time.Time
 	ready bool // rows, keys, last, final and snap are set
-	// applied is closed once the group applying the chunk has committed,
-	// with err set when it could not be applied.
+	// applied is closed once the group applying the chunk has committed;
+	// a group that fails ends the run, and with it the wait.
 	applied chan struct{}
 	once    sync.Once
-	err     error
 }
 
 // markApplied closes applied, once: a chunk read again from the slot
@@ -547,8 +546,6 @@ func (r *Reader) resyncTable(ctx context.Context, p *pendingResync, dsn string) 
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case c.err != nil:
-			return fmt.Errorf("resync %s: chunk %d: %w", t.rel.Name, c.n, c.err)
 		case !isClosed(c.applied):
 			return fmt.Errorf("resync %s: chunk %d was not applied within %s", t.rel.Name, c.n, resyncChunkLimit)
 		}
