@@ -38,6 +38,9 @@ type CheckSpec struct {
 	// snapshot cut short, or a slot replaced by tidemark resync
 	// --new-slot): the WAL it lost is not held against it.
 	Replace bool
+	// Primary reports cdc.primary_dsn set: on a standby, the reader
+	// changes the publication there.
+	Primary bool
 }
 
 // SlotState describes the slot if it exists.
@@ -522,6 +525,11 @@ func (c *checker) checkPublication(ctx context.Context) error {
 		addable, err := c.mayAddToPublication(ctx, quoted)
 		if err != nil {
 			return err
+		}
+		if addable && c.report.InRecovery && !c.spec.Primary {
+			c.problem("%s: publication %s does not publish %s, and the source is a standby, where it cannot be changed: run ALTER PUBLICATION %s ADD TABLE %s on the primary, or set %s",
+				c.key("tables"), c.spec.Publication, strings.Join(missing, ", "), pub, strings.Join(quoted, ", "), c.key("primary_dsn"))
+			return nil
 		}
 		if addable {
 			c.report.MayPublish = true

@@ -84,7 +84,7 @@ func Inspect(ctx context.Context, c Config, wh *pgxpool.Pool) Inspection {
 		specs[i] = t.Source
 	}
 	in.Report, in.Err = Check(cctx, conn, CheckSpec{Source: name, Slot: c.Slot, Publication: c.Publication, Tables: specs,
-		Position: in.Position, Failover: c.FailoverSlot, Replace: in.Snapshot == snapshotResync || in.Snapshot == "pending"})
+		Position: in.Position, Failover: c.FailoverSlot, Replace: in.Snapshot == snapshotResync || in.Snapshot == "pending", Primary: c.PrimaryDSN != ""})
 	if c.StandbyDSN != "" {
 		in.Standby, in.StandbyErr = inspectStandby(ctx, c.StandbyDSN, c.Slot)
 	}

@@ -350,7 +350,7 @@ func (r *Reader) checkSource(ctx context.Context, srcConn *pgx.Conn, pos positio
 	// again, so it is not held to these checks.
 	replace := pos.exists && (pos.snapshot == "pending" || pos.snapshot == snapshotResync)
 	report, err := Check(cctx, srcConn, CheckSpec{Source: r.conf.Source, Slot: conf.Slot, Publication: conf.Publication, Tables: r.specs,
-		Position: pos.readFrom(), Failover: conf.FailoverSlot, Replace: replace})
+		Position: pos.readFrom(), Failover: conf.FailoverSlot, Replace: replace, Primary: conf.PrimaryDSN != ""})
 	cancel()
 	unpublished := report.Unpublished
 	if !report.PublicationExists && err == nil {

@@ -736,7 +736,8 @@ func (rs *resync) noteSent(op, oldKey string, hadOld bool, newKey string, hasNew
 	if !hasNew {
 		return
 	}
-	if op == opInsert {
+	if op == opInsert || len(newRow) >= len(rs.t.columns) {
+		// Every column sent.
 		delete(rs.unsent, newKey)
 		return
 	}

@@ -268,8 +268,12 @@ func (r *Reader) replaceSlot(ctx context.Context, repl *pgconn.PgConn, src *pgx.
 			return err
 		}
 		now := r.now()
-		if _, err := tx.Exec(tctx, slotReplacedSQL, r.conf.Source, r.conf.Slot, report.SystemID, at.String(), names, now); err != nil {
+		tag, err := tx.Exec(tctx, slotReplacedSQL, r.conf.Source, r.conf.Slot, report.SystemID, at.String(), names, now)
+		if err != nil {
 			return fmt.Errorf("store the position: %w", err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("store the position: the position of %s is gone", r.conf.Source)
 		}
 		if _, err := tx.Exec(tctx, gapClosedSQL, r.conf.Source, report.SystemID, at.String(), now); err != nil {
 			return fmt.Errorf("record the gap: %w", err)
