@@ -225,6 +225,7 @@ func (w *workload) made() []string {
 // workload made, the slot is confirmed past the last of them, and once
 // the reader stops no goroutine of it is left.
 func TestCDCFaults(t *testing.T) {
+	pgtest.SkipInShortMatrix(t)
 	for _, side := range []string{"source", "warehouse"} {
 		for _, f := range netFaults {
 			if f.sourceOnly && side != "source" {
@@ -557,6 +558,7 @@ func waitWhileCreatingSlot(run *setupRun) {
 // change made after the snapshot, and once the reader stops no goroutine
 // of it is left.
 func TestCDCSetupFaults(t *testing.T) {
+	pgtest.SkipInShortMatrix(t)
 	for _, f := range setupFaults {
 		t.Run(f.side+"/"+f.name, func(t *testing.T) {
 			faulttest.CheckNoLeaks(t)

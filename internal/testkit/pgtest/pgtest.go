@@ -267,3 +267,18 @@ func Equal(tb testing.TB, what string, got, want []string) {
 		tb.Errorf("%s:\n got  %q\n want %q", what, got, want)
 	}
 }
+
+// MatrixEnv is set by .ci/matrix for the tests it runs on a version other
+// than the default.
+const MatrixEnv = "TIDEMARK_MATRIX"
+
+// SkipInShortMatrix skips t in the short run of the version matrix (CI's
+// make test-matrix MATRIX_FLAGS=-short): a test of what does not depend on
+// the server's version (network faults, Kafka authentication). It runs
+// with make test on the default version, and in the full matrix.
+func SkipInShortMatrix(t testing.TB) {
+	t.Helper()
+	if testing.Short() && os.Getenv(MatrixEnv) != "" {
+		t.Skip("does not depend on the server's version: run by make test and the full make test-matrix")
+	}
+}
