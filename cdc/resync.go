@@ -805,18 +805,22 @@ func (s *stream) applyDeferredChunk(ctx context.Context, end pglogrepl.LSN) erro
 
 // SQL of resync requests.
 const (
-	// requestResyncSQL asks for a resync of a table, as a new generation
-	// of its row, unless one is under way: it returns no row then.
-	requestResyncSQL = `
+	// newResyncSQL asks for a resync of a table ($2) of a source ($1)
+	// from its first row, as a new generation of its row, by $4 at $3,
+	// where the resync before is in a state the WHERE clause appended
+	// takes.
+	newResyncSQL = `
 INSERT INTO tidemark.cdc_resyncs AS r (source, source_table, generation, state, requested_at, requested_by)
 VALUES ($1, $2, 1, 'pending', $3, $4)
 ON CONFLICT (source, source_table) DO UPDATE SET
     generation = r.generation + 1, state = 'pending', requested_at = $3, requested_by = $4,
     started_at = NULL, finished_at = NULL, last_key = NULL, chunks = 0, rows_copied = 0, rows_removed = 0,
     rows_planned = NULL
-WHERE r.state = 'done'
-RETURNING generation`
-	readResyncSQL = `
+`
+	// requestResyncSQL asks for a resync unless one is under way: it
+	// returns no row then.
+	requestResyncSQL = newResyncSQL + `WHERE r.state = 'done' RETURNING generation`
+	readResyncSQL    = `
 SELECT generation, state, requested_at, requested_by, started_at, finished_at, chunks, rows_copied, rows_removed, rows_planned
 FROM tidemark.cdc_resyncs WHERE source = $1 AND source_table = $2`
 )

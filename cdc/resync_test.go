@@ -19,26 +19,21 @@ const (
 	resyncBase = 10_000_000
 )
 
-// churn changes the orders a resync copies, in transactions of a few
-// statements each, until stop is closed: updates, deletes, inserts and key
-// changes, over the whole key range.
-func churn(ctx context.Context, e *cdcEnv, stop <-chan struct{}) <-chan error {
+// statement is one statement of a workload's transaction and its one
+// argument.
+type statement struct {
+	sql string
+	arg int64
+}
+
+// runWorkload commits, every 2 ms until stop is closed, a transaction of
+// the statements txn gives for its i-th transaction.
+func runWorkload(ctx context.Context, e *cdcEnv, stop <-chan struct{}, txn func(i int64) []statement) <-chan error {
 	ended := make(chan error, 1)
 	go func() {
-		rng := rand.New(rand.NewPCG(1, 2))
-		next := int64(resyncBase + resyncRows)
-		for i := 0; ; i++ {
-			id := func() int64 { return resyncBase + rng.Int64N(resyncRows+int64(i)) }
+		for i := int64(0); ; i++ {
 			err := pgx.BeginFunc(ctx, e.src, func(tx pgx.Tx) error {
-				for _, st := range []struct {
-					sql string
-					arg int64
-				}{
-					{`UPDATE orders SET amount = amount + 1 WHERE id = $1`, id()},
-					{`DELETE FROM orders WHERE id = $1`, id()},
-					{`INSERT INTO orders VALUES ($1, 7, 1.00, '2026-10-05 09:00+00') ON CONFLICT DO NOTHING`, next},
-					{`UPDATE orders SET id = id + 50000000 WHERE id = $1 AND id < 50000000`, id()},
-				} {
+				for _, st := range txn(i) {
 					if _, err := tx.Exec(ctx, st.sql, st.arg); err != nil {
 						return err
 					}
@@ -49,7 +44,6 @@ func churn(ctx context.Context, e *cdcEnv, stop <-chan struct{}) <-chan error {
 				ended <- err
 				return
 			}
-			next++
 			select {
 			case <-stop:
 				ended <- nil
@@ -59,6 +53,23 @@ func churn(ctx context.Context, e *cdcEnv, stop <-chan struct{}) <-chan error {
 		}
 	}()
 	return ended
+}
+
+// churn changes the orders a resync copies, in transactions of a few
+// statements each, until stop is closed: updates, deletes, inserts and key
+// changes, over the whole key range.
+func churn(ctx context.Context, e *cdcEnv, stop <-chan struct{}) <-chan error {
+	rng := rand.New(rand.NewPCG(1, 2))
+	return runWorkload(ctx, e, stop, func(i int64) []statement {
+		id := func() int64 { return resyncBase + rng.Int64N(resyncRows+i) }
+		next := resyncBase + resyncRows + i
+		return []statement{
+			{`UPDATE orders SET amount = amount + 1 WHERE id = $1`, id()},
+			{`DELETE FROM orders WHERE id = $1`, id()},
+			{`INSERT INTO orders VALUES ($1, 7, 1.00, '2026-10-05 09:00+00') ON CONFLICT DO NOTHING`, next},
+			{`UPDATE orders SET id = id + 50000000 WHERE id = $1 AND id < 50000000`, id()},
+		}
+	})
 }
 
 // breakMirror makes the orders mirror wrong: rows missing, rows changed

@@ -49,15 +49,7 @@ const (
 	// resync under way when the stream missed changes (the table was not
 	// streamed, or the slot was replaced) would keep chunks that lack
 	// them. No row when one is pending.
-	restartResyncSQL = `
-INSERT INTO tidemark.cdc_resyncs AS r (source, source_table, generation, state, requested_at, requested_by)
-VALUES ($1, $2, 1, 'pending', $3, $4)
-ON CONFLICT (source, source_table) DO UPDATE SET
-    generation = r.generation + 1, state = 'pending', requested_at = $3, requested_by = $4,
-    started_at = NULL, finished_at = NULL, last_key = NULL, chunks = 0, rows_copied = 0, rows_removed = 0,
-    rows_planned = NULL
-WHERE r.state <> 'pending'
-RETURNING generation`
+	restartResyncSQL     = newResyncSQL + `WHERE r.state <> 'pending' RETURNING generation`
 	dropOldResyncKeysSQL = `DELETE FROM tidemark.cdc_resync_keys WHERE source = $1 AND source_table = $2 AND generation < $3`
 	addToPublicationSQL  = `ALTER PUBLICATION %s ADD TABLE %s`
 	// lockTablesSQL holds off the writers of the tables added to the
@@ -198,9 +190,9 @@ func (r *Reader) tableNames() []string {
 // takes the tables as streamed.
 func (r *Reader) takeOnTables(ctx context.Context, fresh bool) error {
 	names := r.tableNames()
-	var stored []string
-	if err := r.pool.QueryRow(ctx, storedTablesSQL, r.conf.Source).Scan(&stored); err != nil {
-		return fmt.Errorf("read the tables streamed: %w", err)
+	stored, err := StreamedTables(ctx, r.pool, r.conf.Source)
+	if err != nil {
+		return err
 	}
 	var take []string
 	for _, n := range names {

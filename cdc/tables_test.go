@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/tidemark-dev/tidemark/cdc"
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
@@ -22,44 +20,19 @@ import (
 // customerChurn changes customers (updates, deletes, inserts, key
 // changes) and orders until stop is closed.
 func customerChurn(ctx context.Context, e *cdcEnv, stop <-chan struct{}) <-chan error {
-	ended := make(chan error, 1)
-	go func() {
-		rng := rand.New(rand.NewPCG(3, 4))
-		next := int64(100000)
-		for {
-			id := func() int64 { return 1 + rng.Int64N(next) }
-			err := pgx.BeginFunc(ctx, e.src, func(tx pgx.Tx) error {
-				for _, st := range []struct {
-					sql string
-					arg int64
-				}{
-					// A row with a TOASTed value (see TestTableAdded).
-					{`UPDATE customers SET tier = 'gold' || $1 WHERE id = $1`, 10 * (1 + rng.Int64N(500))},
-					{`DELETE FROM customers WHERE id = $1`, id()},
-					{`INSERT INTO customers VALUES ($1, 'new', 'free', NULL, NULL) ON CONFLICT DO NOTHING`, next},
-					{`UPDATE customers SET id = id + 50000000 WHERE id = $1 AND id < 50000000`, id()},
-					{`INSERT INTO orders VALUES ($1, 1, 2.00, '2026-10-06 09:00+00') ON CONFLICT DO NOTHING`, next},
-				} {
-					if _, err := tx.Exec(ctx, st.sql, st.arg); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				ended <- err
-				return
-			}
-			next++
-			select {
-			case <-stop:
-				ended <- nil
-				return
-			case <-time.After(2 * time.Millisecond): // the workload's pace, not a wait
-			}
+	rng := rand.New(rand.NewPCG(3, 4))
+	return runWorkload(ctx, e, stop, func(i int64) []statement {
+		next := 100000 + i
+		id := func() int64 { return 1 + rng.Int64N(next) }
+		return []statement{
+			// A row with a TOASTed value (see TestTableAdded).
+			{`UPDATE customers SET tier = 'gold' || $1 WHERE id = $1`, 10 * (1 + rng.Int64N(500))},
+			{`DELETE FROM customers WHERE id = $1`, id()},
+			{`INSERT INTO customers VALUES ($1, 'new', 'free', NULL, NULL) ON CONFLICT DO NOTHING`, next},
+			{`UPDATE customers SET id = id + 50000000 WHERE id = $1 AND id < 50000000`, id()},
+			{`INSERT INTO orders VALUES ($1, 1, 2.00, '2026-10-06 09:00+00') ON CONFLICT DO NOTHING`, next},
 		}
-	}()
-	return ended
+	})
 }
 
 // resyncOf is the latest resync of a table of shop.
