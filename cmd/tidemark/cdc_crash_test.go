@@ -86,18 +86,7 @@ sources:
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		<-p.exited
 	}()
-	const srcRows = `SELECT id, amount::text, note FROM %s ORDER BY id`
-	var equal bool
-	var rawRows int64
-	if err := waitfor.Poll(90*time.Second, func() bool {
-		want := strings.Join(pgtest.Rows(t, src, fmt.Sprintf(srcRows, "orders")), "\n")
-		got := strings.Join(pgtest.Rows(t, wh, fmt.Sprintf(srcRows, "dw_orders")), "\n")
-		_ = wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop").Scan(&rawRows)
-		equal = want == got
-		return equal && rawRows >= total
-	}); err != nil {
-		t.Fatalf("no convergence within 90s: mirror equal %v, raw change rows %d of %d", equal, rawRows, total)
-	}
+	checkOrdersConverge(t, src, wh, total, "")
 	// The source did stream transactions (its statistics arrive late).
 	if waitfor.Poll(waitfor.Timeout, func() bool {
 		var streamed int64
@@ -108,8 +97,32 @@ sources:
 	}) != nil {
 		t.Fatal("the source streamed no transaction: the test does not cover streamed transactions")
 	}
+}
+
+// checkOrdersConverge waits until the mirror dw_orders equals the source's
+// orders and raw.shop holds a change row for each of the total changes
+// committed (of its rows matching the SQL condition where, "" for all),
+// then requires exactly one for each.
+func checkOrdersConverge(t *testing.T, src, wh *pgxpool.Pool, total int64, where string) {
+	t.Helper()
+	ctx := context.Background()
+	if where != "" {
+		where = " WHERE " + where
+	}
+	const orderRows = `SELECT id, amount::text, note FROM %s ORDER BY id`
+	var equal bool
+	var rawRows int64
+	if err := waitfor.Poll(90*time.Second, func() bool {
+		want := strings.Join(pgtest.Rows(t, src, fmt.Sprintf(orderRows, "orders")), "\n")
+		got := strings.Join(pgtest.Rows(t, wh, fmt.Sprintf(orderRows, "dw_orders")), "\n")
+		_ = wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop"+where).Scan(&rawRows)
+		equal = want == got
+		return equal && rawRows >= total
+	}); err != nil {
+		t.Fatalf("no convergence within 90s: mirror equal %v, raw change rows %d of %d", equal, rawRows, total)
+	}
 	var raw, distinct int64
-	if err := wh.QueryRow(ctx, "SELECT count(*), count(DISTINCT (commit_lsn, event_id)) FROM raw.shop").Scan(&raw, &distinct); err != nil {
+	if err := wh.QueryRow(ctx, "SELECT count(*), count(DISTINCT (commit_lsn, event_id)) FROM raw.shop"+where).Scan(&raw, &distinct); err != nil {
 		t.Fatal(err)
 	}
 	if raw != total || distinct != total {

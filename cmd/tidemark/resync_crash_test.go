@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -98,25 +97,8 @@ sources:
 	if kills < 2 {
 		t.Fatalf("the resync ended after %d kills: the test needs a slower copy", kills)
 	}
-	const orderRows = `SELECT id, amount::text, note FROM %s ORDER BY id`
-	var equal bool
-	var changed int64
-	if err := waitfor.Poll(90*time.Second, func() bool {
-		want := strings.Join(pgtest.Rows(t, src, fmt.Sprintf(orderRows, "orders")), "\n")
-		got := strings.Join(pgtest.Rows(t, wh, fmt.Sprintf(orderRows, "dw_orders")), "\n")
-		_ = wh.QueryRow(ctx, "SELECT count(*) FROM raw.shop WHERE op <> 'snapshot'").Scan(&changed)
-		equal = want == got
-		return equal && changed >= total
-	}); err != nil {
-		t.Fatalf("no convergence within 90s after %d kills: mirror equal %v, raw change rows %d of %d", kills, equal, changed, total)
-	}
-	var raw, distinct, removed int64
-	if err := wh.QueryRow(ctx, `SELECT count(*), count(DISTINCT (commit_lsn, event_id)) FROM raw.shop WHERE op <> 'snapshot'`).Scan(&raw, &distinct); err != nil {
-		t.Fatal(err)
-	}
-	if raw != total || distinct != total {
-		t.Errorf("raw change rows %d (%d distinct), want exactly %d", raw, distinct, total)
-	}
+	checkOrdersConverge(t, src, wh, total, "op <> 'snapshot'")
+	var removed int64
 	if err := wh.QueryRow(ctx, `SELECT rows_removed FROM tidemark.cdc_resyncs WHERE source = 'shop'`).Scan(&removed); err != nil || removed != stale {
 		t.Errorf("the resync removed %d rows (%v), want the %d the source never had", removed, err, stale)
 	}
