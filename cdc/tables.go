@@ -113,11 +113,7 @@ func (r *Reader) addToPublication(ctx context.Context, src *pgx.Conn, report Rep
 	stmt := fmt.Sprintf(addToPublicationSQL, pgquote.Ident(r.conf.Publication), strings.Join(quoted, ", "))
 	conn := src
 	if report.InRecovery {
-		if r.conf.PrimaryDSN == "" {
-			return fmt.Errorf("%w: sources.%s.cdc.tables: publication %s does not publish %s, and the source is a standby, where it cannot be changed: "+
-				"run %s on the primary, or set sources.%s.cdc.primary_dsn to the primary", ErrSetup, r.conf.Source, r.conf.Publication,
-				strings.Join(quoted, ", "), stmt, r.conf.Source)
-		}
+		// Check refuses a standby without cdc.primary_dsn.
 		primary, err := mirror.Connect(ctx, r.conf.PrimaryDSN, "tidemark-cdc")
 		if err != nil {
 			return fmt.Errorf("sources.%s.cdc.primary_dsn: %w", r.conf.Source, err)
