@@ -120,65 +120,14 @@ const (
 // records and never changed.
 //
 // It also remembers, for keys and for values, the last schema that a
-// checked document of the JSON converter carried as written: a document
-// that carries it again as its first member, byte for byte, need not have
-// it checked and parsed again (known).
+// checked document of the JSON converter carried: a document that
+// carries it again, byte for byte, need not have it checked and parsed
+// again (known).
 type schemaCache struct {
 	mu     sync.Mutex
 	byText map[string]*connectSchema
 	bytes  int
 	recent [2]atomic.Pointer[recentSchema]
-}
-
-// recentSchema is a schema as a document carried it: prefix is the
-// document's text up to the payload, {"schema":<schema>,"payload":.
-type recentSchema struct {
-	prefix []byte
-	schema *connectSchema
-}
-
-// Around a schema and a payload, the JSON converter writes these.
-const (
-	schemaMember  = `{"schema":`
-	payloadMember = `,"payload":`
-)
-
-// remember notes schema s, of text raw, as that of doc, a document of the
-// JSON converter of slot's kind that pgjson.Scan took: {"schema": raw,
-// "payload": ...}. Only a document written compactly, as the converter
-// writes it, is noted.
-func (c *schemaCache) remember(slot int, doc, raw []byte, s *connectSchema) {
-	prefix := len(schemaMember) + len(raw) + len(payloadMember)
-	if len(raw) > maxCachedSchema || len(doc) < prefix || string(doc[:len(schemaMember)]) != schemaMember ||
-		!bytes.Equal(doc[len(schemaMember):len(schemaMember)+len(raw)], raw) || string(doc[prefix-len(payloadMember):prefix]) != payloadMember {
-		return
-	}
-	if r := c.recent[slot].Load(); r != nil && bytes.Equal(r.prefix, doc[:prefix]) {
-		return
-	}
-	c.recent[slot].Store(&recentSchema{prefix: bytes.Clone(doc[:prefix]), schema: s})
-}
-
-// known returns the payload and schema of doc, a document of slot's kind,
-// when it begins with the prefix of the slot's recent schema, and its
-// payload, the rest but for the closing brace, is a JSON value that
-// pgjson.Scan takes in that place: the whole document, made of a schema
-// checked before and that payload, is then one Scan takes too. Otherwise
-// it returns a nil schema, and doc is to be checked and read in full.
-func (c *schemaCache) known(slot int, doc []byte) ([]byte, *connectSchema) {
-	r := c.recent[slot].Load()
-	if r == nil || !bytes.HasPrefix(doc, r.prefix) {
-		return nil, nil
-	}
-	rest := bytes.TrimRight(doc[len(r.prefix):], " \t\n\r")
-	if len(rest) == 0 || rest[len(rest)-1] != '}' {
-		return nil, nil
-	}
-	payload := bytes.TrimSpace(rest[:len(rest)-1])
-	if pgjson.ScanNested(payload, 1) != nil {
-		return nil, nil
-	}
-	return payload, r.schema
 }
 
 // parse returns the Connect schema of the JSON text raw, from the cache
