@@ -1,13 +1,16 @@
 package decode_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
+	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 )
 
 // benchDbzKey and benchDbzValue are an update of BenchmarkDebezium's
@@ -38,6 +41,36 @@ func BenchmarkDebeziumDecodeJSON(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, rej := d.Decode(r, time.Time{}); rej != nil {
+			b.Fatalf("%s: %s", rej.Reason, rej.Detail)
+		}
+	}
+}
+
+// BenchmarkDebeziumDecodeAvro decodes a change of the AvroConverter, its
+// schemas in a registry (dbzAvroValue, dbzAvroKey).
+func BenchmarkDebeziumDecodeAvro(b *testing.B) {
+	g := srtest.New(b)
+	kid := g.Register("s.public.t-key", sr.Schema{Schema: dbzAvroKey})
+	vid := g.Register("s.public.t-value", sr.Schema{Schema: dbzAvroValue})
+	r := &kgo.Record{Topic: "s.public.t",
+		Key:   srtest.AvroEncoderOf(b, kid, dbzAvroKey, dbzKey{})(dbzKey{ID: 7}),
+		Value: srtest.AvroEncoderOf(b, vid, dbzAvroValue, dbzEnvelope{})(dbzAvroChange())}
+	reg, err := decode.NewRegistry(config.SchemaRegistry{URL: g.URL(), Timeout: config.Duration(2 * time.Second)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := decode.NewRegistryDecoder(&config.Source{Name: "t", Kafka: &config.KafkaSource{Topics: []string{"s.public.t"}}, Format: config.FormatDebezium}, reg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := d.Resolve(context.Background(), []*kgo.Record{r})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(r.Key) + len(r.Value)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, rej := d.DecodeWith(r, time.Time{}, s); rej != nil {
 			b.Fatalf("%s: %s", rej.Reason, rej.Detail)
 		}
 	}
