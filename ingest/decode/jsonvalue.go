@@ -222,7 +222,7 @@ func stringValue(raw json.RawMessage) (string, error) {
 		return s, nil
 	}
 	var s string
-	if err := json.Unmarshal(bytes.TrimSpace(raw), &s); err != nil {
+	if err := json.Unmarshal(bytes.Trim(raw, jsonSpace), &s); err != nil {
 		return "", err
 	}
 	return s, nil
@@ -231,7 +231,7 @@ func stringValue(raw json.RawMessage) (string, error) {
 // textOf is stringValue without the error: false for what is neither a
 // JSON string nor null.
 func textOf(raw json.RawMessage) (string, bool) {
-	raw = bytes.TrimSpace(raw)
+	raw = bytes.Trim(raw, jsonSpace)
 	switch {
 	case string(raw) == "null":
 		return "", true
@@ -299,7 +299,7 @@ func unquoteJSON(raw []byte) (string, bool) {
 
 // isString reports whether raw is a JSON string whose text is s.
 func isString(raw json.RawMessage, s string) bool {
-	raw = bytes.TrimSpace(raw)
+	raw = bytes.Trim(raw, jsonSpace)
 	if len(raw) < 2 || raw[0] != '"' {
 		return false
 	}

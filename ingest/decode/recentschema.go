@@ -25,6 +25,9 @@ const (
 	compactLayout = len(schemaFirst) + len(payloadAfter) // the bytes of either layout around S and P, but for the closing brace
 )
 
+// jsonSpace is JSON's white space.
+const jsonSpace = " \t\n\r"
+
 // recentSchema is the schema, as text and parsed, of the last document of
 // a kind (key or value) that was checked and read.
 type recentSchema struct {
@@ -64,7 +67,7 @@ func (c *schemaCache) remember(slot int, doc, raw []byte, s *connectSchema) {
 // in full.
 func (c *schemaCache) known(slot int, doc []byte) ([]byte, *connectSchema) {
 	r := c.recent[slot].Load()
-	doc = bytes.TrimRight(doc, " \t\n\r")
+	doc = bytes.TrimRight(doc, jsonSpace)
 	if r == nil || len(doc) < compactLayout+len(r.text)+1 || doc[len(doc)-1] != '}' {
 		return nil, nil
 	}
@@ -86,7 +89,9 @@ func (c *schemaCache) known(slot int, doc []byte) ([]byte, *connectSchema) {
 	default:
 		return nil, nil
 	}
-	payload = bytes.TrimSpace(payload)
+	// JSON's white space only: bytes.TrimSpace would take a form feed
+	// too, which JSON refuses.
+	payload = bytes.Trim(payload, jsonSpace)
 	if pgjson.ScanNested(payload, 1) != nil {
 		return nil, nil
 	}

@@ -72,6 +72,7 @@ func TestDebeziumRecentSchema(t *testing.T) {
 	}{
 		{"a change", payload, true},
 		{"spaces around the payload", " \n" + payload + " ", true},
+		{"a form feed, not JSON's white space, before the payload", "\f0", false},
 		{"a tombstone's null payload", "null", true},
 		{"a member after the payload", payload + `,"x":1`, false},
 		{"two payloads", payload + "," + payload, false},
