@@ -95,7 +95,7 @@ func compileAvro(schema string, refs []schemaRef) (codec, error) {
 		return nil, err
 	}
 	minSize(root, map[*avroNode]bool{})
-	return &avroCodec{root: root, connect: connectOfAvro(s)}, nil
+	return &avroCodec{root: root, connect: connectOfAvro(s).prepare()}, nil
 }
 
 // minSize sets n.minSize and those of the types it holds, once each:

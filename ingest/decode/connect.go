@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,24 @@ type connectSchema struct {
 	Fields     []*connectSchema  `json:"fields"`
 	Items      *connectSchema    `json:"items"`
 	Parameters map[string]string `json:"parameters"`
+	// cols are the columns of a struct schema, made before the schema
+	// is shared (prepare); nil when not made.
+	cols []Column
+}
+
+// prepare makes the columns of s and of its struct fields (an envelope's
+// before and after), once, before s is shared between records.
+func (s *connectSchema) prepare() *connectSchema {
+	if s == nil {
+		return nil
+	}
+	for _, f := range s.Fields {
+		if f.Type == "struct" && f.cols == nil {
+			f.cols = makeColumns(f)
+		}
+	}
+	s.cols = makeColumns(s)
+	return s
 }
 
 // field returns the schema of the struct field called name, or nil.
@@ -77,14 +96,10 @@ func isUnavailableValue(raw json.RawMessage) bool {
 	case len(raw) == 0:
 		return false
 	case raw[0] == '"':
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return false
-		}
-		return s == unavailablePlacehold || s == unavailableBase64
+		return isString(raw, unavailablePlacehold) || isString(raw, unavailableBase64)
 	case raw[0] == '[':
-		var items []json.RawMessage
-		if json.Unmarshal(raw, &items) != nil || len(items) != 1 {
+		items, err := arrayItems(raw)
+		if err != nil || len(items) != 1 {
 			return false
 		}
 		return isUnavailableValue(items[0])
@@ -174,8 +189,8 @@ func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error)
 	}
 	switch s.Type {
 	case "bytes":
-		var text string
-		if err := json.Unmarshal(raw, &text); err != nil {
+		text, err := stringValue(raw)
+		if err != nil {
 			return nil, fmt.Errorf("bytes must be a base64 string, got %s", truncate(raw, 40))
 		}
 		b, err := base64.StdEncoding.DecodeString(text)
@@ -192,8 +207,8 @@ func convertLeaf(raw json.RawMessage, s *connectSchema) (json.RawMessage, error)
 // are spent from the budget as the items were: both are held until the
 // array is done.
 func convertArray(raw json.RawMessage, s *connectSchema, bud *budget) (json.RawMessage, error) {
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	items, err := arrayItems(raw)
+	if err != nil {
 		return nil, fmt.Errorf("array expected, got %s", truncate(raw, 40))
 	}
 	var b bytes.Buffer
@@ -293,8 +308,8 @@ func timestamp(raw json.RawMessage, at func(int64) time.Time) (json.RawMessage, 
 // decimal turns the base64 text of a big-endian two's-complement unscaled
 // value (Connect's Decimal) into an exact JSON number.
 func decimal(raw json.RawMessage, scale int) (json.RawMessage, error) {
-	var text string
-	if err := json.Unmarshal(raw, &text); err != nil {
+	text, err := stringValue(raw)
+	if err != nil {
 		return nil, fmt.Errorf("decimal must be base64 text, got %s", truncate(raw, 40))
 	}
 	b, err := base64.StdEncoding.DecodeString(text)
@@ -312,8 +327,7 @@ func decimal(raw json.RawMessage, scale int) (json.RawMessage, error) {
 
 // jsonString is s as a JSON string.
 func jsonString(s string) json.RawMessage {
-	b, _ := json.Marshal(s)
-	return b
+	return appendJSONString(make([]byte, 0, len(s)+2), s)
 }
 
 // field is one member of a JSON object, in document order.
@@ -322,35 +336,26 @@ type field struct {
 	value json.RawMessage
 }
 
-// objectFields parses a JSON object into its members in document order; a
-// name given twice keeps its last value, as jsonb does.
-func objectFields(raw json.RawMessage) ([]field, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil || tok != json.Delim('{') {
-		return nil, fmt.Errorf("an object expected, got %s", truncate(raw, 40))
+// appendObjectAt is appendObject that notes in at[i] (len(fields) long)
+// the name of fields[i] and where its value is in the result.
+func appendObjectAt(b []byte, fields []field, at []Value) []byte {
+	n := 2
+	for _, f := range fields {
+		n += len(f.name) + len(f.value) + 4
 	}
-	var out []field
-	at := map[string]int{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, err
+	b = slices.Grow(b, n)
+	b = append(b, '{')
+	for i, f := range fields {
+		if i > 0 {
+			b = append(b, ',')
 		}
-		name, _ := tok.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, err
-		}
-		if i, ok := at[name]; ok {
-			out[i].value = v
-			continue
-		}
-		at[name] = len(out)
-		out = append(out, field{name, v})
+		b = appendJSONString(b, f.name)
+		b = append(b, ':')
+		at[i] = Value{Name: f.name, Start: len(b)}
+		b = append(b, f.value...)
+		at[i].End = len(b)
 	}
-	return out, nil
+	return append(b, '}')
 }
 
 // appendObject appends fields as a JSON object.
@@ -360,7 +365,7 @@ func appendObject(b []byte, fields []field) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, jsonString(f.name)...)
+		b = appendJSONString(b, f.name)
 		b = append(b, ':')
 		b = append(b, f.value...)
 	}
@@ -426,8 +431,17 @@ func pgType(s *connectSchema) string {
 	return "jsonb"
 }
 
-// columns lists the columns of a row schema.
+// columns lists the columns of a row schema. The list may be shared: it
+// is not to be changed.
 func columns(s *connectSchema) []Column {
+	if s != nil && s.cols != nil {
+		return s.cols
+	}
+	return makeColumns(s)
+}
+
+// makeColumns makes the list of the columns of a row schema.
+func makeColumns(s *connectSchema) []Column {
 	if s == nil || s.Type != "struct" {
 		return nil
 	}

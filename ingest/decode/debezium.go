@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,6 +73,9 @@ type Change struct {
 	// only its key), with the key's fields, logical types decoded and
 	// values Debezium did not have left out; nil for a truncate.
 	Row []byte
+	// Values are the members of Row, in order: each column's JSON value
+	// is Row[Start:End].
+	Values []Value
 	// Old is the row before an update or delete, when sent.
 	Old []byte
 	// Unavailable lists the columns whose value Debezium did not have
@@ -83,11 +87,77 @@ type Change struct {
 	KeyColumns []string
 }
 
+// Value is a member of a change's Row: its column, and where its JSON
+// value is in the Row.
+type Value struct {
+	Name       string
+	Start, End int
+}
+
 // debezium is what a Decoder of a Debezium source holds.
 type debezium struct {
 	// mirrorKey is the mirror's key, once known: a row change lacking
 	// one of its values is a missing_key dead letter.
 	mirrorKey atomic.Pointer[[]string]
+	// schemas are the Connect schemas of the JSON converter's records
+	// parsed, by their text: each record carries its schema, mostly one
+	// of a few.
+	schemas schemaCache
+}
+
+// Bounds of a Debezium decoder's schemaCache: the schemas it keeps, and
+// the bytes of their text. A schema longer than maxCachedSchema is
+// parsed with each record.
+const (
+	maxCachedSchemas     = 64
+	maxCachedSchemaBytes = 4 << 20
+	maxCachedSchema      = 256 << 10
+)
+
+// schemaCache holds parsed Connect schemas by their JSON text, within
+// maxCachedSchemas and maxCachedSchemaBytes: when a new schema would pass
+// either, the cache is emptied first. Its schemas are shared between
+// records and never changed.
+//
+// It also remembers, for keys and for values, the last schema that a
+// checked document of the JSON converter carried: a document that
+// carries it again, byte for byte, need not have it checked and parsed
+// again (known).
+type schemaCache struct {
+	mu     sync.Mutex
+	byText map[string]*connectSchema
+	bytes  int
+	recent [2]atomic.Pointer[recentSchema]
+}
+
+// parse returns the Connect schema of the JSON text raw, from the cache
+// or parsed (and then kept).
+func (c *schemaCache) parse(raw []byte) (*connectSchema, error) {
+	c.mu.Lock()
+	s := c.byText[string(raw)]
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s = &connectSchema{}
+	if err := json.Unmarshal(raw, s); err != nil {
+		return nil, err
+	}
+	s.prepare()
+	if len(raw) > maxCachedSchema {
+		return s, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.byText) >= maxCachedSchemas || c.bytes+len(raw) > maxCachedSchemaBytes {
+		c.byText, c.bytes = nil, 0
+	}
+	if c.byText == nil {
+		c.byText = map[string]*connectSchema{}
+	}
+	c.byText[string(raw)] = s
+	c.bytes += len(raw)
+	return s, nil
 }
 
 // SetMirrorKey tells a Debezium decoder the key columns of its mirror.
@@ -131,10 +201,14 @@ func (d *Decoder) changeDoc(v []byte, s Schemas, what string, b *budget) (change
 		return changeDoc{}, &Rejection{ReasonWrongFormat, what + "a value that begins with the byte 0 is neither JSON nor in the Confluent wire format: " + hexPrefix(v, wireHeader)}
 	}
 	if !ok {
+		slot := slotOf(what)
+		if payload, schema := d.dbz.schemas.known(slot, v); schema != nil {
+			return changeDoc{doc: payload, schema: schema, decoded: true}, nil
+		}
 		if err := pgjson.Scan(v, nil, nil); err != nil {
 			return changeDoc{}, &Rejection{ReasonInvalidJSON, what + err.Error()}
 		}
-		return changeDoc{doc: v}, nil
+		return changeDoc{doc: v, slot: slot}, nil
 	}
 	if d.reg == nil {
 		return changeDoc{}, &Rejection{ReasonWrongFormat, fmt.Sprintf("%sin the Confluent wire format (schema id %d), as the AvroConverter writes it: reading it needs schema_registry configured", what, id)}
@@ -162,14 +236,26 @@ type changeDoc struct {
 	doc     json.RawMessage
 	schema  *connectSchema
 	decoded bool
+	// slot is the schemaCache's slot of the document's kind, key or
+	// value (slotOf).
+	slot int
 }
 
-// unwrap returns the document's payload and its Connect schema.
-func (c *changeDoc) unwrap() (json.RawMessage, *connectSchema, error) {
+// slotOf is the schemaCache slot of a record's value (what "") or key.
+func slotOf(what string) int {
+	if what == "" {
+		return 0
+	}
+	return 1
+}
+
+// unwrap returns the document's payload and its Connect schema, parsed
+// through cache.
+func (c *changeDoc) unwrap(cache *schemaCache) (json.RawMessage, *connectSchema, error) {
 	if c.decoded {
 		return c.doc, c.schema, nil
 	}
-	return unwrap(c.doc)
+	return unwrap(c.doc, cache, c.slot)
 }
 
 // DecodeChange decodes a Debezium change event given as JSON documents:
@@ -181,9 +267,16 @@ func (c *changeDoc) unwrap() (json.RawMessage, *connectSchema, error) {
 // decoding mapped already, text for a date, a number for a decimal, are
 // kept.)
 func (d *Decoder) DecodeChange(topic string, key, value []byte) (Event, *Rejection) {
+	// As a record's documents are, they are checked before they are read.
+	if err := pgjson.Scan(value, nil, nil); err != nil {
+		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
+	}
 	var k *changeDoc
 	if key != nil {
-		k = &changeDoc{doc: key}
+		if err := pgjson.Scan(key, nil, nil); err != nil {
+			return Event{}, &Rejection{ReasonMissingKey, "record key: " + err.Error()}
+		}
+		k = &changeDoc{doc: key, slot: slotOf("record key: ")}
 	}
 	return d.decodeChange(topic, k, changeDoc{doc: value}, newBudget(d.limits, len(key)+len(value)))
 }
@@ -191,7 +284,7 @@ func (d *Decoder) DecodeChange(topic string, key, value []byte) (Event, *Rejecti
 // decodeChange decodes a change event of record key key (nil for none)
 // and value value, within the record's budget b.
 func (d *Decoder) decodeChange(topic string, key *changeDoc, value changeDoc, b *budget) (Event, *Rejection) {
-	doc, schema, err := value.unwrap()
+	doc, schema, err := value.unwrap(&d.dbz.schemas)
 	if err != nil {
 		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
 	}
@@ -217,7 +310,7 @@ func (d *Decoder) decodeChange(topic string, key *changeDoc, value changeDoc, b 
 // unwrap returns the payload of a document the JSON converter wrote with
 // schemas.enable ({"schema": ..., "payload": ...}) and its schema, or the
 // document itself and no schema.
-func unwrap(doc []byte) (json.RawMessage, *connectSchema, error) {
+func unwrap(doc []byte, cache *schemaCache, slot int) (json.RawMessage, *connectSchema, error) {
 	fields, err := objectFields(doc)
 	if err != nil {
 		return nil, nil, err
@@ -227,10 +320,10 @@ func unwrap(doc []byte) (json.RawMessage, *connectSchema, error) {
 	}
 	var s *connectSchema
 	if raw := get(fields, "schema"); string(raw) != "null" {
-		s = &connectSchema{}
-		if err := json.Unmarshal(raw, s); err != nil {
+		if s, err = cache.parse(raw); err != nil {
 			return nil, nil, fmt.Errorf("schema: %w", err)
 		}
+		cache.remember(slot, doc, raw, s)
 	}
 	return bytes.TrimSpace(get(fields, "payload")), s, nil
 }
@@ -267,7 +360,8 @@ type envelope struct {
 
 // read reads the envelope {before, after, source, op, ts_ms}.
 func (e *envelope) read(fields []field, schema *connectSchema) error {
-	if err := json.Unmarshal(get(fields, "op"), &e.op); err != nil {
+	var err error
+	if e.op, err = stringValue(get(fields, "op")); err != nil {
 		return fmt.Errorf("op: %w", err)
 	}
 	src, err := objectFields(get(fields, "source"))
@@ -309,9 +403,11 @@ func (e *envelope) readFlattened(fields []field, schema *connectSchema) error {
 		case !ok:
 			row = append(row, f)
 		case name == "op":
-			if err := json.Unmarshal(f.value, &e.op); err != nil {
+			op, err := stringValue(f.value)
+			if err != nil {
 				return fmt.Errorf("__op: %w", err)
 			}
+			e.op = op
 		case name == "deleted":
 			deleted = snapshotFlag(f.value) // "true" or true
 		default:
@@ -337,6 +433,7 @@ func (e *envelope) readFlattened(fields []field, schema *connectSchema) error {
 	if schema != nil {
 		rs := *schema
 		rs.Fields = slices.DeleteFunc(slices.Clone(schema.Fields), func(f *connectSchema) bool { return strings.HasPrefix(f.Field, "__") })
+		rs.cols = nil // the envelope's columns have the added fields
 		e.rowSchema = &rs
 	}
 	e.snapshot = e.op == "r" || snapshotFlag(get(e.source, "snapshot"))
@@ -356,15 +453,13 @@ func nullable(raw json.RawMessage) json.RawMessage {
 // the snapshot markers "first", "last", "first_in_data_collection",
 // "last_in_data_collection" and "incremental" mean a snapshot read.
 func snapshotFlag(raw json.RawMessage) bool {
-	var v any
-	if json.Unmarshal(raw, &v) != nil {
-		return false
-	}
-	switch v := v.(type) {
-	case bool:
-		return v
-	case string:
-		return v != "" && v != "false"
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case string(raw) == "true":
+		return true
+	case len(raw) > 0 && raw[0] == '"':
+		v, err := stringValue(raw)
+		return err == nil && v != "" && v != "false"
 	}
 	return false
 }
@@ -381,7 +476,16 @@ func (d *Decoder) change(topic string, key *changeDoc, e *envelope, b *budget) (
 	if err != nil {
 		return Event{}, &Rejection{ReasonInvalidEnvelope, err.Error()}
 	}
-	c.Op = map[string]string{"c": OpInsert, "r": OpInsert, "u": OpUpdate, "d": OpDelete, "t": OpTruncate}[e.op]
+	switch e.op {
+	case "c", "r":
+		c.Op = OpInsert
+	case "u":
+		c.Op = OpUpdate
+	case "d":
+		c.Op = OpDelete
+	case "t":
+		c.Op = OpTruncate
+	}
 	ev := Event{Time: at, Change: c, Payload: []byte("{}")}
 	if c.Op != OpTruncate {
 		if rej := d.rowChange(c, key, e, b); rej != nil {
@@ -399,7 +503,7 @@ func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope, b *budget) *
 	if key == nil {
 		return &Rejection{ReasonMissingKey, "a row change without a record key (a table without a primary key needs message.key.columns)"}
 	}
-	kdoc, kschema, err := key.unwrap()
+	kdoc, kschema, err := key.unwrap(&d.dbz.schemas)
 	if err != nil {
 		return &Rejection{ReasonMissingKey, "record key: " + err.Error()}
 	}
@@ -424,7 +528,8 @@ func (d *Decoder) rowChange(c *Change, key *changeDoc, e *envelope, b *budget) *
 			row = append(row, k)
 		}
 	}
-	c.Row, c.Unavailable, c.Columns = appendObject(nil, row), absent, columns(e.rowSchema)
+	c.Values = make([]Value, len(row))
+	c.Row, c.Unavailable, c.Columns = appendObjectAt(nil, row, c.Values), absent, columns(e.rowSchema)
 	if e.before != nil && c.Op != OpInsert {
 		old, _, err := decodeRow(e.before, e.rowSchema, b)
 		if err != nil {
@@ -482,8 +587,7 @@ func decodeRow(raw json.RawMessage, s *connectSchema, b *budget) ([]field, []str
 func rowKey(fields []field) string {
 	texts := make([]string, len(fields))
 	for i, f := range fields {
-		var s string
-		if json.Unmarshal(f.value, &s) == nil {
+		if s, ok := textOf(f.value); ok {
 			texts[i] = s
 		} else {
 			texts[i] = string(f.value)
@@ -499,9 +603,9 @@ func rowKey(fields []field) string {
 // tableName is the source table an event names, or the topic.
 func tableName(src []field, topic string) string {
 	var schema, db, table string
-	_ = json.Unmarshal(get(src, "schema"), &schema)
-	_ = json.Unmarshal(get(src, "db"), &db)
-	_ = json.Unmarshal(get(src, "table"), &table)
+	schema, _ = textOf(get(src, "schema"))
+	db, _ = textOf(get(src, "db"))
+	table, _ = textOf(get(src, "table"))
 	switch {
 	case table == "":
 		return topic

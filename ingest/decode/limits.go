@@ -45,11 +45,22 @@ func (e *limitError) Is(target error) bool { return target == errLimit }
 // expands them). A decoder checks it before it builds anything large,
 // so that a record over it is refused having cost about its budget.
 type budget struct {
-	limit int    // JSON bytes allowed
-	used  int    // JSON bytes spent by earlier steps (a Debezium change's key, its row)
-	items int    // items left
-	work  int    // bytes left to decode a second time
-	why   string // how limit was set, for errors
+	limit int // JSON bytes allowed
+	used  int // JSON bytes spent by earlier steps (a Debezium change's key, its row)
+	items int // items left
+	work  int // bytes left to decode a second time
+	// derived is how limit was set, for errors: by the record's size
+	// (its size and expansion), or else ingest.decode_max_bytes.
+	derived         bool
+	size, expansion int64
+}
+
+// why says how the budget's limit was set.
+func (b *budget) why() string {
+	if b.derived {
+		return fmt.Sprintf("%d times the record's %d bytes plus %d: ingest.decode_max_expansion", b.expansion, b.size, config.DecodeSlack)
+	}
+	return "ingest.decode_max_bytes"
 }
 
 // newBudget is the budget of a record of size bytes under lim: at most
@@ -66,14 +77,11 @@ func newBudget(lim config.DecodeLimits, size int) *budget {
 	if expansion <= 0 {
 		expansion = config.DefaultDecodeMaxExpansion
 	}
-	b := &budget{}
-	derived := expansion*int64(size) + config.DecodeSlack
-	if derived <= maxBytes {
-		b.limit = int(derived)
-		b.why = fmt.Sprintf("%d times the record's %d bytes plus %d: ingest.decode_max_expansion", expansion, size, config.DecodeSlack)
+	b := &budget{size: int64(size), expansion: expansion}
+	if derived := expansion*int64(size) + config.DecodeSlack; derived <= maxBytes {
+		b.limit, b.derived = int(derived), true
 	} else {
 		b.limit = int(maxBytes)
-		b.why = "ingest.decode_max_bytes"
 	}
 	b.items, b.work = b.limit/2, b.limit
 	return b
@@ -85,13 +93,13 @@ func (b *budget) fits(out, n int) bool { return b.used+out+n <= b.limit }
 
 // overBytes is the error of a record whose JSON is over the budget.
 func (b *budget) overBytes() error {
-	return &limitError{fmt.Sprintf("the value decodes to more than its budget of %d bytes of JSON (%s)", b.limit, b.why)}
+	return &limitError{fmt.Sprintf("the value decodes to more than its budget of %d bytes of JSON (%s)", b.limit, b.why())}
 }
 
 // takeItems spends n items, or says why there are not so many left.
 func (b *budget) takeItems(n int64) error {
 	if n > int64(b.items) {
-		return &limitError{fmt.Sprintf("%d items: more than the %d its budget has left (half its %d bytes of JSON, %s)", n, b.items, b.limit, b.why)}
+		return &limitError{fmt.Sprintf("%d items: more than the %d its budget has left (half its %d bytes of JSON, %s)", n, b.items, b.limit, b.why())}
 	}
 	b.items -= int(n)
 	return nil
@@ -100,7 +108,7 @@ func (b *budget) takeItems(n int64) error {
 // takeWork spends n bytes of decoding a second time; what says what.
 func (b *budget) takeWork(n int, what string) error {
 	if n > b.work {
-		return &limitError{fmt.Sprintf("%s: more than the %d bytes its budget has left to decode again (%s)", what, b.work, b.why)}
+		return &limitError{fmt.Sprintf("%s: more than the %d bytes its budget has left to decode again (%s)", what, b.work, b.why())}
 	}
 	b.work -= n
 	return nil

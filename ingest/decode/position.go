@@ -1,11 +1,13 @@
 package decode
 
 import (
-	"encoding/json"
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/tidemark-dev/tidemark/internal/pgjson"
 )
 
 // Phases of a position: at the same place in the source's log, a
@@ -32,8 +34,7 @@ const (
 //     streamed change, where F is the number of the binlog file (the
 //     digits of source.file's extension), P source.pos and R source.row.
 func position(src []field, snapshot bool) ([]int64, string, error) {
-	var connector string
-	_ = json.Unmarshal(get(src, "connector"), &connector)
+	connector, _ := textOf(get(src, "connector"))
 	switch {
 	case connector == "":
 		switch {
@@ -56,14 +57,14 @@ func position(src []field, snapshot bool) ([]int64, string, error) {
 		if err != nil {
 			return nil, "", err
 		}
-		text := fmt.Sprintf("%X/%X", uint64(lsn)>>32, uint32(lsn))
+		text := lsnText(lsn)
 		if snapshot {
 			return []int64{phase, lsn, 0}, text, nil
 		}
 		return []int64{phase, lastCommit(src, lsn), lsn}, text, nil
 	case "mysql":
-		var file string
-		if err := json.Unmarshal(get(src, "file"), &file); err != nil || file == "" {
+		file, err := stringValue(get(src, "file"))
+		if err != nil || file == "" {
 			return nil, "", errors.New("source.file is not a binlog file name")
 		}
 		ext := file[strings.LastIndex(file, ".")+1:]
@@ -95,7 +96,8 @@ func number(src []field, name string) (int64, error) {
 	}
 	text := string(raw)
 	if raw[0] == '"' {
-		if err := json.Unmarshal(raw, &text); err != nil {
+		var err error
+		if text, err = stringValue(raw); err != nil {
 			return 0, fmt.Errorf("source.%s: %w", name, err)
 		}
 	}
@@ -109,17 +111,41 @@ func number(src []field, name string) (int64, error) {
 // lastCommit is the first LSN of source.sequence, ["<last committed
 // LSN>", "<LSN>"], or lsn when there is none.
 func lastCommit(src []field, lsn int64) int64 {
-	var text string
-	if json.Unmarshal(get(src, "sequence"), &text) != nil {
+	raw := get(src, "sequence")
+	if raw == nil {
 		return lsn
 	}
-	var seq []*string
-	if json.Unmarshal([]byte(text), &seq) != nil || len(seq) != 2 || seq[0] == nil {
+	text, ok := textOf(raw)
+	if !ok || pgjson.Scan([]byte(text), nil, nil) != nil {
 		return lsn
 	}
-	n, err := strconv.ParseInt(*seq[0], 10, 64)
+	seq, err := arrayItems([]byte(text))
+	if err != nil || len(seq) != 2 {
+		return lsn
+	}
+	if _, ok := textOf(seq[1]); !ok {
+		return lsn
+	}
+	first := bytes.TrimSpace(seq[0])
+	if string(first) == "null" {
+		return lsn
+	}
+	committed, ok := textOf(first)
+	if !ok {
+		return lsn
+	}
+	n, err := strconv.ParseInt(committed, 10, 64)
 	if err != nil || n < 0 {
 		return lsn
 	}
 	return n
+}
+
+// lsnText is a PostgreSQL LSN as pg_lsn text: two hexadecimal numbers.
+func lsnText(lsn int64) string {
+	b := make([]byte, 0, 17)
+	b = strconv.AppendUint(b, uint64(lsn)>>32, 16)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(uint32(lsn)), 16)
+	return strings.ToUpper(string(b))
 }

@@ -382,28 +382,9 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 			changes, last = mirror.NewChanges(0), truncation{c.Position, r.ev.Time}
 			continue
 		}
-		vals := map[string]json.RawMessage{}
-		if err := json.Unmarshal(c.Row, &vals); err != nil {
-			return fmt.Errorf("%w: the row of change %s: %w", errBadRow, r.ev.ID, err)
-		}
-		for name := range vals {
-			if err := m.ownColumn(name); err != nil {
-				return err
-			}
-		}
-		if c.Columns == nil {
-			if err := m.fromText(vals); err != nil {
-				return fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
-			}
-		}
-		row := make(mirror.Row, len(vals))
-		for name, v := range vals {
-			if string(v) == "null" {
-				row[name] = nil
-				continue
-			}
-			text := string(v)
-			row[name] = &text
+		row, err := m.mirrorRow(r)
+		if err != nil {
+			return err
 		}
 		for _, k := range key {
 			if row[k] == nil {
@@ -415,7 +396,6 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 			truncated := last.at
 			at.Truncated = &truncated
 		}
-		var err error
 		if c.Op == decode.OpDelete {
 			err = changes.Delete(rel, row, at)
 		} else {
@@ -428,6 +408,54 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 		}
 	}
 	return txn.Write(ctx, changes)
+}
+
+// mirrorRow is the row of r's change as the mirror writer takes it: each
+// column's JSON text, nil for null. A change with a schema has its values
+// as the columns take them (see fromText), and where they are in its
+// Row: the values are taken from one copy of the Row.
+func (m *changeMirror) mirrorRow(r *row) (mirror.Row, error) {
+	c := r.ev.Change
+	if c.Columns != nil && len(c.Values) > 0 {
+		text := string(c.Row)
+		texts := make([]string, len(c.Values))
+		row := make(mirror.Row, len(c.Values))
+		for i, v := range c.Values {
+			if err := m.ownColumn(v.Name); err != nil {
+				return nil, err
+			}
+			if texts[i] = text[v.Start:v.End]; texts[i] == "null" {
+				row[v.Name] = nil
+				continue
+			}
+			row[v.Name] = &texts[i]
+		}
+		return row, nil
+	}
+	vals := map[string]json.RawMessage{}
+	if err := json.Unmarshal(c.Row, &vals); err != nil {
+		return nil, fmt.Errorf("%w: the row of change %s: %w", errBadRow, r.ev.ID, err)
+	}
+	for name := range vals {
+		if err := m.ownColumn(name); err != nil {
+			return nil, err
+		}
+	}
+	if c.Columns == nil {
+		if err := m.fromText(vals); err != nil {
+			return nil, fmt.Errorf("%w: change %s: %w", errBadRow, r.ev.ID, err)
+		}
+	}
+	row := make(mirror.Row, len(vals))
+	for name, v := range vals {
+		if string(v) == "null" {
+			row[name] = nil
+			continue
+		}
+		text := string(v)
+		row[name] = &text
+	}
+	return row, nil
 }
 
 // fromText turns the values a change without a schema sends as text into

@@ -88,6 +88,15 @@ func Scan(doc []byte, ptrs []Pointer, out [][]byte) error {
 	return s.document(alive)
 }
 
+// ScanNested is Scan without pointers of doc as a value nested depth
+// levels deep in a document: its own nesting is bounded by MaxDepth less
+// depth. A document made of values that pass it at their depths and of
+// valid JSON around them passes Scan.
+func ScanNested(doc []byte, depth int) error {
+	s := scanner{b: doc, maxDepth: MaxDepth, depth: depth}
+	return s.document(0)
+}
+
 // document scans the whole of s.b as one JSON value.
 func (s *scanner) document(alive uint64) error {
 	if err := s.value(0, alive); err != nil {

@@ -879,3 +879,30 @@ func TestSpecial8(t *testing.T) {
 		}
 	}
 }
+
+// TestScanNested: a value nested depth levels deep may itself be nested
+// MaxDepth-depth levels, and is checked as Scan checks it otherwise.
+func TestScanNested(t *testing.T) {
+	nest := func(n int) []byte { return []byte(strings.Repeat("[", n) + strings.Repeat("]", n)) }
+	tests := []struct {
+		name  string
+		doc   []byte
+		depth int
+		ok    bool
+	}{
+		{"MaxDepth at depth 0", nest(MaxDepth), 0, true},
+		{"MaxDepth at depth 1", nest(MaxDepth), 1, false},
+		{"MaxDepth-1 at depth 1", nest(MaxDepth - 1), 1, true},
+		{"a scalar at depth MaxDepth", []byte(`"x"`), MaxDepth, true},
+		{"an object at depth MaxDepth", []byte(`{}`), MaxDepth, false},
+		{"trailing data", []byte(`{} 1`), 1, false},
+		{"an escaped NUL", []byte(`{"a": "\u0000"}`), 1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := ScanNested(tt.doc, tt.depth); (err == nil) != tt.ok {
+				t.Errorf("ScanNested = %v, want ok %v", err, tt.ok)
+			}
+		})
+	}
+}
