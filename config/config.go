@@ -144,9 +144,13 @@ type Log struct {
 // Ingest tunes how records are batched into warehouse transactions, and
 // bounds what one record may decode to.
 type Ingest struct {
-	BatchMaxRows  Int      `yaml:"batch_max_rows"`
-	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"`
-	BatchMaxAge   Duration `yaml:"batch_max_age"`
+	// MemoryMaxBytes bounds the Kafka records held in memory: fetched,
+	// decoded, batched and being written. The defaults of
+	// kafka.fetch_max_bytes and batch_max_bytes are a third of it each.
+	MemoryMaxBytes ByteSize `yaml:"memory_max_bytes"`
+	BatchMaxRows   Int      `yaml:"batch_max_rows"`
+	BatchMaxBytes  ByteSize `yaml:"batch_max_bytes"`
+	BatchMaxAge    Duration `yaml:"batch_max_age"`
 	// DecodeMaxBytes caps the JSON that one record of a registry format,
 	// or one Debezium change, decodes to.
 	DecodeMaxBytes ByteSize `yaml:"decode_max_bytes"`
@@ -159,6 +163,40 @@ type Ingest struct {
 // ingest.decode_max_expansion times its size: room for a small record
 // whose schema adds many field names.
 const DecodeSlack = 64 << 10
+
+// DefaultMemoryMaxBytes is the default of ingest.memory_max_bytes: a
+// third for the fetch the Kafka client holds, a third for the batch being
+// written and a third for the next one, decoded while it is written. At
+// 8 MiB a batch of records of a few hundred bytes still holds more than
+// ten thousand rows, which keeps a transaction's fixed cost small; and the
+// process stays under 64 MiB resident (docs/benchmarks.md).
+const DefaultMemoryMaxBytes ByteSize = 24 << 20
+
+// third is a third of the records' memory budget m (its default when 0),
+// in whole KiB.
+func third(m ByteSize) ByteSize {
+	if m <= 0 {
+		m = DefaultMemoryMaxBytes
+	}
+	return max(m/3/1024*1024, 1024)
+}
+
+// memoryDefault is the default of ingest.memory_max_bytes in c: the
+// constant, or more when kafka.fetch_max_bytes and ingest.batch_max_bytes
+// (filled before it or written) need more.
+func memoryDefault(c *Config) ByteSize {
+	b := c.Ingest.BatchMaxBytes
+	if b <= 0 {
+		b = third(0)
+	}
+	return max(DefaultMemoryMaxBytes, c.Kafka.FetchMaxBytes+2*b)
+}
+
+// batchDefault is the default of ingest.batch_max_bytes in c: a third of
+// ingest.memory_max_bytes, less if the fetch takes more than its third.
+func batchDefault(c *Config) ByteSize {
+	return max(min(third(c.Ingest.MemoryMaxBytes), (c.Ingest.MemoryMaxBytes-c.Kafka.FetchMaxBytes)/2/1024*1024), 1024)
+}
 
 // The defaults of ingest.decode_max_bytes and
 // ingest.decode_max_expansion.
@@ -451,7 +489,7 @@ func (c *Config) validate(ix *index) {
 			c.HTTP.validateToken(ix, t)
 		}
 	}
-	for _, key := range []string{"log.level", "log.format", "ingest.batch_max_rows", "ingest.batch_max_bytes", "ingest.batch_max_age",
+	for _, key := range []string{"log.level", "log.format", "ingest.memory_max_bytes", "ingest.batch_max_rows", "ingest.batch_max_bytes", "ingest.batch_max_age",
 		"ingest.decode_max_bytes", "ingest.decode_max_expansion"} {
 		c.check(ix, key, "")
 	}
