@@ -141,8 +141,15 @@ func (b *batch) drop(tps map[topicPartition]bool) {
 	}
 }
 
-// recordBytes approximates the memory a record holds in a batch.
-func recordBytes(r *kgo.Record) int { return len(r.Value) + len(r.Key) + 64 }
+// recordBytes approximates the memory a record holds in a batch: its key,
+// value and headers, and recordOverhead.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Value) + len(r.Key) + recordOverhead
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 40
+	}
+	return n
+}
 
 // rowBytes approximates the memory a good record holds in a batch: the
 // record, and its payload when decoding made one (a registry format's
