@@ -167,10 +167,11 @@ const DecodeSlack = 64 << 10
 // DefaultMemoryMaxBytes is the default of ingest.memory_max_bytes: a
 // third for the fetch the Kafka client holds, a third for the batch being
 // written and a third for the next one, decoded while it is written. At
-// 8 MiB a batch of records of a few hundred bytes still holds more than
-// ten thousand rows, which keeps a transaction's fixed cost small; and the
+// 6 MiB a batch of records of a few hundred bytes holds about ten
+// thousand rows, which keeps a transaction's fixed cost small; and with
+// the runtime's memory limit that follows from it (cmd/tidemark), the
 // process stays under 64 MiB resident (docs/benchmarks.md).
-const DefaultMemoryMaxBytes ByteSize = 24 << 20
+const DefaultMemoryMaxBytes ByteSize = 18 << 20
 
 // third is a third of the records' memory budget m (its default when 0),
 // in whole KiB.
@@ -196,6 +197,26 @@ func memoryDefault(c *Config) ByteSize {
 // ingest.memory_max_bytes, less if the fetch takes more than its third.
 func batchDefault(c *Config) ByteSize {
 	return max(min(third(c.Ingest.MemoryMaxBytes), (c.Ingest.MemoryMaxBytes-c.Kafka.FetchMaxBytes)/2/1024*1024), 1024)
+}
+
+// MemoryBudget is what the sources of c hold in memory at most by their
+// budgets: ingest.memory_max_bytes when a source reads Kafka, and the
+// cdc.max_buffer_bytes of each CDC source.
+func (c *Config) MemoryBudget() int64 {
+	var n int64
+	kafka := false
+	for _, s := range c.Sources {
+		switch {
+		case s.CDC != nil:
+			n += int64(s.CDC.MaxBufferBytes)
+		case s.Kind().Kafka():
+			kafka = true
+		}
+	}
+	if kafka {
+		n += int64(c.Ingest.MemoryMaxBytes)
+	}
+	return n
 }
 
 // The defaults of ingest.decode_max_bytes and

@@ -122,7 +122,7 @@ var keys = []Key{
 	{Path: "kafka.rebalance_timeout", Default: "60s", Min: "100ms"},
 	// The fetch the client holds is one third of the records' memory,
 	// decompressed (the client asks for less when the records compress).
-	{Path: "kafka.fetch_max_bytes", Default: "8MiB", Note: "a third of `ingest.memory_max_bytes`", Min: "1KiB", Max: "1GiB",
+	{Path: "kafka.fetch_max_bytes", Default: "6MiB", Note: "a third of `ingest.memory_max_bytes`", Min: "1KiB", Max: "1GiB",
 		defaultIn: func(c *Config, _ *Source, _ string) string {
 			return formatValue(reflect.ValueOf(third(c.Ingest.MemoryMaxBytes)))
 		}},
@@ -182,7 +182,7 @@ var keys = []Key{
 		Min: "1MiB", Max: "64GiB",
 		defaultIn: func(c *Config, _ *Source, _ string) string { return formatValue(reflect.ValueOf(memoryDefault(c))) }},
 	{Path: "ingest.batch_max_rows", Default: "50000", Min: "1", Max: "1000000"},
-	{Path: "ingest.batch_max_bytes", Default: "8MiB", Note: "a third of `ingest.memory_max_bytes`", Min: "1KiB",
+	{Path: "ingest.batch_max_bytes", Default: "6MiB", Note: "a third of `ingest.memory_max_bytes`", Min: "1KiB",
 		defaultIn: func(c *Config, _ *Source, _ string) string { return formatValue(reflect.ValueOf(batchDefault(c))) }},
 	{Path: "ingest.batch_max_age", Default: "1s", Min: "1ms"},
 	// A record of a registry format or a Debezium change may decode to
