@@ -200,15 +200,17 @@ func batchDefault(c *Config) ByteSize {
 }
 
 // MemoryBudget is what the sources of c hold in memory at most by their
-// budgets: ingest.memory_max_bytes when a source reads Kafka, and the
-// cdc.max_buffer_bytes of each CDC source.
+// budgets: ingest.memory_max_bytes when a source reads Kafka, and twice
+// the cdc.max_buffer_bytes of each CDC source (a transaction buffered and
+// one being applied: a reader applying one of a million rows holds about
+// 1.8 times its buffer, docs/benchmarks.md).
 func (c *Config) MemoryBudget() int64 {
 	var n int64
 	kafka := false
 	for _, s := range c.Sources {
 		switch {
 		case s.CDC != nil:
-			n += int64(s.CDC.MaxBufferBytes)
+			n += 2 * int64(s.CDC.MaxBufferBytes)
 		case s.Kind().Kafka():
 			kafka = true
 		}

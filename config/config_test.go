@@ -1077,8 +1077,8 @@ sources:
 }
 
 // TestMemoryBudget: the budgets the runtime's memory limit follows from
-// are ingest.memory_max_bytes once, with any Kafka source, and each CDC
-// source's buffer.
+// are ingest.memory_max_bytes once, with any Kafka source, and twice each
+// CDC source's buffer.
 func TestMemoryBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -1088,9 +1088,9 @@ func TestMemoryBudget(t *testing.T) {
 		{"kafka", "  clicks: {kafka: {topics: [clicks]}, event_id: /id, event_time: /at}\n" +
 			"  views: {kafka: {topics: [views]}, event_id: /id, event_time: /at}\n", 18 << 20},
 		{"cdc", "  orders: {cdc: {dsn: \"postgres://h/shop\", tables: [orders], max_buffer_bytes: 32MiB}, mirror: {table: orders}}\n" +
-			"  items: {cdc: {dsn: \"postgres://h/shop\", tables: [items], slot: s2, publication: p2}, mirror: {table: items}}\n", 96 << 20},
+			"  items: {cdc: {dsn: \"postgres://h/shop\", tables: [items], slot: s2, publication: p2}, mirror: {table: items}}\n", 192 << 20},
 		{"kafka and cdc", "  clicks: {kafka: {topics: [clicks]}, event_id: /id, event_time: /at}\n" +
-			"  orders: {cdc: {dsn: \"postgres://h/shop\", tables: [orders]}, mirror: {table: orders}}\n", 82 << 20},
+			"  orders: {cdc: {dsn: \"postgres://h/shop\", tables: [orders]}, mirror: {table: orders}}\n", 146 << 20},
 		{"poll", "  items: {poll: {dsn: \"postgres://h/shop\", table: items, key: [id], updated_at: updated_at}, mirror: {table: items}}\n", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
