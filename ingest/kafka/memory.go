@@ -55,11 +55,11 @@ type fetchSizer struct {
 	asked     int32   // the fetch size last asked for
 }
 
-// newFetchSizer starts by asking for half the limit: records of a few
-// hundred bytes take about twice their size parsed.
+// newFetchSizer starts by asking for minFetchBytes, whose batches say how
+// much the records expand before a larger fetch is asked for.
 func newFetchSizer(limit, maxPart int32) *fetchSizer {
-	f := &fetchSizer{limit: limit, maxPart: maxPart, expansion: 2}
-	f.asked = f.size()
+	f := &fetchSizer{limit: limit, maxPart: maxPart, expansion: 1}
+	f.asked = min(minFetchBytes, limit)
 	return f
 }
 
