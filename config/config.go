@@ -144,9 +144,13 @@ type Log struct {
 // Ingest tunes how records are batched into warehouse transactions, and
 // bounds what one record may decode to.
 type Ingest struct {
-	BatchMaxRows  Int      `yaml:"batch_max_rows"`
-	BatchMaxBytes ByteSize `yaml:"batch_max_bytes"`
-	BatchMaxAge   Duration `yaml:"batch_max_age"`
+	// MemoryMaxBytes bounds the Kafka records held in memory: fetched,
+	// decoded, batched and being written. The defaults of
+	// kafka.fetch_max_bytes and batch_max_bytes are a third of it each.
+	MemoryMaxBytes ByteSize `yaml:"memory_max_bytes"`
+	BatchMaxRows   Int      `yaml:"batch_max_rows"`
+	BatchMaxBytes  ByteSize `yaml:"batch_max_bytes"`
+	BatchMaxAge    Duration `yaml:"batch_max_age"`
 	// DecodeMaxBytes caps the JSON that one record of a registry format,
 	// or one Debezium change, decodes to.
 	DecodeMaxBytes ByteSize `yaml:"decode_max_bytes"`
@@ -159,6 +163,63 @@ type Ingest struct {
 // ingest.decode_max_expansion times its size: room for a small record
 // whose schema adds many field names.
 const DecodeSlack = 64 << 10
+
+// DefaultMemoryMaxBytes is the default of ingest.memory_max_bytes: a
+// third for the fetch the Kafka client holds, a third for the batch being
+// written and a third for the next one, decoded while it is written. At
+// 6 MiB a batch of records of a few hundred bytes holds about ten
+// thousand rows, which keeps a transaction's fixed cost small; and with
+// the runtime's memory limit that follows from it (cmd/tidemark), the
+// process stays under 64 MiB resident (docs/benchmarks.md).
+const DefaultMemoryMaxBytes ByteSize = 18 << 20
+
+// third is a third of the records' memory budget m (its default when 0),
+// in whole KiB.
+func third(m ByteSize) ByteSize {
+	if m <= 0 {
+		m = DefaultMemoryMaxBytes
+	}
+	return max(m/3/1024*1024, 1024)
+}
+
+// memoryDefault is the default of ingest.memory_max_bytes in c: the
+// constant, or more when kafka.fetch_max_bytes and ingest.batch_max_bytes
+// (filled before it or written) need more.
+func memoryDefault(c *Config) ByteSize {
+	b := c.Ingest.BatchMaxBytes
+	if b <= 0 {
+		b = third(0)
+	}
+	return max(DefaultMemoryMaxBytes, c.Kafka.FetchMaxBytes+2*b)
+}
+
+// batchDefault is the default of ingest.batch_max_bytes in c: a third of
+// ingest.memory_max_bytes, less if the fetch takes more than its third.
+func batchDefault(c *Config) ByteSize {
+	return max(min(third(c.Ingest.MemoryMaxBytes), (c.Ingest.MemoryMaxBytes-c.Kafka.FetchMaxBytes)/2/1024*1024), 1024)
+}
+
+// MemoryBudget is what the sources of c hold in memory at most by their
+// budgets: ingest.memory_max_bytes when a source reads Kafka, and twice
+// the cdc.max_buffer_bytes of each CDC source (a transaction buffered and
+// one being applied: a reader applying one of a million rows holds about
+// 1.8 times its buffer, docs/benchmarks.md).
+func (c *Config) MemoryBudget() int64 {
+	var n int64
+	kafka := false
+	for _, s := range c.Sources {
+		switch {
+		case s.CDC != nil:
+			n += 2 * int64(s.CDC.MaxBufferBytes)
+		case s.Kind().Kafka():
+			kafka = true
+		}
+	}
+	if kafka {
+		n += int64(c.Ingest.MemoryMaxBytes)
+	}
+	return n
+}
 
 // The defaults of ingest.decode_max_bytes and
 // ingest.decode_max_expansion.
@@ -451,7 +512,7 @@ func (c *Config) validate(ix *index) {
 			c.HTTP.validateToken(ix, t)
 		}
 	}
-	for _, key := range []string{"log.level", "log.format", "ingest.batch_max_rows", "ingest.batch_max_bytes", "ingest.batch_max_age",
+	for _, key := range []string{"log.level", "log.format", "ingest.memory_max_bytes", "ingest.batch_max_rows", "ingest.batch_max_bytes", "ingest.batch_max_age",
 		"ingest.decode_max_bytes", "ingest.decode_max_expansion"} {
 		c.check(ix, key, "")
 	}

@@ -203,7 +203,7 @@ func TestParseFullFile(t *testing.T) {
 			SASL:                   &SASL{Mechanism: "SCRAM-SHA-512", Username: "loader", Password: "s3cret", AllowPlaintext: true},
 		},
 		SchemaRegistry: defaultRegistry,
-		Ingest: Ingest{BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond),
+		Ingest: Ingest{MemoryMaxBytes: 48 << 20, BatchMaxRows: 5000, BatchMaxBytes: 8 << 20, BatchMaxAge: Duration(250 * time.Millisecond),
 			DecodeMaxBytes: 8 << 20, DecodeMaxExpansion: 16},
 		Reconcile: Reconcile{Every: Duration(time.Minute), MaxPartitionsPerRun: 100, RunTimeout: Duration(10 * time.Minute)},
 		Retention: defaultRetention,
@@ -270,7 +270,7 @@ var (
 		Arrivals: Duration(90 * 24 * time.Hour), Runs: Duration(90 * 24 * time.Hour), LockTimeout: Duration(2 * time.Second),
 	}
 	defaultRegistry = SchemaRegistry{Timeout: Duration(10 * time.Second)}
-	defaultIngest   = Ingest{BatchMaxRows: 50000, BatchMaxBytes: 16 << 20, BatchMaxAge: Duration(time.Second),
+	defaultIngest   = Ingest{MemoryMaxBytes: 18 << 20, BatchMaxRows: 50000, BatchMaxBytes: 6 << 20, BatchMaxAge: Duration(time.Second),
 		DecodeMaxBytes: 64 << 20, DecodeMaxExpansion: 64}
 	defaultDecode          = DecodeLimits{MaxBytes: 64 << 20, Expansion: 64}
 	defaultSourceRetention = SourceRetention{Raw: Duration(400 * 24 * time.Hour), DeadLetters: Duration(30 * 24 * time.Hour)}
@@ -289,7 +289,7 @@ func TestParseDefaults(t *testing.T) {
 			StartOffset:            "earliest",
 			SessionTimeout:         Duration(45 * time.Second),
 			RebalanceTimeout:       Duration(60 * time.Second),
-			FetchMaxBytes:          16 << 20,
+			FetchMaxBytes:          6 << 20,
 			FetchMaxPartitionBytes: 1 << 20,
 		},
 		SchemaRegistry: defaultRegistry,
@@ -356,6 +356,16 @@ func TestParseSettings(t *testing.T) {
 			func(c *Config) bool { return c.Ingest.BatchMaxBytes == 1<<20 }},
 		{"decimal byte size", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: 10MB") }, nil,
 			func(c *Config) bool { return c.Ingest.BatchMaxBytes == 10_000_000 }},
+		{"memory budget shared in thirds", func(*testing.T) string { return base("ingest:", "  memory_max_bytes: 12MiB") }, nil,
+			func(c *Config) bool {
+				return c.Ingest.MemoryMaxBytes == 12<<20 && c.Kafka.FetchMaxBytes == 4<<20 && c.Ingest.BatchMaxBytes == 4<<20
+			}},
+		{"memory budget holds a written batch size", func(*testing.T) string { return base("ingest:", "  batch_max_bytes: 10MiB") }, nil,
+			func(c *Config) bool { return c.Ingest.MemoryMaxBytes == 26<<20 && c.Kafka.FetchMaxBytes == 6<<20 }},
+		{"memory budget holds a written fetch size", func(t *testing.T) string {
+			return replace(t, "kafka:\n", "kafka:\n  fetch_max_bytes: 64MiB\n")
+		}, nil,
+			func(c *Config) bool { return c.Ingest.MemoryMaxBytes == 76<<20 && c.Ingest.BatchMaxBytes == 6<<20 }},
 		{"day and hour duration", func(*testing.T) string { return base("    max_age: 1d12h") }, nil,
 			func(c *Config) bool { return c.Sources["app_events"].MaxAge == Duration(36*time.Hour) }},
 		{"quoted duration", func(*testing.T) string { return base(`    max_future_skew: "90m"`) }, nil,
@@ -643,10 +653,12 @@ func TestParseErrors(t *testing.T) {
 			[]wantErr{{12, "ingest.batch_max_bytes", "invalid size"}}},
 		{"bad size in kafka", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: lots\n", 1), nil,
 			[]wantErr{{4, "kafka.fetch_max_bytes", "invalid size"}}},
+		{"memory budget too small for the fetch", base("ingest:", "  memory_max_bytes: 8MiB", "  batch_max_bytes: 4MiB"), nil,
+			[]wantErr{{12, "ingest.memory_max_bytes", "must hold kafka.fetch_max_bytes (2730KiB) and twice ingest.batch_max_bytes (4MiB): at least 10922KiB, got 8MiB"}}},
 		{"fetch_max_bytes too big", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: 2GiB\n", 1), nil,
 			[]wantErr{{4, "kafka.fetch_max_bytes", "must be between 1KiB and 1GiB"}}},
 		{"fetch_max_partition_bytes above fetch_max_bytes", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_partition_bytes: 32MiB\n", 1), nil,
-			[]wantErr{{4, "kafka.fetch_max_partition_bytes", "must be between 1KiB and kafka.fetch_max_bytes (16MiB), got 32MiB"}}},
+			[]wantErr{{4, "kafka.fetch_max_partition_bytes", "must be between 1KiB and kafka.fetch_max_bytes (6MiB), got 32MiB"}}},
 		{"fetch_max_partition_bytes too small", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_partition_bytes: 100\n", 1), nil,
 			[]wantErr{{4, "kafka.fetch_max_partition_bytes", "must be between 1KiB"}}},
 		{"fetch_max_bytes too small", strings.Replace(base(), "kafka:\n", "kafka:\n  fetch_max_bytes: 1000\n", 1), nil,
@@ -1061,5 +1073,34 @@ sources:
 				t.Errorf("distribute: %v: Distributes(%q) = %v, want %v", distribute, name, got, want && distribute)
 			}
 		}
+	}
+}
+
+// TestMemoryBudget: the budgets the runtime's memory limit follows from
+// are ingest.memory_max_bytes once, with any Kafka source, and twice each
+// CDC source's buffer.
+func TestMemoryBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sources string
+		want    int64
+	}{
+		{"kafka", "  clicks: {kafka: {topics: [clicks]}, event_id: /id, event_time: /at}\n" +
+			"  views: {kafka: {topics: [views]}, event_id: /id, event_time: /at}\n", 18 << 20},
+		{"cdc", "  orders: {cdc: {dsn: \"postgres://h/shop\", tables: [orders], max_buffer_bytes: 32MiB}, mirror: {table: orders}}\n" +
+			"  items: {cdc: {dsn: \"postgres://h/shop\", tables: [items], slot: s2, publication: p2}, mirror: {table: items}}\n", 192 << 20},
+		{"kafka and cdc", "  clicks: {kafka: {topics: [clicks]}, event_id: /id, event_time: /at}\n" +
+			"  orders: {cdc: {dsn: \"postgres://h/shop\", tables: [orders]}, mirror: {table: orders}}\n", 146 << 20},
+		{"poll", "  items: {poll: {dsn: \"postgres://h/shop\", table: items, key: [id], updated_at: updated_at}, mirror: {table: items}}\n", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse("tidemark.yaml", []byte("warehouse: {dsn: postgres://localhost/w}\nkafka: {brokers: [\"localhost:9092\"]}\nsources:\n"+tc.sources), envLookup(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.MemoryBudget(); got != tc.want {
+				t.Errorf("MemoryBudget() = %d MiB, want %d MiB", got>>20, tc.want>>20)
+			}
+		})
 	}
 }

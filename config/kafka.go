@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
@@ -123,6 +124,15 @@ func (c *Config) validateKafka(ix *index) {
 	// The partition's bound is the whole fetch's.
 	if c.check(ix, "kafka.fetch_max_bytes", "") {
 		c.check(ix, "kafka.fetch_max_partition_bytes", "")
+	}
+	// A fetch and two batches (one written, the next decoded meanwhile)
+	// are what the ingester holds at most.
+	in := c.Ingest
+	if need := k.FetchMaxBytes + 2*in.BatchMaxBytes; in.MemoryMaxBytes > 0 && need > in.MemoryMaxBytes {
+		ix.add("ingest.memory_max_bytes", "must hold kafka.fetch_max_bytes (%s) and twice ingest.batch_max_bytes (%s): at least %s, got %s; "+
+			"raise it, or leave those two out to take a third of it each",
+			formatValue(reflect.ValueOf(k.FetchMaxBytes)), formatValue(reflect.ValueOf(in.BatchMaxBytes)),
+			formatValue(reflect.ValueOf(need)), formatValue(reflect.ValueOf(in.MemoryMaxBytes)))
 	}
 	if t := k.TLS; t.On() {
 		for key, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {

@@ -120,7 +120,12 @@ var keys = []Key{
 	{Path: "kafka.start_offset", Default: "earliest", OneOf: []string{"earliest", "latest"}},
 	{Path: "kafka.session_timeout", Default: "45s", Min: "100ms"},
 	{Path: "kafka.rebalance_timeout", Default: "60s", Min: "100ms"},
-	{Path: "kafka.fetch_max_bytes", Default: "16MiB", Min: "1KiB", Max: "1GiB"},
+	// The fetch the client holds is one third of the records' memory,
+	// decompressed (the client asks for less when the records compress).
+	{Path: "kafka.fetch_max_bytes", Default: "6MiB", Note: "a third of `ingest.memory_max_bytes`", Min: "1KiB", Max: "1GiB",
+		defaultIn: func(c *Config, _ *Source, _ string) string {
+			return formatValue(reflect.ValueOf(third(c.Ingest.MemoryMaxBytes)))
+		}},
 	{Path: "kafka.fetch_max_partition_bytes", Default: "1MiB", Note: "or `kafka.fetch_max_bytes`, if smaller", Min: "1KiB", Max: "kafka.fetch_max_bytes"},
 
 	{Path: "kafka.tls.enabled", Default: "true", Allowed: "`false` turns TLS off without removing the block"},
@@ -171,8 +176,14 @@ var keys = []Key{
 			return Duration(max(min(d, c.Kafka.RebalanceTimeout.Duration()/4), minRegistryTimeout)).String()
 		}},
 
+	// Left out, it holds the fetch and batch sizes written (a third of
+	// the default each when not).
+	{Path: "ingest.memory_max_bytes", Default: formatValue(reflect.ValueOf(DefaultMemoryMaxBytes)), Note: "or `kafka.fetch_max_bytes` plus twice `ingest.batch_max_bytes`, if more",
+		Min: "1MiB", Max: "64GiB",
+		defaultIn: func(c *Config, _ *Source, _ string) string { return formatValue(reflect.ValueOf(memoryDefault(c))) }},
 	{Path: "ingest.batch_max_rows", Default: "50000", Min: "1", Max: "1000000"},
-	{Path: "ingest.batch_max_bytes", Default: "16MiB", Min: "1KiB"},
+	{Path: "ingest.batch_max_bytes", Default: "6MiB", Note: "a third of `ingest.memory_max_bytes`", Min: "1KiB",
+		defaultIn: func(c *Config, _ *Source, _ string) string { return formatValue(reflect.ValueOf(batchDefault(c))) }},
 	{Path: "ingest.batch_max_age", Default: "1s", Min: "1ms"},
 	// A record of a registry format or a Debezium change may decode to
 	// at most decode_max_expansion times its size plus 64 KiB, and never

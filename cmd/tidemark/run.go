@@ -6,11 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/grants"
 	"github.com/tidemark-dev/tidemark/service"
 )
@@ -44,6 +46,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := logger(cfg, stderr)
+	setMemoryLimit(cfg, log)
 	err := preflightRun(ctx, cfg, comps, log)
 	if ctx.Err() != nil {
 		// SIGTERM or SIGINT before the service started: nothing was
@@ -62,6 +65,24 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+// runtimeReserve is what the process holds besides its sources' memory
+// budgets: connections, metrics, the runtime's own (10 MiB idle), and
+// room for the collector to work in.
+const runtimeReserve = 16 << 20
+
+// setMemoryLimit gives the Go runtime a soft memory limit of the sources'
+// memory budgets plus runtimeReserve, unless GOMEMLIMIT sets one. The
+// collector then runs before the heap doubles what is live (GOGC's
+// default), which is what keeps the process's size near its budgets.
+func setMemoryLimit(cfg *config.Config, log *slog.Logger) {
+	if _, ok := os.LookupEnv("GOMEMLIMIT"); ok {
+		return
+	}
+	limit := cfg.MemoryBudget() + runtimeReserve
+	debug.SetMemoryLimit(limit)
+	log.Debug("runtime memory limit set from the sources' budgets (GOMEMLIMIT overrides it)", "bytes", limit)
 }
 
 // exitIfShutdownHangs ends the process shutdownLimit after ctx is

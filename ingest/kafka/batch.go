@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"time"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -141,17 +142,40 @@ func (b *batch) drop(tps map[topicPartition]bool) {
 	}
 }
 
-// recordBytes approximates the memory a record holds in a batch.
-func recordBytes(r *kgo.Record) int { return len(r.Value) + len(r.Key) + 64 }
-
-// rowBytes approximates the memory a good record holds in a batch: the
-// record, and its payload when decoding made one (a registry format's
-// JSON, which may be many times the record's size) rather than taking
-// the record's value as it is.
-func rowBytes(r *kgo.Record, ev *decode.Event) int {
-	n := recordBytes(r)
-	if len(ev.Payload) > 0 && (len(r.Value) == 0 || &ev.Payload[0] != &r.Value[0]) {
-		n += len(ev.Payload)
+// recordBytes approximates the memory a record holds in a batch: its key,
+// value and headers, and recordOverhead.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Value) + len(r.Key) + recordOverhead
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value) + 40
 	}
 	return n
+}
+
+// rowBytes approximates the memory a good record holds in a batch: the
+// record, and what decoding made besides the record's value: the payload
+// of a registry format (JSON that may be many times the record's size)
+// and a Debezium change's row, old row and key.
+func rowBytes(r *kgo.Record, ev *decode.Event) int {
+	n := recordBytes(r) + ownBytes(ev.Payload, r.Value)
+	if c := ev.Change; c != nil {
+		n += ownBytes(c.Row, r.Value) + ownBytes(c.Old, r.Value) + ownBytes(c.Key, r.Value) + len(c.RowKey) + len(c.LSN)
+	}
+	return n
+}
+
+// ownBytes is the length of b unless it lies within value, whose memory
+// the record already counts.
+func ownBytes(b, value []byte) int {
+	if len(b) == 0 {
+		return 0
+	}
+	if len(value) > 0 {
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(value)))
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		if p >= start && p < start+uintptr(cap(value)) {
+			return 0
+		}
+	}
+	return len(b)
 }

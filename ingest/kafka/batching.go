@@ -13,10 +13,11 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 )
 
-func (in *Ingester) batchLen() int {
+// batchSize is the records and bytes of the batch in flight.
+func (in *Ingester) batchSize() (rows, bytes int) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.b.len()
+	return in.b.len(), in.b.bytes
 }
 
 func (in *Ingester) flushDue() bool {
@@ -48,19 +49,20 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRow
 	if len(fetches) == 0 {
 		return parts
 	}
-	rows, bytes := 0, 0
-	for counted := 0; ; counted = len(parts) {
+	rows, bytes, counted := 0, 0, 0
+	for {
 		for _, d := range parts[counted:] {
 			rows += len(d.recs)
 			bytes += d.bytes()
 		}
+		counted = len(parts)
 		if rows >= maxRows || int64(bytes) >= in.conf.BatchMaxBytes || ctx.Err() != nil {
 			return parts
 		}
 		if in.ahead.polling != nil {
 			in.ahead.polling(rows)
 		}
-		fetches = in.cl.PollRecords(ctx, maxRows-rows)
+		fetches = in.cl.PollRecords(ctx, in.pollRows(rows, bytes))
 		if in.ahead.polled != nil {
 			in.ahead.polled()
 		}
@@ -117,6 +119,16 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 			return
 		}
 		var session *kgo.ErrGroupSession
+		var tooLarge *kgo.ErrDecompressTooLarge
+		if errors.As(err, &tooLarge) {
+			// The client stops fetching the partition; it is read again
+			// from the batch by a client with a larger bound.
+			in.klog.emit(slog.LevelError, fmt.Sprintf("decompress\x00%s\x00%d", topic, partition),
+				"a record batch decompresses to more than the larger of ingest.memory_max_bytes and ingest.decode_max_bytes; "+
+					"the partition waits at the batch (nothing is skipped): raise ingest.memory_max_bytes and restart",
+				"topic", topic, "partition", partition, "offset", tooLarge.Offset, "limit_bytes", in.conf.DecompressMaxBytes)
+			return
+		}
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) ||
 			errors.As(err, &session) { // the client logs why the group session ended
 			return
@@ -154,6 +166,7 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 		}
 		parts = append(parts, d)
 	})
+	in.noteRecordBytes(parts)
 	return parts
 }
 

@@ -36,6 +36,10 @@ type Config struct {
 	// partition's part of it (kafka.fetch_max_bytes,
 	// kafka.fetch_max_partition_bytes).
 	FetchMaxBytes, FetchMaxPartitionBytes int32
+	// DecompressMaxBytes bounds what one record batch fetched may
+	// decompress to: the larger of ingest.memory_max_bytes and
+	// ingest.decode_max_bytes. A larger batch stops its partition.
+	DecompressMaxBytes int
 	// BatchMaxRows, BatchMaxBytes and BatchMaxAge bound a batch written
 	// in one warehouse transaction (ingest.batch_max_rows,
 	// ingest.batch_max_bytes, ingest.batch_max_age).
@@ -116,6 +120,7 @@ func ConfigFrom(cfg *config.Config) Config {
 		RebalanceTimeout:       k.RebalanceTimeout.Duration(),
 		FetchMaxBytes:          int32(k.FetchMaxBytes),
 		FetchMaxPartitionBytes: int32(k.FetchMaxPartitionBytes),
+		DecompressMaxBytes:     int(max(cfg.Ingest.MemoryMaxBytes, cfg.Ingest.DecodeMaxBytes)),
 		BatchMaxRows:           int(cfg.Ingest.BatchMaxRows),
 		BatchMaxBytes:          int64(cfg.Ingest.BatchMaxBytes),
 		BatchMaxAge:            cfg.Ingest.BatchMaxAge.Duration(),
@@ -192,6 +197,8 @@ func (c *Config) validate() error {
 		return problem("RebalanceTimeout", "must be positive, got %s", c.RebalanceTimeout)
 	case c.FetchMaxBytes < 1:
 		return problem("FetchMaxBytes", "must be at least 1, got %d", c.FetchMaxBytes)
+	case c.DecompressMaxBytes < 1:
+		return problem("DecompressMaxBytes", "must be at least 1, got %d", c.DecompressMaxBytes)
 	case c.FetchMaxPartitionBytes < 1:
 		return problem("FetchMaxPartitionBytes", "must be at least 1, got %d", c.FetchMaxPartitionBytes)
 	case c.BatchMaxRows < 1:

@@ -506,9 +506,10 @@ func (m *changeMirror) truncate(ctx context.Context, tx pgx.Tx, pos []int64, at 
 
 // copyChanges writes the change rows of a Debezium source with COPY.
 func (w *writer) copyChanges(ctx context.Context, tx pgx.Tx, src *source, rows []*row, ingestedAt time.Time) error {
-	c := copytext.New()
-	defer c.Release()
-	for _, r := range rows {
+	// The rows are encoded as the server reads them: a batch's COPY data
+	// is as large as its records.
+	c := copytext.NewReader(len(rows), func(c *copytext.Rows, i int) {
+		r := rows[i]
 		ch := r.ev.Change
 		c.Text(r.ev.ID)
 		c.Time(r.ev.Time)
@@ -532,7 +533,8 @@ func (w *writer) copyChanges(ctx context.Context, tx pgx.Tx, src *source, rows [
 			c.Null()
 		}
 		c.End()
-	}
+	})
+	defer c.Release()
 	_, err := c.CopyFrom(ctx, tx.Conn().PgConn(), raw.ChangeColumns.CopySQL(src.raw.Ident(), false))
 	return err
 }

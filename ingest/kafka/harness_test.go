@@ -45,6 +45,9 @@ type bundle struct {
 	parts     int32
 	yaml      string // extra source keys
 	kafkaYAML string // extra kafka keys
+	// ingestYAML holds extra ingest keys, each on its own line indented
+	// by two spaces.
+	ingestYAML string
 	// warehouseYAML holds extra warehouse keys in flow style, each
 	// after a comma: ", write_timeout: 1s".
 	warehouseYAML string
@@ -103,6 +106,7 @@ kafka:
 ingest:
   batch_max_rows: 5000
   batch_max_age: %s
+%s
 sources:
   app_events:
     kafka: {topics: [%s]}
@@ -110,7 +114,7 @@ sources:
     event_time: /event_time
     max_age: %s
 %s`, b.dsn, b.warehouseYAML, or(b.brokers, b.kafka.ListenAddrs()[0]), group, or(b.rebalanceTimeout, "5s"), b.kafkaYAML,
-		or(b.batchMaxAge, "50ms"), b.topic, or(b.maxAge, "30d"), b.yaml)
+		or(b.batchMaxAge, "50ms"), b.ingestYAML, b.topic, or(b.maxAge, "30d"), b.yaml)
 }
 
 func (b *bundle) config(t *testing.T) *config.Config {

@@ -108,10 +108,15 @@ type Ingester struct {
 	endWrites context.CancelFunc
 	byTopic   map[string]*source
 	sources   []*source
-	start     kgo.Offset
-	cl        *kgo.Client
-	klog      *kafkaLog // the client's log, rate limited
-	auth      *kafkaAuth
+	// sizer keeps the client's fetches within kafka.fetch_max_bytes of
+	// memory; avgRecordBytes is the records' size in a batch lately
+	// (memory.go).
+	sizer          *fetchSizer
+	avgRecordBytes atomic.Int64
+	start          kgo.Offset
+	cl             *kgo.Client
+	klog           *kafkaLog // the client's log, rate limited
+	auth           *kafkaAuth
 	// stopClient cancels the client's context: requests in flight, such
 	// as a JoinGroup the coordinator holds open, fail at once.
 	stopClient context.CancelFunc
@@ -272,6 +277,7 @@ func New(c Config, opts Options) (*Ingester, error) {
 		in.start = kgo.NewOffset().AtEnd()
 	}
 
+	in.sizer = newFetchSizer(c.FetchMaxBytes/fetchConcurrency, c.FetchMaxPartitionBytes)
 	auth, kopts, err := clientAuthOptions(c.Connection)
 	if err != nil {
 		return nil, err
@@ -289,14 +295,17 @@ func New(c Config, opts Options) (*Ingester, error) {
 		kgo.SessionTimeout(c.SessionTimeout),
 		kgo.HeartbeatInterval(min(3*time.Second, c.SessionTimeout/3)),
 		kgo.RebalanceTimeout(c.RebalanceTimeout),
-		kgo.FetchMaxBytes(c.FetchMaxBytes),
-		kgo.FetchMaxPartitionBytes(c.FetchMaxPartitionBytes),
+		kgo.FetchMaxBytes(in.sizer.asked),
+		kgo.FetchMaxPartitionBytes(in.sizer.partSize(in.sizer.asked)),
+		kgo.MaxConcurrentFetches(fetchConcurrency),
+		kgo.FetchMaxWait(fetchMaxWait),
+		kgo.MaxDecompressBatchBytes(c.DecompressMaxBytes),
 		kgo.AdjustFetchOffsetsFn(in.adjustOffsets),
 		kgo.OnPartitionsAssigned(in.onAssigned),
 		kgo.OnPartitionsRevoked(in.onRevoked),
 		kgo.OnPartitionsLost(in.onLost),
 		kgo.WithLogger(in.klog),
-		kgo.WithHooks(in.klog),
+		kgo.WithHooks(in.klog, in.sizer),
 	)
 	kopts = append(kopts, opts.KafkaOpts...)
 	clientCtx, stopClient := context.WithCancel(context.Background())
@@ -307,6 +316,7 @@ func New(c Config, opts Options) (*Ingester, error) {
 		return nil, fmt.Errorf("ingest: kafka client: %w", err)
 	}
 	in.stopClient = stopClient
+	in.sizer.cl.Store(in.cl)
 	in.commits = &committer{cl: in.cl, m: in.m, log: in.log, pending: map[topicPartition]kgo.EpochOffset{}}
 	return in, nil
 }
@@ -354,7 +364,7 @@ func (in *Ingester) Run(ctx context.Context) error {
 		if deadline, ok := in.pollDeadline(); ok {
 			pollCtx, cancel = context.WithDeadline(ctx, deadline)
 		}
-		fetches := in.cl.PollRecords(pollCtx, max(1, maxRows-in.batchLen()))
+		fetches := in.cl.PollRecords(pollCtx, in.pollRows(in.batchSize()))
 		cancel()
 		in.absorb(ctx, fetches)
 		in.cl.AllowRebalance()
@@ -456,13 +466,13 @@ func (in *Ingester) shutdown() error {
 // on while the write holds mu, since a poll made while an earlier one's
 // fetches are held back from the rebalance never waits for it.
 func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
-	if in.batchLen() > maxRows {
+	if rows, bytes := in.batchSize(); rows > maxRows || int64(bytes) > in.conf.BatchMaxBytes*3/2 {
 		err := in.flush(ctx)
 		in.cl.AllowRebalance()
 		return err
 	}
 	// A nil context takes only what is buffered, without waiting.
-	fetches := in.cl.PollRecords(nil, maxRows) //lint:ignore SA1012 nil means do not wait
+	fetches := in.cl.PollRecords(nil, in.pollRows(0, 0)) //lint:ignore SA1012 nil means do not wait
 	writing, written := context.WithCancel(ctx)
 	defer written()
 	decoded := make(chan []decodedPart, 1)
