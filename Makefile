@@ -77,7 +77,7 @@ test-citus:
 # go's default, 60s, FuzzParse spent most of a run minimizing large inputs.
 FUZZTIME         ?= 1m
 FUZZMINIMIZETIME ?= 5s
-FUZZ_TARGETS     ?= config:FuzzParse internal/pgjson:FuzzScan cdc:FuzzDecode internal/copytext:FuzzCopyRows aggregate:FuzzCalendar grants:FuzzScript ingest/decode:FuzzAvro ingest/decode:FuzzProtobuf ingest/decode:FuzzJSONSchema ingest/kafka:FuzzStoredOnce
+FUZZ_TARGETS     ?= config:FuzzParse internal/pgjson:FuzzScan cdc:FuzzDecode internal/copytext:FuzzCopyRows aggregate:FuzzCalendar grants:FuzzScript ingest/decode:FuzzAvro ingest/decode:FuzzProtobuf ingest/decode:FuzzJSONSchema ingest/decode:FuzzDebeziumRecentSchema ingest/decode:FuzzJSONSplit ingest/kafka:FuzzStoredOnce
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} in ./$${t%%:*} for $(FUZZTIME)"; \

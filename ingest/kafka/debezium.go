@@ -506,8 +506,9 @@ func (m *changeMirror) truncate(ctx context.Context, tx pgx.Tx, pos []int64, at 
 
 // copyChanges writes the change rows of a Debezium source with COPY.
 func (w *writer) copyChanges(ctx context.Context, tx pgx.Tx, src *source, rows []*row, ingestedAt time.Time) error {
-	// The rows are encoded as the server reads them: a batch's COPY data
-	// is as large as its records.
+	// The rows are encoded as the server reads them, a megabyte at a
+	// time: the whole batch's COPY data would be as large as its records
+	// again.
 	c := copytext.NewReader(len(rows), func(c *copytext.Rows, i int) {
 		r := rows[i]
 		ch := r.ev.Change
