@@ -27,6 +27,7 @@ func BenchmarkIngestDedupe(b *testing.B) {
 		measure := func(keys string) float64 {
 			e.sourceKeys = keys
 			rate, _ := e.measureGroup(b, end, n, 1, "bench-dedupe")
+			fmt.Fprintf(os.Stderr, "    %s: %s\n", map[bool]string{true: "dedupe", false: "default"}[keys != ""], e.cpu)
 			return rate
 		}
 		var ratios, plain, deduped []float64

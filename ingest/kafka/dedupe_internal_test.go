@@ -187,6 +187,44 @@ func TestWriterDedupeRetries(t *testing.T) {
 	})
 }
 
+// TestWriterDedupeCopyThenClaim: a batch's ids are copied while none was
+// recorded before; an id recorded before fails the copy, which is rolled
+// back, and the ids are claimed one by one, in that batch and the next
+// probeAfterDuplicate batches, with the same outcome.
+func TestWriterDedupeCopyThenClaim(t *testing.T) {
+	h := newWriterHarness(t)
+	h.src.dedupeWindow = window
+	write := h.writeAt(t)
+	steps := []struct {
+		evs       []idAt
+		idDups    int
+		claimLeft int // after the step
+		ids       string
+	}{
+		{[]idAt{{"b", 0}, {"a", 0}, {"b", 1}}, 1, 0, "a,b"},
+		{[]idAt{{"c", 0}, {"a", 5}}, 1, probeAfterDuplicate, "a,b,c"},
+		{[]idAt{{"d", 0}, {"c", 7}}, 1, probeAfterDuplicate - 1, "a,b,c,d"},
+	}
+	offset := int64(0)
+	for i, s := range steps {
+		res := write(batchAt(h.src, 0, offset, s.evs...), dedupeNow.Add(time.Duration(i)*time.Minute), false)
+		offset += int64(len(s.evs))
+		if got := res.idDuplicates[h.src]; got != s.idDups {
+			t.Errorf("step %d: id duplicates %d, want %d", i, got, s.idDups)
+		}
+		if h.w.claimLeft != s.claimLeft {
+			t.Errorf("step %d: claimLeft %d, want %d", i, h.w.claimLeft, s.claimLeft)
+		}
+		pgEqual(t, fmt.Sprintf("step %d: ids", i), h.strings(t, "SELECT event_id FROM tidemark.event_ids ORDER BY 1"), s.ids)
+	}
+	if got := h.rawEvents(t); got != "a@0/1,b@0/0,c@0/3,d@0/5" {
+		t.Errorf("raw events %s", got)
+	}
+	// Each id keeps the time of the batch that loaded it.
+	pgEqual(t, "loaded at", h.strings(t, "SELECT event_id || ' ' || extract(minute FROM loaded_at) FROM tidemark.event_ids ORDER BY 1"),
+		"a 0,b 0,c 1,d 2")
+}
+
 // pgEqual compares a list of strings with a comma separated want.
 func pgEqual(t *testing.T, what string, got []string, want string) {
 	t.Helper()

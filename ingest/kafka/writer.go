@@ -112,6 +112,10 @@ type writer struct {
 	// batches drop their repeats before the COPY, after a COPY failed on
 	// one.
 	dedupeLeft int
+	// claimLeft is the same for event ids (claimIDs): how many more
+	// batches claim their ids one by one, after a COPY of ids failed on
+	// one recorded before.
+	claimLeft int
 	// rawBinary records, per source, whether its raw table has the column
 	// types that rawCopy encodes.
 	rawBinary map[*source]bool
