@@ -207,16 +207,20 @@ sources:
 }
 
 // batchRowsYAML sets ingest.batch_max_rows when TIDEMARK_BENCH_BATCH_ROWS
-// does; otherwise the benchmarks run with the default.
+// does, and ingest.batch_max_bytes to hold as many events of about 200
+// bytes (the memory budget follows); otherwise the benchmarks run with the
+// defaults.
 func batchRowsYAML() string {
 	if n := envInt("TIDEMARK_BENCH_BATCH_ROWS", 0); n > 0 {
-		return fmt.Sprintf("ingest: {batch_max_rows: %d}", n)
+		return fmt.Sprintf("ingest: {batch_max_rows: %d, batch_max_bytes: %d}", n, n*(200+kafka.RecordOverhead))
 	}
 	return ""
 }
 
-// batchRows is ingest.batch_max_rows in these benchmarks: the rows of one
-// of tidemark's transactions.
+// batchRows is the rows of one of tidemark's transactions in these
+// benchmarks, for events of about 200 bytes: ingest.batch_max_rows, or
+// fewer when ingest.batch_max_bytes holds fewer, each counted as the
+// ingester counts it.
 func batchRows(b *testing.B) int {
 	b.Helper()
 	cfg, err := config.Parse("bench.yaml", []byte(configFor("postgres://localhost/x", "localhost:9092", "g", "")),
@@ -224,7 +228,7 @@ func batchRows(b *testing.B) int {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return int(cfg.Ingest.BatchMaxRows)
+	return min(int(cfg.Ingest.BatchMaxRows), int(cfg.Ingest.BatchMaxBytes)/(200+kafka.RecordOverhead))
 }
 
 // workload returns n good events of about 200 bytes.

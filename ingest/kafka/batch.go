@@ -143,9 +143,9 @@ func (b *batch) drop(tps map[topicPartition]bool) {
 }
 
 // recordBytes approximates the memory a record holds in a batch: its key,
-// value and headers, and recordOverhead.
+// value and headers, and RecordOverhead.
 func recordBytes(r *kgo.Record) int {
-	n := len(r.Value) + len(r.Key) + recordOverhead
+	n := len(r.Value) + len(r.Key) + RecordOverhead
 	for _, h := range r.Headers {
 		n += len(h.Key) + len(h.Value) + 40
 	}

@@ -16,12 +16,12 @@ import (
 // recordBytes and rowBytes count them; a poll takes no more records than
 // fit in what is left of the batch's bytes (pollRows).
 
-// recordOverhead is what a record costs in memory besides its key, value
+// RecordOverhead is what a record counts in a batch, and costs in memory, besides its key, value
 // and headers while the ingester holds it: the client's kgo.Record (160
 // bytes) and the pointer to it, the decoded event in its decoded part and
 // again in the batch's row (88 and 104 bytes), the event id's string and
 // the allocator's rounding of them.
-const recordOverhead = 448
+const RecordOverhead = 448
 
 // fetchConcurrency is how many fetches the client holds at once (in
 // flight or read and not yet polled), each of at most kafka.fetch_max_bytes
@@ -40,7 +40,7 @@ const minFetchBytes = 64 << 10
 
 // fetchSizer keeps the client's fetch within kafka.fetch_max_bytes of
 // memory. The client's own limit counts the bytes sent, compressed; a
-// fetch's records take more once decompressed and parsed (recordOverhead
+// fetch's records take more once decompressed and parsed (RecordOverhead
 // each). The sizer watches each batch the client reads and asks for fewer
 // bytes the more the batches expand: the fetch size is the limit divided
 // by the largest expansion seen lately.
@@ -77,7 +77,7 @@ func (f *fetchSizer) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 	if m.CompressedBytes <= 0 || m.NumRecords <= 0 {
 		return
 	}
-	e := float64(m.UncompressedBytes+m.NumRecords*recordOverhead) / float64(m.CompressedBytes)
+	e := float64(m.UncompressedBytes+m.NumRecords*RecordOverhead) / float64(m.CompressedBytes)
 	f.mu.Lock()
 	// A larger expansion counts at once; a smaller one lowers it by a
 	// hundredth per batch, so that one well-compressed batch among many
