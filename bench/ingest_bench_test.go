@@ -112,13 +112,6 @@ func (e *env) newDatabase(b *testing.B) string {
 	return dsn
 }
 
-func newEnv(b *testing.B) *env {
-	b.Helper()
-	e := &env{srv: durableServer(b)}
-	e.kc = newCluster(b, parts)
-	return e
-}
-
 // newCluster starts a kfake cluster holding the topic with n partitions.
 func newCluster(b *testing.B, n int32) *kfake.Cluster {
 	b.Helper()
