@@ -441,7 +441,7 @@ func hasColumns(row mirror.Row, cols []string) bool {
 }
 
 // textKind is how a mirror column's type takes a change's JSON value
-// as text, exactly as jsonb_populate_record would fill it.
+// as text, exactly as the mirror writer fills it from a JSON row.
 type textKind int
 
 const (

@@ -4,15 +4,19 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
-	"github.com/tidemark-dev/tidemark/internal/copytext"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
+	"github.com/tidemark-dev/tidemark/mirror"
 )
 
-// TestDebeziumTextOf: a value that textOf passes as text reads, COPYed
-// into a column of its type, as the same value (or the same failure) as
-// jsonb_populate_record gives of the JSON row; the values it refuses
-// (sent as JSON rows) are those where the two differ or might.
+// TestDebeziumTextOf: a value that textOf passes as text is written by
+// the mirror writer as the same value (or the same failure) as it writes
+// of the JSON row; the values it refuses (sent as JSON rows) are those
+// where the two differ or might.
 func TestDebeziumTextOf(t *testing.T) {
 	tests := []struct {
 		typ  string
@@ -74,64 +78,81 @@ func TestDebeziumTextOf(t *testing.T) {
 	}
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	// fill returns the column's text after COPYing text, or the error.
-	fill := func(table string, text *string) string {
-		t.Helper()
-		if _, err := conn.Exec(ctx, `TRUNCATE `+table); err != nil {
-			t.Fatal(err)
-		}
-		rows := copytext.New()
-		defer rows.Release()
-		rows.Value(text)
-		rows.End()
-		if _, err := rows.CopyFrom(ctx, conn.Conn().PgConn(), `COPY `+table+` (c) FROM STDIN`); err != nil {
-			return "error"
-		}
-		var got *string
-		if err := conn.QueryRow(ctx, `SELECT c::text FROM `+table).Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		return show(got)
-	}
 	for i, tt := range tests {
 		t.Run(tt.typ+" "+tt.raw, func(t *testing.T) {
 			// A table of its own: a statement prepared for another's row
 			// type would not do.
 			table := fmt.Sprintf("v%d", i)
-			if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (c %s)`, table, tt.typ)); err != nil {
+			if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id integer PRIMARY KEY, c %s,
+				loaded_at timestamptz NOT NULL, deleted_at timestamptz, pos bigint[])`, table, tt.typ)); err != nil {
 				t.Fatal(err)
 			}
 			var typ string
-			if err := conn.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'c'`, table).Scan(&typ); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'c'`, table).Scan(&typ); err != nil {
 				t.Fatal(err)
 			}
 			text, ok := textOf(tt.raw, textKindOf(typ))
 			if ok != tt.text {
 				t.Fatalf("textOf(%s) into %s: ok %v, want %v", tt.raw, typ, ok, tt.text)
 			}
-			var populated *string
-			want := "error"
-			if err := conn.QueryRow(ctx, `SELECT (jsonb_populate_record(NULL::`+table+`, jsonb_build_object('c', $1::jsonb))).c::text`, tt.raw).Scan(&populated); err == nil {
-				want = show(populated)
-			} else {
-				t.Logf("from JSON: %v", err)
-			}
+			raw := tt.raw
+			want := writeValue(t, pool, table, typ, true, &raw, false)
 			if !ok {
-				if raw := tt.raw; tt.differs && fill(table, &raw) == want {
+				if tt.differs && writeValue(t, pool, table, typ, false, &raw, false) == want {
 					t.Errorf("%s into %s: as text the same as from JSON (%s)", tt.raw, typ, want)
 				}
 				return
 			}
-			if got := fill(table, text); got != want {
-				t.Errorf("%s into %s: as text %s, from JSON %s", tt.raw, typ, got, want)
+			for _, insert := range []bool{false, true} {
+				if got := writeValue(t, pool, table, typ, false, text, insert); got != want {
+					t.Errorf("%s into %s: as text %s (insert %v), from JSON %s", tt.raw, typ, got, insert, want)
+				}
 			}
 		})
 	}
+}
+
+// writeValue writes, through the mirror writer, the row of id 1 with value
+// v of column c (a JSON value with json, else text) into table, emptied
+// first, and returns c's text, or "error" when the write fails. With
+// insert the row is an insert, which the writer COPYs into the mirror;
+// otherwise an update, which it stages.
+func writeValue(t *testing.T, pool *pgxpool.Pool, table, typ string, json bool, v *string, insert bool) string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `TRUNCATE `+table); err != nil {
+		t.Fatal(err)
+	}
+	rel := &mirror.Relation{Name: table, Columns: []string{"id", "c"}, JSON: json, Position: "pos",
+		Mirror: &mirror.Table{Target: pgx.Identifier{"public", table}, Key: []string{"id"}, LoadedColumn: "loaded_at", DeletedColumn: "deleted_at",
+			Columns: []mirror.Column{{Name: "id", Type: "integer"}, {Name: "c", Type: typ}}}}
+	id := "1"
+	c := mirror.NewChanges(1)
+	row, at := mirror.Row{"id": &id, "c": v}, mirror.At{Time: time.Now(), Position: []int64{1}}
+	add := func() error { return c.Update(rel, nil, row, at) }
+	if insert {
+		add = func() error { return c.Insert(rel, row, at) }
+	}
+	if err := add(); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var w mirror.Writer
+	if err := w.Begin(tx, time.Now()).Write(ctx, c); err != nil {
+		return "error"
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got *string
+	if err := pool.QueryRow(ctx, `SELECT c::text FROM `+table).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	return show(got)
 }
 
 // show is a column's text, or NULL.
