@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,6 +49,11 @@ const debeziumTarget = 0.8
 //	    the schema, offsets;
 //	(c) the same as (b) with the AvroConverter: key and value in the
 //	    Confluent wire format, their schemas in a schema registry.
+//
+// The ingester of (b) and (c) may use as much memory as the CDC reader
+// does by default (twice cdc.max_buffer_bytes): ingest.memory_max_bytes
+// is 128 MiB, TIDEMARK_BENCH_DEBEZIUM_MEMORY ("default" for the
+// ingester's default).
 //
 // Each round has its own slot (made before the workload) and warehouse
 // databases; rounds alternate which of (a) and (b), (c) goes first, and
@@ -432,7 +439,7 @@ sources:
     kafka: {topics: [%s]}
     format: debezium
     mirror: {table: dw_orders}
-`, dsn, v.kc.ListenAddrs()[0], v.name, round, batchRowsYAML(), registry, topic)), func(string) (string, bool) { return "", false })
+`, dsn, v.kc.ListenAddrs()[0], v.name, round, debeziumIngestYAML(), registry, topic)), func(string) (string, bool) { return "", false })
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -462,6 +469,27 @@ sources:
 		b.Fatalf("the Debezium %s mirror (md5 %s) differs from the CDC reader's (md5 %s)", v.name, got, want)
 	}
 	return float64(int64(n)-firstRows) / elapsed.Seconds()
+}
+
+// debeziumIngestYAML is the ingest settings of (b) and (c): the memory of
+// TIDEMARK_BENCH_DEBEZIUM_MEMORY (128MiB, the CDC reader's default
+// memory, unless it says "default"), and TIDEMARK_BENCH_BATCH_ROWS.
+func debeziumIngestYAML() string {
+	var set []string
+	mem := os.Getenv("TIDEMARK_BENCH_DEBEZIUM_MEMORY")
+	if mem == "" {
+		mem = "128MiB"
+	}
+	if mem != "default" {
+		set = append(set, "memory_max_bytes: "+mem)
+	}
+	if n := envInt("TIDEMARK_BENCH_BATCH_ROWS", 0); n > 0 {
+		set = append(set, fmt.Sprintf("batch_max_rows: %d", n))
+	}
+	if len(set) == 0 {
+		return ""
+	}
+	return "ingest: {" + strings.Join(set, ", ") + "}"
 }
 
 // histogramTotals returns the count and sum of the histogram named rows

@@ -183,9 +183,10 @@ func (c *Changes) upsert(r *Relation, old, row Row, insert bool, at At) error {
 			from = p.from
 		}
 	}
-	// Fresh rows are COPYed as text into the mirror: not JSON rows, nor
-	// rows whose position the mirror must compare.
-	fresh := from == nil && len(cols) == len(r.Columns) && r.Position == "" && !r.JSON
+	// Fresh rows are COPYed as text into the mirror: not JSON rows. (A
+	// row of a key the mirror lacks has no position to compare with;
+	// the COPY fails when the mirror has the key.)
+	fresh := from == nil && len(cols) == len(r.Columns) && !r.JSON
 	if insert {
 		fresh = fresh && prev == nil
 	} else {

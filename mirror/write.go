@@ -416,6 +416,9 @@ func (w *Writer) copyFresh(target string) bool {
 // back, when a row's key is in the mirror already: the rows are then to
 // be staged, and the mirror's next Writes stage theirs (freshBackoff).
 func (t *Txn) insertFresh(ctx context.Context, st *stageRows) (bool, error) {
+	if st.positioned {
+		return t.insertFreshPositioned(ctx, st)
+	}
 	m := st.r.Mirror
 	target := m.Target.Sanitize()
 	rows := copytext.New()

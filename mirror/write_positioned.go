@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/internal/copytext"
+	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
@@ -174,4 +175,66 @@ func (t *Txn) writePositioned(ctx context.Context, st *stageRows) error {
 	t.written.Merged += int64(st.upserts)
 	t.written.Deleted += int64(st.deletes)
 	return nil
+}
+
+// insertFreshPositioned is insertFresh for a relation with a position
+// column: each fresh row is COPYed with its position, and flagged deleted
+// when a truncate came after it. A key the mirror lacks has no position
+// to compare with; when the mirror has one of the keys (a change sent
+// again, a tombstone, a re-insert), the COPY fails and the rows are
+// staged, their positions compared there.
+func (t *Txn) insertFreshPositioned(ctx context.Context, st *stageRows) (bool, error) {
+	r, m := st.r, st.r.Mirror
+	target := m.Target.Sanitize()
+	if m.Hard && r.Position != "" {
+		return false, fmt.Errorf("mirror %s: a mirror with a position column keeps its deletes soft", target)
+	}
+	rows := copytext.New()
+	defer rows.Release()
+	for _, s := range st.fresh {
+		for _, c := range r.Columns {
+			rows.Value(s.cols[c])
+		}
+		rows.Time(t.loadedAt)
+		if s.at.Truncated != nil {
+			rows.Time(*s.at.Truncated)
+		} else {
+			rows.Null()
+		}
+		if r.Position != "" {
+			if s.at.Position == nil {
+				rows.Null()
+			} else {
+				rows.Text(positionText(s.at.Position))
+			}
+		}
+		rows.End()
+	}
+	own := pgquote.Ident(m.LoadedColumn) + ", " + pgquote.Ident(m.DeletedColumn)
+	if r.Position != "" {
+		own += ", " + pgquote.Ident(r.Position)
+	}
+	_, err := rows.CopyFrom(ctx, t.tx.Conn().PgConn(), fmt.Sprintf(copyFreshSQL, target, pgquote.Idents(r.Columns), own))
+	if err == nil {
+		return true, nil
+	}
+	if !pgerr.UniqueViolation(err) {
+		return false, fmt.Errorf("insert into %s: %w", target, err)
+	}
+	if _, err := t.tx.Exec(ctx, rollbackToFreshSQL); err != nil {
+		return false, fmt.Errorf("insert into %s: %w", target, err)
+	}
+	t.w.backOff(target)
+	return false, nil
+}
+
+// backOff makes the next freshBackoff Writes to mirror target stage their
+// fresh rows.
+func (w *Writer) backOff(target string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.freshOff == nil {
+		w.freshOff = map[string]int{}
+	}
+	w.freshOff[target] = freshBackoff
 }

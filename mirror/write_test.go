@@ -156,6 +156,20 @@ func TestWriter(t *testing.T) {
 			{{op: 'u', row: "id=1 name=a note=x", pos: 2}},
 			{{op: 'u', row: "id=1 name=old", pos: 1}, {op: 'u', row: "id=1 name=b", pos: 3}, {op: 'd', row: "id=5", pos: 4}},
 		}, want: []string{"1 b x {3}", "5 - - deleted {4}"}},
+		{name: "position/text inserts new to the mirror, sent again", position: "pos", runs: [][]change{
+			{{op: 'i', row: "id=1 name=a note=x", pos: 1}, {op: 'i', row: "id=2 name=b note=y", pos: 2}, {op: 'u', row: "id=2 name=c note=y", pos: 3}},
+			{{op: 'i', row: "id=1 name=a note=x", pos: 1}, {op: 'i', row: "id=2 name=b note=y", pos: 2}, {op: 'i', row: "id=3 name=d note=z", pos: 4}},
+			{{op: 'i', row: "id=4 name=e note=w", pos: 5}},
+		}, want: []string{"1 a x {1}", "2 c y {3}", "3 d z {4}", "4 e w {5}"}},
+		{name: "position/text inserts over a delete's flagged row", position: "pos", runs: [][]change{
+			{{op: 'd', row: "id=9", pos: 7}},
+			{{op: 'i', row: "id=9 name=old note=x", pos: 6}},
+			{{op: 'i', row: "id=8 name=a note=x", pos: 8}, {op: 'd', row: "id=8", pos: 9}},
+			{{op: 'i', row: "id=9 name=new note=x", pos: 10}},
+		}, want: []string{"8 a x deleted {9}", "9 new x {10}"}},
+		{name: "position/a text insert older than a truncate is flagged", position: "pos", runs: [][]change{
+			{{op: 'i', row: "id=1 name=a note=x", pos: 1, truncate: truncated}, {op: 'i', row: "id=2 name=b note=y", pos: 3}},
+		}, want: []string{"1 a x deleted {1}", "2 b y {3}"}},
 	}
 	ctx := context.Background()
 	for _, tt := range tests {

@@ -361,11 +361,23 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 	if err := tx.QueryRow(ctx, readTruncateSQL, m.source).Scan(&last.pos, &last.at); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read the last truncate of %s: %w", m.source, err)
 	}
-	rel := &mirror.Relation{Name: m.target.Sanitize(), Columns: cols, JSON: true, Position: m.position,
-		Mirror: &mirror.Table{Target: m.target, Key: key, LoadedColumn: m.loaded, DeletedColumn: m.deleted}}
+	// The rows go to the mirror as text in its columns' types when every
+	// value converts exactly (see textRows), else as JSON.
+	texts, err := m.textRows(rows)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	typed := make([]mirror.Column, len(cols))
+	for i, c := range cols {
+		typed[i] = mirror.Column{Name: c, Type: m.types[c]}
+	}
+	m.mu.Unlock()
+	rel := &mirror.Relation{Name: m.target.Sanitize(), Columns: cols, JSON: texts == nil, Position: m.position,
+		Mirror: &mirror.Table{Target: m.target, Key: key, Columns: typed, LoadedColumn: m.loaded, DeletedColumn: m.deleted}}
 	txn := m.writer.BeginShared(tx, ingestedAt)
 	changes := mirror.NewChanges(len(rows))
-	for _, r := range rows {
+	for i, r := range rows {
 		c := r.ev.Change
 		if c.Op == decode.OpTruncate {
 			if slices.Compare(c.Position, last.pos) <= 0 {
@@ -382,8 +394,10 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 			changes, last = mirror.NewChanges(0), truncation{c.Position, r.ev.Time}
 			continue
 		}
-		row, err := m.mirrorRow(r)
-		if err != nil {
+		row := mirror.Row(nil)
+		if texts != nil {
+			row = texts[i]
+		} else if row, err = m.mirrorRow(r); err != nil {
 			return err
 		}
 		for _, k := range key {
@@ -396,9 +410,15 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 			truncated := last.at
 			at.Truncated = &truncated
 		}
-		if c.Op == decode.OpDelete {
+		switch {
+		case c.Op == decode.OpDelete:
 			err = changes.Delete(rel, row, at)
-		} else {
+		case c.Op == decode.OpInsert && hasColumns(row, cols):
+			// An insert of every column: as an update it would take no
+			// value from the run's or the mirror's row, and the mirror
+			// writer may COPY it when the mirror lacks its key.
+			err = changes.Insert(rel, row, at)
+		default:
 			// The values a change lacks (values Debezium did not have)
 			// keep those the batch or the mirror holds.
 			err = changes.Update(rel, nil, row, at)
@@ -408,6 +428,167 @@ func (m *changeMirror) applyChanges(ctx context.Context, tx pgx.Tx, rows []*row,
 		}
 	}
 	return txn.Write(ctx, changes)
+}
+
+// hasColumns reports whether row has a value (or NULL) of each of cols.
+func hasColumns(row mirror.Row, cols []string) bool {
+	for _, c := range cols {
+		if _, ok := row[c]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// textKind is how a mirror column's type takes a change's JSON value
+// as text, exactly as the mirror writer fills it from a JSON row.
+type textKind int
+
+const (
+	// textNone: the column is not filled from text (arrays, json,
+	// domains, composites, types not listed): the rows go as JSON.
+	textNone textKind = iota
+	// textScalar: a type read from the text of a string, or of a number
+	// as numeric prints it (no exponent, no negative zero).
+	textScalar
+	// textNumeric: numeric reads any JSON number itself.
+	textNumeric
+	// textJSONB: jsonb reads any JSON value itself.
+	textJSONB
+)
+
+// textKindOf is the textKind of a column of type typ, as format_type
+// prints it.
+func textKindOf(typ string) textKind {
+	switch {
+	case strings.HasSuffix(typ, "[]"):
+		return textNone
+	case typ == "jsonb":
+		return textJSONB
+	case typ == "numeric" || strings.HasPrefix(typ, "numeric("):
+		return textNumeric
+	}
+	switch typ {
+	case "smallint", "integer", "bigint", "real", "double precision", "boolean", "text", "date", "uuid", "bytea":
+		return textScalar
+	}
+	for _, p := range []string{"character varying", "character(", "timestamp", "time", "interval"} {
+		if strings.HasPrefix(typ, p) {
+			return textScalar
+		}
+	}
+	return textNone
+}
+
+// textRows returns the rows of the changes of rows as text in the mirror
+// columns' types (mirror.Relation.JSON false), or nil when some change
+// has no schema, or a value that only the JSON rows give exactly: a
+// value of a column not of a textKind, an object or array outside a
+// jsonb column, a number with an exponent or a negative zero outside a
+// numeric or jsonb column (numeric would print it otherwise), a string
+// with a \u escape (whose text the warehouse's JSON parsing decides).
+func (m *changeMirror) textRows(rows []*row) ([]mirror.Row, error) {
+	m.mu.Lock()
+	types := m.types
+	m.mu.Unlock()
+	kinds := map[string]textKind{}
+	out := make([]mirror.Row, len(rows))
+	for i, r := range rows {
+		c := r.ev.Change
+		if c.Op == decode.OpTruncate {
+			continue
+		}
+		if c.Columns == nil || len(c.Values) == 0 {
+			return nil, nil
+		}
+		text := string(c.Row)
+		row := make(mirror.Row, len(c.Values))
+		for _, v := range c.Values {
+			if err := m.ownColumn(v.Name); err != nil {
+				return nil, err
+			}
+			kind, ok := kinds[v.Name]
+			if !ok {
+				kind = textKindOf(types[v.Name])
+				kinds[v.Name] = kind
+			}
+			val, ok := textOf(text[v.Start:v.End], kind)
+			if !ok {
+				return nil, nil
+			}
+			row[v.Name] = val
+		}
+		out[i] = row
+	}
+	return out, nil
+}
+
+// textOf is the text a column of kind k takes of the JSON value raw (nil
+// for null), and false when the JSON row is needed to fill it exactly.
+func textOf(raw string, k textKind) (*string, bool) {
+	if k == textNone || raw == "" {
+		return nil, false
+	}
+	if raw == "null" {
+		return nil, true
+	}
+	if k == textJSONB {
+		return &raw, true
+	}
+	switch c := raw[0]; {
+	case c == '"':
+		return unquote(raw)
+	case c == 't' || c == 'f':
+		return &raw, true
+	case c == '-' || c >= '0' && c <= '9':
+		if k == textNumeric {
+			return &raw, true
+		}
+		if strings.ContainsAny(raw, "eE") || raw[0] == '-' && strings.Trim(raw[1:], "0.") == "" {
+			return nil, false
+		}
+		return &raw, true
+	}
+	return nil, false
+}
+
+// unquote is the text of a JSON string without \u escapes, and false for
+// one with them.
+func unquote(raw string) (*string, bool) {
+	body := raw[1 : len(raw)-1]
+	if !strings.Contains(body, `\`) {
+		return &body, true
+	}
+	if strings.Contains(body, `\u`) {
+		// Rather than deciding what \u0000 or a lone surrogate are, as
+		// the warehouse does.
+		return nil, false
+	}
+	var b strings.Builder
+	b.Grow(len(body))
+	for i := 0; i < len(body); i++ {
+		if body[i] != '\\' || i+1 == len(body) {
+			b.WriteByte(body[i])
+			continue
+		}
+		i++
+		switch body[i] {
+		case 'b':
+			b.WriteByte('\b')
+		case 'f':
+			b.WriteByte('\f')
+		case 'n':
+			b.WriteByte('\n')
+		case 'r':
+			b.WriteByte('\r')
+		case 't':
+			b.WriteByte('\t')
+		default: // " \\ /
+			b.WriteByte(body[i])
+		}
+	}
+	s := b.String()
+	return &s, true
 }
 
 // mirrorRow is the row of r's change as the mirror writer takes it: each
