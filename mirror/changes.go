@@ -217,6 +217,14 @@ func stale(r *Relation, prev *state, at At) bool {
 	return r.Position != "" && prev != nil && slices.Compare(at.Position, prev.at.Position) <= 0
 }
 
+// freshDeleted reports whether s is the soft delete of a fresh row: the
+// row, which the mirror most likely lacks, can be COPYed into it already
+// flagged, as the upsert and the flag that the delete stands for would
+// leave it.
+func (s *state) freshDeleted() bool {
+	return s.delete && s.before != nil && s.before.fresh && !s.rel.Mirror.Hard
+}
+
 // upserted returns s when it is an upsert, or nil.
 func upserted(s *state) *state {
 	if s == nil || s.delete {
