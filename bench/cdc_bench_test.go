@@ -139,6 +139,11 @@ func BenchmarkCDC(b *testing.B) {
 				b.Fatalf("(a') the lean applier: %v", err)
 			}
 			prof.report(b, "(a') lean applier, slot "+a.slot)
+			// Its walsender ends a moment after the connection closes.
+			waitfor.Within(b, time.Minute, "the walsender of slot "+a.slot+" to end", func() bool {
+				var active bool
+				return src.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, a.slot).Scan(&active) == nil && !active
+			})
 			if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, a.slot); err != nil {
 				b.Fatal(err)
 			}
