@@ -126,14 +126,16 @@ func BenchmarkCDC(b *testing.B) {
 		decodeBefore, decodedBytes, decodeCPUBefore := decode("bench_decode")
 
 		// (a') the lean applier, before (b) and after, like (a).
+		var leanProcs []string
 		lean := func(a *leanApplier) (time.Duration, cpuUse) {
 			e.settle(b)
 			waitNoAutovacuum(b, srv)
 			prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, cfg.Warehouse.DSN))
-			cpu := markCPU(b, srv)
+			cpu, procs := markCPU(b, srv), readServerProcs(srv.Pid())
 			stopGo := startGoProfile(b, "cdc_"+a.slot)
 			took, err := a.run(ctx)
 			used := cpu.since(b, srv)
+			leanProcs = append(leanProcs, procs.since(srv.Pid()))
 			stopGo()
 			if err != nil {
 				b.Fatalf("(a') the lean applier: %v", err)
@@ -246,6 +248,8 @@ CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000
       %s
   (a') lean applier: raw rows and mirror, per group  %8.0f changes/s  (%s; before (b) %s, %.1f s CPU; after %s, %.1f s CPU)   (a')/(a) = %.2f
       %s
+      PostgreSQL's by process, before (b): %s
+                               after (b):  %s
   COPY of the same raw change rows, nothing else     %8.0f rows/s     (%s)
   (a'') the floor: (a)'s CPU and that of COPYing the raw change rows and the mirror's
         final rows from memory, %.1f s, on %d cores with none idle %8.0f changes/s   (a'')/(a) = %.2f
@@ -257,7 +261,7 @@ CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000
 `, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decodedBytes>>20, decodeBefore.Round(time.Millisecond), (decodeCPUBefore.pg + decodeCPUBefore.rest).Seconds(),
 			decodeAfter.Round(time.Millisecond), (decodeCPUAfter.pg + decodeCPUAfter.rest).Seconds(), decodeCPU,
 			leanRate, leanTook.Round(time.Millisecond), leanTookBefore.Round(time.Millisecond), (leanCPUBefore.pg + leanCPUBefore.rest).Seconds(),
-			leanTookAfter.Round(time.Millisecond), (leanCPUAfter.pg + leanCPUAfter.rest).Seconds(), leanRate/decodeRate, leanCPU,
+			leanTookAfter.Round(time.Millisecond), (leanCPUAfter.pg + leanCPUAfter.rest).Seconds(), leanRate/decodeRate, leanCPU, leanProcs[0], leanProcs[1],
 			rawRate, rawTook.Round(time.Millisecond), floorCPU.Seconds(), runtime.NumCPU(), floorRate, floorRate/decodeRate,
 			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/leanRate, applyRate/rawRate, applyRate/floorRate, applyCPU, applyProcs,
 			cdcTarget, atTarget, (applyCPU.pg+applyCPU.rest).Seconds()/atTarget, applyCPU.pg.Seconds()/atTarget,
