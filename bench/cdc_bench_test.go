@@ -446,7 +446,7 @@ func startReader(b *testing.B, cfg *config.Config, wh *pgxpool.Pool) *runningRea
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := cdc.New(cc, wh, cdc.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	r, err := cdc.New(cc, wh, cdc.Options{GroupAge: cdcGroupAge, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		b.Fatal(err)
 	}

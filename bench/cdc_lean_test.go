@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -67,12 +68,21 @@ type leanApplier struct {
 	position      string        // quoted
 }
 
-// leanGroupChanges and leanGroupAge bound a group as tidemark's reader's
-// defaults do (cdc.Options.GroupChanges, GroupAge).
-const (
-	leanGroupChanges = 10000
-	leanGroupAge     = 100 * time.Millisecond
-)
+// leanGroupChanges bounds a group as tidemark's reader's default does
+// (cdc.Options.GroupChanges); cdcGroupAge bounds both.
+const leanGroupChanges = 10000
+
+// cdcGroupAge is TIDEMARK_BENCH_CDC_GROUP_AGE: the GroupAge of every CDC
+// reader the benchmarks start, and the lean applier's; default the
+// reader's, 100ms. A long one (2s) makes both group by size alone, at the
+// same boundaries, which takes their timing out of BenchmarkCDC's
+// comparison (see docs/benchmarks.md).
+var cdcGroupAge = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("TIDEMARK_BENCH_CDC_GROUP_AGE")); err == nil && d > 0 {
+		return d
+	}
+	return 100 * time.Millisecond
+}()
 
 // SQL of the lean applier.
 const (
@@ -280,7 +290,7 @@ func (a *leanApplier) receive(ctx context.Context, repl *pgconn.PgConn, groups c
 		case *pglogrepl.CommitMessage:
 			g.end = m.TransactionEndLSN
 			last := g.end >= a.end
-			if len(g.changes) >= leanGroupChanges || time.Since(groupFrom) >= leanGroupAge || last {
+			if len(g.changes) >= leanGroupChanges || time.Since(groupFrom) >= cdcGroupAge || last {
 				select {
 				case groups <- g:
 				case <-ctx.Done():
