@@ -170,9 +170,14 @@ func (s *stream) run(ctx context.Context) error {
 			}
 		}
 		if msg == nil {
-			// Nothing arrived in time: commit a waiting group between
-			// transactions, and tell the server where we stand.
-			if s.a.open() && !s.inTxn {
+			// Nothing arrived in time: commit a group waiting between
+			// transactions once it is GroupAge old, and tell the server
+			// where we stand. A wait cut short to look for a commit
+			// (commitPoll) leaves a younger group open: closing it at
+			// every pause of the stream would make groups smaller the
+			// busier the machine, each a commit of its own, and split
+			// what a group could have folded.
+			if s.a.open() && !s.inTxn && time.Since(s.groupStart) >= s.r.opts.GroupAge {
 				if err := s.commitGroup(ctx); err != nil {
 					return err
 				}
