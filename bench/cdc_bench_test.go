@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -63,9 +64,14 @@ const cdcTarget = 0.6
 //	    can decode and send; measured before (b) and again after it, from
 //	    a second slot, and averaged, so that the machine's speed drifting
 //	    between the two measurements moves the ratio less;
+//	(a') the lean applier (leanApplier): a program in the benchmark that
+//	    writes what (b) writes (the same raw change rows, the same mirror,
+//	    its position, the slot confirmed) with the least work, each from
+//	    a slot of its own, before (b) and after it, averaged like (a);
+//	    its mirror and raw change rows must equal (b)'s;
 //	(b) tidemark applying the same changes from its own slot: raw change
 //	    rows, ledger, mirror, positions, confirmed to the slot;
-//	(a') the raw change rows (b) wrote, COPYed alone; (a'') the floor of
+//	the raw change rows (b) wrote, COPYed alone; and (a'') the floor of
 //	    what the server must do for (b), in CPU (serverFloor);
 //	(c) apply lag at a steady 5,000 changes/s for 30 s: for each source
 //	    transaction, the time from its COMMIT returning at the source to
@@ -84,10 +90,18 @@ func BenchmarkCDC(b *testing.B) {
 		// snapshot and stops; the decode-only slot is created next to it,
 		// so both slots hold exactly the changes written below.
 		srcDSN, src, wh, cfg := cdcSlots(b, srv)
-		if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot('bench_decode_after', 'pgoutput')`); err != nil {
-			b.Fatal(err)
+		for _, slot := range []string{"bench_decode_after", "bench_lean", "bench_lean_after"} {
+			if _, err := src.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+				b.Fatal(err)
+			}
 		}
 		end := writeCDCWorkload(b, src, cdcChanges)
+		endLSN, err := pglogrepl.ParseLSN(end)
+		if err != nil {
+			b.Fatal(err)
+		}
+		leanBefore := leanTargets(b, cfg.Warehouse.DSN, srcDSN, "bench_lean", "lean", endLSN)
+		leanAfter := leanTargets(b, cfg.Warehouse.DSN, srcDSN, "bench_lean_after", "lean_after", endLSN)
 		// Autovacuum of the tables just written would take CPU from
 		// whichever measurement it falls into: the tables are vacuumed
 		// first, and each measurement waits until no autovacuum runs.
@@ -111,6 +125,39 @@ func BenchmarkCDC(b *testing.B) {
 		}
 		decodeBefore, decodedBytes, decodeCPUBefore := decode("bench_decode")
 
+		// (a') the lean applier, before (b) and after, like (a).
+		var leanProcs []string
+		lean := func(a *leanApplier) (time.Duration, cpuUse) {
+			e.settle(b)
+			waitNoAutovacuum(b, srv)
+			prof := startProfile(b, srv, dbName(b, srcDSN), dbName(b, cfg.Warehouse.DSN))
+			cpu, procs := markCPU(b, srv), readServerProcs(srv.Pid())
+			stopGo := startGoProfile(b, "cdc_"+a.slot)
+			took, err := a.run(ctx)
+			used := cpu.since(b, srv)
+			leanProcs = append(leanProcs, procs.since(srv.Pid()))
+			stopGo()
+			if err != nil {
+				b.Fatalf("(a') the lean applier: %v", err)
+			}
+			prof.report(b, "(a') lean applier, slot "+a.slot)
+			// Its walsender ends a moment after the connection closes.
+			waitfor.Within(b, time.Minute, "the walsender of slot "+a.slot+" to end", func() bool {
+				var active bool
+				return src.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, a.slot).Scan(&active) == nil && !active
+			})
+			if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, a.slot); err != nil {
+				b.Fatal(err)
+			}
+			for _, q := range []string{`VACUUM (ANALYZE) ` + a.mirror, `VACUUM (ANALYZE) ` + a.rawTable} {
+				if _, err := wh.Exec(ctx, q); err != nil {
+					b.Fatal(err)
+				}
+			}
+			return took, used
+		}
+		leanTookBefore, leanCPUBefore := lean(leanBefore)
+
 		// (b) tidemark from the same position to the same end LSN.
 		e.settle(b)
 		waitNoAutovacuum(b, srv)
@@ -123,13 +170,19 @@ func BenchmarkCDC(b *testing.B) {
 		stopGo()
 		applyProcs := procs.since(srv.Pid())
 		prof.report(b, "(b) tidemark CDC apply")
+		// The reader stops until (c): its walsender would otherwise decode,
+		// during the measurements after (b), the WAL that they write.
+		rd.stop(b)
 		for _, q := range []string{`VACUUM (ANALYZE) dw_orders`, `VACUUM (ANALYZE) raw.shop`} {
 			if _, err := wh.Exec(ctx, q); err != nil {
 				b.Fatal(err)
 			}
 		}
 		decodeAfter, _, decodeCPUAfter := decode("bench_decode_after")
+		leanTookAfter, leanCPUAfter := lean(leanAfter)
 		decodeTook := (decodeBefore + decodeAfter) / 2
+		leanTook := (leanTookBefore + leanTookAfter) / 2
+		leanCPU := cpuUse{wall: leanTook, pg: (leanCPUBefore.pg + leanCPUAfter.pg) / 2, rest: (leanCPUBefore.rest + leanCPUAfter.rest) / 2}
 		decodeCPU := cpuUse{wall: decodeTook, pg: (decodeCPUBefore.pg + decodeCPUAfter.pg) / 2, rest: (decodeCPUBefore.rest + decodeCPUAfter.rest) / 2}
 		var raw, mirrored int64
 		if err := wh.QueryRow(ctx, `SELECT (SELECT count(*) FROM raw.shop), (SELECT count(*) FROM dw_orders WHERE deleted_at IS NULL)`).Scan(&raw, &mirrored); err != nil {
@@ -139,7 +192,11 @@ func BenchmarkCDC(b *testing.B) {
 			b.Fatalf("tidemark wrote %d raw change rows and %d live mirror rows, want %d and %d", raw, mirrored, cdcChanges, cdcChanges/2)
 		}
 
-		// (a') the raw change rows alone, copied into an empty raw table.
+		// The lean applier left what tidemark left, both times.
+		checkLean(b, cfg.Warehouse.DSN, leanBefore)
+		checkLean(b, cfg.Warehouse.DSN, leanAfter)
+
+		// The raw change rows alone, copied into an empty raw table.
 		e.settle(b)
 		rawTook := copyRawRows(b, cfg.Warehouse.DSN)
 		rawRate := float64(cdcChanges) / rawTook.Seconds()
@@ -158,6 +215,7 @@ func BenchmarkCDC(b *testing.B) {
 		if _, err := wh.Exec(ctx, `VACUUM (ANALYZE) dw_orders`); err != nil {
 			b.Fatal(err)
 		}
+		rd = startReader(b, cfg, wh)
 		waitDecodedPast(b, src, wh)
 		// (c) apply lag at a steady 5,000 changes/s.
 		lags, rate := steadyLag(b, src, wh, 5000, 30*time.Second)
@@ -165,10 +223,14 @@ func BenchmarkCDC(b *testing.B) {
 
 		decodeRate := float64(cdcChanges) / decodeTook.Seconds()
 		applyRate := float64(cdcChanges) / applyTook.Seconds()
+		leanRate := float64(cdcChanges) / leanTook.Seconds()
 		p50, p99, worst := percentile(lags, 0.50), percentile(lags, 0.99), lags[len(lags)-1]
 		b.ReportMetric(decodeRate, "decode_changes/s")
 		b.ReportMetric(applyRate, "apply_changes/s")
+		b.ReportMetric(leanRate, "lean_changes/s")
 		b.ReportMetric(applyRate/decodeRate, "apply/decode")
+		b.ReportMetric(applyRate/leanRate, "apply/lean")
+		b.ReportMetric(leanRate/decodeRate, "lean/decode")
 		b.ReportMetric(applyRate/rawRate, "apply/raw_copy")
 		// The floor's CPU on both cores with nothing idle: the most any
 		// reader could reach on this machine.
@@ -184,18 +246,24 @@ func BenchmarkCDC(b *testing.B) {
 CDC, %d changes (60%% inserts, 30%% updates, 10%% deletes; transactions of 1,000), fsync on:
   (a) pg_recvlogical decode only, output discarded   %8.0f changes/s  (%s, %d MiB of pgoutput; before (b) %s, %.1f s CPU; after %s, %.1f s CPU)
       %s
-  (a') COPY of the same raw change rows, nothing else %8.0f rows/s     (%s)
+  (a') lean applier: raw rows and mirror, per group  %8.0f changes/s  (%s; before (b) %s, %.1f s CPU; after %s, %.1f s CPU)   (a')/(a) = %.2f
+      %s
+      PostgreSQL's by process, before (b): %s
+                               after (b):  %s
+  COPY of the same raw change rows, nothing else     %8.0f rows/s     (%s)
   (a'') the floor: (a)'s CPU and that of COPYing the raw change rows and the mirror's
         final rows from memory, %.1f s, on %d cores with none idle %8.0f changes/s   (a'')/(a) = %.2f
-  (b) tidemark apply (raw, ledger, mirror, confirm)   %8.0f changes/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f, (b)/(a'') = %.2f
+  (b) tidemark apply (raw, ledger, mirror, confirm)   %8.0f changes/s  (%s)   (b)/(a) = %.2f, (b)/(a') = %.2f, (b)/raw COPY = %.2f, (b)/(a'') = %.2f
       %s
       PostgreSQL's by process: %s
       at (b)/(a) = %.1f, (b) would take %.1f s: the CPU it used needs %.2f cores then, PostgreSQL's share alone %.2f
   (c) steady %.0f changes/s for 30s, %d transactions: lag p50 %s, p99 %s, max %s
 `, cdcChanges, decodeRate, decodeTook.Round(time.Millisecond), decodedBytes>>20, decodeBefore.Round(time.Millisecond), (decodeCPUBefore.pg + decodeCPUBefore.rest).Seconds(),
 			decodeAfter.Round(time.Millisecond), (decodeCPUAfter.pg + decodeCPUAfter.rest).Seconds(), decodeCPU,
+			leanRate, leanTook.Round(time.Millisecond), leanTookBefore.Round(time.Millisecond), (leanCPUBefore.pg + leanCPUBefore.rest).Seconds(),
+			leanTookAfter.Round(time.Millisecond), (leanCPUAfter.pg + leanCPUAfter.rest).Seconds(), leanRate/decodeRate, leanCPU, leanProcs[0], leanProcs[1],
 			rawRate, rawTook.Round(time.Millisecond), floorCPU.Seconds(), runtime.NumCPU(), floorRate, floorRate/decodeRate,
-			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/rawRate, applyRate/floorRate, applyCPU, applyProcs,
+			applyRate, applyTook.Round(time.Millisecond), applyRate/decodeRate, applyRate/leanRate, applyRate/rawRate, applyRate/floorRate, applyCPU, applyProcs,
 			cdcTarget, atTarget, (applyCPU.pg+applyCPU.rest).Seconds()/atTarget, applyCPU.pg.Seconds()/atTarget,
 			rate, len(lags), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
 	}
@@ -378,7 +446,7 @@ func startReader(b *testing.B, cfg *config.Config, wh *pgxpool.Pool) *runningRea
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := cdc.New(cc, wh, cdc.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	r, err := cdc.New(cc, wh, cdc.Options{GroupAge: cdcGroupAge, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -170,9 +170,9 @@ func (s *stream) run(ctx context.Context) error {
 			}
 		}
 		if msg == nil {
-			// Nothing arrived in time: commit a waiting group between
-			// transactions, and tell the server where we stand.
-			if s.a.open() && !s.inTxn {
+			// Nothing arrived in time: commit a group that is due, and
+			// tell the server where we stand.
+			if s.groupDue() {
 				if err := s.commitGroup(ctx); err != nil {
 					return err
 				}
@@ -694,6 +694,16 @@ func (s *stream) streamCommit(ctx context.Context, m *pglogrepl.StreamCommitMess
 	}
 	s.a.txnDone(m.TransactionEndLSN, m.CommitTime)
 	return s.commitGroup(ctx)
+}
+
+// groupDue reports whether the open group, between transactions, is to
+// be committed when nothing arrives: once it is GroupAge old. A wait cut
+// short to look for a commit (commitPoll) leaves a younger group open:
+// closing it at every pause of the stream would make groups smaller the
+// busier the machine, each a commit of its own, and split what a group
+// could have folded.
+func (s *stream) groupDue() bool {
+	return s.a.open() && !s.inTxn && time.Since(s.groupStart) >= s.r.opts.GroupAge
 }
 
 // stopBefore asks Run to read the slot again and to stop, with err, before

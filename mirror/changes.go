@@ -177,8 +177,10 @@ func (c *Changes) upsert(r *Relation, old, row Row, insert bool, at At) error {
 	// run knows of it: no state's columns are changed once set.
 	cols := row
 	if p := upserted(prev); p != nil && !insert {
-		cols = maps.Clone(p.cols)
-		maps.Copy(cols, row)
+		if !covers(row, p.cols) {
+			cols = maps.Clone(p.cols)
+			maps.Copy(cols, row)
+		}
 		if p.from != nil {
 			from = p.from
 		}
@@ -216,6 +218,28 @@ func (c *Changes) Delete(r *Relation, old Row, at At) error {
 // same key: sent again, or older than what the run has.
 func stale(r *Relation, prev *state, at At) bool {
 	return r.Position != "" && prev != nil && slices.Compare(at.Position, prev.at.Position) <= 0
+}
+
+// covers reports whether row has every column of cols: merged, they are
+// row (an update that sends every column, as most do, is not copied).
+func covers(row, cols Row) bool {
+	if len(row) < len(cols) {
+		return false
+	}
+	for c := range cols {
+		if _, ok := row[c]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// freshDeleted reports whether s is the soft delete of a fresh row: the
+// row, which the mirror most likely lacks, can be COPYed into it already
+// flagged, as the upsert and the flag that the delete stands for would
+// leave it.
+func (s *state) freshDeleted() bool {
+	return s.delete && s.before != nil && s.before.fresh && !s.rel.Mirror.Hard
 }
 
 // upserted returns s when it is an upsert, or nil.

@@ -87,7 +87,7 @@ func (t *Txn) Write(ctx context.Context, c *Changes) error {
 			byRel[s.rel] = st
 			rels = append(rels, s.rel)
 		}
-		if s.fresh && st.copyFresh {
+		if st.copyFresh && (s.fresh || s.freshDeleted()) {
 			st.fresh = append(st.fresh, s)
 			continue
 		}
@@ -203,6 +203,11 @@ func (st *stageRows) upsert(s *state) {
 // stageFresh stages the fresh rows with the rest.
 func (st *stageRows) stageFresh() {
 	for _, s := range st.fresh {
+		if s.delete {
+			st.upsert(s.before)
+			st.delete(s)
+			continue
+		}
 		st.upsert(s)
 	}
 	st.fresh = nil
@@ -277,7 +282,12 @@ func (t *Txn) writeRelation(ctx context.Context, st *stageRows) error {
 			return err
 		}
 		if copied {
-			t.written.Copied += int64(len(st.fresh))
+			for _, s := range st.fresh {
+				t.written.Copied++
+				if s.delete {
+					t.written.Deleted++
+				}
+			}
 		} else {
 			st.stageFresh()
 		}
@@ -428,11 +438,19 @@ func (t *Txn) insertFresh(ctx context.Context, st *stageRows) (bool, error) {
 		cols[i] = pgquote.Ident(c)
 	}
 	for _, s := range st.fresh {
+		row := s
+		if s.delete {
+			row = s.before
+		}
 		for _, c := range st.r.Columns {
-			rows.Value(s.cols[c])
+			rows.Value(row.cols[c])
 		}
 		rows.Time(t.loadedAt)
-		rows.Null()
+		if s.delete {
+			rows.Time(s.at.Time)
+		} else {
+			rows.Null()
+		}
 		rows.End()
 	}
 	_, err := rows.CopyFrom(ctx, t.tx.Conn().PgConn(),

@@ -136,6 +136,17 @@ func TestWriter(t *testing.T) {
 			{{op: 'd', row: "id=1"}},
 			{{op: 'i', row: "id=1 name=b note=y"}, {op: 'i', row: "id=2 name=c note=z"}},
 		}, want: []string{"1 b y", "2 c z"}},
+		{name: "text/a row inserted and deleted in one run is copied flagged", runs: [][]change{
+			{{op: 'i', row: "id=1 name=a note=x"}, {op: 'u', row: "id=1 name=b note=x"}, {op: 'd', row: "id=1"}, {op: 'i', row: "id=2 name=c note=y"}},
+		}, want: []string{"1 b x deleted", "2 c y"}},
+		{name: "text/a soft-deleted key inserted and deleted again in one run", runs: [][]change{
+			{{op: 'i', row: "id=1 name=a note=x"}},
+			{{op: 'd', row: "id=1"}},
+			{{op: 'i', row: "id=1 name=b note=y"}, {op: 'd', row: "id=1"}, {op: 'i', row: "id=2 name=c note=z"}},
+		}, want: []string{"1 b y deleted", "2 c z"}},
+		{name: "text/hard: a row inserted and deleted in one run", hard: true, runs: [][]change{
+			{{op: 'i', row: "id=1 name=a note=x"}, {op: 'd', row: "id=1"}, {op: 'i', row: "id=2 name=c note=y"}},
+		}, want: []string{"2 c y"}},
 		{name: "json/unsent values keep the stored ones", json: true, runs: [][]change{
 			{{op: 'u', row: "id=1 name=a note=x"}},
 			{{op: 'u', row: "id=1 name=b"}, {op: 'u', row: "id=2 name=c note=null"}},
