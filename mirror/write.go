@@ -453,8 +453,16 @@ func (t *Txn) insertFresh(ctx context.Context, st *stageRows) (bool, error) {
 		}
 		rows.End()
 	}
-	_, err := rows.CopyFrom(ctx, t.tx.Conn().PgConn(),
-		fmt.Sprintf(copyFreshSQL, target, strings.Join(cols, ", "), pgquote.Ident(m.LoadedColumn)+", "+pgquote.Ident(m.DeletedColumn)))
+	return t.copyFresh(ctx, rows, target, strings.Join(cols, ", "), pgquote.Ident(m.LoadedColumn)+", "+pgquote.Ident(m.DeletedColumn))
+}
+
+// copyFresh COPYs rows, the fresh rows of a run built by the caller, into
+// target's columns cols and own (tidemark's columns), under the savepoint
+// the run took. A key the mirror already holds fails the COPY: it rolls
+// back to the savepoint, backs off the target (freshBackoff) and returns
+// false, for the caller to stage the rows instead.
+func (t *Txn) copyFresh(ctx context.Context, rows *copytext.Rows, target, cols, own string) (bool, error) {
+	_, err := rows.CopyFrom(ctx, t.tx.Conn().PgConn(), fmt.Sprintf(copyFreshSQL, target, cols, own))
 	if err == nil {
 		return true, nil
 	}
@@ -464,13 +472,19 @@ func (t *Txn) insertFresh(ctx context.Context, st *stageRows) (bool, error) {
 	if _, err := t.tx.Exec(ctx, rollbackToFreshSQL); err != nil {
 		return false, fmt.Errorf("insert into %s: %w", target, err)
 	}
-	t.w.mu.Lock()
-	if t.w.freshOff == nil {
-		t.w.freshOff = map[string]int{}
-	}
-	t.w.freshOff[target] = freshBackoff
-	t.w.mu.Unlock()
+	t.w.backOff(target)
 	return false, nil
+}
+
+// backOff makes the next freshBackoff Writes to mirror target stage their
+// fresh rows.
+func (w *Writer) backOff(target string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.freshOff == nil {
+		w.freshOff = map[string]int{}
+	}
+	w.freshOff[target] = freshBackoff
 }
 
 // writeDeletes flags or removes the staged deletes of a relation.

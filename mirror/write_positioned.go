@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tidemark-dev/tidemark/internal/copytext"
-	"github.com/tidemark-dev/tidemark/internal/pgerr"
 	"github.com/tidemark-dev/tidemark/internal/pgquote"
 )
 
@@ -214,27 +213,5 @@ func (t *Txn) insertFreshPositioned(ctx context.Context, st *stageRows) (bool, e
 	if r.Position != "" {
 		own += ", " + pgquote.Ident(r.Position)
 	}
-	_, err := rows.CopyFrom(ctx, t.tx.Conn().PgConn(), fmt.Sprintf(copyFreshSQL, target, pgquote.Idents(r.Columns), own))
-	if err == nil {
-		return true, nil
-	}
-	if !pgerr.UniqueViolation(err) {
-		return false, fmt.Errorf("insert into %s: %w", target, err)
-	}
-	if _, err := t.tx.Exec(ctx, rollbackToFreshSQL); err != nil {
-		return false, fmt.Errorf("insert into %s: %w", target, err)
-	}
-	t.w.backOff(target)
-	return false, nil
-}
-
-// backOff makes the next freshBackoff Writes to mirror target stage their
-// fresh rows.
-func (w *Writer) backOff(target string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.freshOff == nil {
-		w.freshOff = map[string]int{}
-	}
-	w.freshOff[target] = freshBackoff
+	return t.copyFresh(ctx, rows, target, pgquote.Idents(r.Columns), own)
 }
