@@ -300,7 +300,7 @@ func avroRecords(b *testing.B, g *srtest.Registry, changes []dbzChange) []*kgo.R
 		if err != nil {
 			b.Fatal(err)
 		}
-		ev := avroOrderEnvelope{Op: c.code, TsMs: &c.tsMS, Source: avroOrderSource{Version: "2.5.4.Final", Connector: "postgresql", Name: "bench",
+		ev := avroOrderEnvelope{Op: c.code, TsMs: &c.tsMS, Source: debeziumtest.AvroPGSource{Version: "2.5.4.Final", Connector: "postgresql", Name: "bench",
 			TsMs: c.tsMS, Snapshot: ptrTo("false"), DB: "shop", Sequence: ptrTo(fmt.Sprintf(`["%d","%d"]`, c.txn, c.lsn)), Schema: "public",
 			Table: "orders", TxID: ptrTo(c.txn), LSN: ptrTo(c.lsn)}}
 		if c.code == "d" {
@@ -360,27 +360,12 @@ type avroOrder struct {
 	PlacedAt   *string `avro:"placed_at"`
 }
 
-type avroOrderSource struct {
-	Version   string  `avro:"version"`
-	Connector string  `avro:"connector"`
-	Name      string  `avro:"name"`
-	TsMs      int64   `avro:"ts_ms"`
-	Snapshot  *string `avro:"snapshot"`
-	DB        string  `avro:"db"`
-	Sequence  *string `avro:"sequence"`
-	Schema    string  `avro:"schema"`
-	Table     string  `avro:"table"`
-	TxID      *int64  `avro:"txId"`
-	LSN       *int64  `avro:"lsn"`
-	Xmin      *int64  `avro:"xmin"`
-}
-
 type avroOrderEnvelope struct {
-	Before *avroOrder      `avro:"before"`
-	After  *avroOrder      `avro:"after"`
-	Source avroOrderSource `avro:"source"`
-	Op     string          `avro:"op"`
-	TsMs   *int64          `avro:"ts_ms"`
+	Before *avroOrder                `avro:"before"`
+	After  *avroOrder                `avro:"after"`
+	Source debeziumtest.AvroPGSource `avro:"source"`
+	Op     string                    `avro:"op"`
+	TsMs   *int64                    `avro:"ts_ms"`
 }
 
 // ordersRowSchema is the Connect schema of an orders row; %s is its field.

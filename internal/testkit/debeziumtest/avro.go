@@ -20,7 +20,7 @@ type AvroEncoders struct {
 // of example.
 func NewAvroEncoders(connector string, keyID, valueID int, encoder func(id int, schema string, example any) func(any) []byte) *AvroEncoders {
 	key, value := AvroSchemas(connector)
-	var example any = avroEnvelope[avroPGSource]{}
+	var example any = avroEnvelope[AvroPGSource]{}
 	if connector == MySQL {
 		example = avroEnvelope[avroMySQLSource]{}
 	}
@@ -113,7 +113,9 @@ type avroEnvelope[S any] struct {
 	Transaction *avroTransaction `avro:"transaction"`
 }
 
-type avroPGSource struct {
+// AvroPGSource is the source block of the PostgreSQL connector's Avro
+// envelopes, as the AvroConverter encodes it.
+type AvroPGSource struct {
 	Version   string  `avro:"version"`
 	Connector string  `avro:"connector"`
 	Name      string  `avro:"name"`
@@ -167,7 +169,7 @@ func (s *Stream) avroValue(op string, id int64, v Values, unavailable []string, 
 		}}
 	}
 	seq := str("sequence")
-	return avroEnvelope[avroPGSource]{Before: before, After: after, Op: op, TsMs: &ts, Source: avroPGSource{
+	return avroEnvelope[AvroPGSource]{Before: before, After: after, Op: op, TsMs: &ts, Source: AvroPGSource{
 		Version: str("version"), Connector: str("connector"), Name: str("name"), TsMs: src["ts_ms"].(int64),
 		Snapshot: &snapshot, DB: str("db"), Sequence: &seq, Schema: str("schema"), Table: str("table"),
 		TxID: ptr(src["txId"].(int64)), LSN: ptr(src["lsn"].(int64)),
