@@ -336,7 +336,8 @@ type field struct {
 	value json.RawMessage
 }
 
-// appendObjectAt is appendObject that notes in at[i] (len(fields) long)
+// appendObjectAt appends fields as a JSON object and, unless at is nil,
+// notes in at[i] (len(fields) long)
 // the name of fields[i] and where its value is in the result.
 func appendObjectAt(b []byte, fields []field, at []Value) []byte {
 	n := 2
@@ -351,26 +352,17 @@ func appendObjectAt(b []byte, fields []field, at []Value) []byte {
 		}
 		b = appendJSONString(b, f.name)
 		b = append(b, ':')
-		at[i] = Value{Name: f.name, Start: len(b)}
+		start := len(b)
 		b = append(b, f.value...)
-		at[i].End = len(b)
+		if at != nil {
+			at[i] = Value{Name: f.name, Start: start, End: len(b)}
+		}
 	}
 	return append(b, '}')
 }
 
 // appendObject appends fields as a JSON object.
-func appendObject(b []byte, fields []field) []byte {
-	b = append(b, '{')
-	for i, f := range fields {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendJSONString(b, f.name)
-		b = append(b, ':')
-		b = append(b, f.value...)
-	}
-	return append(b, '}')
-}
+func appendObject(b []byte, fields []field) []byte { return appendObjectAt(b, fields, nil) }
 
 // Column is a column of a mirror as a Connect schema describes it.
 type Column struct {
