@@ -173,11 +173,24 @@ func (r *keyRun) firstLevel(ctx context.Context) ([]keyRange, []keySum, error) {
 
 // Sampling sizes: the first level's bounds are taken from about
 // keySamplePerRange sampled keys per range, when the mirror is estimated
-// to have keySampleFactor times as many keys as that.
+// to have keySampleFactor times as many keys as that. The sample reads
+// whole pages, at least keySampleMinPages of them (or the whole table):
+// fewer would often return no keys at all from a table of narrow rows.
 const (
 	keySamplePerRange = 200
 	keySampleFactor   = 20
+	keySampleMinPages = 32
 )
+
+// samplePercent is the share of a table of estimate rows on pages pages
+// to sample for about target rows, reading at least keySampleMinPages.
+func samplePercent(target, estimate, pages int64) float64 {
+	p := 100 * float64(target) / float64(estimate)
+	if pages > 0 {
+		p = max(p, 100*float64(keySampleMinPages)/float64(pages))
+	}
+	return min(p, 100)
+}
 
 // sampleBounds returns the first level's inner bounds from a block sample
 // of a large mirror whose key index serves its ranges; nil otherwise.
@@ -185,15 +198,15 @@ func (r *keyRun) sampleBounds(ctx context.Context) ([][]string, error) {
 	if !r.ms.indexable || r.k.ranges < 2 {
 		return nil, nil
 	}
-	var estimate int64
-	if err := r.wh.QueryRow(ctx, keyEstimateSQL, r.ms.table).Scan(&estimate); err != nil {
+	var estimate, pages int64
+	if err := r.wh.QueryRow(ctx, keyEstimateSQL, r.ms.table).Scan(&estimate, &pages); err != nil {
 		return nil, fmt.Errorf("estimate the mirror's size: %w", err)
 	}
 	target := int64(r.k.ranges) * keySamplePerRange
 	if estimate < keySampleFactor*target {
 		return nil, nil
 	}
-	percent := float32(100 * float64(target) / float64(estimate))
+	percent := float32(samplePercent(target, estimate, pages))
 	sql, args := r.ms.sample(percent, r.k.ranges)
 	rows, err := r.wh.Query(ctx, sql, args...)
 	if err != nil {
