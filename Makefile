@@ -60,7 +60,10 @@ pg-install:
 ## test-citus: the suites that run on a Citus cluster the tests start (see docs/citus.md)
 # Needs Citus installed for the PostgreSQL server binaries; without it the
 # run fails instead of skipping.
-# CI runs it with CITUS_FLAGS=-short (smaller workloads).
+# CI runs it with CITUS_FLAGS=-short: smaller workloads, and without the
+# tests of what a Citus warehouse does not change (a source's replication
+# session and slots, Kafka formats and registries: pgtest.CitusIndependent
+# and pgtest.ServerIndependent).
 CITUS_PACKAGES ?= ./ingest/kafka/ ./reconcile/ ./cdc/ ./retention/ ./backfill/ ./raw/ ./aggregate/ ./internal/pgerr/
 CITUS_FLAGS    ?=
 # Of the poll suite, three tests run there (a poll source's tables stay on

@@ -19,6 +19,7 @@ import (
 // lock without noticing may have applied and confirmed more; refusing
 // then stopped the service with a false "another client consumed it".
 func TestConfirmedWithinRereadsThePosition(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	ctx := context.Background()
 	pool, dsn := pgtest.NewPool(t)
 	if _, err := migrate.Up(ctx, dsn, nil); err != nil {

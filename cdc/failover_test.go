@@ -317,6 +317,7 @@ func (e *failoverEnv) waitSynced(byHand bool) {
 // names both servers, resumes on the promoted standby from its own stored
 // position: the mirror equals the source and each change is one raw row.
 func TestFailoverSlotFollowsPromotion(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	for _, tt := range []struct {
 		name       string
 		syncWorker bool
@@ -429,6 +430,7 @@ func TestFailoverSlotMadeAtStart(t *testing.T) {
 // TestFailoverSlotOnRefused: failover_slot: on is refused, naming the key,
 // by a source older than PostgreSQL 17 (on 17 and later, by a standby).
 func TestFailoverSlotOnRefused(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	dsn := e.srcDSN
 	want := "failover slots need 17 or later"

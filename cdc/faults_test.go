@@ -225,7 +225,7 @@ func (w *workload) made() []string {
 // workload made, the slot is confirmed past the last of them, and once
 // the reader stops no goroutine of it is left.
 func TestCDCFaults(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	for _, side := range []string{"source", "warehouse"} {
 		for _, f := range netFaults {
 			if f.sourceOnly && side != "source" {
@@ -558,7 +558,7 @@ func waitWhileCreatingSlot(run *setupRun) {
 // change made after the snapshot, and once the reader stops no goroutine
 // of it is left.
 func TestCDCSetupFaults(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	for _, f := range setupFaults {
 		t.Run(f.side+"/"+f.name, func(t *testing.T) {
 			faulttest.CheckNoLeaks(t)
@@ -690,6 +690,7 @@ func (e *cdcEnv) startReaderWith(t *testing.T, cfg *config.Config, side string, 
 // any other, not a setup the reader cannot use: the reader restarts and
 // streams, and Run does not end.
 func TestSourceLostWhileDescribing(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	px, logs, done := e.startReaderWith(t, e.config("snapshot: never", "deletes: hard"), "source", time.Second,
 		cdc.Options{GroupAge: 20 * time.Millisecond}, func(px *faultproxy.Proxy) {

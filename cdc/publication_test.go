@@ -16,6 +16,7 @@ import (
 // but nothing below it may rely on that) is created under that name and
 // streamed from.
 func TestPublicationNameQuoted(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	cfg := e.config("snapshot: never", "deletes: soft")
 	const name = `Tide'Pub, "x"`

@@ -600,6 +600,7 @@ func TestToastSchemaAndIdle(t *testing.T) {
 // reports as the new WAL end; recording every advance committed in a loop
 // (3,000 commits and 740 kB of WAL a second on an idle server).
 func TestIdleRecordsAtStatusPace(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	// The WAL is listed by pg_walinspect, which PostgreSQL 15 added.
 	var version int
@@ -780,6 +781,7 @@ sources:
 // not advanced, so a restart does not mistake the reader's own advance
 // for another client consuming the slot.
 func TestIdleConfirmIsRecordedFirst(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	cfg := e.config("snapshot: never\nheartbeat_every: 0s", "deletes: hard")
 	var reg *prometheus.Registry
@@ -867,6 +869,7 @@ func TestIdleConfirmIsRecordedFirst(t *testing.T) {
 // commits, since it skips only transactions whose commit record lies
 // before the confirmed position.
 func TestIdleConfirmInsideOpenTransaction(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	e.start(e.config("snapshot: never\nheartbeat_every: 0s", "deletes: hard"))
 	e.exec(`INSERT INTO customers VALUES (1, 'ana', 'free', NULL, NULL)`)
@@ -930,6 +933,7 @@ func (e *cdcEnv) metricWhere(name, label, value string) float64 {
 // TestHeartbeatReconnects: the heartbeat connection is opened again after
 // the source ends it, so heartbeats go on after a source restart.
 func TestHeartbeatReconnects(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	e.start(e.config("snapshot: never\nheartbeat_every: 1s", "deletes: hard"))
 	heartbeats := func() int64 {
@@ -1352,6 +1356,7 @@ func (e *cdcEnv) lockMirror(table string) func() {
 // or when an existing slot cannot be joined to a snapshot. Each case stops
 // with an ErrSetup naming the fix, and nothing is applied.
 func TestSlotIdentityRefused(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	for _, tc := range []struct {
 		name string
 		// before runs after a first reader has stopped, when first is
@@ -1407,6 +1412,7 @@ func TestSlotIdentityRefused(t *testing.T) {
 // TestOneReaderPerSlot: a second reader of the same source waits while the
 // first streams, and takes over once it stops.
 func TestOneReaderPerSlot(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	cfg := e.config("snapshot: never", "deletes: hard")
 	first, stopFirst := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})
@@ -1468,6 +1474,7 @@ func TestOneReaderPerSlot(t *testing.T) {
 // without one) is not refused on its next start: the slot is dropped and
 // created again, and the reader streams.
 func TestSlotCreatedBeforeCrash(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	var system string
 	if err := e.src.QueryRow(e.ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&system); err != nil {
@@ -1490,6 +1497,7 @@ func TestSlotCreatedBeforeCrash(t *testing.T) {
 // connection to read the slot again) waits for it instead of failing its
 // start, which would restart it with the start's checks.
 func TestStartWaitsForBusySlot(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	cfg := e.config("snapshot: never", "deletes: hard")
 	done, stop := e.run(cfg, cdc.Options{GroupAge: 20 * time.Millisecond})

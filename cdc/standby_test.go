@@ -26,6 +26,7 @@ func decodingOnStandby(withPrimary bool) envOptions {
 // reader reconnects; the standby promoted, the reader goes on from it. Without cdc.primary_dsn, a missing publication
 // is a setup error that says what to run.
 func TestDecodingOnStandby(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	t.Run("with the primary", func(t *testing.T) {
 		e := newFailoverEnv(t, decodingOnStandby(true))
 		e.start(nil)
@@ -77,6 +78,7 @@ func TestDecodingOnStandby(t *testing.T) {
 // naming cdc.dsn: one older than PostgreSQL 16, or one without
 // hot_standby_feedback, whose slot the primary's vacuum would invalidate.
 func TestDecodingOnStandbyRefused(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	primary := pgtest.NewServer(t, pgserver.Options{})
 	settings := map[string]string{}

@@ -156,6 +156,7 @@ func TestTableAdded(t *testing.T) {
 // while no slot existed. A reader streaming when a new slot is asked for
 // replaces it too, without being restarted.
 func TestNewSlot(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	e := newCDCEnv(t)
 	e.exec(`INSERT INTO customers SELECT i, 'c' || i, 'free', NULL, NULL FROM generate_series(1, 2000) AS i;
 		INSERT INTO orders SELECT i, i % 100, i % 997, '2026-10-01 00:00+00' FROM generate_series(1, 3000) AS i`)

@@ -97,7 +97,7 @@ func refused(t *testing.T, b *bundle, want string, opts kafka.Options) (*kafkate
 // mechanism, configured only through the kafka.tls and kafka.sasl keys,
 // with the password in the file or in password_file.
 func TestTLSAndSASL(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	ca := testcert.NewCA(t, "tidemark test CA")
 	pwFile := filepath.Join(t.TempDir(), "password")
 	if err := os.WriteFile(pwFile, []byte("s3cret\n"), 0o600); err != nil {
@@ -132,7 +132,7 @@ func TestTLSAndSASL(t *testing.T) {
 // client that does not trust the broker's authority; each refusal is
 // named by Ping and logged at error level.
 func TestMutualTLS(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	ca := testcert.NewCA(t, "tidemark test CA")
 	other := testcert.NewCA(t, "another CA")
 	good, foreign := ca.Client(t, "tidemark"), other.Client(t, "tidemark")
@@ -192,7 +192,7 @@ func countSASL(c *kfake.Cluster) *atomic.Int64 {
 // retrying, Ping names the user, and the log has one error line per
 // broker and interval, not one per attempt.
 func TestSASLWrongCredentials(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	tests := []struct {
 		name, mechanism, user, pass string
 		kafkaAnswer                 bool // answer SASL_AUTHENTICATION_FAILED instead of closing

@@ -36,7 +36,7 @@ func shortKafka() []kgo.Opt {
 // distinct good events, once each, and the stored offsets are the end
 // offsets; and that nothing the ingester started outlives it.
 func TestIngestFaults(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	const parts = 2
 	for _, side := range []string{"broker", "warehouse"} {
 		for i, f := range faulttest.Faults {

@@ -10,6 +10,7 @@ import (
 	"github.com/tidemark-dev/tidemark/config"
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 )
 
@@ -34,6 +35,7 @@ const customerJSONSchema = `{"$schema":"http://json-schema.org/draft-07/schema#"
 // schema or in the schema it references, is a schema_mismatch dead letter
 // with its bytes, and values of other formats are wrong_format.
 func TestJSONSchemaSource(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := registryBundle(t, 1, g, config.FormatJSONSchema)
 	g.Register("customer-value", sr.Schema{Schema: customerJSONSchema, Type: sr.TypeJSON})
@@ -90,6 +92,7 @@ func TestJSONSchemaSource(t *testing.T) {
 // registry lists the reference under another name, as Confluent's
 // serializers register them.
 func TestJSONSchemaReferenceByID(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := registryBundle(t, 1, g, config.FormatJSONSchema)
 	g.Register("address-value", sr.Schema{Type: sr.TypeJSON, Schema: `{"$id":"https://schemas.example.com/address.json",

@@ -21,6 +21,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
@@ -228,6 +229,7 @@ var protoTypeCases = []protoTypeCase{
 // jsonb of its JSON equivalent, with the event time read from a
 // google.protobuf.Timestamp.
 func TestProtobufTypes(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := registryBundle(t, 1, g, config.FormatProtobuf)
 	refs, imports := protoReferences(g)
@@ -300,6 +302,7 @@ message Envelope {
 // one after a map field, and one nested two levels deep; their event ids
 // are a string, an int64 beyond a double's precision and a uint64.
 func TestProtobufMessageIndexes(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := registryBundle(t, 1, g, config.FormatProtobuf)
 	id := g.Register("envelope-value", sr.Schema{Schema: nestedProto, Type: sr.TypeProtobuf})
@@ -353,6 +356,7 @@ func TestProtobufMessageIndexes(t *testing.T) {
 // is stored with the fields of the schema its id names; a field the bytes
 // hold that the schema does not know is left out.
 func TestProtobufSchemaEvolution(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := registryBundle(t, 1, g, config.FormatProtobuf)
 	const head = "syntax = \"proto3\";\npackage shop;\nimport \"google/protobuf/timestamp.proto\";\n" +
@@ -414,6 +418,7 @@ func TestProtobufSchemaEvolution(t *testing.T) {
 // source is a dead letter with its reason and its bytes, values of the
 // other formats included, and that the records around it load.
 func TestProtobufDeadLetters(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := registryBundle(t, 1, g, config.FormatProtobuf)
 	const schema = "syntax = \"proto3\";\npackage test;\nimport \"google/protobuf/timestamp.proto\";\n" +
@@ -480,6 +485,7 @@ func TestProtobufDeadLetters(t *testing.T) {
 // that imports another: the registry lists the second file among the
 // first one's references, not the schema's.
 func TestProtobufReferenceChain(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := registryBundle(t, 1, g, config.FormatProtobuf)
 	const lineProto = `syntax = "proto3";
@@ -512,6 +518,7 @@ message Order { string event_id = 1; google.protobuf.Timestamp event_time = 2; r
 // the records wait, neither loaded nor dead-lettered as invalid_schema,
 // and load once the registry answers them.
 func TestProtobufReferenceOutage(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	var failing atomic.Bool
 	target, err := url.Parse(g.URL())

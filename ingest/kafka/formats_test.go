@@ -17,6 +17,7 @@ import (
 	"github.com/tidemark-dev/tidemark/ingest/decode"
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
@@ -45,6 +46,7 @@ func eventSchema(name, v string) string {
 // each value is stored as the same jsonb as its JSON equivalent, written
 // exactly so (decimals keep their scale).
 func TestAvroLogicalTypes(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := avroBundle(t, 1, g)
 	ts := time.Date(2026, 10, 5, 9, 15, 0, 123_000_000, time.UTC)
@@ -121,6 +123,7 @@ func TestAvroLogicalTypes(t *testing.T) {
 // one partition: a field added with a default, then one removed. Each
 // record is stored with the fields of the schema it was written with.
 func TestAvroSchemaEvolution(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := avroBundle(t, 1, g)
 	const (
@@ -167,6 +170,7 @@ func TestAvroSchemaEvolution(t *testing.T) {
 // TestAvroDeadLetters checks that each bad record is a dead letter with
 // its reason and its bytes, and that the records around it load.
 func TestAvroDeadLetters(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := avroBundle(t, 1, g)
 	schema := eventSchema("E", `"int"`)
@@ -241,6 +245,7 @@ func TestAvroDeadLetters(t *testing.T) {
 // missing, readiness says why, and once the registry answers everything
 // loads once: no dead letter, no duplicate, every offset stored.
 func TestAvroRegistryOutage(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := avroBundle(t, 2, g)
 	opts := kafka.Options{}
@@ -342,6 +347,7 @@ func TestAvroRegistryOutage(t *testing.T) {
 // back. Loading is delayed, never wrong: every record is stored once, no
 // dead letter, every offset stored.
 func TestAvroRegistryOutageUnderLoad(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := avroBundle(t, 4, g)
 	opts := kafka.Options{}

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 )
 
@@ -38,6 +39,7 @@ func avroText(b []byte, s string) []byte {
 // modest amount of memory, each hostile record is a dead letter with its
 // exact bytes and its reason, and the good records after them load.
 func TestHostileAvroRecords(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	g := srtest.New(t)
 	b := avroBundle(t, 1, g)
 	nullsID := g.Register("events-value", sr.Schema{Schema: hostileNullsSchema})

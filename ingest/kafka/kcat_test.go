@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/testenv"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
 )
@@ -19,6 +20,7 @@ import (
 // when kcat is not installed, unless TIDEMARK_REQUIRE_KCAT is set (CI sets
 // it, after installing kcat).
 func TestKcatInterop(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
 		testenv.Missing(t, "KCAT", "kcat is not installed (apt-get install kcat)")

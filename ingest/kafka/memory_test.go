@@ -35,7 +35,7 @@ const memorySlack = 24 << 20
 // started. The collector runs at every 5% of growth, so that the live
 // heap is sampled often.
 func TestMemoryBudget(t *testing.T) {
-	pgtest.SkipInShortMatrix(t) // nothing of it depends on the server's version
+	pgtest.ServerIndependent(t) // nothing of it depends on the server's version
 	for _, tc := range []struct {
 		name         string
 		parts        int32
@@ -152,7 +152,7 @@ func sampleLiveHeap(t *testing.T, load func()) int64 {
 // changes are of rows of 100 KB in transactions of 50 rows: the stream
 // is eight times the budget.
 func TestMemoryBudgetDebezium(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	const budget = 8 << 20
 	b := setup(t, 2)
 	s := debeziumtest.New(debeziumtest.PostgreSQL, true, b.topic, 2, testNow.Add(-48*time.Hour))

@@ -166,7 +166,7 @@ func writeAtomically(t *testing.T, path, content string) {
 // is picked up at re-authentication after the old token is revoked; a
 // wrong token is refused and named by Ping.
 func TestOAuthBearer(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	t.Run("token_file", func(t *testing.T) {
 		o := newOAuthCluster(t, 2, 0, "token-a", "producer-token")
 		b := setupWith(t, 2, pgtest.NewDatabase(t), o.c, producerAuth())
@@ -380,7 +380,7 @@ func (m *mskBroker) last() map[string]string {
 // of the keys or, when they are absent, of the environment as it is at
 // each authentication; and it loads once the broker accepts.
 func TestAWSMSKIAM(t *testing.T) {
-	pgtest.SkipInShortMatrix(t)
+	pgtest.ServerIndependent(t)
 	t.Setenv("AWS_REGION", "eu-west-1")
 	ca := testcert.NewCA(t, "tidemark test CA")
 	sigRe := regexp.MustCompile(`^[0-9a-f]{64}$`)

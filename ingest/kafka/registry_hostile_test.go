@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidemark-dev/tidemark/ingest/kafka"
 	"github.com/tidemark-dev/tidemark/internal/testkit/ingesttest"
+	"github.com/tidemark-dev/tidemark/internal/testkit/pgtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/srtest"
 	"github.com/tidemark-dev/tidemark/internal/testkit/syncbuf"
 	"github.com/tidemark-dev/tidemark/internal/testkit/waitfor"
@@ -26,6 +27,7 @@ import (
 // nothing is dead-lettered, and once the registry answers the schema
 // every record loads once.
 func TestRegistryAnswersNotASchema(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	for _, body := range []string{`{}`, `{"schema":""}`, `{"message":"ok"}`} {
 		t.Run(body, func(t *testing.T) {
 			g := srtest.New(t)
@@ -102,6 +104,7 @@ func TestRegistryAnswersNotASchema(t *testing.T) {
 // page show), and that the records wait, without dead letters, until it
 // accepts them.
 func TestRegistryRefusesCredentials(t *testing.T) {
+	pgtest.ServerIndependent(t)
 	var password atomic.Value
 	password.Store("rotated")
 	g := srtest.NewWith(t, srtest.Options{Auth: func(r *http.Request) bool {

@@ -25,6 +25,7 @@ import (
 // then on. The reset is logged at warn with both offsets, counted and
 // listed for the status page.
 func TestTopicRecreated(t *testing.T) {
+	pgtest.CitusIndependent(t)
 	for _, tt := range []struct {
 		start string
 		want  string // the ids of the new log loaded

@@ -272,13 +272,28 @@ func Equal(tb testing.TB, what string, got, want []string) {
 // than the default.
 const MatrixEnv = "TIDEMARK_MATRIX"
 
-// SkipInShortMatrix skips t in the short run of the version matrix (CI's
-// make test-matrix MATRIX_FLAGS=-short): a test of what does not depend on
-// the server's version (network faults, Kafka authentication). It runs
-// with make test on the default version, and in the full matrix.
-func SkipInShortMatrix(t testing.TB) {
+// CitusIndependent skips t in CI's short Citus run (make test-citus
+// CITUS_FLAGS=-short): a test of what a Citus warehouse does not change
+// but the server's version may (the replication session and slots of a
+// source, a Kafka topic's reset). It runs with make test, in the version
+// matrix, and in the full make test-citus.
+func CitusIndependent(t testing.TB) {
 	t.Helper()
-	if testing.Short() && os.Getenv(MatrixEnv) != "" {
-		t.Skip("does not depend on the server's version: run by make test and the full make test-matrix")
+	if testing.Short() && OnCitus() {
+		t.Skip("a Citus warehouse does not change what it tests: run by make test, make test-matrix and the full make test-citus")
+	}
+}
+
+// ServerIndependent skips t in CI's short runs on servers other than the
+// default, the version matrix (make test-matrix MATRIX_FLAGS=-short) and
+// the Citus run (make test-citus CITUS_FLAGS=-short): a test of what
+// depends neither on the server's version nor on a Citus warehouse
+// (network faults, Kafka authentication, schema registries, how records
+// decode, the memory budget). It runs with make test on the default
+// server, and in the full matrix and Citus runs.
+func ServerIndependent(t testing.TB) {
+	t.Helper()
+	if testing.Short() && (os.Getenv(MatrixEnv) != "" || OnCitus()) {
+		t.Skip("depends neither on the server's version nor on Citus: run by make test, the full make test-matrix and make test-citus")
 	}
 }
