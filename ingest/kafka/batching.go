@@ -20,15 +20,21 @@ func (in *Ingester) batchSize() (rows, bytes int) {
 	return in.b.len(), in.b.bytes
 }
 
+// full reports whether a batch of rows records taking bytes bytes is a
+// batch's worth: ingest.batch_max_rows or ingest.batch_max_bytes.
+func (c *Config) full(rows, bytes int) bool {
+	return rows >= c.BatchMaxRows || int64(bytes) >= c.BatchMaxBytes
+}
+
+// flushDue reports whether the batch in flight is to be written: it is
+// full or has reached ingest.batch_max_age.
 func (in *Ingester) flushDue() bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.b.empty() {
 		return false
 	}
-	return in.b.len() >= in.conf.BatchMaxRows ||
-		int64(in.b.bytes) >= in.conf.BatchMaxBytes ||
-		!time.Now().Before(in.b.started.Add(in.conf.BatchMaxAge))
+	return in.conf.full(in.b.len(), in.b.bytes) || !time.Now().Before(in.b.started.Add(in.conf.BatchMaxAge))
 }
 
 func (in *Ingester) batchDeadline() (time.Time, bool) {
@@ -41,10 +47,9 @@ func (in *Ingester) batchDeadline() (time.Time, bool) {
 }
 
 // decodeAhead decodes fetches and, if there were any, goes on polling and
-// decoding until it holds a batch's worth of records (ingest.batch_max_rows
-// or ingest.batch_max_bytes) or ctx ends with the write. It reads nothing
-// that mu guards.
-func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRows int) []decodedPart {
+// decoding until it holds a batch's worth of records (full) or ctx ends
+// with the write. It reads nothing that mu guards.
+func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches) []decodedPart {
 	parts := in.decode(ctx, fetches)
 	if len(fetches) == 0 {
 		return parts
@@ -53,10 +58,10 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRow
 	for {
 		for _, d := range parts[counted:] {
 			rows += len(d.recs)
-			bytes += d.bytes()
+			bytes += d.size
 		}
 		counted = len(parts)
-		if rows >= maxRows || int64(bytes) >= in.conf.BatchMaxBytes || ctx.Err() != nil {
+		if in.conf.full(rows, bytes) || ctx.Err() != nil {
 			return parts
 		}
 		if in.ahead.polling != nil {
@@ -70,7 +75,8 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches, maxRow
 	}
 }
 
-// bytes approximates the memory d's records take in a batch, decoded.
+// bytes approximates the memory d's records take in a batch, decoded
+// (decode keeps it in size).
 func (d *decodedPart) bytes() int {
 	n := 0
 	for i, r := range d.recs {
@@ -91,6 +97,8 @@ type decodedPart struct {
 	recs []*kgo.Record
 	evs  []decode.Event
 	rejs []*decode.Rejection
+	// size is bytes(), counted once the records are decoded.
+	size int
 	// wait, when set, is where the records not decoded begin: they wait
 	// for their schema (recs holds only those before).
 	wait *pendingPart
@@ -163,6 +171,7 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 			for i, r := range d.recs {
 				d.evs[i], d.rejs[i] = d.src.dec.DecodeWith(r, now, schemas)
 			}
+			d.size = d.bytes()
 		}
 		parts = append(parts, d)
 	})

@@ -348,10 +348,9 @@ func (in *Ingester) Run(ctx context.Context) error {
 		in.precreate(ctx)
 	}()
 	defer func() { <-precreated }()
-	maxRows := in.conf.BatchMaxRows
 	for ctx.Err() == nil {
 		if in.flushDue() {
-			if err := in.flushDecodingAhead(ctx, maxRows); err != nil {
+			if err := in.flushDecodingAhead(ctx); err != nil {
 				in.backoff(ctx)
 			}
 			continue // the records decoded ahead may fill the next batch
@@ -465,8 +464,8 @@ func (in *Ingester) shutdown() error {
 // callbacks need mu. Only when it returned fetches does the goroutine poll
 // on while the write holds mu, since a poll made while an earlier one's
 // fetches are held back from the rebalance never waits for it.
-func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
-	if rows, bytes := in.batchSize(); rows > maxRows || int64(bytes) > in.conf.BatchMaxBytes*3/2 {
+func (in *Ingester) flushDecodingAhead(ctx context.Context) error {
+	if rows, bytes := in.batchSize(); rows > in.conf.BatchMaxRows || int64(bytes) > in.conf.BatchMaxBytes*3/2 {
 		err := in.flush(ctx)
 		in.cl.AllowRebalance()
 		return err
@@ -476,7 +475,7 @@ func (in *Ingester) flushDecodingAhead(ctx context.Context, maxRows int) error {
 	writing, written := context.WithCancel(ctx)
 	defer written()
 	decoded := make(chan []decodedPart, 1)
-	go func() { decoded <- in.decodeAhead(writing, fetches, maxRows) }()
+	go func() { decoded <- in.decodeAhead(writing, fetches) }()
 	var parts []decodedPart
 	in.mu.Lock()
 	in.stopAhead = func() {

@@ -111,7 +111,7 @@ func (in *Ingester) noteRecordBytes(parts []decodedPart) {
 	rows, bytes := 0, 0
 	for i := range parts {
 		rows += len(parts[i].recs)
-		bytes += parts[i].bytes()
+		bytes += parts[i].size
 	}
 	if rows == 0 {
 		return
