@@ -178,7 +178,8 @@ func (t *Txn) writePositioned(ctx context.Context, st *stageRows) error {
 
 // insertFreshPositioned is insertFresh for a relation with a position
 // column: each fresh row is COPYed with its position, and flagged deleted
-// when a truncate came after it. A key the mirror lacks has no position
+// when a truncate came after it (a row inserted and deleted in the run:
+// as it was before the delete, with the delete's time and position). A key the mirror lacks has no position
 // to compare with; when the mirror has one of the keys (a change sent
 // again, a tombstone, a re-insert), the COPY fails and the rows are
 // staged, their positions compared there.
@@ -191,13 +192,20 @@ func (t *Txn) insertFreshPositioned(ctx context.Context, st *stageRows) (bool, e
 	rows := copytext.New()
 	defer rows.Release()
 	for _, s := range st.fresh {
+		row := s
+		if s.delete { // inserted and deleted in the run (freshDeleted)
+			row = s.before
+		}
 		for _, c := range r.Columns {
-			rows.Value(s.cols[c])
+			rows.Value(row.cols[c])
 		}
 		rows.Time(t.loadedAt)
-		if s.at.Truncated != nil {
+		switch {
+		case s.delete:
+			rows.Time(s.at.Time)
+		case s.at.Truncated != nil:
 			rows.Time(*s.at.Truncated)
-		} else {
+		default:
 			rows.Null()
 		}
 		if r.Position != "" {

@@ -178,6 +178,15 @@ func TestWriter(t *testing.T) {
 			{{op: 'i', row: "id=8 name=a note=x", pos: 8}, {op: 'd', row: "id=8", pos: 9}},
 			{{op: 'i', row: "id=9 name=new note=x", pos: 10}},
 		}, want: []string{"8 a x deleted {9}", "9 new x {10}"}},
+		{name: "position/text: a row inserted and deleted in one run is copied flagged", position: "pos", runs: [][]change{
+			{{op: 'i', row: "id=1 name=a note=x", pos: 1}, {op: 'u', row: "id=1 name=b note=x", pos: 2}, {op: 'd', row: "id=1", pos: 3},
+				{op: 'i', row: "id=2 name=c note=y", pos: 4}},
+			{{op: 'i', row: "id=1 name=a note=x", pos: 1}, {op: 'd', row: "id=1", pos: 3}},
+		}, want: []string{"1 b x deleted {3}", "2 c y {4}"}},
+		{name: "position/json: a row inserted and deleted in one run is copied flagged", json: true, position: "pos", runs: [][]change{
+			{{op: 'i', row: "id=1 name=a note=x", pos: 1}, {op: 'u', row: "id=1 name=b note=x", pos: 2}, {op: 'd', row: "id=1", pos: 3},
+				{op: 'i', row: "id=2 name=c note=y", pos: 4}},
+		}, want: []string{"1 b x deleted {3}", "2 c y {4}"}},
 		{name: "position/a text insert older than a truncate is flagged", position: "pos", runs: [][]change{
 			{{op: 'i', row: "id=1 name=a note=x", pos: 1, truncate: truncated}, {op: 'i', row: "id=2 name=b note=y", pos: 3}},
 		}, want: []string{"1 a x deleted {1}", "2 b y {3}"}},
