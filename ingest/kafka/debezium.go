@@ -778,10 +778,19 @@ func changeRows(rows []row) map[*source][]*row {
 	return out
 }
 
+// checkChunk is how many changes insertCheckingChanges stores under one
+// savepoint; a chunk the warehouse refuses is stored again one change at
+// a time. A savepoint per change made a batch of 14,000 changes outlast
+// warehouse.write_timeout (each savepoint is a subtransaction, and past
+// 64 of them every snapshot of the transaction looks into pg_subtrans),
+// so that the batch was tried again and again and never written.
+const checkChunk = 64
+
 // insertCheckingChanges stores, for the Debezium sources in checked, whose
-// rows are checked one by one, each change under a savepoint: its change
-// row unless inRaw or an earlier row stored its event (a change refused
-// leaves the next copy of it to be stored), and its mirror change. It
+// rows are checked, each change: its change row unless inRaw or an earlier
+// row stored its event (a change refused leaves the next copy of it to be
+// stored), and its mirror change. Changes are stored checkChunk at a time
+// under a savepoint, and those of a chunk refused one at a time. It
 // returns the change rows stored and, as dead letters, the changes the
 // warehouse refused.
 func (w *writer) insertCheckingChanges(ctx context.Context, tx pgx.Tx, b *batch, inRaw map[eventKey]bool, ingestedAt time.Time, checked map[*source]bool) ([]*row, []deadLetter, error) {
@@ -792,36 +801,75 @@ func (w *writer) insertCheckingChanges(ctx context.Context, tx pgx.Tx, b *batch,
 		if !checked[src] {
 			continue
 		}
-		for _, r := range rows {
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return nil, nil, err
-			}
-			fresh := !inRaw[keyOf(r)] && !stored[keyOf(r)]
-			if fresh {
-				err = insertChange(ctx, sp, r, ingestedAt)
-			}
-			if err == nil {
-				err = src.mirror.applyChanges(ctx, sp, []*row{r}, ingestedAt)
-			}
-			if err == nil {
-				if err := sp.Commit(ctx); err != nil {
+		for len(rows) > 0 {
+			chunk := rows[:min(checkChunk, len(rows))]
+			rows = rows[len(chunk):]
+			if len(chunk) > 1 {
+				got, refused, err := storeChanges(ctx, tx, src, chunk, inRaw, stored, ingestedAt)
+				if err != nil {
 					return nil, nil, err
 				}
-				if fresh {
-					kept = append(kept, r)
-					stored[keyOf(r)] = true
+				if refused == nil {
+					kept = append(kept, got...)
+					continue
 				}
-				continue
 			}
-			if rbErr := sp.Rollback(ctx); rbErr != nil {
-				return nil, nil, forSource(src, rbErr)
+			for _, r := range chunk {
+				got, refused, err := storeChanges(ctx, tx, src, []*row{r}, inRaw, stored, ingestedAt)
+				if err != nil {
+					return nil, nil, err
+				}
+				if refused != nil {
+					rejected = append(rejected, deadLetter{src: src, rej: decode.Rejection{Reason: decode.ReasonRejectedByStore, Detail: refused.Error()}, rec: r.rec})
+				}
+				kept = append(kept, got...)
 			}
-			if err := classifyRowError(err, src); !errors.Is(err, errBadRow) {
-				return nil, nil, err
-			}
-			rejected = append(rejected, deadLetter{src: src, rej: decode.Rejection{Reason: decode.ReasonRejectedByStore, Detail: err.Error()}, rec: r.rec})
 		}
 	}
 	return kept, rejected, nil
+}
+
+// storeChanges stores rows, changes of src in batch order, under one
+// savepoint of tx: the change row of each whose event is not in inRaw or
+// stored (nor earlier in rows), then their mirror changes. It returns the
+// rows whose change rows it stored, adding their events to stored; or,
+// when the warehouse refused a row, nothing but the refusal (the
+// savepoint rolled back); err is any other failure.
+func storeChanges(ctx context.Context, tx pgx.Tx, src *source, rows []*row, inRaw, stored map[eventKey]bool, ingestedAt time.Time) (kept []*row, refused, err error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	seen := map[eventKey]bool{}
+	var werr error
+	for _, r := range rows {
+		k := keyOf(r)
+		if inRaw[k] || stored[k] || seen[k] {
+			continue
+		}
+		seen[k] = true
+		if werr = insertChange(ctx, sp, r, ingestedAt); werr != nil {
+			break
+		}
+		kept = append(kept, r)
+	}
+	if werr == nil {
+		werr = src.mirror.applyChanges(ctx, sp, rows, ingestedAt)
+	}
+	if werr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return nil, nil, err
+		}
+		for _, r := range kept {
+			stored[keyOf(r)] = true
+		}
+		return kept, nil, nil
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return nil, nil, forSource(src, err)
+	}
+	if err := classifyRowError(werr, src); !errors.Is(err, errBadRow) {
+		return nil, nil, err
+	}
+	return nil, werr, nil
 }

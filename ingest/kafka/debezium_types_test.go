@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -210,5 +211,71 @@ func TestDebeziumWrongTable(t *testing.T) {
 				t.Errorf("dead letters %s, want one wrong_table naming public.other_table", got)
 			}
 		})
+	}
+}
+
+// TestDebeziumCheckedInChunks: when the mirror refuses changes of a large
+// batch, the batch is checked in chunks of changes under a savepoint
+// each, and only the chunks holding a refused change one change at a
+// time: the refused changes (the first, one at a chunk's end, the last)
+// are the dead letters, every other change is stored and applied, and
+// the check takes a few hundred subtransactions (each takes an xid), not
+// one or more per change: with one per change, a batch of thousands
+// outlasted warehouse.write_timeout and was never written.
+func TestDebeziumCheckedInChunks(t *testing.T) {
+	ctx := context.Background()
+	b, p, r := startItems(t)
+	r.stop(t)
+	if _, err := b.pool.Exec(ctx, `ALTER TABLE dw.customers ADD CONSTRAINT no_negative CHECK (qty >= 0)`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	bad := map[int64]bool{3: true, 64: true, n: true}
+	var recs []*kgo.Record
+	for id := int64(3); id <= n; id++ {
+		qty := id
+		if bad[id] {
+			qty = -id
+		}
+		recs = append(recs, itemChange(b.topic, id, qty, "int32", 200+id))
+	}
+	b.produce(t, p, recs)
+	var before int64
+	if err := b.pool.QueryRow(ctx, `SELECT txid_current()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	// One batch of every change: batch_max_age well past their arrival.
+	yaml := strings.Replace(b.debeziumYAML(len(recs)), "batch_max_age: 50ms", "batch_max_age: 20s", 1)
+	cfg, err := config.Parse("test.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := kafka.New(kafka.ConfigFrom(cfg), kafka.Options{Now: b.clock.Now,
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = b.run(t, in)
+	b.waitStored(t, p.end, 2*time.Minute)
+	r.stop(t)
+	var after int64
+	if err := b.pool.QueryRow(ctx, `SELECT txid_current()`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+
+	if got := pgtest.Rows(t, b.pool, `SELECT string_agg(payload->'after'->>'id', ',' ORDER BY (payload->'after'->>'id')::int)
+		FROM tidemark.dead_letters AS d, LATERAL (SELECT convert_from(d.record_value, 'UTF8')::jsonb->'payload' AS payload) AS v
+		WHERE reason = 'rejected'`); strings.Join(got, "") != fmt.Sprintf("3,64,%d", n) {
+		t.Errorf("rejected dead letters of ids %v, want 3, 64 and %d", got, n)
+	}
+	if got := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM dw.customers WHERE qty = id`); got != n-2-3 {
+		t.Errorf("%d mirror rows changed, want %d", got, n-2-3)
+	}
+	if got := ingesttest.Scalar(t, b.pool, `SELECT count(*) FROM raw.customers`); got != 2+n-2-3 {
+		t.Errorf("%d change rows, want %d", got, 2+n-2-3)
+	}
+	t.Logf("%d xids for %d changes", after-before, len(recs))
+	if used := after - before; used > n/4 {
+		t.Errorf("the batch took %d xids for %d changes, want at most %d: checked one change at a time", used, n-2, n/4)
 	}
 }
