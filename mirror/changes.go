@@ -242,6 +242,21 @@ func (s *state) freshDeleted() bool {
 	return s.delete && s.before != nil && s.before.fresh && !s.rel.Mirror.Hard
 }
 
+// freshRow is what the fresh state s (fresh, or freshDeleted) writes
+// into its mirror: the row whose values it takes (s, or for a row
+// inserted and deleted in the run the row before the delete) and when the
+// row is flagged deleted: at the delete, at a truncate that came after
+// the change (At.Truncated), or not at all (nil).
+func (s *state) freshRow() (row *state, deletedAt *time.Time) {
+	switch {
+	case s.delete:
+		return s.before, &s.at.Time
+	case s.at.Truncated != nil:
+		return s, s.at.Truncated
+	}
+	return s, nil
+}
+
 // upserted returns s when it is an upsert, or nil.
 func upserted(s *state) *state {
 	if s == nil || s.delete {

@@ -422,38 +422,45 @@ func (w *Writer) copyFresh(target string) bool {
 
 // insertFresh COPYs a run's fresh rows into the mirror, under the
 // savepoint writeRelation set; the savepoint is left in place (a RELEASE
-// would cost a round trip). It reports false, having rolled the savepoint
-// back, when a row's key is in the mirror already: the rows are then to
-// be staged, and the mirror's next Writes stage theirs (freshBackoff).
+// would cost a round trip). Each row goes as freshRow gives it, with its
+// position for a relation with a position column. It reports false,
+// having rolled the savepoint back, when a row's key is in the mirror
+// already (for a positioned mirror: a change sent again, a tombstone, a
+// re-insert): the rows are then to be staged, positions compared there,
+// and the mirror's next Writes stage theirs (freshBackoff).
 func (t *Txn) insertFresh(ctx context.Context, st *stageRows) (bool, error) {
-	if st.positioned {
-		return t.insertFreshPositioned(ctx, st)
-	}
-	m := st.r.Mirror
+	r, m := st.r, st.r.Mirror
 	target := m.Target.Sanitize()
+	if m.Hard && r.Position != "" {
+		return false, fmt.Errorf("mirror %s: a mirror with a position column keeps its deletes soft", target)
+	}
 	rows := copytext.New()
 	defer rows.Release()
-	cols := make([]string, len(st.r.Columns))
-	for i, c := range st.r.Columns {
-		cols[i] = pgquote.Ident(c)
-	}
 	for _, s := range st.fresh {
-		row := s
-		if s.delete {
-			row = s.before
-		}
-		for _, c := range st.r.Columns {
+		row, deleted := s.freshRow()
+		for _, c := range r.Columns {
 			rows.Value(row.cols[c])
 		}
 		rows.Time(t.loadedAt)
-		if s.delete {
-			rows.Time(s.at.Time)
+		if deleted != nil {
+			rows.Time(*deleted)
 		} else {
 			rows.Null()
 		}
+		if r.Position != "" {
+			if s.at.Position == nil {
+				rows.Null()
+			} else {
+				rows.Text(positionText(s.at.Position))
+			}
+		}
 		rows.End()
 	}
-	return t.copyFresh(ctx, rows, target, strings.Join(cols, ", "), pgquote.Ident(m.LoadedColumn)+", "+pgquote.Ident(m.DeletedColumn))
+	own := pgquote.Ident(m.LoadedColumn) + ", " + pgquote.Ident(m.DeletedColumn)
+	if r.Position != "" {
+		own += ", " + pgquote.Ident(r.Position)
+	}
+	return t.copyFresh(ctx, rows, target, pgquote.Idents(r.Columns), own)
 }
 
 // copyFresh COPYs rows, the fresh rows of a run built by the caller, into
