@@ -41,8 +41,7 @@ SELECT EXISTS (
 
 	// keyEstimateSQL is the planner's estimate of a table's rows (-1 when
 	// it was never analysed) and its pages.
-	keyEstimateSQL = `SELECT coalesce(c.reltuples::bigint, -1), coalesce(c.relpages, 0)
-FROM (SELECT 1) AS one LEFT JOIN pg_class AS c ON c.oid = to_regclass($1)`
+	keyEstimateSQL = `SELECT coalesce(max(reltuples::bigint), -1), coalesce(max(relpages), 0) FROM pg_class WHERE oid = to_regclass($1)`
 
 	// keySampleSQL picks $2 - 1 range bounds, evenly spaced in key order,
 	// from a $1 percent block sample of a table. %[1]s table, %[2]s
