@@ -1,11 +1,7 @@
 package main
 
 import (
-	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -18,9 +14,6 @@ const (
 	fuzzHeading = "Untrusted input"
 )
 
-// fuzzFuncRe matches the declaration of a fuzz target.
-var fuzzFuncRe = regexp.MustCompile(`(?m)^func (Fuzz\w+)\(f \*testing\.F\)`)
-
 // TestDocsFuzzTargets: every fuzz target of the source is in the
 // Makefile's FUZZ_TARGETS, so that make fuzz and CI's make fuzz-short run
 // it, and in the table of docs/security.md with what it checks; neither
@@ -28,42 +21,18 @@ var fuzzFuncRe = regexp.MustCompile(`(?m)^func (Fuzz\w+)\(f \*testing\.F\)`)
 func TestDocsFuzzTargets(t *testing.T) {
 	root := repoRoot(t)
 	inSource := map[string]bool{} // dir:Target, as FUZZ_TARGETS spells it
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	for name, dirs := range definedFuncs(t, root) {
+		if strings.HasPrefix(name, "Fuzz") {
+			for _, dir := range dirs {
+				inSource[dir+":"+name] = true
+			}
 		}
-		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && p != root {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		src, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, filepath.Dir(p))
-		if err != nil {
-			return err
-		}
-		for _, m := range fuzzFuncRe.FindAllStringSubmatch(string(src), -1) {
-			inSource[filepath.ToSlash(rel)+":"+m[1]] = true
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	if len(inSource) == 0 {
 		t.Fatal("no fuzz targets found in the source")
 	}
 
-	var targets []string
-	for _, l := range readLines(t, root, "Makefile") {
-		if m := makeDefaultRe.FindStringSubmatch(l); m != nil && m[1] == "FUZZ_TARGETS" {
-			targets = strings.Fields(m[2])
-		}
-	}
+	targets := strings.Fields(makeDefaults(t, root)["FUZZ_TARGETS"])
 	if len(targets) == 0 {
 		t.Fatal("Makefile: no FUZZ_TARGETS ?= ...")
 	}

@@ -2035,10 +2035,11 @@ var (
 )
 
 // definedFuncs are the top-level functions of the repository's _test.go
-// files.
-func definedFuncs(t *testing.T, root string) map[string]bool {
+// files, each with the directories (relative, slash-separated) that
+// declare it.
+func definedFuncs(t *testing.T, root string) map[string][]string {
 	t.Helper()
-	defined := map[string]bool{}
+	defined := map[string][]string{}
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -2054,9 +2055,13 @@ func definedFuncs(t *testing.T, root string) map[string]bool {
 		if err != nil {
 			return err
 		}
+		dir, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
 		for _, decl := range f.Decls {
 			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil {
-				defined[fn.Name.Name] = true
+				defined[fn.Name.Name] = append(defined[fn.Name.Name], filepath.ToSlash(dir))
 			}
 		}
 		return nil
@@ -2076,7 +2081,7 @@ func TestDocsNameTests(t *testing.T) {
 		for i, line := range readLines(t, root, file) {
 			for _, loc := range nameRe.FindAllStringIndex(line, -1) {
 				name := line[loc[0]:loc[1]]
-				if defined[name] {
+				if len(defined[name]) > 0 {
 					continue
 				}
 				if loc[1] < len(line) && line[loc[1]] == '*' && definedPrefix(defined, name) {
@@ -2101,7 +2106,7 @@ func TestDocsNoTestNames(t *testing.T) {
 	}
 }
 
-func definedPrefix(defined map[string]bool, prefix string) bool {
+func definedPrefix(defined map[string][]string, prefix string) bool {
 	for name := range defined {
 		if strings.HasPrefix(name, prefix) {
 			return true
@@ -2408,6 +2413,19 @@ var versionSuites = map[string][]string{
 // makeDefaultRe matches a variable's default in the Makefile: NAME ?= value.
 var makeDefaultRe = regexp.MustCompile(`^([A-Z][A-Z0-9_]*)\s*\?=\s*(.*?)\s*$`)
 
+// makeDefaults are the Makefile's variables with a default (NAME ?=
+// value), by name.
+func makeDefaults(t *testing.T, root string) map[string]string {
+	t.Helper()
+	defaults := map[string]string{}
+	for _, l := range readLines(t, root, "Makefile") {
+		if m := makeDefaultRe.FindStringSubmatch(l); m != nil {
+			defaults[m[1]] = m[2]
+		}
+	}
+	return defaults
+}
+
 // makeCall is a make command of .ci/run: its target and the variables it
 // sets.
 type makeCall struct {
@@ -2494,12 +2512,7 @@ func shellWords(line string) ([]string, error) {
 // runs it.
 func TestDocsPostgresVersions(t *testing.T) {
 	root := repoRoot(t)
-	defaults := map[string]string{}
-	for _, l := range readLines(t, root, "Makefile") {
-		if m := makeDefaultRe.FindStringSubmatch(l); m != nil {
-			defaults[m[1]] = m[2]
-		}
-	}
+	defaults := makeDefaults(t, root)
 	var dflt string
 	var matrix *makeCall
 	for _, c := range ciMakeCalls(t, root) {
