@@ -75,20 +75,6 @@ func (in *Ingester) decodeAhead(ctx context.Context, fetches kgo.Fetches) []deco
 	}
 }
 
-// bytes approximates the memory d's records take in a batch, decoded
-// (decode keeps it in size).
-func (d *decodedPart) bytes() int {
-	n := 0
-	for i, r := range d.recs {
-		if d.rejs[i] != nil {
-			n += recordBytes(r)
-		} else {
-			n += rowBytes(r, &d.evs[i])
-		}
-	}
-	return n
-}
-
 // decodedPart is one partition's polled records, decoded.
 type decodedPart struct {
 	tp   topicPartition
@@ -97,7 +83,8 @@ type decodedPart struct {
 	recs []*kgo.Record
 	evs  []decode.Event
 	rejs []*decode.Rejection
-	// size is bytes(), counted once the records are decoded.
+	// size approximates the memory the records take in a batch, decoded
+	// (rowBytes; recordBytes for those rejected).
 	size int
 	// wait, when set, is where the records not decoded begin: they wait
 	// for their schema (recs holds only those before).
@@ -170,8 +157,12 @@ func (in *Ingester) decode(ctx context.Context, fetches kgo.Fetches) []decodedPa
 			d.evs, d.rejs = make([]decode.Event, len(d.recs)), make([]*decode.Rejection, len(d.recs))
 			for i, r := range d.recs {
 				d.evs[i], d.rejs[i] = d.src.dec.DecodeWith(r, now, schemas)
+				if d.rejs[i] != nil {
+					d.size += recordBytes(r)
+				} else {
+					d.size += rowBytes(r, &d.evs[i])
+				}
 			}
-			d.size = d.bytes()
 		}
 		parts = append(parts, d)
 	})
